@@ -1,0 +1,106 @@
+"""Deadline and stage-budget arithmetic (pure: no I/O, no clock reads).
+
+One request has one absolute deadline, fixed when it arrives::
+
+    deadline = arrival + min(client timeout, route max) - reserve
+
+The time ``T = deadline - arrival`` is carved in pipeline order into cumulative
+cut points: the context stage (parse, session context, input policies) must be
+done by ``arrival + T * context``, the last upstream token must arrive by
+``arrival + T * (context + inference)``, and the stream must be closed by the
+deadline. Time a stage does not use rolls over to the next, because each cut
+point is absolute rather than a per-stage duration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import BadRequest
+
+TIMEOUT_HEADER = "x-request-timeout-ms"
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The absolute cut points (in ``trio.current_time()`` seconds) of one request."""
+
+    arrival: float
+    context_end: float
+    inference_end: float
+    deadline: float
+    #: Kept back after ``deadline`` to frame and send a final error event.
+    reserve: float
+    min_inference: float
+
+    def cut(self, stage: str) -> float:
+        """The cut point of ``stage`` (parse shares the context cut)."""
+        if stage in ("parse", "context"):
+            return self.context_end
+        if stage == "inference":
+            return self.inference_end
+        if stage == "sse":
+            return self.deadline
+        raise ValueError(f"unknown stage {stage!r}")
+
+    @property
+    def total(self) -> float:
+        return self.deadline - self.arrival
+
+
+def plan(
+    arrival: float,
+    timeout_ms: int,
+    *,
+    reserve_ms: int,
+    min_inference_ms: int,
+    context: float,
+    inference: float,
+) -> Budget:
+    """Compute a request's budget.
+
+    Args:
+        arrival: when the request arrived (clock seconds).
+        timeout_ms: the effective request timeout, already capped by the route.
+        reserve_ms: time kept back from the deadline.
+        min_inference_ms: the least time worth starting an upstream call with.
+        context, inference: the shares of the first two stages (the sse
+            stage gets the rest, so the shares need not be re-checked here).
+    """
+    total = max(0.0, (timeout_ms - reserve_ms) / 1000.0)
+    return Budget(
+        arrival=arrival,
+        context_end=arrival + total * context,
+        inference_end=arrival + total * (context + inference),
+        deadline=arrival + total,
+        reserve=reserve_ms / 1000.0,
+        min_inference=min_inference_ms / 1000.0,
+    )
+
+
+def effective_timeout_ms(
+    header: str | None, *, default_ms: int, max_ms: int, reserve_ms: int
+) -> int:
+    """The request timeout: the client's ``X-Request-Timeout-Ms`` capped at ``max_ms``.
+
+    Raises:
+        BadRequest: the header is not a whole number of milliseconds greater
+            than the reserve.
+    """
+    if header is None:
+        return min(default_ms, max_ms)
+    value = header.strip()
+    if not value.isascii() or not value.isdigit() or len(value) > 12:
+        raise BadRequest(
+            f"`X-Request-Timeout-Ms` must be a whole number of milliseconds, got {header[:40]!r}",
+            param="X-Request-Timeout-Ms",
+            code="invalid_timeout",
+        )
+    ms = int(value)
+    if ms <= reserve_ms:
+        raise BadRequest(
+            f"`X-Request-Timeout-Ms` must exceed the gateway's reserve of {reserve_ms} ms",
+            param="X-Request-Timeout-Ms",
+            code="invalid_timeout",
+        )
+    return min(ms, max_ms)

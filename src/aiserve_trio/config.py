@@ -1,0 +1,324 @@
+"""The gateway's TOML configuration: msgspec Structs, loaded and validated once.
+
+The app reads the file named by ``AISERVE_CONFIG``, else the embedded default
+(``aiserve_trio/aiserve.toml``, the same file as ``configs/aiserve.toml``).
+Anything wrong -- an unknown key, a wrong type, budgets that do not sum to 1,
+a route naming an unknown adapter or policy -- raises :class:`ConfigError`
+with the file and the TOML key, and the server does not start.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+DEFAULT_CONFIG_NAME = "aiserve.toml"
+ENV_VAR = "AISERVE_CONFIG"
+BUDGET_TOLERANCE = 0.001
+_LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class ConfigError(Exception):
+    """The configuration file is missing, not TOML, or not a valid gateway config."""
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base for config tables: an unknown key is an error, not silently ignored."""
+
+
+class ServerConfig(_Section):
+    name: str = "aiserve-trio"
+    #: Tenant used when no authenticated tenant is known (auth comes later).
+    default_tenant: str = "default"
+    #: Accepted ``X-Channel`` values; the first is used when the header is absent.
+    channels: list[str] = msgspec.field(
+        default_factory=lambda: ["api", "app", "wechat", "ivr", "pad", "web"]
+    )
+
+
+class DeadlineConfig(_Section):
+    #: Request time when the client sends no ``X-Request-Timeout-Ms``.
+    default_ms: int = 30_000
+    #: Upper bound on any client-requested timeout.
+    max_ms: int = 120_000
+    #: Kept back from the deadline for scheduling and framing the final event.
+    reserve_ms: int = 100
+    #: Fail fast instead of starting an upstream call with less time than this.
+    min_inference_ms: int = 50
+
+
+class BudgetsConfig(_Section):
+    context: float = 0.40
+    inference: float = 0.35
+    sse: float = 0.25
+
+
+class LimitsConfig(_Section):
+    max_body_bytes: int = 1_048_576
+    max_messages: int = 256
+    max_content_chars: int = 262_144
+    max_tokens: int = 32_768
+
+
+class MockRule(_Section):
+    #: A regular expression searched (case-insensitively) in the last user message.
+    pattern: str
+    #: The reply; ``{name}`` is replaced by a session variable or a named group.
+    reply: str
+
+
+class MockAdapterConfig(_Section, tag="mock", tag_field="kind"):
+    models: list[str] = msgspec.field(default_factory=lambda: ["aiserve-mock"])
+    ttft_ms: float = 60.0
+    inter_token_ms: float = 20.0
+    rules: list[MockRule] = msgspec.field(default_factory=list)
+    default_reply: str = "I am the aiserve-trio mock model."
+
+
+class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
+    base_url: str
+    models: list[str] = msgspec.field(default_factory=list)
+    #: Model name sent upstream; default: the model the client asked for.
+    upstream_model: str | None = None
+    #: Name of the environment variable holding the upstream API key.
+    api_key_env: str | None = None
+    http2: bool = False
+    max_connections: int = 512
+    connect_timeout_ms: int = 2_000
+    max_retries: int = 2
+    backoff_base_ms: int = 100
+    backoff_max_ms: int = 2_000
+    context_window: int = 8_192
+    #: ``cl100k_base`` or ``o200k_base``; default chosen by model family.
+    tokenizer: str | None = None
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class VllmWsAdapterConfig(_Section, tag="vllm_ws", tag_field="kind"):
+    url: str
+    models: list[str] = msgspec.field(default_factory=list)
+    upstream_model: str | None = None
+    pool_size: int = 8
+    connect_timeout_ms: int = 2_000
+    max_retries: int = 2
+    backoff_base_ms: int = 100
+    backoff_max_ms: int = 2_000
+    context_window: int = 8_192
+    tokenizer: str | None = None
+
+
+AdapterConfig = MockAdapterConfig | OpenAIAdapterConfig | VllmWsAdapterConfig
+
+
+class SessionsConfig(_Section):
+    backend: Literal["memory", "redis"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"
+    pool_size: int = 32
+    #: Memory backend: sessions kept at most (least recently used evicted first).
+    max_sessions: int = 10_000
+    #: Turns kept per session (``XADD MAXLEN ~``).
+    max_turns: int = 100
+    #: Turns put into the prompt.
+    history_turns: int = 20
+    #: Turns kept for write-back while the bus is unreachable.
+    outbox_max: int = 10_000
+    key_prefix: str = "aiserve"
+    #: System prompt carrying session variables; ``{vars}`` is "name: value" lines.
+    system_template: str = "Known facts about this customer:\n{vars}"
+
+
+class RouteDeadline(_Section):
+    default_ms: int | None = None
+    max_ms: int | None = None
+
+
+class RouteConfig(_Section):
+    path: str
+    adapter: str
+    #: Metric label for the route; default derived from the path.
+    name: str = ""
+    #: Model used when the request names none.
+    default_model: str | None = None
+    #: Seconds a session's context lives after its last use.
+    context_ttl: int = 86_400
+    policies: list[str] = msgspec.field(default_factory=list)
+    deadline: RouteDeadline = msgspec.field(default_factory=RouteDeadline)
+    on_context_timeout: Literal["fail", "degrade"] = "fail"
+    tenant: str | None = None
+
+
+class MetricsConfig(_Section):
+    enabled: bool = True
+
+
+class Config(_Section):
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    deadline: DeadlineConfig = msgspec.field(default_factory=DeadlineConfig)
+    budgets: BudgetsConfig = msgspec.field(default_factory=BudgetsConfig)
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    adapters: dict[str, AdapterConfig] = msgspec.field(default_factory=dict)
+    routes: list[RouteConfig] = msgspec.field(default_factory=list)
+    sessions: SessionsConfig = msgspec.field(default_factory=SessionsConfig)
+    #: Settings of named policies, ``[policies.NAME]``; checked by the policy registry.
+    policies: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    #: Where the config came from, and the folder relative paths in it start from
+    #: (both set by the loader; values written in the TOML are overwritten).
+    source: str = "<memory>"
+    base_dir: str = "."
+
+
+# --- loading --------------------------------------------------------------------
+
+
+def default_config_text() -> str:
+    """The embedded default configuration (shipped inside the package)."""
+    return (resources.files("aiserve_trio") / DEFAULT_CONFIG_NAME).read_text("utf-8")
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Load and validate a config.
+
+    Args:
+        path: a TOML file; ``None`` means ``$AISERVE_CONFIG`` or the embedded default.
+
+    Raises:
+        ConfigError: naming the file and the TOML key of the first problem found.
+    """
+    if path is None:
+        path = os.environ.get(ENV_VAR) or None
+    if path is None:
+        return parse_config(default_config_text(), source=f"<embedded {DEFAULT_CONFIG_NAME}>")
+    p = Path(path)
+    try:
+        text = p.read_text("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: config file is not UTF-8") from exc
+    return parse_config(text, source=str(p), base_dir=p.parent)
+
+
+def parse_config(text: str, *, source: str = "<memory>", base_dir: Path | None = None) -> Config:
+    """Decode and validate config TOML text. ``source`` names it in error messages."""
+    try:
+        cfg = msgspec.toml.decode(text.encode("utf-8"), type=Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(str(exc))}") from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    cfg.source = source
+    cfg.base_dir = str(base_dir) if base_dir is not None else "."
+    _validate(cfg, source)
+    return cfg
+
+
+_AT_RE = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$")
+_UNKNOWN_RE = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
+
+
+def _describe(msg: str) -> str:
+    """Turn msgspec's ``... - at `$.a.b[0]` `` into a message naming the TOML key."""
+    m = _AT_RE.match(msg)
+    path, detail = (m["path"].lstrip("."), m["msg"]) if m else ("", msg)
+    u = _UNKNOWN_RE.match(detail)
+    if u:
+        key = f"{path}.{u['key']}" if path else u["key"]
+        return f"unknown key `{key}`"
+    if path:
+        return f"key `{path}`: {detail}"
+    return detail
+
+
+def route_label(route: RouteConfig) -> str:
+    """The route's metric label: its ``name`` or one derived from its path."""
+    if route.name:
+        return route.name
+    label = re.sub(r"[^a-z0-9]+", "_", route.path.lower()).strip("_")
+    return label if label and label[0].isalpha() else f"r_{label}"
+
+
+def _validate(cfg: Config, source: str) -> None:
+    def fail(key: str, why: str) -> None:
+        raise ConfigError(f"{source}: key `{key}`: {why}")
+
+    if not cfg.server.channels:
+        fail("server.channels", "must name at least one channel")
+    for i, ch in enumerate(cfg.server.channels):
+        if not _LABEL_RE.match(ch):
+            fail(f"server.channels[{i}]", f"must match {_LABEL_RE.pattern}, got {ch!r}")
+
+    b = cfg.budgets
+    for key, share in (("context", b.context), ("inference", b.inference), ("sse", b.sse)):
+        if not 0.0 < share <= 1.0:
+            fail(f"budgets.{key}", f"must be in (0, 1], got {share}")
+    total = b.context + b.inference + b.sse
+    if abs(total - 1.0) > BUDGET_TOLERANCE:
+        fail("budgets", f"shares must sum to 1.0 (±{BUDGET_TOLERANCE}), got {total:.4f}")
+
+    d = cfg.deadline
+    for key in ("default_ms", "max_ms"):
+        if getattr(d, key) <= 0:
+            fail(f"deadline.{key}", "must be positive")
+    for key in ("reserve_ms", "min_inference_ms"):
+        if getattr(d, key) < 0:
+            fail(f"deadline.{key}", "must not be negative")
+    if d.default_ms > d.max_ms:
+        fail("deadline.default_ms", f"must not exceed deadline.max_ms ({d.max_ms})")
+    if d.reserve_ms >= d.default_ms:
+        fail("deadline.reserve_ms", "must be smaller than deadline.default_ms")
+
+    lim = cfg.limits
+    for key in ("max_body_bytes", "max_messages", "max_content_chars", "max_tokens"):
+        if getattr(lim, key) <= 0:
+            fail(f"limits.{key}", "must be positive")
+
+    for name, adapter in cfg.adapters.items():
+        if isinstance(adapter, MockAdapterConfig):
+            for i, rule in enumerate(adapter.rules):
+                try:
+                    re.compile(rule.pattern)
+                except re.error as exc:
+                    fail(f"adapters.{name}.rules[{i}].pattern", f"not a regular expression: {exc}")
+        if not adapter.models:
+            fail(f"adapters.{name}.models", "must name at least one model")
+
+    from .policies.base import known_policies  # late: policies import config types
+
+    policy_names = known_policies(cfg)
+    if not cfg.routes:
+        fail("routes", "at least one [[routes]] entry is needed")
+    seen_paths: set[str] = set()
+    seen_labels: set[str] = set()
+    for i, route in enumerate(cfg.routes):
+        key = f"routes[{i}]"
+        if not route.path.startswith("/"):
+            fail(f"{key}.path", f"must start with '/', got {route.path!r}")
+        if route.path in seen_paths:
+            fail(f"{key}.path", f"{route.path!r} is served by an earlier route")
+        seen_paths.add(route.path)
+        if route.adapter not in cfg.adapters:
+            known = ", ".join(sorted(cfg.adapters)) or "none"
+            fail(f"{key}.adapter", f"unknown adapter {route.adapter!r} (configured: {known})")
+        label = route_label(route)
+        if not _LABEL_RE.match(label):
+            fail(f"{key}.name", f"must match {_LABEL_RE.pattern}, got {label!r}")
+        if label in seen_labels:
+            fail(f"{key}.name", f"{label!r} is used by an earlier route")
+        seen_labels.add(label)
+        for j, policy in enumerate(route.policies):
+            if policy not in policy_names:
+                known = ", ".join(sorted(policy_names)) or "none"
+                fail(f"{key}.policies[{j}]", f"unknown policy {policy!r} (known: {known})")
+        rd = route.deadline
+        for k in ("default_ms", "max_ms"):
+            v = getattr(rd, k)
+            if v is not None and v <= d.reserve_ms:
+                fail(f"{key}.deadline.{k}", f"must exceed deadline.reserve_ms ({d.reserve_ms})")
+        if route.context_ttl <= 0:
+            fail(f"{key}.context_ttl", "must be positive")
