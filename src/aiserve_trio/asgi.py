@@ -1,0 +1,250 @@
+"""The ASGI application: lifespan, routing, and the per-request entry.
+
+``App`` is what hypercorn serves. It routes by path, checks the request head
+(timeout, channel, session id, declared body size), fixes the request's
+deadline, and hands chat requests to the :class:`~.pipeline.Pipeline`. Every
+error a client sees is the OpenAI error envelope with a correct status.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+import trio
+
+from .adapters import Adapter, build_adapter
+from .api import Model, ModelList, encoder
+from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
+from .config import Config, load_config, route_label
+from .errors import (
+    BadRequest,
+    GatewayError,
+    MethodNotAllowed,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+)
+from .observability.metrics import Metrics, status_label
+from .pipeline import Pipeline
+from .policies.base import build_policies
+from .sessions.bus import SessionBus, check_session_id
+from .stages.request import JSON_HEADERS, Receive, RequestState, Responder, Route, Send
+
+log = logging.getLogger("aiserve_trio")
+Scope = MutableMapping[str, Any]
+_METRICS_HEADERS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+
+
+class App:
+    """The gateway as an ASGI 3 application."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        adapters: dict[str, Adapter] | None = None,
+        bus: SessionBus | None = None,
+    ) -> None:
+        """Build the app from a validated config.
+
+        Args:
+            config: from :func:`~.config.load_config`.
+            adapters: adapters by name, replacing those the config would build
+                (tests pass fakes here).
+            bus: the session bus; default: none (sessions come from the config
+                once a backend is configured).
+        """
+        self.config = config
+        self.metrics = Metrics()
+        built = {name: build_adapter(name, c) for name, c in config.adapters.items()}
+        self.adapters: dict[str, Adapter] = {**built, **(adapters or {})}
+        self.bus = bus
+        self.routes: dict[str, Route] = {}
+        for rc in config.routes:
+            self.routes[rc.path] = Route(
+                config=rc,
+                label=route_label(rc),
+                adapter=self.adapters[rc.adapter],
+                policies=build_policies(rc.policies, config),
+                tenant=rc.tenant or config.server.default_tenant,
+            )
+        self.pipeline = Pipeline(config, self.metrics, bus)
+        self.ready = False
+        self._models_body = self._models_json()
+
+    # --- ASGI ----------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        await receive()  # lifespan.startup
+        try:
+            await self.startup()
+        except Exception as exc:
+            log.exception("start-up failed")
+            await send({"type": "lifespan.startup.failed", "message": str(exc)})
+            return
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        await self.shutdown()
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def startup(self) -> None:
+        """Open adapters' pools and the session bus."""
+        for adapter in self.adapters.values():
+            await adapter.aopen()
+        if self.bus is not None:
+            await self.bus.aopen()
+        self.ready = True
+        log.info(
+            "aiserve-trio ready: config %s, routes %s",
+            self.config.source,
+            ", ".join(self.routes),
+        )
+
+    async def shutdown(self) -> None:
+        self.ready = False
+        with trio.CancelScope(shield=True):
+            for adapter in self.adapters.values():
+                await adapter.aclose()
+            if self.bus is not None:
+                await self.bus.aclose()
+
+    # --- HTTP ----------------------------------------------------------------
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        responder = Responder(send)
+        path: str = scope["path"]
+        method: str = scope["method"]
+        route = self.routes.get(path)
+        try:
+            if route is not None:
+                if method != "POST":
+                    raise MethodNotAllowed(
+                        f"{method} is not allowed on {path}; use POST", headers={"Allow": "POST"}
+                    )
+                await self._chat(route, scope, receive, responder)
+            elif path == "/v1/models":
+                self._only(method, "GET", path)
+                await responder.complete(200, JSON_HEADERS, self._models_body)
+            elif path == "/healthz":
+                self._only(method, "GET", path)
+                await responder.complete(200, JSON_HEADERS, b'{"status":"ok"}')
+            elif path == "/readyz":
+                self._only(method, "GET", path)
+                await self._readyz(responder)
+            elif path == "/metrics":
+                self._only(method, "GET", path)
+                await responder.complete(200, _METRICS_HEADERS, self.metrics.render())
+            else:
+                raise NotFound(f"no route serves {method} {path[:200]}")
+        except GatewayError as err:
+            if not responder.started:
+                await responder.error(err)
+
+    @staticmethod
+    def _only(method: str, allowed: str, path: str) -> None:
+        if method != allowed:
+            raise MethodNotAllowed(
+                f"{method} is not allowed on {path}; use {allowed}", headers={"Allow": allowed}
+            )
+
+    async def _readyz(self, responder: Responder) -> None:
+        problems: list[str] = []
+        if not self.ready:
+            problems.append("not started")
+        for name, adapter in self.adapters.items():
+            if not await adapter.ready():
+                problems.append(f"adapter {name} not ready")
+        if self.bus is not None and not await self.bus.ping():
+            problems.append("session bus unreachable")
+        if problems:
+            raise Overloaded("not ready: " + "; ".join(problems), code="not_ready")
+        await responder.complete(200, JSON_HEADERS, b'{"status":"ready"}')
+
+    async def _chat(
+        self, route: Route, scope: Scope, receive: Receive, responder: Responder
+    ) -> None:
+        arrival = trio.current_time()
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        cfg = self.config
+        d = cfg.deadline
+        rd = route.config.deadline
+        request_id = f"chatcmpl-{secrets.token_hex(12)}"
+        try:
+            timeout_ms = effective_timeout_ms(
+                headers.get(TIMEOUT_HEADER),
+                default_ms=rd.default_ms or d.default_ms,
+                max_ms=rd.max_ms or d.max_ms,
+                reserve_ms=d.reserve_ms,
+            )
+            channel = self._channel(headers.get("x-channel"))
+            sid = headers.get("x-session-id")
+            session_id = check_session_id(sid) if sid is not None else None
+            declared = headers.get("content-length")
+            if declared is not None and declared.isdigit():
+                if int(declared) > cfg.limits.max_body_bytes:
+                    raise PayloadTooLarge(
+                        f"request body exceeds the limit of {cfg.limits.max_body_bytes} bytes"
+                    )
+        except GatewayError as err:
+            extra = [(b"x-request-id", request_id.encode())]
+            await responder.error(err, extra)
+            m = self.metrics
+            m.child(m.requests, route.label, "none", "none", status_label(err.status)).inc()
+            return
+        budget = plan(
+            arrival,
+            timeout_ms,
+            reserve_ms=d.reserve_ms,
+            min_inference_ms=d.min_inference_ms,
+            context=cfg.budgets.context,
+            inference=cfg.budgets.inference,
+        )
+        state = RequestState(
+            request_id=request_id,
+            route=route,
+            budget=budget,
+            created=int(time.time()),
+            channel=channel,
+            session_id=session_id,
+            tenant=route.tenant,
+            headers=headers,
+        )
+        await self.pipeline.run(state, receive, responder)
+
+    def _channel(self, value: str | None) -> str:
+        channels = self.config.server.channels
+        if value is None:
+            return channels[0]
+        channel = value.strip().lower()
+        if channel not in channels:
+            raise BadRequest(
+                f"`X-Channel` must be one of {', '.join(channels)}; got {value[:40]!r}",
+                param="X-Channel",
+                code="invalid_channel",
+            )
+        return channel
+
+    def _models_json(self) -> bytes:
+        created = int(time.time())
+        seen: dict[str, str] = {}
+        for route in self.routes.values():
+            for model in route.adapter.models:
+                seen.setdefault(model, route.adapter.name)
+        data = [Model(id=m, created=created, owned_by=owner) for m, owner in seen.items()]
+        return encoder.encode(ModelList(data=data))
+
+
+def create_app(config: Config | None = None, **kwargs: Any) -> App:
+    """Build the app; ``config`` defaults to ``$AISERVE_CONFIG`` or the embedded default."""
+    return App(config if config is not None else load_config(), **kwargs)

@@ -1,0 +1,225 @@
+"""One request, end to end: a nursery per request, four stages, one deadline.
+
+::
+
+    receive() --body--> parse --ChatRequest--> context --InferenceRequest-->
+        inference --Delta--> sse --> send()
+
+The stages run as tasks joined by memory channels with buffers of 0 or 1, so a
+slow client's backpressure reaches the upstream. Each stage runs in its own
+cancel scope whose deadline is its cumulative cut point (see ``budgets.py``).
+A watcher task owns ``receive()``: it forwards the body to the parse stage and
+then waits for ``http.disconnect``, which cancels the whole request. (hypercorn's
+``send()`` does not raise after a disconnect, so a loop that only sends would
+never notice.)
+
+Failures are reported, not raised, by the stages: the first one in pipeline
+order wins and is written once at the end -- an HTTP error with the OpenAI
+envelope before the first byte, a final SSE error event and ``[DONE]`` after.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+
+from .adapters.base import Delta, InferenceRequest
+from .errors import GatewayError, InternalError, NotFound, StageDeadlineExceeded
+from .observability.metrics import STAGES, Metrics, status_label
+from .stages.context import context_stage
+from .stages.inference import inference_stage
+from .stages.parse import ChatRequest, check_content_type, decode_request, read_body
+from .stages.request import Receive, RequestState, Responder
+from .stages.sse import DONE, SSEFramer, sse_stage
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .sessions.bus import SessionBus
+
+log = logging.getLogger("aiserve_trio.pipeline")
+_STAGE_ORDER = {name: i for i, name in enumerate(STAGES)}
+
+
+class Pipeline:
+    """Runs chat requests; built once per app with what every request shares."""
+
+    def __init__(self, config: Config, metrics: Metrics, bus: SessionBus | None) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.bus = bus
+
+    async def run(self, state: RequestState, receive: Receive, responder: Responder) -> None:
+        """Serve one chat request. Never raises a GatewayError: it is written instead."""
+        body_send, body_recv = trio.open_memory_channel[bytes](0)
+        req_send, req_recv = trio.open_memory_channel[ChatRequest](0)
+        inf_send, inf_recv = trio.open_memory_channel[InferenceRequest](0)
+        delta_send, delta_recv = trio.open_memory_channel[Delta](1)
+        sessions = self.config.sessions
+
+        bus, hist, tmpl = self.bus, sessions.history_turns, sessions.system_template
+        work: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("parse", partial(self._parse, state, body_recv, req_send)),
+            ("context", partial(context_stage, state, req_recv, inf_send, bus, tmpl, hist)),
+            ("inference", partial(inference_stage, state, inf_recv, delta_send)),
+            ("sse", partial(self._sse, state, delta_recv, responder)),
+        ]
+        try:
+            async with trio.open_nursery() as request_nursery:
+                request_nursery.start_soon(
+                    self._watch, state, receive, body_send, responder, request_nursery.cancel_scope
+                )
+                async with trio.open_nursery() as stages:
+                    for name, fn in work:
+                        stages.start_soon(self._stage, state, name, fn, stages.cancel_scope)
+                request_nursery.cancel_scope.cancel(reason="request finished")
+        except Exception as exc:  # a bug in a stage: log it, tell the client nothing of it
+            log.exception("request %s failed inside the gateway", state.request_id, exc_info=exc)
+            state.fail("sse", InternalError("the gateway failed while serving this request"))
+
+        if state.disconnected:
+            self._count(state, "client_closed")
+            return
+        if state.error is None and not responder.finished:
+            state.fail("sse", InternalError("the request ended without a response"))
+        if state.error is not None:
+            await self._write_error(state, responder, state.error)
+            # Counted by the error's status even when the stream had started with 200.
+            self._count(state, status_label(state.error.status))
+            return
+        self._count(state, "ok")
+
+    # --- the stages' shells --------------------------------------------------
+
+    async def _stage(
+        self,
+        state: RequestState,
+        name: str,
+        work: Callable[[], Awaitable[None]],
+        cancel: trio.CancelScope,
+    ) -> None:
+        """Run one stage: count it, time it, report its failure and stop the others."""
+        m = self.metrics
+        gauge = m.task_count.labels(name)
+        gauge.inc()
+        try:
+            await work()
+        except GatewayError as exc:
+            if isinstance(exc, StageDeadlineExceeded):
+                m.stage_expiries.labels(exc.stage).inc()
+            if state.fail(name, exc):
+                cancel.cancel(reason=f"{name} stage failed")
+        finally:
+            gauge.dec()
+            started = state.stage_started.get(name)
+            if started is not None:
+                m.stage_latency.labels(name).observe(trio.current_time() - started)
+
+    async def _parse(
+        self,
+        state: RequestState,
+        body: trio.MemoryReceiveChannel[bytes],
+        out: trio.MemorySendChannel[ChatRequest],
+    ) -> None:
+        limits = self.config.limits
+        route = state.route
+        async with out, body:
+            state.mark("parse")
+            with trio.move_on_at(state.budget.context_end) as scope:
+                check_content_type(state.headers.get("content-type"))
+                raw = await read_body(body, limits.max_body_bytes)
+                req = decode_request(raw, limits, route.config.default_model)
+                if req.model not in route.adapter.models:
+                    raise NotFound(
+                        f"the model {req.model!r} is not served on this route "
+                        f"(models: {', '.join(route.adapter.models)})",
+                        param="model",
+                        code="model_not_found",
+                    )
+                state.model = req.model
+                state.stream = req.stream
+                state.include_usage = req.include_usage
+                await out.send(req)
+            if scope.cancelled_caught:
+                raise StageDeadlineExceeded(
+                    "parse", "the request body did not arrive within the context budget"
+                )
+
+    async def _sse(
+        self,
+        state: RequestState,
+        deltas: trio.MemoryReceiveChannel[Delta],
+        responder: Responder,
+    ) -> None:
+        with trio.move_on_at(state.budget.deadline) as scope:
+            await sse_stage(state, deltas, responder)
+        if scope.cancelled_caught:
+            raise StageDeadlineExceeded("sse")
+
+    async def _watch(
+        self,
+        state: RequestState,
+        receive: Receive,
+        body: trio.MemorySendChannel[bytes],
+        responder: Responder,
+        request_scope: trio.CancelScope,
+    ) -> None:
+        """Own ``receive()``: forward the body, then wait for a disconnect."""
+        async with body:
+            while True:
+                msg = await receive()
+                kind = msg["type"]
+                if kind == "http.disconnect":
+                    self._disconnected(state, request_scope)
+                    return
+                if kind != "http.request":
+                    continue
+                chunk = msg.get("body", b"")
+                if chunk:
+                    try:
+                        await body.send(chunk)
+                    except trio.BrokenResourceError:
+                        pass  # the parse stage refused the body; keep watching
+                if not msg.get("more_body", False):
+                    break
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                # hypercorn also reports the end of a completed response this way.
+                if not responder.finished:
+                    self._disconnected(state, request_scope)
+                return
+
+    def _disconnected(self, state: RequestState, request_scope: trio.CancelScope) -> None:
+        state.disconnected = True
+        self.metrics.disconnects.labels(state.current_stage()).inc()
+        request_scope.cancel(reason="client disconnected")
+
+    # --- the end -------------------------------------------------------------
+
+    async def _write_error(
+        self, state: RequestState, responder: Responder, err: GatewayError
+    ) -> None:
+        budget = state.budget
+        # The reserve is what is kept back for exactly this write.
+        limit = max(budget.deadline, trio.current_time()) + budget.reserve
+        with trio.move_on_at(limit):
+            if not responder.started:
+                await responder.error(err, state.response_headers())
+            elif not responder.finished:
+                framer = state.framer or SSEFramer(state.request_id, state.model, state.created)
+                await responder.body(framer.error(err) + DONE, more=False)
+
+    def _count(self, state: RequestState, status: str) -> None:
+        m = self.metrics
+        route = state.route.label
+        m.child(m.requests, route, state.model_label(), state.channel, status).inc()
+        if state.first_token_at is not None:
+            m.ttft.labels(route).observe(state.first_token_at - state.budget.arrival)
+        if state.usage is not None:
+            m.tokens.labels(route, "prompt").inc(state.usage.prompt_tokens)
+            m.tokens.labels(route, "completion").inc(state.usage.completion_tokens)
+

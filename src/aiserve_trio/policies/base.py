@@ -1,0 +1,128 @@
+"""The policy framework: named input checks and streaming output filters.
+
+A route lists policy names in TOML (``policies = ["anti-fraud-v2", "gdpr-redact"]``);
+they run in that order. Each name resolves to a :class:`Policy` built once at
+start-up by a registered factory:
+
+- built-in policies register themselves in :data:`REGISTRY` when their module
+  is imported (see :func:`builtin_modules`);
+- third-party ones are found through the ``aiserve_trio.policies`` entry point
+  group (the entry point's object is a factory);
+- ``[policies.NAME]`` tables in the config give settings to a policy, and with
+  ``kind = "OTHER"`` define a new name built by OTHER's factory (e.g. a second
+  compliance rule pack).
+
+Input policies see the whole request and return the (possibly rewritten)
+messages or raise :class:`~aiserve_trio.errors.PolicyViolation`. Output
+policies give, per request, an :class:`OutputFilter`: a sans-IO state machine
+over the reply text that may hold back a bounded tail.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..adapters.base import Message
+    from ..config import Config
+
+ENTRY_POINT_GROUP = "aiserve_trio.policies"
+
+
+@dataclass(slots=True)
+class PolicyContext:
+    """What a policy knows about the request besides its text."""
+
+    route: str
+    channel: str
+    tenant: str
+    request_id: str
+    #: Notes a policy wants recorded (e.g. a fraud score that flagged the request).
+    flags: dict[str, str] = field(default_factory=dict)
+
+
+class OutputFilter(Protocol):
+    """A streaming transformer over reply text (sans-IO).
+
+    ``feed`` returns the text that is safe to emit now; ``finish`` returns the rest.
+    The text held back between calls is bounded by :attr:`max_holdback` characters.
+    """
+
+    max_holdback: int
+
+    def feed(self, text: str) -> str: ...
+
+    def finish(self) -> str: ...
+
+
+class Policy:
+    """Base class: override one or both hooks."""
+
+    name: str = ""
+
+    def check_input(self, messages: list[Message], ctx: PolicyContext) -> list[Message]:
+        """Return the messages to send on (rewritten or not), or raise PolicyViolation."""
+        return messages
+
+    def output_filter(self, ctx: PolicyContext) -> OutputFilter | None:
+        """A fresh filter for one reply, or None if this policy does not touch output."""
+        return None
+
+
+PolicyFactory = Callable[[str, Mapping[str, Any], "Config"], Policy]
+
+#: Policy kinds by name; built-in modules add theirs on import.
+REGISTRY: dict[str, PolicyFactory] = {}
+
+
+def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
+    """Decorator registering a policy factory under ``name``."""
+
+    def deco(factory: PolicyFactory) -> PolicyFactory:
+        REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def builtin_modules() -> tuple[str, ...]:
+    """Modules that register the built-in policies when imported."""
+    return ()
+
+
+def _load_registry() -> dict[str, PolicyFactory]:
+    for mod in builtin_modules():
+        importlib.import_module(mod, __package__)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        REGISTRY.setdefault(ep.name, ep.load())
+    return REGISTRY
+
+
+def _kind_of(name: str, cfg: Config) -> str:
+    settings = cfg.policies.get(name, {})
+    kind = settings.get("kind", name)
+    return kind if isinstance(kind, str) else name
+
+
+def known_policies(cfg: Config) -> set[str]:
+    """Every policy name a route in ``cfg`` may use."""
+    registry = _load_registry()
+    names = set(registry)
+    names.update(n for n in cfg.policies if _kind_of(n, cfg) in registry)
+    return names
+
+
+def build_policies(names: list[str], cfg: Config) -> list[Policy]:
+    """Build the policies a route names, in order (names were checked at config load)."""
+    registry = _load_registry()
+    built: list[Policy] = []
+    for name in names:
+        settings = {k: v for k, v in cfg.policies.get(name, {}).items() if k != "kind"}
+        policy = registry[_kind_of(name, cfg)](name, settings, cfg)
+        policy.name = name
+        built.append(policy)
+    return built

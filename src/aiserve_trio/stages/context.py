@@ -1,0 +1,114 @@
+"""The context stage: session history and variables, input policies, the prompt.
+
+Turns the decoded :class:`~.parse.ChatRequest` into the adapter's
+:class:`~aiserve_trio.adapters.base.InferenceRequest`. The session load is the
+part that can be slow (the bus may be Redis); if the stage's cut point passes,
+the route's ``on_context_timeout`` decides: ``fail`` (504 naming the stage) or
+``degrade`` (go on without session context; the response says so in the
+``X-Aiserve-Degraded`` header).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..adapters.base import InferenceRequest, Message
+from ..errors import StageDeadlineExceeded
+from ..policies.base import PolicyContext
+from .parse import ChatRequest
+from .request import RequestState
+
+if TYPE_CHECKING:
+    from ..sessions.bus import Session, SessionBus
+
+_FORWARDED = ("traceparent", "tracestate")
+
+
+def prompt_messages(req: ChatRequest) -> list[Message]:
+    """The request's messages as text-only prompt messages."""
+    return [Message(role=m.role, content=m.text(), name=m.name) for m in req.body.messages]
+
+
+def with_session(
+    messages: list[Message], session: Session, system_template: str
+) -> tuple[list[Message], dict[str, str]]:
+    """Put a session's variables (as a system prompt) and history before the request's messages."""
+    prefix: list[Message] = []
+    if session.variables:
+        lines = "\n".join(f"{k}: {v}" for k, v in sorted(session.variables.items()))
+        prefix.append(Message(role="system", content=system_template.replace("{vars}", lines)))
+    prefix.extend(Message(role=t.role, content=t.content) for t in session.turns)
+    # Leading system messages of the request stay first.
+    n_sys = 0
+    while n_sys < len(messages) and messages[n_sys].role in ("system", "developer"):
+        n_sys += 1
+    return [*messages[:n_sys], *prefix, *messages[n_sys:]], dict(session.variables)
+
+
+async def context_stage(
+    state: RequestState,
+    inbox: trio.MemoryReceiveChannel[ChatRequest],
+    out: trio.MemorySendChannel[InferenceRequest],
+    bus: SessionBus | None,
+    system_template: str,
+    history_turns: int,
+) -> None:
+    route = state.route
+    async with out, inbox:
+        req: ChatRequest | None = None
+        messages: list[Message] = []
+        variables: dict[str, str] = {}
+        with trio.move_on_at(state.budget.context_end) as scope:
+            try:
+                req = await inbox.receive()
+            except trio.EndOfChannel:
+                return  # parse failed and says why
+            state.mark("context")
+            messages = prompt_messages(req)
+            if req.body.metadata and bus is not None and state.session_id:
+                await bus.set_vars(
+                    state.tenant, state.session_id, req.body.metadata, route.config.context_ttl
+                )
+            if bus is not None and state.session_id:
+                session = await bus.load(
+                    state.tenant, state.session_id, history_turns, route.config.context_ttl
+                )
+                messages, variables = with_session(messages, session, system_template)
+        if scope.cancelled_caught:
+            if req is None:
+                return  # still parsing: the parse stage reports its own expiry
+            if route.config.on_context_timeout != "degrade":
+                raise StageDeadlineExceeded("context")
+            state.degraded = "context"
+            messages = prompt_messages(req)
+            variables = {}
+        assert req is not None
+        if req.body.metadata:
+            variables = {**variables, **req.body.metadata}
+        ctx = PolicyContext(
+            route=route.label,
+            channel=state.channel,
+            tenant=state.tenant,
+            request_id=state.request_id,
+        )
+        for policy in route.policies:
+            messages = policy.check_input(messages, ctx)
+        state.policy_context = ctx
+        state.filters = [f for p in route.policies if (f := p.output_filter(ctx)) is not None]
+        forward = {k: state.headers[k] for k in _FORWARDED if k in state.headers}
+        await out.send(
+            InferenceRequest(
+                request_id=state.request_id,
+                model=req.model,
+                messages=messages,
+                deadline=state.budget.inference_end,
+                max_tokens=req.max_tokens,
+                temperature=req.body.temperature,
+                top_p=req.body.top_p,
+                stop=req.stop,
+                variables=variables,
+                forward_headers=forward,
+            )
+        )

@@ -1,0 +1,148 @@
+"""Per-request state shared by the stages, and the one writer of the response.
+
+The stages run as separate tasks; what they learn about the request that is not
+the payload itself (the degraded flag, usage, the first-token time) lives in one
+:class:`RequestState`. :class:`Responder` owns the ASGI ``send``: it sends the
+response head lazily, so that an error before the first byte can still become
+a proper HTTP status, and knows whether the stream has started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..api import error_json
+from ..errors import GatewayError
+from ..observability.metrics import label_value
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter, Usage
+    from ..budgets import Budget
+    from ..config import RouteConfig
+    from ..policies.base import OutputFilter, Policy, PolicyContext
+    from .sse import SSEFramer
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+JSON_HEADERS: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
+SSE_HEADERS: list[tuple[bytes, bytes]] = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+@dataclass(slots=True)
+class Route:
+    """A configured route, ready to serve: its adapter and policies are built."""
+
+    config: RouteConfig
+    label: str
+    adapter: Adapter
+    policies: list[Policy]
+    tenant: str
+
+
+_STAGE_INDEX = {"parse": 0, "context": 1, "inference": 2, "sse": 3}
+
+
+@dataclass(slots=True)
+class RequestState:
+    """What the stages of one request share besides the payload in their channels."""
+
+    request_id: str
+    route: Route
+    budget: Budget
+    created: int
+    channel: str
+    session_id: str | None
+    tenant: str
+    #: Request headers, names lower-cased (last value wins).
+    headers: dict[str, str]
+    model: str = ""
+    stream: bool = False
+    include_usage: bool = False
+    #: Set when the route's ``on_context_timeout = "degrade"`` let the request on.
+    degraded: str | None = None
+    policy_context: PolicyContext | None = None
+    filters: list[OutputFilter] = field(default_factory=list)
+    framer: SSEFramer | None = None
+    upstream_started: bool = False
+    first_token_at: float | None = None
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    #: The reply text actually delivered to the client.
+    delivered: list[str] = field(default_factory=list)
+    disconnected: bool = False
+    #: When each stage got its input (for the stage latency histogram).
+    stage_started: dict[str, float] = field(default_factory=dict)
+    error: GatewayError | None = None
+    error_stage: str | None = None
+
+    def mark(self, stage: str) -> None:
+        """Record that ``stage`` has its input and starts working."""
+        self.stage_started[stage] = trio.current_time()
+
+    def current_stage(self) -> str:
+        """The furthest stage that has started."""
+        return max(self.stage_started, key=_STAGE_INDEX.__getitem__, default="parse")
+
+    def fail(self, stage: str, err: GatewayError) -> bool:
+        """Record a stage's failure; the earliest stage in pipeline order wins.
+
+        Returns whether ``err`` is now the request's error.
+        """
+        if self.error_stage is not None and _STAGE_INDEX[self.error_stage] <= _STAGE_INDEX[stage]:
+            return False
+        self.error, self.error_stage = err, stage
+        return True
+
+    def model_label(self) -> str:
+        return label_value(self.model) if self.model else "none"
+
+    def response_headers(self) -> list[tuple[bytes, bytes]]:
+        out = [(b"x-request-id", self.request_id.encode())]
+        if self.degraded:
+            out.append((b"x-aiserve-degraded", self.degraded.encode()))
+        return out
+
+
+class Responder:
+    """Writes one HTTP response through ASGI ``send``; remembers whether it started."""
+
+    __slots__ = ("_send", "started", "finished")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.finished = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, *, more: bool = True) -> None:
+        if not more:
+            self.finished = True
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def complete(
+        self, status: int, headers: list[tuple[bytes, bytes]], data: bytes
+    ) -> None:
+        """A whole response in one go (errors, JSON bodies)."""
+        headers = [*headers, (b"content-length", str(len(data)).encode())]
+        await self.start(status, headers)
+        await self.body(data, more=False)
+
+    async def error(
+        self, err: GatewayError, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        """An error response with the OpenAI envelope, before anything was sent."""
+        headers = [*JSON_HEADERS, *(extra or [])]
+        headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+        await self.complete(err.status, headers, error_json(err))

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from aiserve_trio.asgi import App
+from aiserve_trio.config import Config, default_config_text, parse_config
+
+from .asgi_client import Client
+
+#: The embedded default with a faster mock, so that tests stream in a few virtual ms.
+FAST = {"ttft_ms": "10", "inter_token_ms": "5"}
+
+
+def config_text(**mock: str) -> str:
+    """The embedded default TOML with mock pacing replaced."""
+    text = default_config_text()
+    for key, value in {**FAST, **mock}.items():
+        text = re.sub(rf"(?m)^{key} = .*$", f"{key} = {value}", text, count=1)
+    return text
+
+
+def make_config(extra: str = "", **mock: str) -> Config:
+    """The default config (fast mock), with ``extra`` TOML appended."""
+    return parse_config(config_text(**mock) + "\n" + extra, source="<test>")
+
+
+@pytest.fixture
+def make_app() -> Callable[..., App]:
+    def build(extra: str = "", *, config: Config | None = None, **kwargs: Any) -> App:
+        cfg = config if config is not None else make_config(extra)
+        return App(cfg, **kwargs)
+
+    return build
+
+
+@pytest.fixture
+def app(make_app: Callable[..., App]) -> App:
+    return make_app()
+
+
+@pytest.fixture
+def client(app: App) -> Client:
+    return Client(app)
