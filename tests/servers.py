@@ -66,7 +66,9 @@ def hypercorn_gateway(
         *(extra_args or []),
         "aiserve_trio:app",
     ]
-    proc = subprocess.Popen(args, cwd=ROOT, env=penv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        args, cwd=ROOT, env=penv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     base = f"{scheme}://127.0.0.1:{port}"
     try:
         if scheme == "http":

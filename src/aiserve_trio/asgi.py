@@ -191,11 +191,10 @@ class App:
             sid = headers.get("x-session-id")
             session_id = check_session_id(sid) if sid is not None else None
             declared = headers.get("content-length")
-            if declared is not None and declared.isdigit():
-                if int(declared) > cfg.limits.max_body_bytes:
-                    raise PayloadTooLarge(
-                        f"request body exceeds the limit of {cfg.limits.max_body_bytes} bytes"
-                    )
+            limit = cfg.limits.max_body_bytes
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                # Shed before reading a byte of a body that cannot be accepted.
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
         except GatewayError as err:
             extra = [(b"x-request-id", request_id.encode())]
             await responder.error(err, extra)

@@ -20,6 +20,7 @@ envelope before the first byte, a final SSE error event and ``[DONE]`` after.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -179,10 +180,9 @@ class Pipeline:
                     continue
                 chunk = msg.get("body", b"")
                 if chunk:
-                    try:
+                    # BrokenResourceError: the parse stage refused the body; keep watching.
+                    with contextlib.suppress(trio.BrokenResourceError):
                         await body.send(chunk)
-                    except trio.BrokenResourceError:
-                        pass  # the parse stage refused the body; keep watching
                 if not msg.get("more_body", False):
                     break
         while True:
@@ -222,4 +222,3 @@ class Pipeline:
         if state.usage is not None:
             m.tokens.labels(route, "prompt").inc(state.usage.prompt_tokens)
             m.tokens.labels(route, "completion").inc(state.usage.completion_tokens)
-

@@ -12,9 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from http import HTTPStatus
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 STAGES = ("parse", "context", "inference", "sse")
@@ -127,7 +130,7 @@ class Metrics:
             self.task_count.labels(stage)
             self.stage_latency.labels(stage)
 
-    def child(self, metric: MetricWrapperBase, *values: str) -> MetricWrapperBase:
+    def child(self, metric: M, *values: str) -> M:
         """``metric.labels(*values)`` after checking every value."""
         for v in values:
             check_label(v)

@@ -92,7 +92,9 @@ class SessionBus(abc.ABC):
         """Append turns; returns their event ids."""
 
     @abc.abstractmethod
-    async def set_vars(self, tenant: str, session_id: str, values: dict[str, str], ttl: int) -> None:
+    async def set_vars(
+        self, tenant: str, session_id: str, values: dict[str, str], ttl: int
+    ) -> None:
         """Merge ``values`` into the session's variables."""
 
     @abc.abstractmethod

@@ -95,7 +95,9 @@ def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None)
             param=f"messages[{len(req.messages) - 1}].role",
             code="invalid_last_role",
         )
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
     if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
         raise Unprocessable(
             f"`max_tokens` must be between 1 and {limits.max_tokens}", param="max_tokens"

@@ -115,7 +115,7 @@ class RequestState:
 class Responder:
     """Writes one HTTP response through ASGI ``send``; remembers whether it started."""
 
-    __slots__ = ("_send", "started", "finished")
+    __slots__ = ("_send", "finished", "started")
 
     def __init__(self, send: Send) -> None:
         self._send = send
@@ -131,9 +131,7 @@ class Responder:
             self.finished = True
         await self._send({"type": "http.response.body", "body": data, "more_body": more})
 
-    async def complete(
-        self, status: int, headers: list[tuple[bytes, bytes]], data: bytes
-    ) -> None:
+    async def complete(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
         """A whole response in one go (errors, JSON bodies)."""
         headers = [*headers, (b"content-length", str(len(data)).encode())]
         await self.start(status, headers)

@@ -102,7 +102,9 @@ def _usage(state: RequestState) -> Usage:
     u = state.usage
     prompt = u.prompt_tokens if u else 0
     completion = u.completion_tokens if u else 0
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
 
 
 async def sse_stage(
