@@ -64,10 +64,26 @@ class Response:
 class Exchange:
     """One request in flight."""
 
-    def __init__(self, app: Any, scope: dict[str, Any], body_parts: list[bytes]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        scope: dict[str, Any],
+        body_parts: list[bytes],
+        *,
+        body_delay: float = 0.0,
+        send_delay: float = 0.0,
+        stall_after: float = 0,
+    ) -> None:
         self.app = app
         self.scope = scope
         self._body = list(body_parts)
+        #: Seconds before each body part after the first (a slow uploader).
+        self.body_delay = body_delay
+        #: Seconds each body chunk takes to be accepted (a slow reader).
+        self.send_delay = send_delay
+        #: Stop reading (block every send) once this many body chunks arrived.
+        self.stall_after = int(stall_after)
+        self.parts_read = 0
         self._disconnect = trio.Event()
         self.response = Response()
         self._changed = trio.Event()
@@ -75,7 +91,10 @@ class Exchange:
 
     async def _receive(self) -> Message:
         if self._body:
+            if self.parts_read and self.body_delay:
+                await trio.sleep(self.body_delay)
             chunk = self._body.pop(0)
+            self.parts_read += 1
             return {"type": "http.request", "body": chunk, "more_body": bool(self._body)}
         await self._disconnect.wait()
         return {"type": "http.disconnect"}
@@ -86,6 +105,10 @@ class Exchange:
             r.status = message["status"]
             r.headers = {k.decode(): v.decode() for k, v in message["headers"]}
         elif message["type"] == "http.response.body":
+            if self.send_delay:
+                await trio.sleep(self.send_delay)
+            if self.stall_after and len(r.chunks) >= self.stall_after:
+                await trio.sleep_forever()
             if message.get("body"):
                 r.chunks.append((trio.current_time(), message["body"]))
             if not message.get("more_body", False):
@@ -142,14 +165,19 @@ class Client:
         json_body: Any = None,
         body: bytes | list[bytes] | None = None,
         headers: dict[str, str] | None = None,
+        **options: float,
     ) -> Response:
-        async with self.open(method, path, json_body=json_body, body=body, headers=headers) as ex:
+        async with self.open(
+            method, path, json_body=json_body, body=body, headers=headers, **options
+        ) as ex:
             await ex.done.wait()
         return ex.response
 
-    async def chat(self, payload: Any, headers: dict[str, str] | None = None) -> Response:
+    async def chat(
+        self, payload: Any, headers: dict[str, str] | None = None, **options: float
+    ) -> Response:
         return await self.request(
-            "POST", "/v1/chat/completions", json_body=payload, headers=headers
+            "POST", "/v1/chat/completions", json_body=payload, headers=headers, **options
         )
 
     @asynccontextmanager
@@ -161,13 +189,14 @@ class Client:
         json_body: Any = None,
         body: bytes | list[bytes] | None = None,
         headers: dict[str, str] | None = None,
+        **options: float,
     ) -> AsyncIterator[Exchange]:
         hdrs = dict(headers or {})
         if json_body is not None:
             body = json.dumps(json_body).encode()
             hdrs.setdefault("content-type", "application/json")
         parts = body if isinstance(body, list) else [body or b""]
-        ex = Exchange(self.app, make_scope(method, path, hdrs), parts)
+        ex = Exchange(self.app, make_scope(method, path, hdrs), parts, **options)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ex.run)
             yield ex

@@ -80,10 +80,11 @@ class ChunkChoice(msgspec.Struct, kw_only=True):
 
 class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
     id: str
+    #: Always "chat.completion.chunk"; no default so that omit_defaults keeps it.
+    object: str
     created: int
     model: str
     choices: list[ChunkChoice]
-    object: str = "chat.completion.chunk"
     usage: Usage | None = None
 
 

@@ -20,7 +20,6 @@ envelope before the first byte, a final SSE error event and ``[DONE]`` after.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -180,9 +179,12 @@ class Pipeline:
                     continue
                 chunk = msg.get("body", b"")
                 if chunk:
-                    # BrokenResourceError: the parse stage refused the body; keep watching.
-                    with contextlib.suppress(trio.BrokenResourceError):
+                    try:
                         await body.send(chunk)
+                    except trio.BrokenResourceError:
+                        # The parse stage refused the body and ends the request:
+                        # reading the rest would only buffer what was refused.
+                        return
                 if not msg.get("more_body", False):
                     break
         while True:

@@ -28,6 +28,7 @@ from ..policies.base import OutputFilter
 from .request import JSON_HEADERS, SSE_HEADERS, RequestState, Responder
 
 DONE = b"data: [DONE]\n\n"
+CHUNK = "chat.completion.chunk"
 
 
 class SSEFramer:
@@ -54,6 +55,7 @@ class SSEFramer:
     def _chunk(self, delta: ChunkDelta, finish: str | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=self._id,
+            object=CHUNK,
             created=self._created,
             model=self._model,
             choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],
@@ -71,7 +73,12 @@ class SSEFramer:
 
     def usage(self, usage: Usage) -> bytes:
         chunk = ChatCompletionChunk(
-            id=self._id, created=self._created, model=self._model, choices=[], usage=usage
+            id=self._id,
+            object=CHUNK,
+            created=self._created,
+            model=self._model,
+            choices=[],
+            usage=usage,
         )
         return self._event(chunk)
 
