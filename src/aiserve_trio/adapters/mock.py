@@ -94,10 +94,12 @@ class MockAdapter(Adapter):
         if request.max_tokens is not None and len(words) > request.max_tokens:
             words, finish = words[: request.max_tokens], "length"
         prompt_tokens = sum(count_tokens(m.content) for m in request.messages)
-        await trio.sleep(self.config.ttft_ms / 1000.0)
+        ttft = self.config.ttft_ms / 1000.0
         gap = self.config.inter_token_ms / 1000.0
+        if ttft:
+            await trio.sleep(ttft)
         for i, word in enumerate(words):
-            if i:
+            if i and gap:
                 await trio.sleep(gap)
             await send.send(Delta(text=word))
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=count_tokens("".join(words)))
