@@ -1,0 +1,113 @@
+"""``aiserve-sim``: run the simulated model backend on hypercorn's Trio worker."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from .app import WS_PATH, SimApp
+from .model import FaultRates, FaultSpecError, SimSettings, Timing, parse_fault
+
+DEFAULT_BIND = "127.0.0.1:8100"
+_T = Timing()
+_R = FaultRates()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="aiserve-sim",
+        description="Simulated OpenAI-compatible (HTTP SSE/JSON) and WebSocket model backend.",
+    )
+    p.add_argument("--bind", default=DEFAULT_BIND, help=f"host:port (default {DEFAULT_BIND})")
+    p.add_argument("--model", action="append", dest="models", help="served model name (repeat)")
+    p.add_argument("--seed", type=int, default=None, help="seed for jitter and random faults")
+    t = p.add_argument_group("timing (milliseconds)")
+    t.add_argument("--prefill-overhead-ms", type=float, default=_T.prefill_overhead_ms)
+    t.add_argument("--prefill-per-token-ms", type=float, default=_T.prefill_per_token_ms)
+    t.add_argument("--ttft-std-ms", type=float, default=_T.ttft_std_ms)
+    t.add_argument("--itl-ms", type=float, default=_T.itl_ms)
+    t.add_argument("--itl-std-ms", type=float, default=_T.itl_std_ms)
+    t.add_argument("--output-tokens-mean", type=float, default=_T.output_tokens_mean)
+    t.add_argument("--output-tokens-std", type=float, default=_T.output_tokens_std)
+    f = p.add_argument_group("faults")
+    f.add_argument(
+        "--fault",
+        default=None,
+        help="apply to every request: 429[:s], 5xx, stall:N, drop:N, malformed:N",
+    )
+    f.add_argument("--rate-429", type=float, default=0.0)
+    f.add_argument("--rate-5xx", type=float, default=0.0)
+    f.add_argument("--status-5xx", type=int, default=503)
+    f.add_argument("--rate-stall", type=float, default=0.0)
+    f.add_argument("--rate-drop", type=float, default=0.0)
+    f.add_argument("--rate-malformed", type=float, default=0.0)
+    f.add_argument("--fault-after", type=int, default=3, help="tokens before a random fault")
+    f.add_argument("--retry-after", type=float, default=1.0, help="Retry-After of random 429s")
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    return p
+
+
+def settings_from_args(ns: argparse.Namespace) -> SimSettings:
+    """The simulator settings the parsed command line describes.
+
+    Raises:
+        FaultSpecError: ``--fault`` is not a valid spec.
+    """
+    timing = Timing(
+        prefill_overhead_ms=ns.prefill_overhead_ms,
+        prefill_per_token_ms=ns.prefill_per_token_ms,
+        ttft_std_ms=ns.ttft_std_ms,
+        itl_ms=ns.itl_ms,
+        itl_std_ms=ns.itl_std_ms,
+        output_tokens_mean=ns.output_tokens_mean,
+        output_tokens_std=ns.output_tokens_std,
+    )
+    rates = FaultRates(
+        rate_429=ns.rate_429,
+        rate_5xx=ns.rate_5xx,
+        status_5xx=ns.status_5xx,
+        rate_stall=ns.rate_stall,
+        rate_drop=ns.rate_drop,
+        rate_malformed=ns.rate_malformed,
+        after=ns.fault_after,
+        retry_after=ns.retry_after,
+    )
+    return SimSettings(
+        timing=timing,
+        rates=rates,
+        fault=parse_fault(ns.fault) if ns.fault else None,
+        models=ns.models or ["sim-model"],
+        seed=ns.seed,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``aiserve-sim`` console script."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        settings = settings_from_args(ns)
+    except FaultSpecError as exc:
+        parser.error(str(exc))
+    config = HypercornConfig()
+    config.bind = [ns.bind]
+    config.accesslog = "-" if ns.access_log else None
+    config.errorlog = "-"
+    config.keep_alive_timeout = 30
+    print(f"aiserve-sim: serving on {ns.bind} (HTTP, and WebSocket at {WS_PATH})", file=sys.stderr)
+    try:
+        app: Any = SimApp(settings)  # hypercorn's ASGI types are narrower than our dicts
+        trio.run(serve, app, config)
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

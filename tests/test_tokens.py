@@ -1,0 +1,108 @@
+"""Token budget control: counting with a real tokenizer, trimming the oldest history."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiserve_trio.adapters.base import Message
+from aiserve_trio.adapters.tokens import (
+    REPLY_PRIMING,
+    encoding_name_for,
+    fit_messages,
+    get_encoding,
+    message_counter,
+)
+from aiserve_trio.errors import BadRequest
+
+
+def one_per_message(m: Message) -> int:
+    """A stand-in tokenizer: every message costs 10 tokens."""
+    return 10
+
+
+def msgs(*roles: str) -> list[Message]:
+    return [Message(role=r, content=f"{r} {i}") for i, r in enumerate(roles)]
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ("gpt-4o-mini", "o200k_base"),
+        ("gpt-4.1", "o200k_base"),
+        ("o3-mini", "o200k_base"),
+        ("openai/gpt-5", "o200k_base"),
+        ("gpt-4", "cl100k_base"),
+        ("gpt-3.5-turbo", "cl100k_base"),
+        ("sim-model", "cl100k_base"),
+        ("meta-llama/Llama-3-8B", "cl100k_base"),
+    ],
+)
+def test_tokenizer_by_model_family(model: str, name: str) -> None:
+    assert encoding_name_for(model) == name
+
+
+def test_override_wins() -> None:
+    assert encoding_name_for("gpt-4o", "cl100k_base") == "cl100k_base"
+
+
+def test_real_tokenizer_counts() -> None:
+    enc = get_encoding("cl100k_base")
+    assert enc.encode_ordinary("hello world") == [15339, 1917]
+    count = message_counter(enc)
+    # 3 framing + "user" (1) + "hello world" (2)
+    assert count(Message(role="user", content="hello world")) == 6
+    assert count(Message(role="user", content="hello world", name="bob")) == 8
+
+
+def test_unknown_tokenizer() -> None:
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        get_encoding("no_such_base")
+
+
+def test_fits_untouched() -> None:
+    m = msgs("system", "user", "assistant", "user")
+    fitted = fit_messages(m, max_tokens=100, context_window=1000, count=one_per_message)
+    assert fitted.messages == m
+    assert fitted.trimmed == 0
+    assert fitted.prompt_tokens == 40 + REPLY_PRIMING
+
+
+def test_trims_oldest_non_system_first() -> None:
+    m = msgs("system", "user", "assistant", "user", "assistant", "user")
+    # 60 + 3 priming + 20 reply = 83; a window of 65 needs 2 messages gone.
+    fitted = fit_messages(m, max_tokens=20, context_window=65, count=one_per_message)
+    assert fitted.trimmed == 2
+    assert [x.content for x in fitted.messages] == ["system 0", "user 3", "assistant 4", "user 5"]
+    assert fitted.prompt_tokens == 43
+
+
+def test_system_messages_anywhere_are_kept() -> None:
+    m = msgs("user", "system", "assistant", "developer", "user")
+    fitted = fit_messages(m, max_tokens=1, context_window=34, count=one_per_message)
+    assert [x.role for x in fitted.messages] == ["system", "developer", "user"]
+    assert fitted.trimmed == 2
+
+
+def test_last_message_is_never_dropped() -> None:
+    m = msgs("system", "user")
+    with pytest.raises(BadRequest) as info:
+        fit_messages(m, max_tokens=10, context_window=20, count=one_per_message)
+    assert info.value.code == "context_length_exceeded"
+    assert info.value.status == 400
+
+
+def test_no_max_tokens_leaves_room_for_one() -> None:
+    m = msgs("user", "user")
+    assert fit_messages(m, max_tokens=None, context_window=24, count=one_per_message).trimmed == 0
+    assert fit_messages(m, max_tokens=None, context_window=23, count=one_per_message).trimmed == 1
+
+
+def test_with_the_real_tokenizer_long_history_is_cut() -> None:
+    count = message_counter(get_encoding("cl100k_base"))
+    history = [Message(role="user" if i % 2 else "assistant", content="word " * 50) for i in range(20)]
+    m = [Message(role="system", content="be brief"), *history, Message(role="user", content="hi?")]
+    fitted = fit_messages(m, max_tokens=100, context_window=500, count=count)
+    assert fitted.trimmed > 0
+    assert fitted.prompt_tokens + 100 <= 500
+    assert sum(count(x) for x in fitted.messages) + REPLY_PRIMING == fitted.prompt_tokens
+    assert fitted.messages[0].role == "system" and fitted.messages[-1].content == "hi?"
