@@ -49,7 +49,9 @@ class SlowBus(SessionBus):
     async def append(self, tenant: str, session_id: str, turns: list[Turn], ttl: int) -> list[str]:
         return []
 
-    async def set_vars(self, tenant: str, session_id: str, values: dict[str, str], ttl: int) -> None:
+    async def set_vars(
+        self, tenant: str, session_id: str, values: dict[str, str], ttl: int
+    ) -> None:
         self.session.variables.update(values)
 
     def follow(self, tenant: str, session_id: str, after: str | None) -> AsyncIterator[Event]:

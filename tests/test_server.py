@@ -41,7 +41,9 @@ def gateway(config_file: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def tls_gateway(config_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, trustme.CA]]:
+def tls_gateway(
+    config_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, trustme.CA]]:
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
     d = tmp_path_factory.mktemp("tls")
@@ -88,7 +90,9 @@ def wait_until(cond, timeout: float = 5.0) -> None:
 
 
 def curl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["curl", "-sS", "-N", *args], capture_output=True, text=True, timeout=30, check=True)
+    return subprocess.run(
+        ["curl", "-sS", "-N", *args], capture_output=True, text=True, timeout=30, check=True
+    )
 
 
 # --- HTTP versions -----------------------------------------------------------
@@ -96,7 +100,15 @@ def curl(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_curl_http11_stream_ends_in_done(gateway):
     body = json.dumps({**CHAT, "stream": True})
-    r = curl(gateway + "/v1/chat/completions", "-H", "content-type: application/json", "-d", body, "-w", "\n%{http_version}")
+    r = curl(
+        gateway + "/v1/chat/completions",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        body,
+        "-w",
+        "\n%{http_version}",
+    )
     payloads = sse_payloads(r.stdout)
     assert payloads[-1] == "[DONE]"
     assert json.loads(payloads[0])["object"] == "chat.completion.chunk"
@@ -106,7 +118,16 @@ def test_curl_http11_stream_ends_in_done(gateway):
 
 def test_curl_h2c_prior_knowledge_stream_ends_in_done(gateway):
     body = json.dumps({**CHAT, "stream": True})
-    r = curl("--http2-prior-knowledge", gateway + "/v1/chat/completions", "-H", "content-type: application/json", "-d", body, "-w", "\n%{http_version}")
+    r = curl(
+        "--http2-prior-knowledge",
+        gateway + "/v1/chat/completions",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        body,
+        "-w",
+        "\n%{http_version}",
+    )
     payloads = sse_payloads(r.stdout)
     assert payloads[-1] == "[DONE]"
     assert streamed_text(payloads) == "hello big world"
@@ -124,10 +145,12 @@ def test_tls_alpn_negotiates_h2_and_http11(tls_gateway):
     base, ca = tls_gateway
     ctx = ssl.create_default_context()
     ca.configure_trust(ctx)
-    with httpx.Client(http2=True, verify=ctx) as c:
-        with c.stream("POST", base + "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
-            assert r.http_version == "HTTP/2"
-            text = r.read().decode()
+    with (
+        httpx.Client(http2=True, verify=ctx) as c,
+        c.stream("POST", base + "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
+    ):
+        assert r.http_version == "HTTP/2"
+        text = r.read().decode()
     assert sse_payloads(text)[-1] == "[DONE]"
     with httpx.Client(http2=False, verify=ctx) as c:
         r = c.post(base + "/v1/chat/completions", json=CHAT)
@@ -138,9 +161,12 @@ def test_tls_alpn_negotiates_h2_and_http11(tls_gateway):
 def test_tls_example_config_is_hypercorn_toml():
     from hypercorn.config import Config
 
-    cfg = Config.from_toml(str(Path(__file__).parent.parent / "configs/examples/hypercorn-tls.toml"))
+    cfg = Config.from_toml(
+        str(Path(__file__).parent.parent / "configs/examples/hypercorn-tls.toml")
+    )
     assert cfg.worker_class == "trio"
-    assert cfg.certfile and cfg.keyfile
+    assert cfg.certfile
+    assert cfg.keyfile
     assert cfg.alpn_protocols == ["h2", "http/1.1"]
 
 
@@ -151,7 +177,8 @@ def test_openai_sync_client_streaming_and_not(gateway):
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="not-needed-locally", max_retries=0)
     done = client.chat.completions.create(model="aiserve-mock", messages=CHAT["messages"])
     assert done.choices[0].message.content == "hello big world"
-    assert done.usage is not None and done.usage.completion_tokens == 3
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 3
     stream = client.chat.completions.create(
         model="aiserve-mock",
         messages=CHAT["messages"],
@@ -165,7 +192,8 @@ def test_openai_sync_client_streaming_and_not(gateway):
         if chunk.usage:
             usage = chunk.usage
     assert "".join(pieces) == "hello big world"
-    assert usage is not None and usage.total_tokens > 3
+    assert usage is not None
+    assert usage.total_tokens > 3
     models = client.models.list()
     assert [m.id for m in models.data] == ["aiserve-mock"]
 
@@ -180,7 +208,11 @@ def test_openai_client_sees_errors_as_api_errors(gateway):
 # --- disconnects reach the pipeline ----------------------------------------------
 
 
-SLOW = {"model": "aiserve-mock", "stream": True, "messages": [{"role": "user", "content": "echo: " + " ".join(["word"] * 2000)}]}
+SLOW = {
+    "model": "aiserve-mock",
+    "stream": True,
+    "messages": [{"role": "user", "content": "echo: " + " ".join(["word"] * 2000)}],
+}
 
 
 def test_http11_close_mid_stream_cancels_the_request(gateway):
@@ -212,8 +244,13 @@ def test_h2_rst_stream_cancels_the_request_and_the_connection_goes_on(gateway):
             sid = conn.get_next_available_stream_id()
             conn.send_headers(
                 sid,
-                [(":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "http"),
-                 (":authority", "x"), ("content-type", "application/json")],
+                [
+                    (":method", "POST"),
+                    (":path", "/v1/chat/completions"),
+                    (":scheme", "http"),
+                    (":authority", "x"),
+                    ("content-type", "application/json"),
+                ],
             )
             conn.send_data(sid, payload, end_stream=True)
             s.sendall(conn.data_to_send())

@@ -18,15 +18,28 @@ def parse(event: bytes) -> tuple[str, dict]:
 
 def test_events_are_numbered_and_shaped_like_openai_chunks():
     f = SSEFramer("chatcmpl-1", "m", 123)
-    evs = [f.role(), f.content("héllo \"x\"\n"), f.finish("stop"), f.usage(Usage(prompt_tokens=2, completion_tokens=3, total_tokens=5))]
+    evs = [
+        f.role(),
+        f.content('héllo "x"\n'),
+        f.finish("stop"),
+        f.usage(Usage(prompt_tokens=2, completion_tokens=3, total_tokens=5)),
+    ]
     parsed = [parse(e) for e in evs]
     assert [i for i, _ in parsed] == ["0", "1", "2", "3"]
     role, content, finish, usage = (p for _, p in parsed)
-    assert role == {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 123, "model": "m",
-                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-    assert content["choices"][0]["delta"] == {"content": "héllo \"x\"\n"}
+    assert role == {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 123,
+        "model": "m",
+        "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        ],
+    }
+    assert content["choices"][0]["delta"] == {"content": 'héllo "x"\n'}
     assert finish["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "stop"}
-    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 5
+    assert usage["choices"] == []
+    assert usage["usage"]["total_tokens"] == 5
 
 
 def test_error_event_carries_the_envelope_and_continues_the_numbering():
@@ -34,8 +47,14 @@ def test_error_event_carries_the_envelope_and_continues_the_numbering():
     f.role()
     i, body = parse(f.error(StageDeadlineExceeded("sse")))
     assert i == "1"
-    assert body == {"error": {"message": "the sse stage did not finish within its deadline budget",
-                              "type": "timeout", "param": "sse", "code": "stage_deadline_exceeded"}}
+    assert body == {
+        "error": {
+            "message": "the sse stage did not finish within its deadline budget",
+            "type": "timeout",
+            "param": "sse",
+            "code": "stage_deadline_exceeded",
+        }
+    }
     assert DONE == b"data: [DONE]\n\n"
 
 
