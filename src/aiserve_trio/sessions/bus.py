@@ -1,26 +1,35 @@
 """The session bus interface: one customer's context, shared by every channel.
 
 A session is keyed by tenant + session id. Its turns form an append-only
-stream of events (each with an event id, so followers can resume), its
-variables are a small string map; both expire ``ttl`` seconds after last use.
-Backends: ``memory`` (one process, the default) and ``redis`` (Redis Streams).
+stream of events (each with an event id ``<ms>-<seq>``, so followers can
+resume), its variables are a small string map; both expire ``ttl`` seconds
+after last use. Backends: ``memory`` (one process, the default) and ``redis``
+(Redis Streams).
 
 Implementations translate their library's errors into
 :class:`SessionBusError` at the boundary; callers bound waits with cancel
-scopes (no method takes a timeout).
+scopes. The one wait that is part of the protocol rather than a timeout is
+:meth:`SessionBus.read`'s ``block_ms`` (Redis ``XREAD BLOCK``): it lets a
+follower wake up for a heartbeat without cancelling a Redis call.
 """
 
 from __future__ import annotations
 
 import abc
 import re
-from collections.abc import AsyncIterator
 
 import msgspec
+import trio
 
 from ..errors import BadRequest, Overloaded
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,127}$")
+#: Tenants never contain ':' so that ``tenant:session`` is unambiguous in a Redis key.
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+EVENT_ID_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+VAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+MAX_VARS = 64
+MAX_VAR_CHARS = 1024
 
 
 class SessionBusError(Overloaded):
@@ -61,7 +70,7 @@ def check_session_id(session_id: str) -> str:
         BadRequest: it is empty, longer than 128 characters, or has characters
             other than letters, digits and ``: . _ -``.
     """
-    if not SESSION_ID_RE.match(session_id):
+    if not SESSION_ID_RE.fullmatch(session_id):
         raise BadRequest(
             "`X-Session-Id` must be 1-128 characters of letters, digits and ':._-'",
             param="X-Session-Id",
@@ -70,11 +79,66 @@ def check_session_id(session_id: str) -> str:
     return session_id
 
 
+def check_tenant(tenant: str) -> str:
+    """Return ``tenant`` if it is a valid tenant name (1-64 of letters, digits, ``_ . -``).
+
+    Raises:
+        ValueError: it is not.
+    """
+    if not TENANT_RE.fullmatch(tenant):
+        raise ValueError(f"tenant {tenant!r} must match {TENANT_RE.pattern}")
+    return tenant
+
+
+def parse_event_id(event_id: str) -> tuple[int, int]:
+    """``"1700000000000-3"`` -> ``(1700000000000, 3)``.
+
+    Raises:
+        BadRequest: not an event id (``param`` is ``Last-Event-ID``).
+    """
+    m = EVENT_ID_RE.fullmatch(event_id)
+    if m is None:
+        raise BadRequest(
+            "`Last-Event-ID` must be a session event id like 1700000000000-0",
+            param="Last-Event-ID",
+            code="invalid_event_id",
+        )
+    return int(m[1]), int(m[2])
+
+
+def check_vars(values: dict[str, str], param: str) -> dict[str, str]:
+    """Return ``values`` if they are acceptable session variables.
+
+    At most 64 names of ``[A-Za-z_][A-Za-z0-9_]*`` (up to 64 characters), values
+    up to 1024 characters.
+
+    Raises:
+        BadRequest: naming ``param``.
+    """
+    if len(values) > MAX_VARS:
+        raise BadRequest(f"at most {MAX_VARS} session variables per request", param=param)
+    for name, value in values.items():
+        if not VAR_NAME_RE.fullmatch(name):
+            raise BadRequest(
+                f"session variable names must match {VAR_NAME_RE.pattern}; got {name[:70]!r}",
+                param=param,
+            )
+        if not isinstance(value, str) or len(value) > MAX_VAR_CHARS:
+            raise BadRequest(
+                f"session variable {name!r} must be a string of at most {MAX_VAR_CHARS} chars",
+                param=param,
+            )
+    return values
+
+
 class SessionBus(abc.ABC):
-    """Where sessions live. All methods may raise :class:`SessionBusError`."""
+    """Where sessions live. All data methods may raise :class:`SessionBusError`."""
+
+    #: ``memory`` or ``redis`` (for logs and ``/readyz``).
+    kind: str = "abstract"
 
     async def aopen(self) -> None:  # noqa: B027 - optional hook
-        """Connect; called once in lifespan start-up."""
+        """Connect; called once in lifespan start-up, in the task that later calls aclose."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Disconnect; called once at shutdown."""
@@ -89,14 +153,55 @@ class SessionBus(abc.ABC):
 
     @abc.abstractmethod
     async def append(self, tenant: str, session_id: str, turns: list[Turn], ttl: int) -> list[str]:
-        """Append turns; returns their event ids."""
+        """Append one request's turns (all with the same ``request_id``); refreshes the TTL.
+
+        Idempotent per request id: if that request's turns are already stored,
+        nothing is written and ``[]`` is returned (so the outbox can retry a
+        write whose reply was lost). Returns the new event ids.
+        """
 
     @abc.abstractmethod
     async def set_vars(
         self, tenant: str, session_id: str, values: dict[str, str], ttl: int
     ) -> None:
-        """Merge ``values`` into the session's variables."""
+        """Merge ``values`` into the session's variables; refreshes the TTL."""
 
-    @abc.abstractmethod
-    def follow(self, tenant: str, session_id: str, after: str | None) -> AsyncIterator[Event]:
-        """Events after ``after`` (``None``: from the start of what is kept), then live ones."""
+    async def read(
+        self, tenant: str, session_id: str, after: str | None, *, limit: int, block_ms: int
+    ) -> list[Event]:
+        """Events after the event id ``after``, oldest first, at most ``limit``.
+
+        ``after=None`` means the last ``limit`` events kept. If there are none,
+        wait up to ``block_ms`` for new ones (``0``: do not wait) and return
+        ``[]`` if none came. Both backends override this; a bus that keeps no
+        event stream (a test double) has no events to give.
+        """
+        await trio.sleep(max(block_ms, 0) / 1000.0)
+        return []
+
+    async def follow(
+        self,
+        tenant: str,
+        session_id: str,
+        after: str | None,
+        send: trio.MemorySendChannel[Event],
+        *,
+        limit: int = 100,
+        block_ms: int = 5_000,
+    ) -> None:
+        """Send the events after ``after`` into ``send``, then live ones, until cancelled.
+
+        Closes ``send`` when it returns. Raises :class:`SessionBusError` if the
+        bus fails.
+        """
+        async with send:
+            while True:
+                events = await self.read(
+                    tenant, session_id, after, limit=limit, block_ms=block_ms
+                )
+                for ev in events:
+                    await send.send(ev)
+                if events:
+                    after = events[-1].id
+                elif after is None:
+                    after = "0-0"

@@ -1,0 +1,198 @@
+"""Writing turns back to the bus, and the outbox that keeps them while it is down.
+
+After a reply has been delivered, :meth:`WriteBack.after_request` appends the
+user turn and the assistant turn (what the client actually got, marked
+``truncated`` if the stream was cut) within the request's remaining budget. If
+the bus fails or the budget runs out, the turns go into the :class:`Outbox`: a
+bounded, in-process queue keyed by request id, which :meth:`WriteBack.run`
+drains with backoff once the bus answers again. The bus's ``append`` is
+idempotent per request id, so a write that succeeded but whose reply was lost
+is not stored twice when it is retried. When the outbox is full the oldest
+pending write is dropped (counted): memory stays bounded while Redis is down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from .bus import SessionBus, SessionBusError, Turn
+
+if TYPE_CHECKING:
+    from ..observability.metrics import Metrics
+    from ..stages.request import RequestState
+
+log = logging.getLogger("aiserve_trio.sessions")
+
+
+@dataclass(slots=True)
+class PendingWrite:
+    tenant: str
+    session_id: str
+    turns: list[Turn]
+    ttl: int
+
+    @property
+    def request_id(self) -> str:
+        return self.turns[0].request_id
+
+
+class Outbox:
+    """Pending writes in arrival order, one per request id, at most ``max_items`` (sans-IO)."""
+
+    __slots__ = ("_items", "max_items")
+
+    def __init__(self, max_items: int) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[str, PendingWrite] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, item: PendingWrite) -> list[PendingWrite]:
+        """Queue ``item`` (replacing a pending write of the same request).
+
+        Returns the writes dropped to stay within ``max_items``, oldest first.
+        """
+        self._items[item.request_id] = item
+        self._items.move_to_end(item.request_id)
+        dropped = []
+        while len(self._items) > self.max_items:
+            dropped.append(self._items.popitem(last=False)[1])
+        return dropped
+
+    def first(self) -> PendingWrite | None:
+        return next(iter(self._items.values()), None)
+
+    def remove(self, request_id: str) -> None:
+        self._items.pop(request_id, None)
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    """What the context stage learnt that the write-back needs (filled in by it)."""
+
+    #: The user's last message as the model saw it (after input policies), or None
+    #: if the request never got that far.
+    user_text: str | None = None
+
+
+def request_turns(state: RequestState, record: TurnRecord) -> list[Turn]:
+    """The turns to store for a finished request, or ``[]`` if there is nothing to store.
+
+    Stored when the reply finished, or when something was delivered before the
+    stream was cut (then the assistant turn is ``truncated``).
+    """
+    if record.user_text is None or state.session_id is None:
+        return []
+    cut = state.error is not None or state.disconnected or state.finish_reason is None
+    if cut and not state.delivered:
+        return []
+    flags = dict(state.policy_context.flags) if state.policy_context is not None else {}
+    if state.degraded:
+        flags["degraded"] = state.degraded
+    now = time.time()
+    ch, rid = state.channel, state.request_id
+    reply = "".join(state.delivered)
+    return [
+        Turn(
+            role="user", content=record.user_text, channel=ch, request_id=rid, ts=now, flags=flags
+        ),
+        Turn(
+            role="assistant",
+            content=reply,
+            channel=ch,
+            request_id=rid,
+            ts=now,
+            truncated=cut,
+            flags=flags,
+        ),
+    ]
+
+
+class WriteBack:
+    """Appends finished requests' turns; keeps and retries those the bus did not take."""
+
+    def __init__(
+        self,
+        bus: SessionBus,
+        metrics: Metrics,
+        *,
+        outbox_max: int,
+        retry_ms: int = 200,
+        retry_max_ms: int = 5_000,
+    ) -> None:
+        self.bus = bus
+        self.metrics = metrics
+        self.outbox = Outbox(outbox_max)
+        self.retry_s = retry_ms / 1000.0
+        self.retry_max_s = retry_max_ms / 1000.0
+        self._wake = trio.Event()
+
+    async def after_request(self, state: RequestState, record: TurnRecord) -> None:
+        """Store a finished request's turns, within its remaining budget, or queue them."""
+        turns = request_turns(state, record)
+        if not turns:
+            return
+        assert state.session_id is not None
+        item = PendingWrite(state.tenant, state.session_id, turns, state.route.config.context_ttl)
+        budget = state.budget
+        # A cut request still gets its reserve for this write; the outbox takes the rest.
+        deadline = max(budget.deadline, trio.current_time() + budget.reserve)
+        with trio.move_on_at(deadline):
+            try:
+                await self.bus.append(item.tenant, item.session_id, item.turns, item.ttl)
+                return
+            except SessionBusError:
+                pass
+        self.enqueue(item)
+
+    def enqueue(self, item: PendingWrite) -> None:
+        """Keep ``item`` for the retry loop (dropping the oldest if the outbox is full)."""
+        for lost in self.outbox.add(item):
+            self.metrics.session_outbox_dropped.inc()
+            log.warning("session outbox full: dropped the turns of %s", lost.request_id)
+        self.metrics.session_outbox_size.set(len(self.outbox))
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Try each pending write once, oldest first; stop at the first failure."""
+        while (item := self.outbox.first()) is not None:
+            try:
+                await self.bus.append(item.tenant, item.session_id, item.turns, item.ttl)
+            except SessionBusError:
+                log.warning("session outbox: %d writes not stored at shutdown", len(self.outbox))
+                return
+            self.outbox.remove(item.request_id)
+            self.metrics.session_outbox_size.set(len(self.outbox))
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Drain the outbox for the app's lifetime, backing off while the bus is down."""
+        task_status.started()
+        delay = self.retry_s
+        while True:
+            item = self.outbox.first()
+            if item is None:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            stored = False
+            # A bus that hangs (not refuses) must not stall the loop either.
+            with trio.move_on_after(self.retry_max_s):
+                try:
+                    await self.bus.append(item.tenant, item.session_id, item.turns, item.ttl)
+                    stored = True
+                except SessionBusError:
+                    pass
+            if not stored:
+                await trio.sleep(delay)
+                delay = min(delay * 2, self.retry_max_s)
+                continue
+            delay = self.retry_s
+            self.outbox.remove(item.request_id)
+            self.metrics.session_outbox_size.set(len(self.outbox))
