@@ -10,6 +10,7 @@ from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, default_config_text, parse_config
 
 from .asgi_client import Client
+from .redis_server import redis_server, redis_up  # noqa: F401 - shared session fixtures
 
 #: The embedded default with a faster mock, so that tests stream in a few virtual ms.
 FAST = {"ttft_ms": "10", "inter_token_ms": "5"}

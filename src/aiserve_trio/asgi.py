@@ -31,7 +31,11 @@ from .errors import (
 from .observability.metrics import Metrics, status_label
 from .pipeline import Pipeline
 from .policies.base import build_policies
+from .sessions import build_bus
 from .sessions.bus import SessionBus, check_session_id
+from .sessions.http import PREFIX as SESSIONS_PREFIX
+from .sessions.http import SessionEndpoints
+from .sessions.outbox import WriteBack
 from .stages.request import JSON_HEADERS, Receive, RequestState, Responder, Route, Send
 
 log = logging.getLogger("aiserve_trio")
@@ -55,14 +59,25 @@ class App:
             config: from :func:`~.config.load_config`.
             adapters: adapters by name, replacing those the config would build
                 (tests pass fakes here).
-            bus: the session bus; default: none (sessions come from the config
-                once a backend is configured).
+            bus: the session bus; default: the one ``[sessions]`` configures.
         """
         self.config = config
         self.metrics = Metrics()
         built = {name: build_adapter(name, c) for name, c in config.adapters.items()}
         self.adapters: dict[str, Adapter] = {**built, **(adapters or {})}
-        self.bus = bus
+        self.bus: SessionBus = bus if bus is not None else build_bus(config, self.metrics)
+        sc = config.sessions
+        self.writeback = WriteBack(
+            self.bus,
+            self.metrics,
+            outbox_max=sc.outbox_max,
+            retry_ms=sc.outbox_retry_ms,
+            retry_max_ms=sc.outbox_retry_max_ms,
+        )
+        #: Set when shutdown begins: live session event streams end cleanly.
+        self.closing = trio.Event()
+        self.sessions = SessionEndpoints(config, self.bus, self.closing)
+        self._background: trio.CancelScope | None = None
         self.routes: dict[str, Route] = {}
         for rc in config.routes:
             self.routes[rc.path] = Route(
@@ -72,7 +87,7 @@ class App:
                 policies=build_policies(rc.policies, config),
                 tenant=rc.tenant or config.server.default_tenant,
             )
-        self.pipeline = Pipeline(config, self.metrics, bus)
+        self.pipeline = Pipeline(config, self.metrics, self.bus, self.writeback)
         self.ready = False
         self._models_body = self._models_json()
 
@@ -93,17 +108,30 @@ class App:
             log.exception("start-up failed")
             await send({"type": "lifespan.startup.failed", "message": str(exc)})
             return
-        await send({"type": "lifespan.startup.complete"})
-        await receive()  # lifespan.shutdown
-        await self.shutdown()
+        try:
+            # The app's background tasks (the session outbox) live in this nursery,
+            # opened after and closed before the pools that startup() entered.
+            async with trio.open_nursery() as nursery:
+                await self.start_background(nursery)
+                await send({"type": "lifespan.startup.complete"})
+                await receive()  # lifespan.shutdown
+                nursery.cancel_scope.cancel(reason="lifespan shutdown")
+        finally:
+            await self.shutdown()
         await send({"type": "lifespan.shutdown.complete"})
 
-    async def startup(self) -> None:
-        """Open adapters' pools and the session bus."""
+    async def startup(self, nursery: trio.Nursery | None = None) -> None:
+        """Open adapters' pools and the session bus (in the task that later calls shutdown).
+
+        Args:
+            nursery: where to run the background tasks (see :meth:`start_background`);
+                ``None``: do not run them (in-process tests that need none).
+        """
         for adapter in self.adapters.values():
             await adapter.aopen()
-        if self.bus is not None:
-            await self.bus.aopen()
+        await self.bus.aopen()
+        if nursery is not None:
+            await self.start_background(nursery)
         self.ready = True
         log.info(
             "aiserve-trio ready: config %s, routes %s",
@@ -111,13 +139,31 @@ class App:
             ", ".join(self.routes),
         )
 
+    async def start_background(self, nursery: trio.Nursery) -> None:
+        """Start the app-lifetime tasks (the session outbox drain) in ``nursery``."""
+        await nursery.start(self._run_background)
+
+    async def _run_background(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        with trio.CancelScope() as scope:
+            self._background = scope
+            await self.writeback.run(task_status=task_status)
+
     async def shutdown(self) -> None:
+        """End live event streams and background tasks; close the bus and adapters."""
         self.ready = False
+        self.closing.set()
+        if self._background is not None:
+            self._background.cancel(reason="app shutdown")
         with trio.CancelScope(shield=True):
+            with trio.move_on_after(2.0):
+                await self.writeback.flush()
             for adapter in self.adapters.values():
                 await adapter.aclose()
-            if self.bus is not None:
-                await self.bus.aclose()
+        # Not under the shield: the bus exits task groups that startup() entered at
+        # this level, and Trio needs cancel scopes closed in the order they opened.
+        await self.bus.aclose()
 
     # --- HTTP ----------------------------------------------------------------
 
@@ -142,6 +188,9 @@ class App:
             elif path == "/readyz":
                 self._only(method, "GET", path)
                 await self._readyz(responder)
+            elif path.startswith(SESSIONS_PREFIX):
+                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+                await self.sessions.handle(method, path, headers, receive, responder)
             elif path == "/metrics":
                 self._only(method, "GET", path)
                 await responder.complete(200, _METRICS_HEADERS, self.metrics.render())
@@ -165,8 +214,11 @@ class App:
         for name, adapter in self.adapters.items():
             if not await adapter.ready():
                 problems.append(f"adapter {name} not ready")
-        if self.bus is not None and not await self.bus.ping():
-            problems.append("session bus unreachable")
+        reachable = False
+        with trio.move_on_after(1.0):  # a hung Redis must not hang the probe
+            reachable = await self.bus.ping()
+        if not reachable:
+            problems.append(f"session bus ({self.bus.kind}) unreachable")
         if problems:
             raise Overloaded("not ready: " + "; ".join(problems), code="not_ready")
         await responder.complete(200, JSON_HEADERS, b'{"status":"ready"}')

@@ -117,8 +117,14 @@ AdapterConfig = MockAdapterConfig | OpenAIAdapterConfig | VllmWsAdapterConfig
 
 class SessionsConfig(_Section):
     backend: Literal["memory", "redis"] = "memory"
+    #: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://h:p,h:p``,
+    #: ``redis+sentinel://h:p,h:p/service[/db]``.
     url: str = "redis://127.0.0.1:6379/0"
+    #: Connections for the request path (load, append, set_vars).
     pool_size: int = 32
+    #: Connections for live followers (each blocks one in ``XREAD BLOCK``).
+    follow_pool_size: int = 64
+    connect_timeout_ms: int = 1_000
     #: Memory backend: sessions kept at most (least recently used evicted first).
     max_sessions: int = 10_000
     #: Turns kept per session (``XADD MAXLEN ~``).
@@ -127,9 +133,39 @@ class SessionsConfig(_Section):
     history_turns: int = 20
     #: Turns kept for write-back while the bus is unreachable.
     outbox_max: int = 10_000
+    #: Outbox retry backoff: first delay, doubling up to the max.
+    outbox_retry_ms: int = 200
+    outbox_retry_max_ms: int = 5_000
     key_prefix: str = "aiserve"
     #: System prompt carrying session variables; ``{vars}`` is "name: value" lines.
     system_template: str = "Known facts about this customer:\n{vars}"
+    #: ``GET /v1/sessions/{id}/events``: events replayed on connect, heartbeat
+    #: comment interval, and the stream's lifetime before the client reconnects.
+    replay_events: int = 100
+    heartbeat_ms: int = 15_000
+    events_max_s: int = 3_600
+
+    def __post_init__(self) -> None:
+        # msgspec turns a ValueError here into a ConfigError naming `sessions`.
+        for key in (
+            "pool_size",
+            "follow_pool_size",
+            "connect_timeout_ms",
+            "max_sessions",
+            "max_turns",
+            "outbox_max",
+            "outbox_retry_ms",
+            "outbox_retry_max_ms",
+            "replay_events",
+            "heartbeat_ms",
+            "events_max_s",
+        ):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"`{key}` must be positive")
+        if not 0 <= self.history_turns <= self.max_turns:
+            raise ValueError("`history_turns` must be between 0 and `max_turns`")
+        if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", self.key_prefix):
+            raise ValueError("`key_prefix` must be 1-64 letters, digits or '_.-'")
 
 
 class RouteDeadline(_Section):

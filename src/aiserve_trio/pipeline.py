@@ -30,6 +30,7 @@ import trio
 from .adapters.base import Delta, InferenceRequest
 from .errors import GatewayError, InternalError, NotFound, StageDeadlineExceeded
 from .observability.metrics import STAGES, Metrics, status_label
+from .sessions.outbox import TurnRecord
 from .stages.context import context_stage
 from .stages.inference import inference_stage
 from .stages.parse import ChatRequest, check_content_type, decode_request, read_body
@@ -39,6 +40,7 @@ from .stages.sse import DONE, SSEFramer, sse_stage
 if TYPE_CHECKING:
     from .config import Config
     from .sessions.bus import SessionBus
+    from .sessions.outbox import WriteBack
 
 log = logging.getLogger("aiserve_trio.pipeline")
 _STAGE_ORDER = {name: i for i, name in enumerate(STAGES)}
@@ -47,13 +49,31 @@ _STAGE_ORDER = {name: i for i, name in enumerate(STAGES)}
 class Pipeline:
     """Runs chat requests; built once per app with what every request shares."""
 
-    def __init__(self, config: Config, metrics: Metrics, bus: SessionBus | None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        bus: SessionBus | None,
+        writeback: WriteBack | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics
         self.bus = bus
+        self.writeback = writeback
 
     async def run(self, state: RequestState, receive: Receive, responder: Responder) -> None:
-        """Serve one chat request. Never raises a GatewayError: it is written instead."""
+        """Serve one chat request, then write its turns to the session bus.
+
+        Never raises a GatewayError: it is written instead.
+        """
+        record = TurnRecord()
+        await self._run(state, receive, responder, record)
+        if self.writeback is not None and state.session_id is not None:
+            await self.writeback.after_request(state, record)
+
+    async def _run(
+        self, state: RequestState, receive: Receive, responder: Responder, record: TurnRecord
+    ) -> None:
         body_send, body_recv = trio.open_memory_channel[bytes](0)
         req_send, req_recv = trio.open_memory_channel[ChatRequest](0)
         inf_send, inf_recv = trio.open_memory_channel[InferenceRequest](0)
@@ -61,9 +81,10 @@ class Pipeline:
         sessions = self.config.sessions
 
         bus, hist, tmpl = self.bus, sessions.history_turns, sessions.system_template
+        context = partial(context_stage, state, req_recv, inf_send, bus, tmpl, hist, record)
         work: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("parse", partial(self._parse, state, body_recv, req_send)),
-            ("context", partial(context_stage, state, req_recv, inf_send, bus, tmpl, hist)),
+            ("context", context),
             ("inference", partial(inference_stage, state, inf_recv, delta_send)),
             ("sse", partial(self._sse, state, delta_recv, responder)),
         ]

@@ -126,6 +126,16 @@ class Metrics:
             ["op"],
             registry=r,
         )
+        self.session_outbox_size = Gauge(
+            "aiserve_session_outbox_size",
+            "Session turn writes waiting in the in-process outbox for the bus to return.",
+            registry=r,
+        )
+        self.session_outbox_dropped = Counter(
+            "aiserve_session_outbox_dropped",
+            "Session turn writes dropped because the outbox was full.",
+            registry=r,
+        )
         for stage in STAGES:
             self.task_count.labels(stage)
             self.stage_latency.labels(stage)

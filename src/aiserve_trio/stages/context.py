@@ -2,8 +2,9 @@
 
 Turns the decoded :class:`~.parse.ChatRequest` into the adapter's
 :class:`~aiserve_trio.adapters.base.InferenceRequest`. The session load is the
-part that can be slow (the bus may be Redis); if the stage's cut point passes,
-the route's ``on_context_timeout`` decides: ``fail`` (504 naming the stage) or
+part that can be slow or fail (the bus may be Redis); if the stage's cut point
+passes or the bus is unreachable, the route's ``on_context_timeout`` decides:
+``fail`` (504 naming the stage, or 503 ``session_bus_unavailable``) or
 ``degrade`` (go on without session context; the response says so in the
 ``X-Aiserve-Degraded`` header).
 """
@@ -17,11 +18,13 @@ import trio
 from ..adapters.base import InferenceRequest, Message
 from ..errors import StageDeadlineExceeded
 from ..policies.base import PolicyContext
+from ..sessions.bus import SessionBusError, check_vars
 from .parse import ChatRequest
 from .request import RequestState
 
 if TYPE_CHECKING:
     from ..sessions.bus import Session, SessionBus
+    from ..sessions.outbox import TurnRecord
 
 _FORWARDED = ("traceparent", "tracestate")
 
@@ -54,12 +57,25 @@ async def context_stage(
     bus: SessionBus | None,
     system_template: str,
     history_turns: int,
+    record: TurnRecord | None = None,
 ) -> None:
+    """Run the context stage for one request (see the module docstring).
+
+    Args:
+        record: filled with the user's message as the model sees it, for the
+            write-back after the reply.
+
+    Raises:
+        StageDeadlineExceeded: the cut point passed and the route does not degrade.
+        SessionBusError: the bus failed and the route does not degrade.
+        BadRequest: ``metadata`` is not acceptable as session variables.
+    """
     route = state.route
     async with out, inbox:
         req: ChatRequest | None = None
         messages: list[Message] = []
         variables: dict[str, str] = {}
+        bus_error: SessionBusError | None = None
         with trio.move_on_at(state.budget.context_end) as scope:
             try:
                 req = await inbox.receive()
@@ -67,20 +83,25 @@ async def context_stage(
                 return  # parse failed and says why
             state.mark("context")
             messages = prompt_messages(req)
-            if req.body.metadata and bus is not None and state.session_id:
-                await bus.set_vars(
-                    state.tenant, state.session_id, req.body.metadata, route.config.context_ttl
-                )
-            if bus is not None and state.session_id:
-                session = await bus.load(
-                    state.tenant, state.session_id, history_turns, route.config.context_ttl
-                )
-                messages, variables = with_session(messages, session, system_template)
-        if scope.cancelled_caught:
+            if req.body.metadata:
+                check_vars(req.body.metadata, "metadata")
+            try:
+                if req.body.metadata and bus is not None and state.session_id:
+                    await bus.set_vars(
+                        state.tenant, state.session_id, req.body.metadata, route.config.context_ttl
+                    )
+                if bus is not None and state.session_id:
+                    session = await bus.load(
+                        state.tenant, state.session_id, history_turns, route.config.context_ttl
+                    )
+                    messages, variables = with_session(messages, session, system_template)
+            except SessionBusError as exc:
+                bus_error = exc
+        if scope.cancelled_caught or bus_error is not None:
             if req is None:
                 return  # still parsing: the parse stage reports its own expiry
             if route.config.on_context_timeout != "degrade":
-                raise StageDeadlineExceeded("context")
+                raise bus_error or StageDeadlineExceeded("context")
             state.degraded = "context"
             messages = prompt_messages(req)
             variables = {}
@@ -96,6 +117,9 @@ async def context_stage(
         for policy in route.policies:
             messages = policy.check_input(messages, ctx)
         state.policy_context = ctx
+        if record is not None:
+            own = messages[-len(req.body.messages) :] if req.body.messages else []
+            record.user_text = next((m.content for m in reversed(own) if m.role == "user"), "")
         state.filters = [f for p in route.policies if (f := p.output_filter(ctx)) is not None]
         forward = {k: state.headers[k] for k in _FORWARDED if k in state.headers}
         await out.send(
