@@ -1,0 +1,355 @@
+"""The processes a bench run starts: the simulator, the systems under test, Redis.
+
+Every process runs on 127.0.0.1 on a free port, optionally pinned to one CPU with
+``taskset``, logs to ``bench/work/logs/<name>.log``, and is stopped (SIGTERM,
+then SIGKILL) when its context exits. Each command line is recorded so the
+report can print exactly what ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "bench" / "work"
+LOGS = WORK / "logs"
+BIN = Path(sys.executable).parent
+LITELLM_VENV = WORK / "litellm-venv"
+LITELLM_KEY = "sk-bench-master-key"
+#: CPU for the system under test; the load generator, the simulator and Redis get the other.
+SYSTEM_CPU = "0"
+LOAD_CPU = "1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pinned(cmd: list[str], cpu: str | None) -> list[str]:
+    """``cmd`` under ``taskset -c cpu`` when pinning is asked for and possible."""
+    if cpu is None or shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        return cmd
+    return ["taskset", "-c", cpu, *cmd]
+
+
+@dataclass
+class Running:
+    """A started process and how to reach it."""
+
+    name: str
+    cmd: list[str]
+    proc: subprocess.Popen[bytes]
+    base: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def pids(self) -> list[int]:
+        """The process and its descendants (hypercorn runs its worker as a child)."""
+        out: list[int] = []
+        todo = [self.proc.pid]
+        while todo:
+            pid = todo.pop(0)
+            out.append(pid)
+            try:
+                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                continue
+            todo.extend(int(k) for k in kids)
+        return out
+
+    def rss_mb(self) -> float:
+        """Resident memory of the process tree in MiB."""
+        total = 0
+        for pid in self.pids():
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+            except OSError:
+                continue
+        return total / 1024.0
+
+    def worker_pid(self) -> int:
+        """The pid that serves requests (the deepest child; the process itself if none)."""
+        return self.pids()[-1]
+
+
+class Recorder:
+    """Collects every command a run started, for the report."""
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def add(self, env: dict[str, str], cmd: list[str]) -> None:
+        prefix = " ".join(f"{k}={v}" for k, v in env.items())
+        self.commands.append((prefix + " " if prefix else "") + " ".join(cmd))
+
+
+RECORDER = Recorder()
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+    """Poll ``url`` until it answers (any status); raise if the process dies or time runs out."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}:\n{tail}")
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout} s")
+
+
+@contextlib.contextmanager
+def start(
+    name: str,
+    cmd: list[str],
+    *,
+    port: int,
+    health: str = "/healthz",
+    cpu: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+) -> Iterator[Running]:
+    """Start ``cmd`` (pinned to ``cpu``), wait for ``health`` to answer, stop it on exit."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = LOGS / f"{name}.log"
+    full = pinned(cmd, cpu)
+    extra = env or {}
+    RECORDER.add(extra, full)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            full, cwd=ROOT, env={**os.environ, **extra}, stdout=out, stderr=subprocess.STDOUT
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(base + health, proc, timeout, log)
+        yield Running(name, full, proc, base, extra)
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def sim_cmd(port: int, args: list[str]) -> list[str]:
+    """The ``aiserve-sim`` command line."""
+    return [str(BIN / "aiserve-sim"), "--bind", f"127.0.0.1:{port}", "--seed", "1", *args]
+
+
+@contextlib.contextmanager
+def sim(args: list[str], name: str = "sim") -> Iterator[Running]:
+    """The simulated upstream, on the load generator's CPU."""
+    port = free_port()
+    with start(name, sim_cmd(port, args), port=port, cpu=LOAD_CPU) as r:
+        yield r
+
+
+@contextlib.contextmanager
+def redis() -> Iterator[Running]:
+    """A throw-away redis-server (no persistence) on the load generator's CPU."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+    port = free_port()
+    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = LOGS / "redis.log"
+    full = pinned(cmd, LOAD_CPU)
+    RECORDER.add({}, full)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(full, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        end = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+                break
+            if time.monotonic() > end or proc.poll() is not None:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+        yield Running("redis", full, proc, f"redis://127.0.0.1:{port}/0")
+    finally:
+        stop(proc)
+
+
+def hypercorn_cmd(port: int, app: str, extra: list[str] | None = None) -> list[str]:
+    """hypercorn with the bench's server settings (one Trio worker, no access log)."""
+    return [
+        str(BIN / "hypercorn"),
+        "--config",
+        str(ROOT / "bench" / "configs" / "hypercorn-bench.toml"),
+        "--bind",
+        f"127.0.0.1:{port}",
+        *(extra or []),
+        app,
+    ]
+
+
+@contextlib.contextmanager
+def ceiling(upstream: Running) -> Iterator[Running]:
+    """bench/ceiling_relay.py: hypercorn-Trio relaying the sim with no stages."""
+    port = free_port()
+    env = {"BENCH_UPSTREAM": upstream.base}
+    with start(
+        "ceiling", hypercorn_cmd(port, "bench.ceiling_relay:app"), port=port, health="/",
+        cpu=SYSTEM_CPU, env=env,
+    ) as r:
+        yield r
+
+
+@dataclass(frozen=True)
+class GatewayAuth:
+    """The bench key the gateway accepts (auth on, as an operator would run it)."""
+
+    plain: str
+    toml: str
+
+
+def gateway_auth() -> GatewayAuth | None:
+    """A fresh key and its ``[auth]`` TOML, or None when this build has no auth."""
+    try:
+        from aiserve_trio.security.auth import hash_key, new_key
+    except ImportError:
+        return None
+    plain = new_key("bench")
+    digest = hash_key(plain)
+    toml = f"""
+[auth]
+enabled = true
+
+[[auth.keys]]
+id = "bench"
+hash = "{digest}"
+tenant = "default"
+"""
+    return GatewayAuth(plain, toml)
+
+
+def gateway_toml(
+    routes: dict[str, str], *, bus: str = "memory", redis_url: str | None = None,
+    auth: GatewayAuth | None = None,
+) -> str:
+    """Gateway config: one ``openai`` adapter + route per entry of ``routes`` (path -> sim URL)."""
+    sessions = f'backend = "{bus}"' + (f'\nurl = "{redis_url}"' if redis_url else "")
+    parts = [
+        f"""[server]
+name = "aiserve-trio-bench"
+
+[sessions]
+{sessions}
+""",
+        auth.toml if auth is not None else "",
+    ]
+    for i, (path, upstream) in enumerate(routes.items()):
+        parts.append(
+            f"""
+[adapters.sim{i}]
+kind = "openai"
+base_url = "{upstream}/v1"
+models = ["sim-model"]
+max_connections = 20000
+max_retries = 2
+
+[[routes]]
+path = "{path}"
+name = "r{i}"
+adapter = "sim{i}"
+default_model = "sim-model"
+"""
+        )
+    return "".join(parts)
+
+
+@contextlib.contextmanager
+def gateway(
+    name: str, routes: dict[str, str], *, bus: str = "memory", redis_url: str | None = None,
+    auth: GatewayAuth | None = None,
+) -> Iterator[Running]:
+    """aiserve-trio under hypercorn (one Trio worker) with a generated config."""
+    port = free_port()
+    WORK.mkdir(parents=True, exist_ok=True)
+    cfg = WORK / f"{name}.toml"
+    cfg.write_text(gateway_toml(routes, bus=bus, redis_url=redis_url, auth=auth))
+    env = {"AISERVE_CONFIG": str(cfg.relative_to(ROOT))}
+    with start(name, hypercorn_cmd(port, "aiserve_trio:app"), port=port, cpu=SYSTEM_CPU, env=env) as r:
+        yield r
+
+
+def litellm_available() -> str | None:
+    """The litellm proxy executable in its own venv, or None when it is not installed."""
+    exe = LITELLM_VENV / "bin" / "litellm"
+    return str(exe) if exe.exists() else None
+
+
+def litellm_version() -> str | None:
+    """The installed LiteLLM version, read from its venv's metadata."""
+    py = LITELLM_VENV / "bin" / "python"
+    if not py.exists():
+        return None
+    out = subprocess.run(
+        [str(py), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+        capture_output=True, text=True, check=False,
+    )
+    return out.stdout.strip() or None
+
+
+@contextlib.contextmanager
+def litellm(upstream: Running) -> Iterator[Running]:
+    """LiteLLM proxy, one worker, with the sim as an OpenAI-compatible backend."""
+    exe = litellm_available()
+    if exe is None:
+        raise RuntimeError(f"LiteLLM is not installed in {LITELLM_VENV} (see bench/README.md)")
+    port = free_port()
+    cfg = WORK / "litellm.yaml"
+    cfg.write_text(
+        f"""model_list:
+  - model_name: sim-model
+    litellm_params:
+      model: openai/sim-model
+      api_base: {upstream.base}/v1
+      api_key: sk-sim
+general_settings:
+  master_key: {LITELLM_KEY}
+litellm_settings:
+  telemetry: false
+  drop_params: true
+"""
+    )
+    env = {
+        # Offline machine: use the bundled model-cost map instead of fetching it.
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "NO_DOCS": "True",
+    }
+    cmd = [exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    with start(
+        "litellm", cmd, port=port, health="/health/liveliness", cpu=SYSTEM_CPU, env=env, timeout=180
+    ) as r:
+        yield r
