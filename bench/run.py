@@ -492,7 +492,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="a,b,c,d", help="scenarios to run, e.g. a,b")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="systems for (a) and (b)")
     ap.add_argument("--out", default=None, help="results folder (default bench/results/<date>)")
+    ap.add_argument(
+        "--snapshot", default=None, metavar="REV",
+        help="run the gateway and sim from `git archive REV src` (e.g. HEAD), not the work tree",
+    )
     ns = ap.parse_args(argv)
+    if ns.snapshot:
+        systems.SNAPSHOT, sha = systems.snapshot(ns.snapshot)
     raise_fd_limit()
     plan = Plan(quick=ns.quick, systems=[s for s in ns.systems.split(",") if s])
     chosen = [s for s in ns.only.split(",") if s]
@@ -510,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         steps += 27
     prog = Progress(steps)
     info = machine()
+    if ns.snapshot:
+        info["git"] = f"{sha} (git archive snapshot of src/, {systems.SNAPSHOT})"
     info["argv"] = ["python", "-m", "bench.run", *(argv if argv is not None else sys.argv[1:])]
     info["started"] = dt.datetime.now().isoformat(timespec="seconds")
     results: dict[str, Any] = {"machine": info}

@@ -101,6 +101,26 @@ class Recorder:
 
 RECORDER = Recorder()
 
+#: ``PYTHONPATH`` for every started process: a ``git archive`` snapshot of the
+#: package (bench.run --snapshot REV), so a run measures one commit, not a work
+#: tree that others are editing. None: the installed package.
+SNAPSHOT: Path | None = None
+
+
+def snapshot(rev: str) -> tuple[Path, str]:
+    """Export ``rev``'s ``src/`` into bench/work/snapshot-<sha>; return its path and the sha."""
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dest = WORK / f"snapshot-{sha}"
+    if not (dest / "src" / "aiserve_trio").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "archive", sha, "src"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest / "src", sha
+
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
     """Poll ``url`` until it answers (any status); raise if the process dies or time runs out."""
@@ -134,7 +154,9 @@ def start(
     LOGS.mkdir(parents=True, exist_ok=True)
     log = LOGS / f"{name}.log"
     full = pinned(cmd, cpu)
-    extra = env or {}
+    extra = dict(env or {})
+    if SNAPSHOT is not None:
+        extra["PYTHONPATH"] = f"{SNAPSHOT}:{ROOT}"
     RECORDER.add(extra, full)
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -233,7 +255,10 @@ class GatewayAuth:
 
 
 def gateway_auth() -> GatewayAuth | None:
-    """A fresh key and its ``[auth]`` TOML, or None when this build has no auth."""
+    """A fresh key and its ``[auth]`` TOML, or None when the measured build has no auth."""
+    src = SNAPSHOT if SNAPSHOT is not None else ROOT / "src"
+    if "class AuthConfig" not in (src / "aiserve_trio" / "config.py").read_text():
+        return None
     try:
         from aiserve_trio.security.auth import hash_key, new_key
     except ImportError:
