@@ -213,7 +213,8 @@ def _c_table(res: dict[str, Any]) -> list[str]:
     return [
         "## (c) Idle streams on one gateway worker",
         "",
-        f"{c['streams']:,} streams opened at {c['ramp_per_s']:.0f}/s, each {c['tokens']} tokens {c['itl_ms']} ms apart (aiserve, memory bus).",
+        f"{c['streams']:,} streams opened at {c['ramp_per_s']:.0f}/s, each {c['tokens']} tokens {c['itl_ms']} ms apart (aiserve, memory bus). "
+        f"Hard fd limit here: {c.get('fd_hard_limit')} (the gateway needs two descriptors per stream: client and upstream connection).",
         "",
         "| streams | completed | errors | peak open upstream streams | RSS idle | RSS peak | TTFT p50 / p99 |",
         "|---|---|---|---|---|---|---|",
