@@ -149,13 +149,17 @@ def start(
     cpu: str | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 60.0,
+    ours: bool = True,
 ) -> Iterator[Running]:
-    """Start ``cmd`` (pinned to ``cpu``), wait for ``health`` to answer, stop it on exit."""
+    """Start ``cmd`` (pinned to ``cpu``), wait for ``health`` to answer, stop it on exit.
+
+    ``ours``: the process runs this project's code (it gets the snapshot's PYTHONPATH).
+    """
     LOGS.mkdir(parents=True, exist_ok=True)
     log = LOGS / f"{name}.log"
     full = pinned(cmd, cpu)
     extra = dict(env or {})
-    if SNAPSHOT is not None:
+    if SNAPSHOT is not None and ours:
         extra["PYTHONPATH"] = f"{SNAPSHOT}:{ROOT}"
     RECORDER.add(extra, full)
     with log.open("wb") as out:
@@ -375,6 +379,7 @@ litellm_settings:
     }
     cmd = [exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
     with start(
-        "litellm", cmd, port=port, health="/health/liveliness", cpu=SYSTEM_CPU, env=env, timeout=180
+        "litellm", cmd, port=port, health="/health/liveliness", cpu=SYSTEM_CPU, env=env, timeout=180,
+        ours=False,
     ) as r:
         yield r
