@@ -10,11 +10,16 @@ from .servers import BIN, ROOT, free_port, wait_http
 
 #: Fast, deterministic timing so that real-network tests stay short.
 FAST_ARGS = [
-    "--prefill-overhead-ms", "2",
-    "--prefill-per-token-ms", "0",
-    "--itl-ms", "2",
-    "--output-tokens-mean", "8",
-    "--seed", "7",
+    "--prefill-overhead-ms",
+    "2",
+    "--prefill-per-token-ms",
+    "0",
+    "--itl-ms",
+    "2",
+    "--output-tokens-mean",
+    "8",
+    "--seed",
+    "7",
 ]
 
 

@@ -39,7 +39,8 @@ def test_noise_is_seeded_and_never_negative() -> None:
     a = plan_reply(t, 10, 50, random.Random(3))
     b = plan_reply(t, 10, 50, random.Random(3))
     assert a == b
-    assert a.ttft >= 0 and min(a.gaps) >= 0
+    assert a.ttft >= 0
+    assert min(a.gaps) >= 0
     assert len(set(a.gaps)) > 1  # the noise is there
 
 
@@ -105,7 +106,9 @@ def sim(**timing: float) -> SimApp:
 async def test_streams_on_schedule(autojump_clock: trio.testing.MockClock) -> None:
     app = sim()
     t0 = trio.current_time()
-    r = await Client(app).chat(body(stream=True, max_tokens=4, stream_options={"include_usage": True}))
+    r = await Client(app).chat(
+        body(stream=True, max_tokens=4, stream_options={"include_usage": True})
+    )
     assert r.status == 200
     assert r.headers["content-type"] == "text/event-stream"
     events = r.events()
@@ -119,7 +122,8 @@ async def test_streams_on_schedule(autojump_clock: trio.testing.MockClock) -> No
     times = [t - t0 for t, _ in r.chunks]
     assert times[0] == pytest.approx(0.100)  # TTFT
     assert times[3] == pytest.approx(0.130)  # 3 inter-token gaps later
-    assert app.stats.completed == 1 and app.stats.open_streams == 0
+    assert app.stats.completed == 1
+    assert app.stats.open_streams == 0
 
 
 async def test_json_reply_with_usage(autojump_clock: trio.testing.MockClock) -> None:
@@ -152,7 +156,9 @@ async def test_fault_times_counts_attempts_by_request_id(
 
 
 async def test_malformed_chunk_then_the_rest(autojump_clock: trio.testing.MockClock) -> None:
-    r = await Client(sim()).chat(body(stream=True, max_tokens=3), headers={"x-sim-fault": "malformed:1"})
+    r = await Client(sim()).chat(
+        body(stream=True, max_tokens=3), headers={"x-sim-fault": "malformed:1"}
+    )
     events = r.events()
     with pytest.raises(json.JSONDecodeError):
         json.loads(events[1])
@@ -169,7 +175,9 @@ async def test_stall_holds_until_the_client_leaves(autojump_clock: trio.testing.
     app = sim()
     client = Client(app)
     async with client.open(
-        "POST", "/v1/chat/completions", json_body=body(stream=True, max_tokens=9),
+        "POST",
+        "/v1/chat/completions",
+        json_body=body(stream=True, max_tokens=9),
         headers={"x-sim-fault": "stall:2"},
     ) as ex:
         await ex.wait_for_bytes(2)
@@ -188,7 +196,9 @@ async def test_upstream_budget_header_bounds_the_reply(
 ) -> None:
     app = sim()
     t0 = trio.current_time()
-    r = await Client(app).chat(body(stream=True, max_tokens=100), headers={"x-request-timeout-ms": "250"})
+    r = await Client(app).chat(
+        body(stream=True, max_tokens=100), headers={"x-request-timeout-ms": "250"}
+    )
     assert trio.current_time() - t0 == pytest.approx(0.250)
     assert "[DONE]" not in r.events()
     assert app.stats.expired == 1
@@ -200,7 +210,8 @@ async def test_stats_and_reset(autojump_clock: trio.testing.MockClock) -> None:
     client = Client(app)
     await client.chat(body(max_tokens=1))
     stats = (await client.request("GET", "/sim/stats")).json()
-    assert stats["requests"] == 1 and stats["completed"] == 1
+    assert stats["requests"] == 1
+    assert stats["completed"] == 1
     assert (await client.request("POST", "/sim/reset")).status == 200
     assert (await client.request("GET", "/sim/stats")).json()["requests"] == 0
 

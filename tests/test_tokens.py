@@ -99,10 +99,13 @@ def test_no_max_tokens_leaves_room_for_one() -> None:
 
 def test_with_the_real_tokenizer_long_history_is_cut() -> None:
     count = message_counter(get_encoding("cl100k_base"))
-    history = [Message(role="user" if i % 2 else "assistant", content="word " * 50) for i in range(20)]
+    history = [
+        Message(role="user" if i % 2 else "assistant", content="word " * 50) for i in range(20)
+    ]
     m = [Message(role="system", content="be brief"), *history, Message(role="user", content="hi?")]
     fitted = fit_messages(m, max_tokens=100, context_window=500, count=count)
     assert fitted.trimmed > 0
     assert fitted.prompt_tokens + 100 <= 500
     assert sum(count(x) for x in fitted.messages) + REPLY_PRIMING == fitted.prompt_tokens
-    assert fitted.messages[0].role == "system" and fitted.messages[-1].content == "hi?"
+    assert fitted.messages[0].role == "system"
+    assert fitted.messages[-1].content == "hi?"

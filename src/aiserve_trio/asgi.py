@@ -63,7 +63,7 @@ class App:
         """
         self.config = config
         self.metrics = Metrics()
-        built = {name: build_adapter(name, c) for name, c in config.adapters.items()}
+        built = {name: build_adapter(name, c, self.metrics) for name, c in config.adapters.items()}
         self.adapters: dict[str, Adapter] = {**built, **(adapters or {})}
         self.bus: SessionBus = bus if bus is not None else build_bus(config, self.metrics)
         sc = config.sessions

@@ -90,19 +90,23 @@ class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
     http2: bool = False
     max_connections: int = 512
     connect_timeout_ms: int = 2_000
+    #: Retries before the first token (connect errors, timeouts, 429, 5xx).
     max_retries: int = 2
     backoff_base_ms: int = 100
     backoff_max_ms: int = 2_000
     context_window: int = 8_192
     #: ``cl100k_base`` or ``o200k_base``; default chosen by model family.
     tokenizer: str | None = None
+    #: Extra headers sent upstream on every request.
     headers: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class VllmWsAdapterConfig(_Section, tag="vllm_ws", tag_field="kind"):
+    #: ``ws://host:port/path`` of the model server (aiserve-sim: ``/v1/ws``).
     url: str
     models: list[str] = msgspec.field(default_factory=list)
     upstream_model: str | None = None
+    #: Idle connections kept for reuse (more may be open while busy).
     pool_size: int = 8
     connect_timeout_ms: int = 2_000
     max_retries: int = 2
@@ -110,6 +114,8 @@ class VllmWsAdapterConfig(_Section, tag="vllm_ws", tag_field="kind"):
     backoff_max_ms: int = 2_000
     context_window: int = 8_192
     tokenizer: str | None = None
+    #: Extra headers sent with the WebSocket handshake.
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 AdapterConfig = MockAdapterConfig | OpenAIAdapterConfig | VllmWsAdapterConfig

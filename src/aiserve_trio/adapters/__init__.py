@@ -2,16 +2,56 @@
 
 from __future__ import annotations
 
-from ..config import AdapterConfig, MockAdapterConfig
+from typing import TYPE_CHECKING
+
+from ..config import AdapterConfig, MockAdapterConfig, OpenAIAdapterConfig, VllmWsAdapterConfig
 from .base import Adapter, Delta, InferenceRequest, Message, Usage
+
+if TYPE_CHECKING:
+    from ..errors import UpstreamError
+    from ..observability.metrics import Metrics
 
 __all__ = ["Adapter", "Delta", "InferenceRequest", "Message", "Usage", "build_adapter"]
 
 
-def build_adapter(name: str, config: AdapterConfig) -> Adapter:
-    """The adapter ``[adapters.NAME]`` configures (its pool opens later, in lifespan)."""
+def build_adapter(name: str, config: AdapterConfig, metrics: Metrics | None = None) -> Adapter:
+    """The adapter ``[adapters.NAME]`` configures (its pool opens later, in lifespan).
+
+    Args:
+        name: the adapter's key in the config.
+        config: its table.
+        metrics: when given, upstream retries and errors are counted in
+            ``aiserve_upstream_retries`` / ``aiserve_upstream_errors``.
+    """
     if isinstance(config, MockAdapterConfig):
         from .mock import MockAdapter
 
         return MockAdapter(name, config)
-    raise ValueError(f"adapter kind {type(config).__name__} is not available")
+    adapter: OpenAIAdapter | VllmWsAdapter
+    if isinstance(config, OpenAIAdapterConfig):
+        from .openai import OpenAIAdapter
+
+        adapter = OpenAIAdapter(name, config)
+    elif isinstance(config, VllmWsAdapterConfig):
+        from .vllm_ws import VllmWsAdapter
+
+        adapter = VllmWsAdapter(name, config)
+    else:
+        raise ValueError(f"adapter kind {type(config).__name__} is not available")
+    if metrics is not None:
+        m = metrics
+        retries = m.upstream_retries.labels(name)
+
+        def on_retry(err: UpstreamError) -> None:
+            retries.inc()
+
+        def on_error(err: UpstreamError) -> None:
+            m.upstream_errors.labels(name, err.code or "upstream_error").inc()
+
+        adapter.on_retry, adapter.on_error = on_retry, on_error
+    return adapter
+
+
+if TYPE_CHECKING:
+    from .openai import OpenAIAdapter
+    from .vllm_ws import VllmWsAdapter

@@ -56,6 +56,8 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     variables: dict[str, str] = msgspec.field(default_factory=dict)
     #: Headers to forward upstream (e.g. ``traceparent``).
     forward_headers: dict[str, str] = msgspec.field(default_factory=dict)
+    #: Set by the adapter: old history messages dropped to fit the context window.
+    trimmed: int = 0
 
 
 class Adapter(abc.ABC):

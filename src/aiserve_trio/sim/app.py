@@ -162,6 +162,9 @@ class SimApp:
             while True:
                 msg = await receive()
                 if msg["type"] == "lifespan.startup":
+                    # Load tokenizer tables before serving, not in the first request.
+                    for model in self.settings.models:
+                        get_encoding(encoding_name_for(model))
                     await send({"type": "lifespan.startup.complete"})
                 elif msg["type"] == "lifespan.shutdown":
                     await send({"type": "lifespan.shutdown.complete"})
@@ -244,7 +247,8 @@ class SimApp:
                         await self._stream_sse(writer, plan, fault, prompt, usage)
                     else:
                         await self._json(send, cid, req.model, plan, fault, prompt, done)
-                if ts.cancelled_caught:
+                if ts.cancelled_caught and not done.cancelled:
+                    done.flag = True  # one outcome per reply: the watcher must not count it
                     self.stats.expired += 1
                 nursery.cancel_scope.cancel(reason="reply finished")
         finally:
@@ -376,10 +380,12 @@ class SimApp:
         try:
             async with trio.open_nursery() as nursery:
                 # The client may close mid-reply; a reader notices it while we sleep.
-                nursery.start_soon(conn.watch_close, nursery.cancel_scope, self.stats)
+                done = _Done()
+                nursery.start_soon(conn.watch_close, nursery.cancel_scope, self.stats, done)
                 with trio.move_on_after(timeout) as ts:
-                    keep = await self._ws_tokens(conn, req.id, plan, fault, prompt)
-                if ts.cancelled_caught:
+                    keep = await self._ws_tokens(conn, req.id, plan, fault, prompt, done)
+                if ts.cancelled_caught and not done.cancelled:
+                    done.flag = True
                     self.stats.expired += 1
                     await conn.send(
                         {
@@ -398,7 +404,7 @@ class SimApp:
         return keep
 
     async def _ws_tokens(
-        self, conn: _WsConn, rid: str, plan: Plan, fault: Fault | None, prompt: int
+        self, conn: _WsConn, rid: str, plan: Plan, fault: Fault | None, prompt: int, done: _Done
     ) -> bool:
         await trio.sleep(plan.ttft)
         for i in range(plan.tokens):
@@ -414,6 +420,7 @@ class SimApp:
                     await conn.send_raw('{"type": "token", "id": ')
             await conn.send({"type": "token", "id": rid, "index": i, "text": token_text(i)})
         usage = {"prompt_tokens": prompt, "completion_tokens": plan.tokens}
+        done.flag = True
         self.stats.completed += 1
         await conn.send(
             {"type": "done", "id": rid, "finish_reason": plan.finish_reason, "usage": usage}
@@ -441,14 +448,16 @@ class _WsConn:
             if msg["type"] == "websocket.receive":
                 return str(msg.get("text") or (msg.get("bytes") or b"").decode("utf-8", "replace"))
 
-    async def watch_close(self, scope: trio.CancelScope, stats: Stats) -> None:
+    async def watch_close(self, scope: trio.CancelScope, stats: Stats, done: _Done) -> None:
         """While a reply is generated: queue messages, and cancel it if the peer goes."""
         while True:
             msg = await self._receive()
             if msg["type"] == "websocket.disconnect":
                 self.closed = True
-                stats.cancelled += 1
-                scope.cancel(reason="client closed the WebSocket")
+                if not done.flag:
+                    done.cancelled = True
+                    stats.cancelled += 1
+                    scope.cancel(reason="client closed the WebSocket")
                 return
             if msg["type"] == "websocket.receive":
                 text = msg.get("text")
@@ -508,10 +517,11 @@ class _SSEWriter:
 class _Done:
     """Set just before the last byte of a reply is sent (a disconnect after it is normal)."""
 
-    __slots__ = ("flag",)
+    __slots__ = ("cancelled", "flag")
 
     def __init__(self) -> None:
         self.flag = False
+        self.cancelled = False
 
 
 async def _watch_disconnect(
@@ -521,6 +531,7 @@ async def _watch_disconnect(
         msg = await receive()
         if msg["type"] == "http.disconnect":
             if not done.flag:
+                done.cancelled = True
                 stats.cancelled += 1
                 scope.cancel(reason="client disconnected")
             return

@@ -36,6 +36,7 @@ async def inference_stage(
                     f"less than the {budget.min_inference * 1000:.0f} ms a call needs",
                 )
             state.upstream_started = True
+            state.inference = request  # the adapter reports trimming on it
             await state.route.adapter.stream(request, out)
         if scope.cancelled_caught:
             raise StageDeadlineExceeded("inference")

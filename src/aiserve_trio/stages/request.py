@@ -20,7 +20,7 @@ from ..errors import GatewayError
 from ..observability.metrics import label_value
 
 if TYPE_CHECKING:
-    from ..adapters.base import Adapter, Usage
+    from ..adapters.base import Adapter, InferenceRequest, Usage
     from ..budgets import Budget
     from ..config import RouteConfig
     from ..policies.base import OutputFilter, Policy, PolicyContext
@@ -83,6 +83,8 @@ class RequestState:
     stage_started: dict[str, float] = field(default_factory=dict)
     error: GatewayError | None = None
     error_stage: str | None = None
+    #: The request handed to the adapter (it reports history trimming on it).
+    inference: InferenceRequest | None = None
 
     def mark(self, stage: str) -> None:
         """Record that ``stage`` has its input and starts working."""
@@ -109,6 +111,8 @@ class RequestState:
         out = [(b"x-request-id", self.request_id.encode())]
         if self.degraded:
             out.append((b"x-aiserve-degraded", self.degraded.encode()))
+        if self.inference is not None and self.inference.trimmed:
+            out.append((b"x-aiserve-trimmed-messages", b"%d" % self.inference.trimmed))
         return out
 
 

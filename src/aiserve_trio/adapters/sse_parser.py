@@ -1,0 +1,96 @@
+"""An incremental Server-Sent Events parser (sans-IO): bytes in, events out.
+
+It follows the WHATWG event-stream rules that matter for model backends: lines
+end in ``\\n``, ``\\r\\n`` or ``\\r`` and may be split anywhere across reads
+(even between the ``\\r`` and the ``\\n``); ``data:`` lines of one event are
+joined with ``\\n``; lines starting with ``:`` are comments (``: ping``
+keep-alives) and are dropped; a blank line ends the event; an event with no
+``data`` is not dispatched. Bytes are decoded per line, so a multi-byte UTF-8
+character split across reads is reassembled first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SSEDecodeError(ValueError):
+    """The stream is not UTF-8 or a line grew past the parser's limit."""
+
+
+@dataclass(slots=True)
+class Event:
+    data: str
+    event: str = "message"
+    id: str | None = None
+
+
+@dataclass(slots=True)
+class SSEParser:
+    """Feed it bytes as they arrive; it returns the events they completed."""
+
+    #: Longest line accepted (a backend sending an endless line is broken).
+    max_line: int = 1 << 20
+    _buf: bytearray = field(default_factory=bytearray)
+    _data: list[str] = field(default_factory=list)
+    _event: str = ""
+    _id: str | None = None
+    _skip_lf: bool = False
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        """Parse ``chunk``; return the events it completed, in order.
+
+        Raises:
+            SSEDecodeError: a line is not UTF-8 or is longer than ``max_line``.
+        """
+        out: list[Event] = []
+        buf = self._buf
+        for b in chunk.splitlines(keepends=True):
+            if self._skip_lf:
+                self._skip_lf = False
+                if b == b"\n":
+                    continue
+                if b.startswith(b"\n"):
+                    b = b[1:]
+            if b.endswith(b"\r\n"):
+                buf += b[:-2]
+            elif b.endswith((b"\n", b"\r")):
+                # A lone CR may be the first half of a CRLF split across reads.
+                self._skip_lf = b.endswith(b"\r")
+                buf += b[:-1]
+            else:
+                buf += b
+                if len(buf) > self.max_line:
+                    raise SSEDecodeError(f"an SSE line exceeds {self.max_line} bytes")
+                continue
+            ev = self._line(bytes(buf))
+            buf.clear()
+            if ev is not None:
+                out.append(ev)
+        return out
+
+    def _line(self, raw: bytes) -> Event | None:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SSEDecodeError("an SSE line is not valid UTF-8") from exc
+        if not line:
+            if not self._data:
+                self._event = ""
+                return None
+            ev = Event(data="\n".join(self._data), event=self._event or "message", id=self._id)
+            self._data.clear()
+            self._event = ""
+            return ev
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        return None

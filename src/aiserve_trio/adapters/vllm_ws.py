@@ -1,0 +1,351 @@
+"""The ``vllm_ws`` adapter: a local model server reached over WebSocket (trio-websocket).
+
+The wire protocol is the one :mod:`aiserve_trio.sim` documents: one JSON
+``generate`` message per request on a connection, answered by ``token``
+messages and a final ``done`` (or an ``error`` with a status). A connection
+carries one request at a time; finished connections go back to a small pool
+(``pool_size`` idle connections) so a request does not pay a handshake.
+
+trio-websocket runs a reader task per connection in a nursery that must outlive
+each request; the adapter keeps that nursery in a Trio system task started by
+:meth:`aopen` and cancelled by :meth:`aclose`.
+
+A request that is cancelled (client gone, budget spent) or fails mid-reply
+closes its connection in a shielded ``finally`` -- the server sees the close
+and stops generating -- and the connection is never reused.
+
+Close codes and error messages become our errors: ``error`` with 429/5xx ->
+:class:`UpstreamStatusError` (retried before the first token, honouring
+``retry_after``), 504 -> :class:`UpstreamTimeout`; close 1013 (try again later)
+-> status 503; 1011 (server error) -> status 500; 1002/1003/1007/1008/1009 and
+undecodable messages -> :class:`UpstreamProtocolError`; any other close, a
+refused handshake or a socket error -> :class:`UpstreamConnectError` (or
+:class:`UpstreamStatusError` with the handshake's HTTP status).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Iterator
+
+import msgspec
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    WebSocketConnection,
+    connect_websocket_url,
+)
+
+from ..config import VllmWsAdapterConfig
+from ..errors import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamStatusError,
+    UpstreamTimeout,
+)
+from .base import Adapter, Delta, InferenceRequest, Usage
+from .retry import Progress, RetryPolicy, run_with_retries
+from .tokens import encoding_name_for, fit_messages, get_encoding, message_counter
+
+log = logging.getLogger("aiserve_trio.adapters.vllm_ws")
+_CLOSE_GRACE = 1.0
+_PROTOCOL_CLOSES = frozenset({1002, 1003, 1007, 1008, 1009})
+
+
+class _WMessage(msgspec.Struct, omit_defaults=True):
+    role: str
+    content: str
+    name: str | None = None
+
+
+class _Generate(msgspec.Struct, omit_defaults=True):
+    id: str
+    model: str
+    messages: list[_WMessage]
+    type: str = "generate"
+    max_tokens: int | None = None
+    timeout_ms: int | None = None
+
+
+class _WUsage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _Incoming(msgspec.Struct):
+    type: str
+    id: str | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    usage: _WUsage | None = None
+    status: int = 0
+    retry_after: float | None = None
+    message: str = ""
+
+
+_decoder = msgspec.json.Decoder(_Incoming)
+_encoder = msgspec.json.Encoder()
+
+
+def close_error(name: str, code: int | None, reason: str | None) -> UpstreamError:
+    """The error for a connection the server closed with ``code`` while a request ran."""
+    why = f"{name}: the model server closed the WebSocket ({code} {reason or ''})".rstrip()
+    if code == 1013:
+        return UpstreamStatusError(why, upstream_status=503)
+    if code == 1011:
+        return UpstreamStatusError(why, upstream_status=500)
+    if code in _PROTOCOL_CLOSES:
+        return UpstreamProtocolError(why)
+    return UpstreamConnectError(why)
+
+
+def message_error(name: str, status: int, message: str, retry_after: float | None) -> UpstreamError:
+    """The error for an ``error`` message from the server."""
+    why = f"{name}: the model server answered {status}: {message[:300]}"
+    if status in (408, 504):
+        return UpstreamTimeout(why)
+    return UpstreamStatusError(why, upstream_status=status or 500, retry_after=retry_after)
+
+
+@contextlib.contextmanager
+def translate_errors(name: str) -> Iterator[None]:
+    """Turn trio-websocket, socket and decoding exceptions into ``UpstreamError``."""
+    try:
+        yield
+    except UpstreamError:
+        raise
+    except ConnectionRejected as exc:
+        raise UpstreamStatusError(
+            f"{name}: the model server refused the WebSocket handshake ({exc.status_code})",
+            upstream_status=exc.status_code,
+        ) from exc
+    except HandshakeError as exc:
+        raise UpstreamConnectError(f"{name}: the WebSocket handshake failed") from exc
+    except ConnectionClosed as exc:
+        r = exc.reason
+        raise close_error(name, r.code if r else None, r.reason if r else None) from exc
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        raise UpstreamConnectError(f"{name}: cannot reach the model server") from exc
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise UpstreamProtocolError(f"{name}: the model server sent a malformed message") from exc
+
+
+class VllmWsAdapter(Adapter):
+    """Streams replies from a WebSocket model server over a small connection pool."""
+
+    def __init__(
+        self, name: str, config: VllmWsAdapterConfig, *, rng: random.Random | None = None
+    ) -> None:
+        super().__init__(name, config.models)
+        self.config = config
+        self.policy = RetryPolicy(
+            max_retries=config.max_retries,
+            base=config.backoff_base_ms / 1000.0,
+            cap=config.backoff_max_ms / 1000.0,
+        )
+        self.rng = rng or random.Random()
+        self._headers = [(k.encode(), v.encode()) for k, v in config.headers.items()]
+        self._idle: list[WebSocketConnection] = []
+        self._nursery: trio.Nursery | None = None
+        self._stop = trio.Event()
+        self._stopped = trio.Event()
+        #: Handshakes made (a pool that works keeps this near the concurrency).
+        self.handshakes = 0
+        self.on_retry: Callable[[UpstreamError], None] | None = None
+        self.on_error: Callable[[UpstreamError], None] | None = None
+
+    async def aopen(self) -> None:
+        # Load the tokenizer tables now, not on the first request (0.1-0.4 s each).
+        for model in self.config.models:
+            get_encoding(encoding_name_for(model, self.config.tokenizer))
+        started = trio.Event()
+        trio.lowlevel.spawn_system_task(self._hold_nursery, started, name=f"vllm_ws:{self.name}")
+        await started.wait()
+
+    async def _hold_nursery(self, started: trio.Event) -> None:
+        """Own the nursery the connections' reader tasks run in, until :meth:`aclose`."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                started.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel(reason="adapter closed")
+        except Exception:  # a crash here would end the whole process: log it instead
+            log.exception("adapter %s: connection reader failed", self.name)
+        finally:
+            self._nursery = None
+            started.set()
+            self._stopped.set()
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            idle, self._idle = self._idle, []
+            with trio.move_on_after(_CLOSE_GRACE):
+                for ws in idle:
+                    await ws.aclose()
+            self._stop.set()
+            await self._stopped.wait()
+
+    async def ready(self) -> bool:
+        return self._nursery is not None
+
+    async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
+        """Stream the reply, retrying before the first token.
+
+        Raises:
+            UpstreamError: a subclass naming how the server failed.
+            BadRequest: ``context_length_exceeded``, the prompt cannot fit.
+        """
+        cfg = self.config
+        enc = get_encoding(encoding_name_for(request.model, cfg.tokenizer))
+        fitted = fit_messages(
+            request.messages,
+            max_tokens=request.max_tokens,
+            context_window=cfg.context_window,
+            count=message_counter(enc),
+        )
+        request.trimmed = fitted.trimmed
+        messages = [_WMessage(m.role, m.content, m.name) for m in fitted.messages]
+
+        async def attempt(progress: Progress) -> None:
+            await self._attempt(request, messages, send, progress)
+
+        try:
+            await run_with_retries(
+                attempt,
+                policy=self.policy,
+                deadline=request.deadline,
+                rng=self.rng,
+                on_retry=self.on_retry,
+            )
+        except UpstreamError as err:
+            if self.on_error is not None:
+                self.on_error(err)
+            raise
+
+    async def _connect(self, deadline: float) -> WebSocketConnection:
+        nursery = self._nursery
+        if nursery is None:
+            raise UpstreamConnectError(f"adapter {self.name} is not open")
+        limit = min(deadline, trio.current_time() + self.config.connect_timeout_ms / 1000.0)
+        with trio.move_on_at(limit) as scope:
+            ws = await connect_websocket_url(nursery, self.config.url, extra_headers=self._headers)
+            self.handshakes += 1
+            return ws
+        assert scope.cancelled_caught
+        raise UpstreamTimeout(f"{self.name}: the WebSocket handshake timed out")
+
+    async def _start(self, payload: bytes, deadline: float) -> WebSocketConnection:
+        """A connection with the request sent: an idle one if it still works, else a new one."""
+        while self._idle:
+            ws = self._idle.pop()
+            if ws.closed is not None:
+                continue
+            try:
+                await ws.send_message(payload.decode())
+                return ws
+            except ConnectionClosed:
+                continue  # the server closed it while idle: not this request's failure
+        ws = await self._connect(deadline)
+        try:
+            await ws.send_message(payload.decode())
+        except BaseException:
+            await _discard(ws)
+            raise
+        return ws
+
+    async def _attempt(
+        self,
+        request: InferenceRequest,
+        messages: list[_WMessage],
+        send: trio.MemorySendChannel[Delta],
+        progress: Progress,
+    ) -> None:
+        remaining = request.deadline - trio.current_time()
+        if remaining <= 0:
+            raise UpstreamTimeout("no inference budget left for the upstream call")
+        payload = _encoder.encode(
+            _Generate(
+                id=request.request_id,
+                model=self.config.upstream_model or request.model,
+                messages=messages,
+                max_tokens=request.max_tokens,
+                timeout_ms=max(1, int(remaining * 1000)),
+            )
+        )
+        ws: WebSocketConnection | None = None
+        reusable = False
+        try:
+            with translate_errors(self.name):
+                ws = await self._start(payload, request.deadline)
+                failure = await self._relay(ws, request.request_id, send, progress)
+                reusable = True
+        finally:
+            if ws is not None:
+                if reusable and len(self._idle) < self.config.pool_size:
+                    self._idle.append(ws)
+                else:
+                    await _discard(ws)
+        if failure is not None:
+            raise failure
+
+    async def _relay(
+        self,
+        ws: WebSocketConnection,
+        request_id: str,
+        send: trio.MemorySendChannel[Delta],
+        progress: Progress,
+    ) -> UpstreamError | None:
+        """Relay one reply to its end.
+
+        Returns:
+            ``None`` when it finished, or the error an ``error`` message
+            reported (the request failed; the connection is still good).
+
+        Raises:
+            UpstreamError: the connection or the protocol broke (not reusable).
+        """
+        pieces = 0
+        while True:
+            raw = await ws.get_message()
+            msg = _decoder.decode(raw)
+            if msg.id is not None and msg.id != request_id:
+                raise UpstreamProtocolError(
+                    f"{self.name}: a message for request {msg.id!r} arrived during {request_id!r}"
+                )
+            if msg.type == "token":
+                if msg.text:
+                    pieces += 1
+                    progress.started = True
+                    await send.send(Delta(text=msg.text))
+            elif msg.type == "done":
+                u = msg.usage
+                usage = Usage(
+                    prompt_tokens=u.prompt_tokens if u else 0,
+                    completion_tokens=u.completion_tokens if u else pieces,
+                )
+                progress.started = True
+                await send.send(Delta(finish_reason=msg.finish_reason or "stop", usage=usage))
+                return None
+            elif msg.type == "error":
+                return message_error(self.name, msg.status, msg.message, msg.retry_after)
+            else:
+                raise UpstreamProtocolError(f"{self.name}: unknown message type {msg.type!r}")
+
+
+async def _discard(ws: WebSocketConnection) -> None:
+    """Close a connection that will not be reused; shielded, so cancellation still closes it."""
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(_CLOSE_GRACE):
+            await ws.aclose()
+        # trio-websocket 0.12 leaves the TCP stream open when the server closed
+        # first (the client waits for EOF, then just stops reading); close it so
+        # the socket is not left for the garbage collector.
+        stream = getattr(ws, "_stream", None)
+        if isinstance(stream, trio.abc.AsyncResource):
+            await trio.aclose_forcefully(stream)

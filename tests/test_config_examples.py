@@ -1,0 +1,32 @@
+"""Every shipped example config loads and validates as it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aiserve_trio.config import Config, OpenAIAdapterConfig, VllmWsAdapterConfig, load_config
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "configs" / "examples"
+GATEWAY_CONFIGS = sorted(p for p in EXAMPLES.glob("*.toml") if not p.name.startswith("hypercorn"))
+
+
+def test_there_are_examples() -> None:
+    assert {"sim-openai.toml", "sim-vllm-ws.toml"} <= {p.name for p in GATEWAY_CONFIGS}
+
+
+@pytest.mark.parametrize("path", GATEWAY_CONFIGS, ids=lambda p: p.name)
+def test_example_loads(path: Path) -> None:
+    cfg = load_config(path)
+    assert isinstance(cfg, Config)
+    assert cfg.routes
+
+
+def test_sim_examples_point_at_the_default_sim_address() -> None:
+    http = load_config(EXAMPLES / "sim-openai.toml").adapters["sim"]
+    ws = load_config(EXAMPLES / "sim-vllm-ws.toml").adapters["sim"]
+    assert isinstance(http, OpenAIAdapterConfig)
+    assert http.base_url == "http://127.0.0.1:8100/v1"
+    assert isinstance(ws, VllmWsAdapterConfig)
+    assert ws.url == "ws://127.0.0.1:8100/v1/ws"
