@@ -443,8 +443,10 @@ def scenario_d(plan: Plan, prog: Progress, out: dict[str, Any]) -> None:
                 for chunk in chunks:
                     prog.show(f"(d) prompt {p} rate {rate} chunk {chunk}")
                     before = parse_stage_buckets(scrape(gw.base))
+                    # Long enough for a few replies even at the slowest rate (256 tokens at 128/s: 2 s).
+                    dur = max(plan.dur / 2 if plan.quick else plan.dur, 2.5 * reply / rate)
                     r = load(gw.base + f"/v1/d/{rate}/{chunk}", ["--concurrency", "16"], headers=headers,
-                             prompt=text, duration=plan.dur / 2 if plan.quick else plan.dur, warmup=0.3)
+                             prompt=text, duration=dur, warmup=0.3)
                     after = parse_stage_buckets(scrape(gw.base))
                     delta = diff_buckets(after, before)
                     stages = {s: bucket_quantile(rows, 0.99) for s, rows in delta.items()}
