@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from ..config import Config
 
 ENTRY_POINT_GROUP = "aiserve_trio.policies"
+#: The ``action`` label values of ``policy_actions_total``.
+ACTIONS = ("redacted", "blocked", "flagged", "rewritten")
 
 
 @dataclass(slots=True)
@@ -43,6 +45,13 @@ class PolicyContext:
     request_id: str
     #: Notes a policy wants recorded (e.g. a fraud score that flagged the request).
     flags: dict[str, str] = field(default_factory=dict)
+    #: ``(policy name, action)`` pairs -- redacted, blocked, flagged, rewritten --
+    #: counted into ``policy_actions_total`` when the request ends. Never the values.
+    actions: list[tuple[str, str]] = field(default_factory=list)
+
+    def record(self, policy: str, action: str) -> None:
+        """Note that ``policy`` took ``action`` (one of :data:`ACTIONS`)."""
+        self.actions.append((policy, action))
 
 
 class OutputFilter(Protocol):
@@ -91,7 +100,7 @@ def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
 
 def builtin_modules() -> tuple[str, ...]:
     """Modules that register the built-in policies when imported."""
-    return ()
+    return (".redact", ".antifraud", ".compliance", ".channel")
 
 
 def _load_registry() -> dict[str, PolicyFactory]:
@@ -126,3 +135,74 @@ def build_policies(names: list[str], cfg: Config) -> list[Policy]:
         policy.name = name
         built.append(policy)
     return built
+
+
+# --- rule packs ------------------------------------------------------------------
+
+PACKS_PACKAGE = "aiserve_trio.policies.packs"
+
+
+def read_pack(ref: str, cfg: Config) -> tuple[dict[str, Any], str]:
+    """Load a TOML rule pack: a shipped pack's name, or a file path.
+
+    A bare name (``"anti-fraud-v2"``) is a pack shipped in the package
+    (``policies/packs/NAME.toml``, also at ``configs/policies/``); anything with
+    a ``/`` or ending in ``.toml`` is a file, relative to the config's folder.
+
+    Returns:
+        the decoded table and where it came from (for error messages).
+
+    Raises:
+        ConfigError: the pack cannot be read or is not TOML.
+    """
+    import tomllib
+    from importlib import resources
+    from pathlib import Path
+
+    from ..config import ConfigError
+
+    try:
+        if "/" in ref or ref.endswith(".toml"):
+            path = Path(ref)
+            if not path.is_absolute():
+                path = Path(cfg.base_dir) / path
+            source, text = str(path), path.read_text("utf-8")
+        else:
+            source = f"<shipped pack {ref}>"
+            text = (resources.files(PACKS_PACKAGE) / f"{ref}.toml").read_text("utf-8")
+        return tomllib.loads(text), source
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{cfg.source}: rule pack {ref!r} cannot be read: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{cfg.source}: rule pack {ref!r} is not valid TOML: {exc}") from exc
+
+
+def check_settings(name: str, settings: Mapping[str, Any], allowed: set[str], cfg: Config) -> None:
+    """Refuse unknown keys in a ``[policies.NAME]`` table.
+
+    Raises:
+        ConfigError: naming the first unknown key.
+    """
+    from ..config import ConfigError
+
+    for key in settings:
+        if key not in allowed:
+            known = ", ".join(sorted(allowed)) or "none"
+            raise ConfigError(f"{cfg.source}: unknown key `policies.{name}.{key}` (known: {known})")
+
+
+def setting(name: str, settings: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+    """``settings[key]`` checked to be a ``kind``, or ``default``.
+
+    Raises:
+        ConfigError: the value has the wrong type.
+    """
+    from ..config import ConfigError
+
+    value = settings.get(key, default)
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ConfigError(f"key `policies.{name}.{key}`: expected {kind.__name__}, got {value!r}")
+    return value

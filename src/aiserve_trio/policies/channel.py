@@ -1,0 +1,263 @@
+"""``channel-shaping``: shape the reply for the channel it is going to.
+
+Driven by ``ctx.channel`` (the ``X-Channel`` header); configurable per channel::
+
+    [policies.channel-shaping.ivr]
+    style = "speech"          # speakable plain text, one sentence at a time
+    max_chars = 300           # a sentence longer than this is cut at a space
+    url_phrase = "the link in our app"
+    [policies.channel-shaping.wechat]
+    style = "messages"        # size-bounded messages
+    max_bytes = 2000          # UTF-8 bytes per message (WeChat's limit is 2048)
+    separator = "\\n\\n"       # between messages, for the relay to split on
+    strip_markdown = true
+
+Channels without a table are left alone; the defaults above apply to ``ivr``
+and ``wechat`` when the policy's table does not mention them.
+
+Both shapers are sans-IO and decide only on complete sentences, so their
+output does not depend on how the reply was chunked. ``speech``: markdown
+marks, emoji and URLs go (a URL becomes ``url_phrase`` instead of being read
+letter by letter), and text is emitted one complete sentence at a time.
+``messages``: sentences are packed into messages of at most ``max_bytes``.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import regex
+
+from .base import OutputFilter, Policy, PolicyContext, check_settings, register
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+# A sentence ends after CJK end punctuation, or after . ! ? followed by white
+# space (so "3.85" and "e.g.x" do not end one), or at a line break.
+_BOUNDARY = regex.compile(r"[。！？；]+[”’」』)]*|[.!?;]+[\"')\]]*(?=\s)|\n")  # noqa: RUF001
+_FENCE = regex.compile(r"^\s*```.*$", regex.MULTILINE)
+_IMAGE = regex.compile(r"!\[([^\]\n]{0,200})\]\([^)\s]{0,2000}\)")
+_LINK = regex.compile(r"\[([^\]\n]{0,200})\]\([^)\s]{0,2000}\)")
+_URL = regex.compile(r"(?:https?://|www\.)[^\s<>()\[\]]{1,2000}?(?=[.,;:!?)\]]*(?:\s|$))")
+_LINE_MARK = regex.compile(r"^\s{0,8}(?:#{1,6}\s+|>\s?|[-*+•]\s+|\d{1,3}[.)]\s+)")
+_RULE = regex.compile(r"^\s*(?:[-*_]\s*){3,}$")
+_EMPHASIS = regex.compile(r"\*{1,3}|_{2,3}|~~|`+")
+_TABLE = regex.compile(r"\s*\|\s*")
+_SPACE = regex.compile(r"[ \t\r\f\v]+")
+_CJK = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]")
+
+
+def is_emoji(ch: str) -> bool:
+    """Pictographs, dingbats, flags, variation selectors and joiners: nothing to say aloud."""
+    o = ord(ch)
+    if 0x1F000 <= o <= 0x1FAFF or 0x2600 <= o <= 0x27BF or 0x1F1E6 <= o <= 0x1F1FF:
+        return True
+    if o in (0xFE0F, 0xFE0E, 0x200D, 0x20E3) or 0xE0020 <= o <= 0xE007F:
+        return True
+    return unicodedata.category(ch) == "So"
+
+
+def strip_markdown(text: str) -> str:
+    """Markdown marks out, link texts kept (per sentence or line)."""
+    text = _FENCE.sub("", text)
+    text = _IMAGE.sub(r"\1", text)
+    text = _LINK.sub(r"\1", text)
+    if _RULE.match(text):
+        return ""
+    text = _LINE_MARK.sub("", text)
+    text = _EMPHASIS.sub("", text)
+    return str(_TABLE.sub(", ", text).strip(", ")) if "|" in text else text
+
+
+def speakable(sentence: str, url_phrase: str) -> str:
+    """One sentence as plain text a speech engine reads well."""
+    text = strip_markdown(sentence)
+    text = _URL.sub(url_phrase, text)
+    text = "".join(ch for ch in text if not is_emoji(ch))
+    return _SPACE.sub(" ", text.replace("\n", " ")).strip()
+
+
+def _split(buf: str) -> tuple[list[str], str]:
+    """Complete sentences (each with its end mark) and the unfinished rest."""
+    out, at = [], 0
+    for m in _BOUNDARY.finditer(buf):
+        out.append(buf[at : m.end()])
+        at = m.end()
+    return out, buf[at:]
+
+
+def _cut(text: str, limit: int) -> int:
+    """Where to cut an over-long sentence: the last space or comma before ``limit``."""
+    for sep in (", ", "，", "、", " "):  # noqa: RUF001
+        at = text.rfind(sep, 0, limit)
+        if at > 0:
+            return at + len(sep)
+    return limit
+
+
+class SpeechShaper:
+    """IVR: plain speakable text, emitted one complete sentence at a time."""
+
+    __slots__ = ("_buf", "max_chars", "max_holdback", "url_phrase")
+
+    def __init__(self, max_chars: int = 300, url_phrase: str = "the link in our app") -> None:
+        self._buf = ""
+        self.max_chars = max_chars
+        self.url_phrase = url_phrase
+        self.max_holdback = max_chars
+
+    def _say(self, sentence: str) -> str:
+        said = speakable(sentence, self.url_phrase)
+        if not said:
+            return ""
+        if sentence.endswith("\n") and said[-1].isalnum():
+            said += "。" if _CJK.match(said[-1]) else "."  # a line is a sentence: let TTS pause
+        cjk_end = _CJK.match(said[-1]) or said[-1] in "。！？；"  # noqa: RUF001
+        return said if cjk_end else said + " "
+
+    def feed(self, text: str) -> str:
+        self._buf += text
+        sentences, self._buf = _split(self._buf)
+        while len(self._buf) > self.max_chars:
+            at = _cut(self._buf, self.max_chars)
+            sentences.append(self._buf[:at])
+            self._buf = self._buf[at:]
+        return "".join(self._say(s) for s in sentences)
+
+    def finish(self) -> str:
+        rest, self._buf = self._buf, ""
+        return self._say(rest).rstrip() if rest else ""
+
+
+class MessageShaper:
+    """WeChat: sentences packed into messages of at most ``max_bytes`` (UTF-8)."""
+
+    __slots__ = ("_buf", "_msg", "_sent", "markdown", "max_bytes", "max_holdback", "separator")
+
+    def __init__(self, max_bytes: int = 2000, separator: str = "\n\n", markdown: bool = True):
+        self._buf = ""  # the unfinished sentence
+        self._msg = ""  # complete sentences not yet sent
+        self._sent = False
+        self.max_bytes = max_bytes
+        self.separator = separator
+        self.markdown = markdown
+        self.max_holdback = max_bytes
+
+    def _pieces(self, sentence: str) -> list[str]:
+        """A sentence, cut into pieces that fit a message."""
+        out = []
+        while len(sentence.encode()) > self.max_bytes:
+            limit = len(sentence.encode()[: self.max_bytes].decode("utf-8", "ignore"))
+            at = _cut(sentence, limit)
+            out.append(sentence[:at])
+            sentence = sentence[at:]
+        return [*out, sentence]
+
+    def _flush(self) -> str:
+        msg, self._msg = self._msg.strip(), ""
+        if not msg:
+            return ""
+        out = (self.separator if self._sent else "") + msg
+        self._sent = True
+        return out
+
+    def _add(self, sentences: list[str]) -> str:
+        out = []
+        for s in sentences:
+            s = strip_markdown(s) + ("\n" if s.endswith("\n") else "") if self.markdown else s
+            if not s.strip() and (not self._msg or self._msg.endswith("\n\n")):
+                continue  # blank lines: at most one empty line in a row
+            for piece in self._pieces(s):
+                if len((self._msg + piece).strip().encode()) > self.max_bytes:
+                    out.append(self._flush())
+                self._msg += piece
+        return "".join(out)
+
+    def feed(self, text: str) -> str:
+        self._buf += text
+        sentences, self._buf = _split(self._buf)
+        if len(self._buf.encode()) > self.max_bytes:
+            sentences.append(self._buf)
+            self._buf = ""
+        return self._add(sentences)
+
+    def finish(self) -> str:
+        rest, self._buf = self._buf, ""
+        out = self._add([rest]) if rest else ""
+        return out + self._flush()
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStyle:
+    style: str
+    max_chars: int = 300
+    url_phrase: str = "the link in our app"
+    max_bytes: int = 2000
+    separator: str = "\n\n"
+    strip_markdown: bool = True
+
+    def shaper(self) -> OutputFilter:
+        if self.style == "speech":
+            return SpeechShaper(self.max_chars, self.url_phrase)
+        return MessageShaper(self.max_bytes, self.separator, self.strip_markdown)
+
+
+DEFAULT_STYLES = {"ivr": ChannelStyle("speech"), "wechat": ChannelStyle("messages")}
+
+
+class ChannelShaping(Policy):
+    """Output policy choosing a shaper by the request's channel."""
+
+    def __init__(self, styles: Mapping[str, ChannelStyle]) -> None:
+        self.styles = dict(styles)
+
+    def output_filter(self, ctx: PolicyContext) -> OutputFilter | None:
+        style = self.styles.get(ctx.channel)
+        return style.shaper() if style is not None else None
+
+
+_STYLE_KEYS = {
+    "speech": {"style", "max_chars", "url_phrase"},
+    "messages": {"style", "max_bytes", "separator", "strip_markdown"},
+}
+_TYPES: dict[str, type] = {
+    "style": str,
+    "max_chars": int,
+    "url_phrase": str,
+    "max_bytes": int,
+    "separator": str,
+    "strip_markdown": bool,
+}
+
+
+@register("channel-shaping")
+def channel_shaping(name: str, settings: Mapping[str, Any], cfg: Config) -> Policy:
+    """Factory: one sub-table per channel (``[policies.channel-shaping.ivr]``).
+
+    Raises:
+        ConfigError: a channel that is not in ``server.channels``, an unknown
+            style or key, a wrong type or a non-positive size.
+    """
+    from ..config import ConfigError
+
+    check_settings(name, settings, set(cfg.server.channels), cfg)
+    styles = {ch: s for ch, s in DEFAULT_STYLES.items() if ch in cfg.server.channels}
+    for channel, table in settings.items():
+        key = f"policies.{name}.{channel}"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{cfg.source}: key `{key}`: must be a table")
+        style = table.get("style")
+        if style not in _STYLE_KEYS:
+            raise ConfigError(f"{cfg.source}: key `{key}.style`: 'speech' or 'messages'")
+        check_settings(f"{name}.{channel}", table, _STYLE_KEYS[style], cfg)
+        for k, v in table.items():
+            t = _TYPES[k]
+            bad_int = t is int and (isinstance(v, bool) or not isinstance(v, int) or v <= 0)
+            if not isinstance(v, t) or bad_int:
+                raise ConfigError(f"{cfg.source}: key `{key}.{k}`: expected a {t.__name__} > 0")
+        styles[channel] = ChannelStyle(**table)
+    return ChannelShaping(styles)
