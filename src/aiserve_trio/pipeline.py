@@ -29,7 +29,7 @@ import trio
 
 from .adapters.base import Delta, InferenceRequest
 from .errors import GatewayError, InternalError, NotFound, StageDeadlineExceeded
-from .observability.metrics import STAGES, Metrics, status_label
+from .observability.metrics import STAGES, Metrics, label_value, status_label
 from .sessions.outbox import TurnRecord
 from .stages.context import context_stage
 from .stages.inference import inference_stage
@@ -240,6 +240,9 @@ class Pipeline:
         m = self.metrics
         route = state.route.label
         m.child(m.requests, route, state.model_label(), state.channel, status).inc()
+        if state.policy_context is not None:  # policy names like "gdpr-redact" are folded
+            for policy, action in state.policy_context.actions:
+                m.child(m.policy_actions, label_value(policy), action).inc()
         if state.first_token_at is not None:
             m.ttft.labels(route).observe(state.first_token_at - state.budget.arrival)
         if state.usage is not None:

@@ -114,9 +114,10 @@ async def context_stage(
             tenant=state.tenant,
             request_id=state.request_id,
         )
+        # Set before the policies run, so that a block's recorded action is counted.
+        state.policy_context = ctx
         for policy in route.policies:
             messages = policy.check_input(messages, ctx)
-        state.policy_context = ctx
         if record is not None:
             own = messages[-len(req.body.messages) :] if req.body.messages else []
             record.user_text = next((m.content for m in reversed(own) if m.role == "user"), "")
