@@ -11,6 +11,7 @@ import httpx2
 import trio
 
 from aiserve_trio.asgi import App
+from aiserve_trio.config import Config
 
 from .asgi_client import Client, Response
 from .conftest import make_config
@@ -26,6 +27,11 @@ def toml_value(v: Any) -> str:
 
 def gateway_app(kind: str, addr: str, **settings: Any) -> App:
     """An app whose route ``/v1/up`` uses a ``kind`` adapter pointed at the sim at ``addr``."""
+    return App(gateway_config(kind, addr, **settings))
+
+
+def gateway_config(kind: str, addr: str, **settings: Any) -> Config:
+    """The config of :func:`gateway_app`."""
     where = f'base_url = "http://{addr}/v1"' if kind == "openai" else f'url = "ws://{addr}/v1/ws"'
     opts = {"backoff_base_ms": 10, "backoff_max_ms": 50, **settings}
     lines = "\n".join(f"{k} = {toml_value(v)}" for k, v in opts.items())
@@ -42,7 +48,7 @@ name = "up"
 adapter = "up"
 default_model = "sim-model"
 """
-    return App(make_config(extra))
+    return make_config(extra)
 
 
 @asynccontextmanager

@@ -25,6 +25,7 @@ from ..errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
+from ..observability.tracing import upstream_attempt
 
 #: Upstream statuses worth another attempt: rate limited, and the 5xx family.
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -92,7 +93,12 @@ async def run_with_retries(
     retries = 0
     while True:
         try:
-            await attempt(progress)
+            with upstream_attempt(retries + 1) as span:
+                try:
+                    await attempt(progress)
+                except UpstreamError as err:
+                    span.set_attribute("aiserve.error_code", err.code or err.type)
+                    raise
             return retries + 1
         except UpstreamError as err:
             if progress.started or retries >= policy.max_retries or not is_retryable(err):

@@ -174,6 +174,10 @@ class RouteBaseline:
         self._rng = random.Random(seed)
         self.last: Assessment | None = None
 
+    def restart(self, now: float) -> None:
+        """Drop the open window and start a new one at ``now``."""
+        self._current = _Window(now)
+
     def record(self, latency: float, input_tokens: int) -> None:
         """A successful request (timeouts and errors are not part of the baseline)."""
         self._current.add(latency, input_tokens, self._rng)
@@ -265,6 +269,12 @@ class BaselineMonitor:
             for r in routes
         }
         self.next_roll = start + window_s
+
+    def restart(self, now: float) -> None:
+        """Begin the first window at ``now`` (the clock starts with the event loop)."""
+        for rb in self.routes.values():
+            rb.restart(now)
+        self.next_roll = now + self.window_s
 
     def record(self, route: str, latency: float, input_tokens: int) -> None:
         rb = self.routes.get(route)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -26,6 +27,9 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvid
 ANCHORS = ("gateway_receive_time", "inference_start_time", "first_token_time", "response_sent_time")
 
 
+_CURRENT: ContextVar[RequestTrace | None] = ContextVar("aiserve_request_trace", default=None)
+
+
 class Tracing:
     """Makes the spans of requests; one per app."""
 
@@ -33,39 +37,54 @@ class Tracing:
         self.enabled = enabled
         self._tracer = trace.get_tracer("aiserve_trio", tracer_provider=provider)
 
-    def start(self, route: str, headers: dict[str, str]) -> RequestTrace:
-        return RequestTrace(self._tracer, route, headers) if self.enabled else _NOOP
+    def start(self, route: str, headers: dict[str, str], arrival: float) -> RequestTrace:
+        """The request's trace; ``arrival`` is its ``trio.current_time()``."""
+        if not self.enabled:
+            return NOOP_TRACE
+        return RequestTrace(self._tracer, route, headers, arrival)
 
 
 class RequestTrace:
-    """The spans of one request."""
+    """The spans of one request.
 
-    def __init__(self, tracer: trace.Tracer, route: str, headers: dict[str, str]) -> None:
+    The request span and the inference span are live (the inference span's
+    context travels upstream). The parse, context and sse spans are made when
+    the request ends, from the times the stages recorded, so that they show
+    when each stage actually worked rather than how long its task waited for
+    input -- and so that tracing adds nothing to the stages' own code paths.
+    """
+
+    def __init__(
+        self, tracer: trace.Tracer, route: str, headers: dict[str, str], arrival: float
+    ) -> None:
         self._tracer = tracer
+        self._wall0 = time.time_ns()
+        self._clock0 = arrival
         parent = propagate.extract(headers) if "traceparent" in headers else None
         self.span: Span = tracer.start_span(
             f"POST {route}",
             context=parent,
             kind=SpanKind.SERVER,
             attributes={"aiserve.route": route},
+            start_time=self._wall0,
         )
         self._ctx: Context = trace.set_span_in_context(self.span)
-        self.anchor("gateway_receive_time")
 
-    def anchor(self, name: str) -> None:
-        """Record a lifecycle anchor (an event with its wall-clock time)."""
-        self.span.add_event(name, timestamp=time.time_ns())
+    def wall_ns(self, clock: float) -> int:
+        """A ``trio.current_time()`` reading as wall-clock nanoseconds."""
+        return self._wall0 + int((clock - self._clock0) * 1e9)
 
     @contextmanager
-    def stage(self, name: str) -> Iterator[Span]:
-        """A child span for a pipeline stage (or an upstream attempt)."""
+    def live_stage(self, name: str) -> Iterator[Span]:
+        """A live child span (the inference stage); upstream attempts nest under it."""
         with self._tracer.start_as_current_span(
-            name, context=self._ctx, end_on_exit=True, record_exception=False
+            name, context=self._ctx, record_exception=False, set_status_on_exception=False
         ) as span:
-            yield span
-
-    def set(self, **attributes: Any) -> None:
-        self.span.set_attributes({f"aiserve.{k}": v for k, v in attributes.items()})
+            token = _CURRENT.set(self)
+            try:
+                yield span
+            finally:
+                _CURRENT.reset(token)
 
     def inject(self, span: Span | None = None) -> dict[str, str]:
         """Headers that carry the trace upstream (``traceparent``, ``tracestate``).
@@ -89,11 +108,34 @@ class RequestTrace:
             return None
         return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
 
-    def end(self, status: int, error: str | None = None) -> None:
-        self.span.set_attribute("http.response.status_code", status)
+    def finish(
+        self,
+        *,
+        stages: dict[str, tuple[float, float]],
+        anchors: dict[str, float],
+        end: float,
+        status: str,
+        error: str | None,
+        attributes: dict[str, Any],
+    ) -> None:
+        """End the request: stage spans from recorded times, anchors, status.
+
+        Args:
+            stages: (start, end) clock times of the stages without a live span.
+            anchors: clock time of each lifecycle anchor that happened.
+            end: the clock time the response was sent.
+        """
+        for name, (t0, t1) in stages.items():
+            span = self._tracer.start_span(name, context=self._ctx, start_time=self.wall_ns(t0))
+            span.end(end_time=self.wall_ns(t1))
+        for name in ANCHORS:
+            if name in anchors:
+                self.span.add_event(name, timestamp=self.wall_ns(anchors[name]))
+        self.span.set_attributes({f"aiserve.{k}": v for k, v in attributes.items()})
+        self.span.set_attribute("aiserve.outcome", status)
         if error is not None:
             self.span.set_status(Status(StatusCode.ERROR, error))
-        self.span.end()
+        self.span.end(end_time=self.wall_ns(end))
 
 
 class _NoopTrace(RequestTrace):
@@ -101,24 +143,45 @@ class _NoopTrace(RequestTrace):
         self.span = trace.INVALID_SPAN
         self._ctx = Context()
 
-    def anchor(self, name: str) -> None:
-        pass
-
     @contextmanager
-    def stage(self, name: str) -> Iterator[Span]:
+    def live_stage(self, name: str) -> Iterator[Span]:
         yield trace.INVALID_SPAN
-
-    def set(self, **attributes: Any) -> None:
-        pass
 
     def inject(self, span: Span | None = None) -> dict[str, str]:
         return {}
 
-    def end(self, status: int, error: str | None = None) -> None:
+    def finish(
+        self,
+        *,
+        stages: dict[str, tuple[float, float]],
+        anchors: dict[str, float],
+        end: float,
+        status: str,
+        error: str | None,
+        attributes: dict[str, Any],
+    ) -> None:
         pass
 
 
-_NOOP = _NoopTrace()
+#: The trace of a request when tracing is off.
+NOOP_TRACE: RequestTrace = _NoopTrace()
+
+
+@contextmanager
+def upstream_attempt(attempt: int, **attributes: Any) -> Iterator[Span]:
+    """A span for one upstream attempt, under the current inference span.
+
+    Adapters call this around each try; outside a traced request it is a no-op.
+    """
+    rt = _CURRENT.get()
+    if rt is None or rt is NOOP_TRACE:
+        yield trace.INVALID_SPAN
+        return
+    attrs = {"aiserve.attempt": attempt, **{f"aiserve.{k}": v for k, v in attributes.items()}}
+    with rt._tracer.start_as_current_span(
+        "upstream_attempt", attributes=attrs, record_exception=False
+    ) as span:
+        yield span
 
 
 def configure_otlp(endpoint: str, service_name: str) -> TracerProvider:

@@ -1,0 +1,329 @@
+"""Latency diagnosis: spans and anchors, SLA metrics, exact task counts, baseline gauges,
+the debug listing, and the ops files checked against what /metrics really exposes."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import trio
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from aiserve_trio.adapters.mock import MockAdapter
+from aiserve_trio.asgi import App
+from aiserve_trio.config import MockAdapterConfig
+
+from .asgi_client import Client, chat_body
+from .conftest import make_config
+from .fakes import RecordingAdapter
+from .sim_gateway import chat, gateway_config, post, running
+from .sim_process import run_sim
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def traced_app(extra: str = "") -> tuple[App, InMemorySpanExporter, RecordingAdapter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    cfg = make_config(extra)
+    mock_cfg = cfg.adapters["mock"]
+    assert isinstance(mock_cfg, MockAdapterConfig)
+    rec = RecordingAdapter(MockAdapter("mock", mock_cfg))
+    return App(cfg, adapters={"mock": rec}, tracer_provider=provider), exporter, rec
+
+
+async def test_span_tree_anchors_and_trace_propagation(autojump_clock):
+    app, exporter, rec = traced_app()
+    r = await Client(app).chat(
+        chat_body("echo: a b c", stream=True), headers={"traceparent": TRACEPARENT}
+    )
+    assert r.status == 200
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"POST chat", "parse", "context", "inference", "sse"}
+    root = spans["POST chat"]
+    trace_id = root.context.trace_id
+    # the incoming trace is continued
+    assert format(trace_id, "032x") == TRACEPARENT.split("-")[1]
+    assert root.parent is not None
+    assert format(root.parent.span_id, "016x") == TRACEPARENT.split("-")[2]
+    for name in ("parse", "context", "inference", "sse"):
+        assert spans[name].parent is not None
+        assert spans[name].parent.span_id == root.context.span_id
+        assert spans[name].context.trace_id == trace_id
+    # the anchors, in lifecycle order
+    events = [(e.name, e.timestamp) for e in root.events]
+    assert [n for n, _ in events] == [
+        "gateway_receive_time",
+        "inference_start_time",
+        "first_token_time",
+        "response_sent_time",
+    ]
+    times = [t for _, t in events]
+    assert times == sorted(times)
+    # the stage spans sit inside the request span, in pipeline order
+    assert root.start_time <= spans["parse"].start_time <= spans["context"].start_time
+    assert spans["sse"].end_time <= root.end_time
+    # the trace went upstream under the inference span
+    upstream = rec.requests[0].forward_headers["traceparent"]
+    assert upstream.split("-")[1] == format(trace_id, "032x")
+    assert upstream.split("-")[2] == format(spans["inference"].context.span_id, "016x")
+    # and back to the client
+    tr = r.headers["traceresponse"].split("-")
+    assert tr[1] == format(trace_id, "032x")
+    assert tr[2] == format(root.context.span_id, "016x")
+    assert root.attributes["aiserve.outcome"] == "ok"
+
+
+async def test_a_failed_request_has_an_error_span(autojump_clock):
+    app, exporter, _ = traced_app()
+    r = await Client(app).chat(
+        chat_body("echo: " + " ".join(["w"] * 100), stream=True),
+        headers={"X-Request-Timeout-Ms": "300"},
+    )
+    assert r.events()[-1] == "[DONE]"
+    root = next(s for s in exporter.get_finished_spans() if s.name == "POST chat")
+    assert root.status.status_code.name == "ERROR"
+    assert root.attributes["aiserve.outcome"] == "gateway_timeout"
+
+
+async def test_tracing_off_sends_no_traceresponse(autojump_clock):
+    app, exporter, _ = traced_app("[observability]\ntracing = false\n")
+    r = await Client(app).chat(chat_body("echo: a"), headers={"traceparent": TRACEPARENT})
+    assert "traceresponse" not in r.headers
+    assert exporter.get_finished_spans() == ()
+
+
+async def test_task_counts_return_to_zero_under_random_cancellation(autojump_clock):
+    cfg = make_config(inter_token_ms="20")
+    app = App(cfg)
+    client = Client(app)
+    rng = random.Random(42)
+    body = chat_body("echo: " + " ".join(f"w{i}" for i in range(40)), stream=True)
+    outcomes: list[str] = []
+
+    async def one(i: int) -> None:
+        await trio.sleep(rng.uniform(0, 0.5))
+        headers = {"X-Request-Timeout-Ms": str(rng.choice([160, 300, 600, 5000]))}
+        async with client.open(
+            "POST", "/v1/chat/completions", json_body=body, headers=headers
+        ) as ex:
+            if rng.random() < 0.5:
+                await trio.sleep(rng.uniform(0, 0.6))
+                ex.disconnect()
+            await ex.done.wait()
+        outcomes.append("done")
+
+    async with trio.open_nursery() as n:
+        for i in range(200):
+            n.start_soon(one, i)
+    assert len(outcomes) == 200
+    text = app.metrics.render().decode()
+    for stage in ("parse", "context", "inference", "sse"):
+        assert f'task_count_by_stage{{stage="{stage}"}} 0.0' in text
+    counted = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("aiserve_requests_total{")
+    )
+    assert counted == 200
+    assert 'status="client_closed"' in text
+    assert 'status="gateway_timeout"' in text
+    assert 'status="ok"' in text
+
+
+async def test_sla_metrics_by_route_and_model(client, app, autojump_clock):
+    await client.chat(chat_body("echo: a b", stream=True))
+    text = app.metrics.render().decode()
+    assert 'aiserve_request_duration_seconds_count{model="aiserve_mock",route="chat"} 1.0' in text
+    assert (
+        'aiserve_model_time_to_first_token_seconds_count{model="aiserve_mock",route="chat"} 1.0'
+        in text
+    )
+    assert (
+        'aiserve_model_tokens_total{direction="completion",model="aiserve_mock",route="chat"} 2.0'
+        in text
+    )
+
+
+async def test_baseline_gauges_are_published_every_window(autojump_clock):
+    extra = "[observability]\nbaseline_window_s = 60\nbaseline_min_requests = 1\n"
+    app = App(make_config(extra))
+    client = Client(app)
+    async with trio.open_nursery() as nursery:
+        await app.startup(nursery)
+        for _ in range(3):
+            for _ in range(5):
+                await client.chat(chat_body("echo: a b c"))
+            await trio.sleep(60)
+        text = app.metrics.render().decode()
+        nursery.cancel_scope.cancel()
+    await app.shutdown()
+    assert 'aiserve_baseline_observed_p90_seconds{route="chat"}' in text
+    assert 'aiserve_baseline_predicted_p90_seconds{route="chat"}' in text
+    assert 'aiserve_latency_anomaly{route="chat"} 0.0' in text
+    assert re.search(r'aiserve_baseline_coefficient\{route="chat",term="c"\} [0-9.e-]+', text)
+
+
+async def test_debug_listing_shows_the_slowest_with_stage_times(autojump_clock):
+    app = App(make_config("[observability]\ndebug_requests = true\ndebug_keep = 2\n"))
+    client = Client(app)
+    for words in (1, 30, 5):
+        await client.chat(chat_body("echo: " + " ".join(["w"] * words)))
+    r = await client.request("GET", "/debug/requests/recent")
+    listed = r.json()["requests"]
+    assert len(listed) == 2
+    assert listed[0]["total_ms"] >= listed[1]["total_ms"]
+    assert listed[0]["total_ms"] == pytest.approx(10 + 29 * 5, abs=1)
+    assert set(listed[0]["stages_ms"]) == {"parse", "context", "inference", "sse"}
+
+
+async def test_debug_listing_is_off_by_default(client, autojump_clock):
+    r = await client.request("GET", "/debug/requests/recent")
+    assert r.status == 404
+
+
+async def test_scheduler_lag_is_exported(app, client, autojump_clock):
+    assert "trio_scheduler_lag_seconds_bucket" in app.metrics.render().decode()
+
+
+# --- the ops files against the real metric names ---------------------------------
+
+
+_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+
+
+def _exposed_names(text: str) -> set[str]:
+    """Every series name /metrics declares, sampled yet or not (a labelled counter
+    with no children is declared but has no sample until it first counts)."""
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            base = name.removesuffix("_total")
+            names.update(base + sfx for sfx in _SUFFIXES.get(kind, ("",)))
+        elif line and not line.startswith("#"):
+            names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
+    return names
+
+
+_FUNCS = {
+    "sum",
+    "rate",
+    "by",
+    "histogram_quantile",
+    "clamp_min",
+    "label_values",
+    "le",
+    "stage",
+    "route",
+    "model",
+    "direction",
+    "adapter",
+    "code",
+    "status",
+    "ok",
+    "client_closed",
+    "parse",
+    "context",
+    "humanize",
+    "humanizeDuration",
+    "humanizePercentage",
+    "value",
+    "labels",
+    "all",
+    "e",
+}
+
+
+def _metric_refs(expr: str) -> set[str]:
+    expr = re.sub(r'"[^"]*"', "", expr)  # drop label values
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # drop range selectors
+    tokens = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr))
+    return {t for t in tokens if t not in _FUNCS and not t.startswith("$")}
+
+
+async def _scraped_names() -> set[str]:
+    app = App(make_config("[observability]\nbaseline_window_s = 1\nbaseline_min_requests = 1\n"))
+    client = Client(app)
+    async with trio.open_nursery() as nursery:
+        await app.startup(nursery)
+        for _ in range(2):
+            await client.chat(chat_body("echo: a", stream=True))
+            await client.chat(chat_body("echo: a"), headers={"X-Request-Timeout-Ms": "160"})
+            await trio.sleep(1.5)
+        text = app.metrics.render().decode()
+        nursery.cancel_scope.cancel()
+    await app.shutdown()
+    return _exposed_names(text)
+
+
+def _rule_file() -> dict:
+    import yaml  # PyYAML comes with the test extras
+
+    return yaml.safe_load((ROOT / "configs/prometheus/aiserve-rules.yml").read_text())
+
+
+async def test_dashboard_and_rules_reference_only_existing_metrics(autojump_clock):
+    exposed = await _scraped_names()
+    rules = _rule_file()
+    recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+    rule_exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    dashboard = json.loads((ROOT / "configs/grafana/aiserve-dashboard.json").read_text())
+    dash_exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    dash_exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    missing = []
+    for expr in rule_exprs + dash_exprs:
+        for name in _metric_refs(expr):
+            if ":" in name:
+                if name not in recorded:
+                    missing.append((expr, name))
+            elif name not in exposed:
+                missing.append((expr, name))
+    assert missing == []
+    assert len(dashboard["panels"]) >= 8
+
+
+@pytest.mark.slow
+def test_promtool_accepts_the_rules():
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool (Debian package prometheus) must be installed"
+    out = subprocess.run(
+        [promtool, "check", "rules", str(ROOT / "configs/prometheus/aiserve-rules.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
+
+
+@pytest.mark.slow
+async def test_each_upstream_attempt_is_a_span_under_inference() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with run_sim() as addr:
+        cfg = gateway_config("openai", addr, headers={"x-sim-fault": "503", "x-sim-fault-times": "1"})
+        app = App(cfg, tracer_provider=provider)
+        async with running(app) as client:
+            r = await post(client, chat(stream=True, max_tokens=3))
+    assert r.status == 200
+    spans = exporter.get_finished_spans()
+    inference = next(s for s in spans if s.name == "inference")
+    attempts = sorted(
+        (s for s in spans if s.name == "upstream_attempt"), key=lambda s: s.attributes["aiserve.attempt"]
+    )
+    assert [s.attributes["aiserve.attempt"] for s in attempts] == [1, 2]
+    assert all(s.parent is not None and s.parent.span_id == inference.context.span_id for s in attempts)
+    assert attempts[0].attributes["aiserve.error_code"] == "upstream_status_error"
+    assert "aiserve.error_code" not in attempts[1].attributes
