@@ -38,7 +38,13 @@ if TYPE_CHECKING:
 
 # A sentence ends after CJK end punctuation, or after . ! ? followed by white
 # space (so "3.85" and "e.g.x" do not end one), or at a line break.
-_BOUNDARY = regex.compile(r"[。！？；]+[”’」』)]*|[.!?;]+[\"')\]]*(?=\s)|\n")  # noqa: RUF001
+_BOUNDARY = regex.compile(
+    r"[。！？；]+[”’」』)]*"  # noqa: RUF001
+    # not the "1." of a numbered list item at the start of a line
+    r"|(?<!^[ \t]{0,8}[0-9]{1,3})[.!?;]+[\"')\]]*(?=\s)"
+    r"|\n",
+    regex.MULTILINE,
+)
 _FENCE = regex.compile(r"^\s*```.*$", regex.MULTILINE)
 _IMAGE = regex.compile(r"!\[([^\]\n]{0,200})\]\([^)\s]{0,2000}\)")
 _LINK = regex.compile(r"\[([^\]\n]{0,200})\]\([^)\s]{0,2000}\)")
@@ -81,13 +87,19 @@ def speakable(sentence: str, url_phrase: str) -> str:
     return _SPACE.sub(" ", text.replace("\n", " ")).strip()
 
 
-def _split(buf: str) -> tuple[list[str], str]:
-    """Complete sentences (each with its end mark) and the unfinished rest."""
-    out, at = [], 0
-    for m in _BOUNDARY.finditer(buf):
-        out.append(buf[at : m.end()])
+def _split(buf: str, bol: bool) -> tuple[list[str], str, bool]:
+    """Complete sentences (each with its end mark), the unfinished rest, and
+    whether the rest starts a line (``bol``: whether ``buf`` does)."""
+    # A synthetic first char tells the boundary pattern whether a line starts
+    # here, so that the result does not depend on where earlier text was cut.
+    text = ("\n" if bol else " ") + buf
+    out, at = [], 1
+    for m in _BOUNDARY.finditer(text, 1):
+        out.append(text[at : m.end()])
         at = m.end()
-    return out, buf[at:]
+    if out:
+        bol = out[-1].endswith("\n")
+    return out, text[at:], bol
 
 
 def _cut(text: str, limit: int) -> int:
@@ -102,10 +114,11 @@ def _cut(text: str, limit: int) -> int:
 class SpeechShaper:
     """IVR: plain speakable text, emitted one complete sentence at a time."""
 
-    __slots__ = ("_buf", "max_chars", "max_holdback", "url_phrase")
+    __slots__ = ("_bol", "_buf", "max_chars", "max_holdback", "url_phrase")
 
     def __init__(self, max_chars: int = 300, url_phrase: str = "the link in our app") -> None:
         self._buf = ""
+        self._bol = True
         self.max_chars = max_chars
         self.url_phrase = url_phrase
         self.max_holdback = max_chars
@@ -121,11 +134,12 @@ class SpeechShaper:
 
     def feed(self, text: str) -> str:
         self._buf += text
-        sentences, self._buf = _split(self._buf)
+        sentences, self._buf, self._bol = _split(self._buf, self._bol)
         while len(self._buf) > self.max_chars:
             at = _cut(self._buf, self.max_chars)
             sentences.append(self._buf[:at])
             self._buf = self._buf[at:]
+            self._bol = False
         return "".join(self._say(s) for s in sentences)
 
     def finish(self) -> str:
@@ -136,10 +150,20 @@ class SpeechShaper:
 class MessageShaper:
     """WeChat: sentences packed into messages of at most ``max_bytes`` (UTF-8)."""
 
-    __slots__ = ("_buf", "_msg", "_sent", "markdown", "max_bytes", "max_holdback", "separator")
+    __slots__ = (
+        "_bol",
+        "_buf",
+        "_msg",
+        "_sent",
+        "markdown",
+        "max_bytes",
+        "max_holdback",
+        "separator",
+    )
 
     def __init__(self, max_bytes: int = 2000, separator: str = "\n\n", markdown: bool = True):
         self._buf = ""  # the unfinished sentence
+        self._bol = True
         self._msg = ""  # complete sentences not yet sent
         self._sent = False
         self.max_bytes = max_bytes
@@ -179,10 +203,12 @@ class MessageShaper:
 
     def feed(self, text: str) -> str:
         self._buf += text
-        sentences, self._buf = _split(self._buf)
+        sentences, self._buf, self._bol = _split(self._buf, self._bol)
         if len(self._buf.encode()) > self.max_bytes:
-            sentences.append(self._buf)
-            self._buf = ""
+            # Cut where the whole text would be cut, whatever the chunking.
+            *done, self._buf = self._pieces(self._buf)
+            sentences += done
+            self._bol = False
         return self._add(sentences)
 
     def finish(self) -> str:

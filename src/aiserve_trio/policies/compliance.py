@@ -35,6 +35,18 @@ def _template(replace: str, phrase: str) -> Callable[[regex.Match[str]], str]:
     return lambda m: m.expand(template)
 
 
+_REF = regex.compile(r"\\g<([^>]*)>|\\([0-9]{1,2})")
+
+
+def _check_refs(template: str, pattern: regex.Pattern[str]) -> None:
+    """Every ``\\g<name>`` / ``\\N`` in ``template`` names a group of ``pattern``."""
+    for m in _REF.finditer(template):
+        ref = m.group(1) if m.group(1) is not None else m.group(2)
+        known = ref in pattern.groupindex or (ref.isdigit() and int(ref) <= pattern.groups)
+        if not known:
+            raise ValueError(f"`replace` refers to group {ref!r}, which the pattern lacks")
+
+
 def parse_pack(table: Mapping[str, Any], source: str, phrase: str | None = None) -> list[Rule]:
     """The rules of a compliance pack, in order.
 
@@ -58,7 +70,7 @@ def parse_pack(table: Mapping[str, Any], source: str, phrase: str | None = None)
             raise ValueError(f"{source}: `{key}` needs string id, pattern and replace")
         try:
             rule = make_rule(rid, pattern, _template(replace, phrase))
-            regex.compile(pattern).sub(_template(replace, phrase), "")  # check the template
+            _check_refs(replace, regex.compile(pattern))
         except (ValueError, regex.error) as exc:
             raise ValueError(f"{source}: `{key}.pattern`: {exc}") from exc
         rules.append(rule)
