@@ -149,7 +149,7 @@ def test_plain_keys_never_in_config_and_bad_hashes_refused() -> None:
 
 
 def test_auth_on_without_keys_is_refused() -> None:
-    with pytest.raises(ConfigError, match="auth.keys"):
+    with pytest.raises(ConfigError, match=r"auth\.keys"):
         auth_config("[auth]\nenabled = true\n")
 
 
