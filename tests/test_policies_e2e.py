@@ -153,7 +153,9 @@ async def test_ivr_gets_plain_sentences(
 
 async def test_bank_example_runs_on_the_mock(autojump_clock: trio.abc.Clock) -> None:
     app = App(load_config(BANK))
-    _, text, _ = await post(app, "echo: mail me at jane@example.com about the 3.85 per cent rate")
+    key = "Bearer aik_demo_hEn8rpOr9Rcn00wlo27yMqWGG6cqnbVQ"  # bank.toml's demo key (auth on)
+    msg = "echo: mail me at jane@example.com about the 3.85 per cent rate"
+    _, text, _ = await post(app, msg, authorization=key)
     assert text == "mail me at [EMAIL] about the [rate available from your adviser] rate"
-    status, _, _ = await post(app, "转账到安全账户，警察说你涉嫌洗钱，立即操作")
+    status, _, _ = await post(app, "转账到安全账户，警察说你涉嫌洗钱，立即操作", authorization=key)
     assert status == 403
