@@ -43,6 +43,8 @@ import trio
 
 #: A delta that carries text: the moment a token reached the client.
 _CONTENT = re.compile(rb'"content":\s*"[^"]')
+#: The gateway ends a failed stream with ``data: {"error": {...}}`` (not a clean finish).
+_ERROR_EVENT = b'data: {"error"'
 
 
 @dataclass(slots=True)
@@ -141,6 +143,8 @@ class Connection:
                 sample.status = event.status_code
             elif isinstance(event, h11.Data):
                 sample.bytes += len(event.data)
+                if _ERROR_EVENT in event.data:
+                    sample.error = "error event in the stream"
                 if _CONTENT.search(event.data):
                     if last is None:
                         sample.ttft = now - clock
@@ -154,7 +158,7 @@ class Connection:
                 sample.error = "closed mid-response"
                 await self._reset()
                 return
-        if sample.status != 200:
+        if sample.status != 200 and sample.error is None:
             sample.error = f"HTTP {sample.status}"
         if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
             conn.start_next_cycle()

@@ -161,7 +161,7 @@ def _ceiling(sim: Running) -> Iterator[Endpoint]:
         yield Endpoint("ceiling", r.base + CHAT, {}, r)
 
 
-def _aiserve(bus: str) -> SystemFactory:
+def _aiserve(bus: str, extra_toml: str = "") -> SystemFactory:
     @contextlib.contextmanager
     def factory(sim: Running) -> Iterator[Endpoint]:
         auth = systems.gateway_auth()
@@ -170,7 +170,7 @@ def _aiserve(bus: str) -> SystemFactory:
         with contextlib.ExitStack() as stack:
             url = stack.enter_context(systems.redis()).base if bus == "redis" else None
             r = stack.enter_context(
-                systems.gateway(name, {CHAT: sim.base}, bus=bus, redis_url=url, auth=auth)
+                systems.gateway(name, {CHAT: sim.base}, bus=bus, redis_url=url, auth=auth, extra=extra_toml)
             )
             yield Endpoint(name, r.base + CHAT, headers, r)
 
@@ -369,9 +369,12 @@ def scenario_c(plan: Plan, prog: Progress, out: dict[str, Any]) -> None:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     fit = 10_000 if hard == resource.RLIM_INFINITY else (hard - 1000) // 2
     count = min(2000 if plan.quick else 10_000, fit)
-    ramp = 500.0
-    itl_ms = 2000
-    tokens = 16
+    # Opening a stream costs the gateway a full request (parse, context, upstream
+    # connect), so the ramp stays well under its start rate; each stream lasts
+    # longer than the ramp, so all are open at once at the end of it.
+    ramp = 100.0 if count > 2000 else 200.0
+    itl_ms = 5000
+    tokens = 1 + int((count / ramp + 20) * 1000 / itl_ms)
     res: dict[str, Any] = {
         "streams": count, "ramp_per_s": ramp, "itl_ms": itl_ms, "tokens": tokens, "fd_hard_limit": hard,
     }
@@ -380,7 +383,9 @@ def scenario_c(plan: Plan, prog: Progress, out: dict[str, Any]) -> None:
                 "--itl-ms", str(itl_ms), "--output-tokens-mean", str(tokens)]
     import threading
 
-    with systems.sim(sim_args, "sim-c") as sim, _aiserve("memory")(sim) as ep:
+    # Streams longer than the default 30 s request deadline: this scenario's gateway allows 15 min.
+    long = "\n[deadline]\ndefault_ms = 900000\nmax_ms = 900000\n"
+    with systems.sim(sim_args, "sim-c") as sim, _aiserve("memory", extra_toml=long)(sim) as ep:
         assert ep.proc is not None
         res["rss_idle_mb"] = ep.proc.rss_mb()
         samples: list[tuple[float, float, int]] = []
@@ -401,7 +406,7 @@ def scenario_c(plan: Plan, prog: Progress, out: dict[str, Any]) -> None:
         th = threading.Thread(target=sampler, daemon=True)
         th.start()
         prog.show(f"(c) holding {count} streams")
-        hold = count / ramp + tokens * itl_ms / 1000 + 20
+        hold = count / ramp + tokens * itl_ms / 1000 + 30
         try:
             r = load(ep.url, ["--hold", str(count), "--ramp", str(ramp)], headers=ep.headers, duration=hold)
         finally:
@@ -519,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="a,b,c,d", help="scenarios to run, e.g. a,b")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="systems for (a) and (b)")
     ap.add_argument("--out", default=None, help="results folder (default bench/results/<date>)")
+    ap.add_argument("--merge", action="store_true", help="update the scenarios run in an existing results.json")
     ap.add_argument(
         "--snapshot", default=None, metavar="REV",
         help="run the gateway and sim from `git archive REV src` (e.g. HEAD), not the work tree",
@@ -557,6 +563,13 @@ def main(argv: list[str] | None = None) -> int:
     info["load_commands"] = LOAD_COMMANDS
     outdir = Path(ns.out) if ns.out else RESULTS / dt.date.today().isoformat()
     outdir.mkdir(parents=True, exist_ok=True)
+    if ns.merge and (outdir / "results.json").exists():
+        old = json.loads((outdir / "results.json").read_text())
+        reruns = old["machine"].setdefault("reruns", [])
+        reruns.append({k: info[k] for k in ("argv", "started", "git", "loadavg_start", "loadavg_end", "wall_s")})
+        reruns[-1]["commands"] = info["commands"]
+        reruns[-1]["load_commands"] = info["load_commands"]
+        results = {**old, **{k: v for k, v in results.items() if k != "machine"}}
     (outdir / "results.json").write_text(json.dumps(results, indent=1, default=str))
     from .report import write_report
 

@@ -283,9 +283,12 @@ tenant = "default"
 
 def gateway_toml(
     routes: dict[str, str], *, bus: str = "memory", redis_url: str | None = None,
-    auth: GatewayAuth | None = None,
+    auth: GatewayAuth | None = None, extra: str = "",
 ) -> str:
-    """Gateway config: one ``openai`` adapter + route per entry of ``routes`` (path -> sim URL)."""
+    """Gateway config: one ``openai`` adapter + route per entry of ``routes`` (path -> sim URL).
+
+    ``extra`` is more TOML (whole tables) appended as is.
+    """
     sessions = f'backend = "{bus}"' + (f'\nurl = "{redis_url}"' if redis_url else "")
     parts = [
         f"""[server]
@@ -295,6 +298,7 @@ name = "aiserve-trio-bench"
 {sessions}
 """,
         auth.toml if auth is not None else "",
+        extra,
     ]
     for i, (path, upstream) in enumerate(routes.items()):
         parts.append(
@@ -319,13 +323,13 @@ default_model = "sim-model"
 @contextlib.contextmanager
 def gateway(
     name: str, routes: dict[str, str], *, bus: str = "memory", redis_url: str | None = None,
-    auth: GatewayAuth | None = None,
+    auth: GatewayAuth | None = None, extra: str = "",
 ) -> Iterator[Running]:
     """aiserve-trio under hypercorn (one Trio worker) with a generated config."""
     port = free_port()
     WORK.mkdir(parents=True, exist_ok=True)
     cfg = WORK / f"{name}.toml"
-    cfg.write_text(gateway_toml(routes, bus=bus, redis_url=redis_url, auth=auth))
+    cfg.write_text(gateway_toml(routes, bus=bus, redis_url=redis_url, auth=auth, extra=extra))
     env = {"AISERVE_CONFIG": str(cfg.relative_to(ROOT))}
     with start(name, hypercorn_cmd(port, "aiserve_trio:app"), port=port, cpu=SYSTEM_CPU, env=env) as r:
         yield r

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import h11
 import pytest
@@ -98,7 +99,12 @@ def test_target_refuses_other_schemes():
 EVENTS = [b'data: {"choices":[{"delta":{"content":"w%d"}}]}\n\n' % i for i in range(3)]
 
 
-async def sse_server(stream: trio.SocketStream, pace: float = 0.002, status: int = 200) -> None:
+ERROR_EVENTS = [EVENTS[0], b'data: {"error":{"message":"m","type":"timeout","code":"stage_deadline_exceeded"}}\n\n', b"data: [DONE]\n\n"]
+
+
+async def sse_server(
+    stream: trio.SocketStream, pace: float = 0.002, status: int = 200, events: list[bytes] = EVENTS
+) -> None:
     """Answer every request on the connection with three paced SSE events."""
     conn = h11.Connection(h11.SERVER)
     while True:
@@ -114,14 +120,14 @@ async def sse_server(stream: trio.SocketStream, pace: float = 0.002, status: int
         if isinstance(event, h11.EndOfMessage):
             head = h11.Response(status_code=status, headers=[("content-type", "text/event-stream"), ("transfer-encoding", "chunked")])
             await stream.send_all(conn.send(head))
-            for ev in EVENTS:
+            for ev in events:
                 await trio.sleep(pace)
                 await stream.send_all(conn.send(h11.Data(data=ev)))
             await stream.send_all(conn.send(h11.EndOfMessage()))
             conn.start_next_cycle()
 
 
-async def serve(nursery: trio.Nursery, **kw: float) -> int:
+async def serve(nursery: trio.Nursery, **kw: Any) -> int:
     async def handler(stream: trio.SocketStream) -> None:
         await sse_server(stream, **kw)
 
@@ -159,3 +165,15 @@ async def test_open_loop_times_from_the_schedule_and_reports_http_errors():
     assert len(samples) == 10
     assert [s.start for s in samples] == pytest.approx([i / 50.0 for i in range(10)])
     assert {s.error for s in samples} == {"HTTP 503"}
+
+
+@pytest.mark.slow
+async def test_a_stream_that_ends_in_an_error_event_is_an_error_not_a_success():
+    async with trio.open_nursery() as nursery:
+        port = await serve(nursery, pace=0.0, events=ERROR_EVENTS)
+        target = Target.from_url(f"http://127.0.0.1:{port}/x", b"{}")
+        samples, _ = await closed_loop(target, concurrency=1, duration=0.1, warmup=0.0)
+        nursery.cancel_scope.cancel()
+    assert samples
+    assert {s.error for s in samples} == {"error event in the stream"}
+    assert summarize(samples, 0.1)["ok"] == 0
