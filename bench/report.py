@@ -48,12 +48,12 @@ def _plots(res: dict[str, Any], outdir: Path) -> list[str]:
         if direct:
             fig, axes = plt.subplots(1, 2, figsize=(11, 4))
             for ax, c in zip(axes, ("1", "16"), strict=True):
-                d = direct.get(c, {}).get("ttft_raw_ms", [])
                 qs = [q / 2 for q in range(1, 200)]
                 for name, rows in a.items():
-                    if name == "direct" or c not in rows:
+                    ref = _ref(res["a"], name, c)
+                    if name == "direct" or c not in rows or ref is None:
                         continue
-                    xs = added(rows[c].get("ttft_raw_ms", []), d, qs)
+                    xs = added(rows[c].get("ttft_raw_ms", []), ref.get("ttft_raw_ms", []), qs)
                     pts = [(x, q / 100) for x, q in zip(xs, qs, strict=True) if x is not None]
                     if pts:
                         ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name)
@@ -102,19 +102,31 @@ def _plots(res: dict[str, Any], outdir: Path) -> list[str]:
     return made
 
 
+def _ref(a: dict[str, Any], name: str, c: str) -> dict[str, Any] | None:
+    """The ``direct`` run that ``name`` at concurrency ``c`` is compared with.
+
+    The paired baseline measured right before it when there is one, else the
+    ``direct`` system's own run.
+    """
+    paired = a.get("paired", {}).get(name, {}).get(c)
+    if paired is not None:
+        return dict(paired)
+    d = a.get("closed", {}).get("direct", {}).get(c)
+    return None if d is None else dict(d)
+
+
 def _a_tables(res: dict[str, Any]) -> list[str]:
     a = res.get("a")
     if not a:
         return []
     closed = a["closed"]
-    direct = closed.get("direct", {})
     L = ["## (a) Overhead: zero-delay upstream, 16 short deltas, closed loop, HTTP/1.1", ""]
     L.append("| system | c | req/s | TTFT p50 | TTFT p99 | total p50 | total p99 | added TTFT p50 / p99 | added total p99 | errors |")
     L.append("|---|---|---|---|---|---|---|---|---|---|")
     for name, rows in closed.items():
         for c in sorted(rows, key=int):
             r = rows[c]
-            d = direct.get(c)
+            d = _ref(a, name, c)
             if d and name != "direct":
                 at = added(r["ttft_raw_ms"], d["ttft_raw_ms"], (50.0, 99.0))
                 tt = added(r["total_raw_ms"], d["total_raw_ms"], (99.0,))
@@ -127,7 +139,8 @@ def _a_tables(res: dict[str, Any]) -> list[str]:
                 f"{_f(r['total_ms']['p50'])} | {_f(r['total_ms']['p99'])} | {add} | {addt} | "
                 f"{sum(r['errors'].values())} |"
             )
-    L += ["", "Times in ms. Added = the system's percentile minus `direct`'s at the same concurrency.", ""]
+    L += ["", "Times in ms. Added = the system's percentile minus `direct`'s at the same concurrency, "
+          "measured in a paired run straight before the system's (the machine is shared; the `direct` rows are the system's own run).", ""]
     if a.get("open"):
         L += ["Open loop (fixed arrival rate 100/s, timed from the scheduled start):", ""]
         L += ["| system | sent | ok | TTFT p50 | TTFT p99 | total p99 | errors |", "|---|---|---|---|---|---|---|"]
@@ -154,14 +167,23 @@ def _targets(res: dict[str, Any]) -> list[str]:
     d = a.get("direct")
     lite = a.get("litellm")
     ceil_ = a.get("ceiling")
+    full = res.get("a", {})
+
+    def add(name: str, c: str, key: str) -> float | None:
+        ref = _ref(full, name, c)
+        rows = a.get(name, {})
+        if ref is None or c not in rows:
+            return None
+        return added(rows[c][key], ref[key], (99.0,))[0]
+
     if gw and d:
-        x = added(gw["1"]["ttft_raw_ms"], d["1"]["ttft_raw_ms"], (99.0,))[0]
+        x = add("aiserve", "1", "ttft_raw_ms")
         L.append(f"| added p99 TTFT at c=1 ≤ 1 ms over direct | {_f(x)} ms | {'yes' if x is not None and x <= 1 else 'no' + (f' (by {x - 1:.2f} ms)' if x is not None else '')} |")
     if gw and d and lite:
         for cc in ("16", "64"):
-            if cc in gw and cc in lite and cc in d:
-                g = added(gw[cc]["total_raw_ms"], d[cc]["total_raw_ms"], (99.0,))[0]
-                li = added(lite[cc]["total_raw_ms"], d[cc]["total_raw_ms"], (99.0,))[0]
+            if cc in gw and cc in lite:
+                g = add("aiserve", cc, "total_raw_ms")
+                li = add("litellm", cc, "total_raw_ms")
                 ok = g is not None and li is not None and g <= li / 10
                 L.append(f"| c={cc}: added p99 total ≤ 1/10 of LiteLLM's | aiserve {_f(g)} ms vs LiteLLM {_f(li)} ms (ratio {_f(li / g if g and li else None, 1)}x) | {'yes' if ok else 'no'} |")
                 ratio = gw[cc]["rps"] / lite[cc]["rps"] if lite[cc]["rps"] else None

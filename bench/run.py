@@ -213,7 +213,7 @@ ZERO_SIM = [
 
 def scenario_a(plan: Plan, prog: Progress, out: dict[str, Any]) -> None:
     """(a) overhead: zero-delay upstream, 16 short deltas, c = 1/16/64, open loop, h2."""
-    res: dict[str, Any] = {"closed": {}, "open": {}, "h2": {}, "notes": []}
+    res: dict[str, Any] = {"closed": {}, "paired": {}, "open": {}, "h2": {}, "notes": []}
     out["a"] = res
     conc = [1, 16, 64]
     rate = 100.0
@@ -226,6 +226,12 @@ def scenario_a(plan: Plan, prog: Progress, out: dict[str, Any]) -> None:
                     rows: dict[str, Any] = {}
                     for c in conc:
                         prog.show(f"(a) {name} c={c}")
+                        if name != "direct":
+                            # A paired baseline right before: the machine is shared, and
+                            # "added" must compare moments with the same background load.
+                            res["paired"].setdefault(name, {})[str(c)] = load(
+                                sim.base + CHAT, ["--concurrency", str(c)], duration=plan.dur
+                            )
                         rows[str(c)] = load(ep.url, ["--concurrency", str(c)], headers=ep.headers, duration=plan.dur)
                         prog.step(f"(a) {name} c={c}: {rows[str(c)]['rps']:.0f} req/s")
                     res["closed"][name] = rows
