@@ -304,8 +304,14 @@ def write_report(res: dict[str, Any], outdir: Path) -> Path:
         f"- Load average at start / end: {', '.join(f'{x:.1f}' for x in m['loadavg_start'])} / {', '.join(f'{x:.1f}' for x in m.get('loadavg_end', []))}",
         f"- Wall time: {m.get('wall_s', 0):.0f} s; fd limit {m['nofile']}",
         f"- Command: `{' '.join(m['argv'])}`",
-        "",
     ]
+    for r in m.get("reruns", []):
+        L.append(f"- Re-run merged in: `{' '.join(r['argv'])}` at {r['started']}, git {r['git']}, load average {', '.join(f'{x:.1f}' for x in r['loadavg_start'])}")
+    L.append("")
+    notes = outdir / "notes.md"
+    if notes.exists():
+        # The hand-written reading of this run (what missed, by how much, and why).
+        L += [notes.read_text().rstrip(), ""]
     L += _targets(res)
     L += _a_tables(res)
     L += _b_table(res)
@@ -319,6 +325,12 @@ def write_report(res: dict[str, Any], outdir: Path) -> Path:
     for cmd in m.get("load_commands", []):
         seen[cmd] = seen.get(cmd, 0) + 1
     L += ["Load runs:", "", "```"] + [f"{c}" + (f"   # x{n}" if n > 1 else "") for c, n in seen.items()] + ["```", ""]
+    for r in m.get("reruns", []):
+        seen = {}
+        for cmd in r.get("load_commands", []):
+            seen[cmd] = seen.get(cmd, 0) + 1
+        L += [f"Re-run `{' '.join(r['argv'])}`: processes and load runs:", "", "```", *r.get("commands", [])]
+        L += [f"{c}" + (f"   # x{n}" if n > 1 else "") for c, n in seen.items()] + ["```", ""]
     path = outdir / "report.md"
     path.write_text("\n".join(L))
     return path
