@@ -261,7 +261,7 @@ def _d_table(res: dict[str, Any]) -> list[str]:
     L = ["## (d) P99 sensitivity matrix (gateway stage histograms)", ""]
     L.append(
         f"Each cell: closed loop, 16 connections; reply {d['reply_tokens']} tokens sent as {d['reply_tokens']}/chunk SSE "
-        "events, one every chunk/rate seconds (the sim sends one token's text per event, so the event *rate* is modelled, "
+        "events, the first after prefill (1 ms + 0.02 ms/prompt token) + chunk/rate, then one every chunk/rate seconds (the sim sends one token's text per event, so the event *rate* is modelled, "
         "not the bytes). Stage P99 from the diff of `pipeline_stage_latency_seconds` buckets before/after the cell "
         "(interpolated inside a bucket, so as fine as the buckets). Milliseconds."
     )

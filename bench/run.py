@@ -440,7 +440,8 @@ def scenario_d(plan: Plan, prog: Progress, out: dict[str, Any]) -> None:
         for rate in rates:
             for chunk in chunks:
                 itl = 1000.0 * chunk / rate
-                args = ["--prefill-overhead-ms", "1", "--prefill-per-token-ms", "0.02",
+                # The first chunk leaves the model once `chunk` tokens are generated.
+                args = ["--prefill-overhead-ms", f"{1 + itl:g}", "--prefill-per-token-ms", "0.02",
                         "--itl-ms", f"{itl:g}", "--output-tokens-mean", str(reply // chunk)]
                 sims[(rate, chunk)] = stack.enter_context(systems.sim(args, f"sim-d-{rate}-{chunk}"))
         routes = {f"/v1/d/{r}/{c}": s.base for (r, c), s in sims.items()}
