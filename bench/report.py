@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -291,6 +292,18 @@ def _profile(res: dict[str, Any]) -> list[str]:
     return L
 
 
+def _short(cmd: str) -> str:
+    """A long ``--prompt 'hello hello ...'`` as the shell expression that makes it."""
+
+    def repl(m: re.Match[str]) -> str:
+        words = m[1].split()
+        if len(set(words)) != 1:
+            return m[0]
+        return f'--prompt "$(yes {words[0]} | head -n {len(words)} | paste -sd " ")"'
+
+    return re.sub(r"--prompt '([^']{60,})'", repl, cmd)
+
+
 def write_report(res: dict[str, Any], outdir: Path) -> Path:
     """Write ``report.md`` and the plots into ``outdir``; return the report's path."""
     plots = _plots(res, outdir)
@@ -323,11 +336,13 @@ def write_report(res: dict[str, Any], outdir: Path) -> Path:
     L += ["## Exact commands", "", "Processes started:", "", "```", *m.get("commands", []), "```", ""]
     seen: dict[str, int] = {}
     for cmd in m.get("load_commands", []):
+        cmd = _short(cmd)
         seen[cmd] = seen.get(cmd, 0) + 1
     L += ["Load runs:", "", "```"] + [f"{c}" + (f"   # x{n}" if n > 1 else "") for c, n in seen.items()] + ["```", ""]
     for r in m.get("reruns", []):
         seen = {}
         for cmd in r.get("load_commands", []):
+            cmd = _short(cmd)
             seen[cmd] = seen.get(cmd, 0) + 1
         L += [f"Re-run `{' '.join(r['argv'])}`: processes and load runs:", "", "```", *r.get("commands", [])]
         L += [f"{c}" + (f"   # x{n}" if n > 1 else "") for c, n in seen.items()] + ["```", ""]

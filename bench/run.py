@@ -100,10 +100,7 @@ def load(
     for k, v in (headers or {}).items():
         cmd += ["--header", f"{k}: {v}"]
     full = systems.pinned(cmd, LOAD_CPU)
-    shown = [("'" + a + "'" if " " in a else a) for a in full]
-    if len(prompt) > 40:
-        shown = [a if a != prompt else f"<{len(prompt.split())}-word prompt>" for a in shown]
-    LOAD_COMMANDS.append(" ".join(shown))
+    LOAD_COMMANDS.append(" ".join(("'" + a + "'" if " " in a else a) for a in full))
     out = subprocess.run(full, cwd=ROOT, capture_output=True, text=True, check=False, timeout=duration * 4 + 120)
     if out.returncode != 0:
         raise RuntimeError(f"loadgen failed: {out.stderr[-2000:]}")
