@@ -16,13 +16,13 @@ async def test_blocking_call_shows_up_as_lag():
         woke = trio.Event()
 
         async def waiter() -> None:
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
             woke.set()
 
         async with trio.open_nursery() as n:
             n.start_soon(waiter)
-            await trio.sleep(0)  # the waiter is now runnable...
-            time.sleep(0.03)  # ...and this blocks the loop for 30 ms
+            await trio.lowlevel.checkpoint()  # the waiter is now runnable...
+            time.sleep(0.03)  # noqa: ASYNC251 - blocking the loop is the point
         assert woke.is_set()
     finally:
         trio.lowlevel.remove_instrument(probe)

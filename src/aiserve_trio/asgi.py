@@ -8,6 +8,8 @@ error a client sees is the OpenAI error envelope with a correct status.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import secrets
 import time
@@ -15,6 +17,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 import trio
+from opentelemetry.trace import TracerProvider
 
 from .adapters import Adapter, build_adapter
 from .api import Model, ModelList, encoder
@@ -28,9 +31,16 @@ from .errors import (
     Overloaded,
     PayloadTooLarge,
 )
+from .observability.baseline import BaselineMonitor
 from .observability.metrics import Metrics, status_label
+from .observability.observer import RequestObserver
+from .observability.sched import SchedulerLag
+from .observability.tracing import Tracing, configure_otlp
 from .pipeline import Pipeline
 from .policies.base import build_policies
+from .security import edge
+from .security.auth import Principal
+from .security.gate import TOKEN_SUFFIX, Gate, shutdown_event
 from .sessions import build_bus
 from .sessions.bus import SessionBus, check_session_id
 from .sessions.http import PREFIX as SESSIONS_PREFIX
@@ -40,6 +50,7 @@ from .stages.request import JSON_HEADERS, Receive, RequestState, Responder, Rout
 
 log = logging.getLogger("aiserve_trio")
 Scope = MutableMapping[str, Any]
+edge.install()  # contain hostile HTTP/2 clients to their connection (security/edge.py)
 _METRICS_HEADERS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
 
 
@@ -52,6 +63,7 @@ class App:
         *,
         adapters: dict[str, Adapter] | None = None,
         bus: SessionBus | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         """Build the app from a validated config.
 
@@ -60,6 +72,8 @@ class App:
             adapters: adapters by name, replacing those the config would build
                 (tests pass fakes here).
             bus: the session bus; default: the one ``[sessions]`` configures.
+            tracer_provider: an OpenTelemetry provider for the spans; default:
+                the global one, or OTLP export when ``[observability]`` names an endpoint.
         """
         self.config = config
         self.metrics = Metrics()
@@ -88,6 +102,9 @@ class App:
                 tenant=rc.tenant or config.server.default_tenant,
             )
         self.pipeline = Pipeline(config, self.metrics, self.bus, self.writeback)
+        self._init_observability(tracer_provider)
+        self.gate = Gate(config)
+        self.pipeline.admission = self.gate.admission
         self.ready = False
         self._models_body = self._models_json()
 
@@ -130,6 +147,9 @@ class App:
         for adapter in self.adapters.values():
             await adapter.aopen()
         await self.bus.aopen()
+        await self.gate.aopen()
+        if self.sched_lag is not None:
+            trio.lowlevel.add_instrument(self.sched_lag)
         if nursery is not None:
             await self.start_background(nursery)
         self.ready = True
@@ -139,21 +159,55 @@ class App:
             ", ".join(self.routes),
         )
 
+    def _init_observability(self, provider: TracerProvider | None) -> None:
+        ob = self.config.observability
+        if provider is None and ob.otlp_endpoint:
+            provider = configure_otlp(ob.otlp_endpoint, ob.service_name)
+        self.tracing = Tracing(provider, enabled=ob.tracing)
+        self.baseline = BaselineMonitor(
+            [r.label for r in self.routes.values()],
+            0.0,
+            window_s=ob.baseline_window_s,
+            history=ob.baseline_history,
+            anomaly_factor=ob.anomaly_factor,
+            min_requests=ob.baseline_min_requests,
+        )
+        keep = ob.debug_keep if ob.debug_requests else 0
+        self.observer = RequestObserver(self.metrics, self.baseline, keep_recent=keep)
+        self.pipeline.observer = self.observer
+        self.sched_lag = SchedulerLag(ob.lag_sample_every) if ob.scheduler_lag else None
+        if self.sched_lag is not None:
+            self.metrics.registry.register(self.sched_lag)
+
+    async def _baseline_loop(self) -> None:
+        """Close a baseline window every ``baseline_window_s`` and publish it."""
+        self.baseline.restart(trio.current_time())
+        while True:
+            await trio.sleep_until(self.baseline.next_roll)
+            for route, assessment in self.baseline.roll(trio.current_time()).items():
+                self.metrics.publish_baseline(route, assessment)
+
     async def start_background(self, nursery: trio.Nursery) -> None:
-        """Start the app-lifetime tasks (the session outbox drain) in ``nursery``."""
+        """Start the app-lifetime tasks (session outbox drain, baseline) in ``nursery``."""
         await nursery.start(self._run_background)
 
     async def _run_background(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        # One scope for every background task, so that shutdown() ends them all.
         with trio.CancelScope() as scope:
             self._background = scope
-            await self.writeback.run(task_status=task_status)
+            async with trio.open_nursery() as tasks:
+                tasks.start_soon(self._baseline_loop)
+                await self.writeback.run(task_status=task_status)
 
     async def shutdown(self) -> None:
         """End live event streams and background tasks; close the bus and adapters."""
         self.ready = False
         self.closing.set()
+        if self.sched_lag is not None:
+            with contextlib.suppress(KeyError):
+                trio.lowlevel.remove_instrument(self.sched_lag)
         if self._background is not None:
             self._background.cancel(reason="app shutdown")
         with trio.CancelScope(shield=True):
@@ -161,6 +215,7 @@ class App:
                 await self.writeback.flush()
             for adapter in self.adapters.values():
                 await adapter.aclose()
+            await self.gate.aclose()
         # Not under the shield: the bus exits task groups that startup() entered at
         # this level, and Trio needs cancel scopes closed in the order they opened.
         await self.bus.aclose()
@@ -168,17 +223,21 @@ class App:
     # --- HTTP ----------------------------------------------------------------
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        responder = Responder(send)
+        responder = Responder(send, self.config.limits.write_timeout_ms / 1000.0)
         path: str = scope["path"]
         method: str = scope["method"]
         route = self.routes.get(path)
+        slot = False
         try:
+            slot = self.gate.enter(scope)  # a fast 503 before any body is read
+            hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            principal = await self.gate.authenticate(scope, hdrs, chat=route is not None)
             if route is not None:
                 if method != "POST":
                     raise MethodNotAllowed(
                         f"{method} is not allowed on {path}; use POST", headers={"Allow": "POST"}
                     )
-                await self._chat(route, scope, receive, responder)
+                await self._chat(route, scope, receive, responder, principal)
             elif path == "/v1/models":
                 self._only(method, "GET", path)
                 await responder.complete(200, JSON_HEADERS, self._models_body)
@@ -188,17 +247,35 @@ class App:
             elif path == "/readyz":
                 self._only(method, "GET", path)
                 await self._readyz(responder)
+            elif path.startswith(SESSIONS_PREFIX) and path.endswith(TOKEN_SUFFIX):
+                await self.gate.stream_token(principal, method, path, responder)
             elif path.startswith(SESSIONS_PREFIX):
-                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-                await self.sessions.handle(method, path, headers, receive, responder)
+                sessions = copy.copy(self.sessions)  # acting for the key's tenant only
+                sessions.tenant = self.gate.tenant(principal, sessions.tenant)
+                events = path.endswith("/events")
+                with self.gate.admission.stream() if events else contextlib.nullcontext():
+                    await sessions.handle(method, path, hdrs, receive, responder)
             elif path == "/metrics":
                 self._only(method, "GET", path)
                 await responder.complete(200, _METRICS_HEADERS, self.metrics.render())
+            elif path == "/debug/requests/recent" and self.config.observability.debug_requests:
+                self._only(method, "GET", path)
+                body = encoder.encode(self.observer.slowest())
+                await responder.complete(200, JSON_HEADERS, body)
             else:
                 raise NotFound(f"no route serves {method} {path[:200]}")
         except GatewayError as err:
             if not responder.started:
                 await responder.error(err)
+        except BaseException:
+            # Cancelled by hypercorn after its graceful_timeout: end an open stream
+            # with a final event instead of tearing the connection.
+            if responder.started and not responder.finished:
+                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                    await responder.body(shutdown_event(path), more=False)
+            raise
+        finally:
+            self.gate.leave(slot)
 
     @staticmethod
     def _only(method: str, allowed: str, path: str) -> None:
@@ -224,7 +301,12 @@ class App:
         await responder.complete(200, JSON_HEADERS, b'{"status":"ready"}')
 
     async def _chat(
-        self, route: Route, scope: Scope, receive: Receive, responder: Responder
+        self,
+        route: Route,
+        scope: Scope,
+        receive: Receive,
+        responder: Responder,
+        principal: Principal | None = None,
     ) -> None:
         arrival = trio.current_time()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -268,10 +350,12 @@ class App:
             created=int(time.time()),
             channel=channel,
             session_id=session_id,
-            tenant=route.tenant,
+            tenant=self.gate.tenant(principal, route.tenant),
             headers=headers,
+            trace=self.tracing.start(route.label, headers, arrival),
         )
         await self.pipeline.run(state, receive, responder)
+        await self.gate.after_chat(principal, state)
 
     def _channel(self, value: str | None) -> str:
         channels = self.config.server.channels

@@ -63,6 +63,15 @@ class LimitsConfig(_Section):
     max_messages: int = 256
     max_content_chars: int = 262_144
     max_tokens: int = 32_768
+    #: Per worker: requests in flight and open event streams; beyond, a fast 503.
+    max_inflight: int = 1_024
+    max_streams: int = 512
+    #: A client that accepts no byte of a write for this long is dropped.
+    write_timeout_ms: int = 10_000
+    #: ``: ping`` comments on a stream idle this long (0: none).
+    heartbeat_s: float = 15.0
+    #: The body must keep arriving: at most this long between two of its chunks.
+    body_read_timeout_ms: int = 5_000
 
 
 class MockRule(_Section):
@@ -194,8 +203,58 @@ class RouteConfig(_Section):
     tenant: str | None = None
 
 
+class AuthKey(_Section):
+    #: The ``<id>`` in ``aik_<id>_<secret>``.
+    id: str
+    #: ``scrypt$...`` from ``aiserve-keys``; never the plain key.
+    hash: str
+    tenant: str
+    #: Paths this key may call (``"*"``: every route); session endpoints follow ``channels``.
+    routes: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    channels: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    admin: bool = False
+    #: Requests and tokens (prompt + completion) per minute; 0: unlimited.
+    rpm: int = 0
+    tpm: int = 0
+
+
+class AuthConfig(_Section):
+    #: Off only when said so; the server then warns loudly at start-up.
+    enabled: bool = True
+    #: A TOML file (relative to this config) with more ``[[keys]]`` tables.
+    keys_file: str | None = None
+    keys: list[AuthKey] = msgspec.field(default_factory=list)
+    #: Environment variable holding the stream-token HMAC secret (>= 16 bytes);
+    #: unset: a random secret per worker (tokens then work on one worker only).
+    token_secret_env: str = "AISERVE_TOKEN_SECRET"
+    stream_token_ttl_s: int = 300
+    #: ``GET /metrics``: ``open``, or ``admin`` (an admin key is needed).
+    metrics: Literal["open", "admin"] = "open"
+    #: Rate-limit state: ``memory`` (per worker) or ``redis`` (``[sessions] url``).
+    ratelimit_backend: Literal["memory", "redis"] = "memory"
+
+
 class MetricsConfig(_Section):
     enabled: bool = True
+
+
+class ObservabilityConfig(_Section):
+    #: Spans per request and stage (no-op unless an SDK provider is configured).
+    tracing: bool = True
+    #: OTLP/HTTP endpoint (e.g. ``http://127.0.0.1:4318/v1/traces``); needs the ``otel`` extra.
+    otlp_endpoint: str | None = None
+    service_name: str = "aiserve-trio"
+    #: The Trio scheduler-lag probe, and how many scheduling events per sample.
+    scheduler_lag: bool = True
+    lag_sample_every: int = 8
+    #: Dynamic P90 baseline: window length, windows kept for the fit, anomaly factor.
+    baseline_window_s: float = 300.0
+    baseline_history: int = 12
+    baseline_min_requests: int = 20
+    anomaly_factor: float = 1.5
+    #: ``GET /debug/requests/recent``: the slowest recent requests with stage times.
+    debug_requests: bool = False
+    debug_keep: int = 50
 
 
 class Config(_Section):
@@ -209,6 +268,9 @@ class Config(_Section):
     #: Settings of named policies, ``[policies.NAME]``; checked by the policy registry.
     policies: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    observability: ObservabilityConfig = msgspec.field(default_factory=ObservabilityConfig)
+    #: No ``[auth]`` table: auth is off (and the server says so loudly at start-up).
+    auth: AuthConfig | None = None
     #: Where the config came from, and the folder relative paths in it start from
     #: (both set by the loader; values written in the TOML are overwritten).
     source: str = "<memory>"
@@ -315,10 +377,34 @@ def _validate(cfg: Config, source: str) -> None:
     if d.reserve_ms >= d.default_ms:
         fail("deadline.reserve_ms", "must be smaller than deadline.default_ms")
 
+    ob = cfg.observability
+    if ob.lag_sample_every < 1:
+        fail("observability.lag_sample_every", "must be at least 1")
+    if ob.baseline_window_s <= 0:
+        fail("observability.baseline_window_s", "must be positive")
+    if ob.baseline_history < 2:
+        fail("observability.baseline_history", "must be at least 2 (the fit needs two windows)")
+    if ob.anomaly_factor <= 1.0:
+        fail("observability.anomaly_factor", "must be greater than 1")
+    if ob.debug_keep < 1:
+        fail("observability.debug_keep", "must be at least 1")
+
     lim = cfg.limits
-    for key in ("max_body_bytes", "max_messages", "max_content_chars", "max_tokens"):
+    for key in (
+        "max_body_bytes",
+        "max_messages",
+        "max_content_chars",
+        "max_tokens",
+        "max_inflight",
+        "max_streams",
+        "write_timeout_ms",
+        "body_read_timeout_ms",
+    ):
         if getattr(lim, key) <= 0:
             fail(f"limits.{key}", "must be positive")
+    if lim.heartbeat_s < 0:
+        fail("limits.heartbeat_s", "must not be negative")
+    _validate_auth(cfg, source)
 
     for name, adapter in cfg.adapters.items():
         if isinstance(adapter, MockAdapterConfig):
@@ -364,3 +450,60 @@ def _validate(cfg: Config, source: str) -> None:
                 fail(f"{key}.deadline.{k}", f"must exceed deadline.reserve_ms ({d.reserve_ms})")
         if route.context_ttl <= 0:
             fail(f"{key}.context_ttl", "must be positive")
+
+
+def _validate_auth(cfg: Config, source: str) -> None:
+    """Read ``[auth] keys_file`` into ``[auth] keys`` and check every key."""
+    from .security.auth import check_hash  # late: security imports errors only
+
+    auth = cfg.auth
+    if auth is None:
+        return
+    if auth.keys_file is not None:
+        file = Path(cfg.base_dir) / auth.keys_file
+        try:
+            extra = msgspec.toml.decode(file.read_bytes(), type=_KeysFile)
+        except OSError as exc:
+            why = f"cannot read {file}: {exc.strerror}"
+            raise ConfigError(f"{source}: key `auth.keys_file`: {why}") from None
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"{file}: {_describe(str(exc))}") from None
+        except msgspec.DecodeError as exc:
+            raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+        auth.keys = [*auth.keys, *extra.keys]
+        auth.keys_file = None  # read once, even if validated again
+    if auth.enabled and not auth.keys:
+        raise ConfigError(f"{source}: key `auth.keys`: auth is enabled but no key is configured")
+    if auth.stream_token_ttl_s <= 0:
+        raise ConfigError(f"{source}: key `auth.stream_token_ttl_s`: must be positive")
+    if auth.ratelimit_backend == "redis" and cfg.sessions.backend != "redis":
+        raise ConfigError(
+            f"{source}: key `auth.ratelimit_backend`: `redis` needs [sessions] backend = redis"
+        )
+    seen: set[str] = set()
+    paths = {r.path for r in cfg.routes} | {"*"}
+    for i, k in enumerate(auth.keys):
+        key = f"auth.keys[{i}]"
+        if not re.fullmatch(r"[a-z0-9]{1,32}", k.id):
+            raise ConfigError(f"{source}: key `{key}.id`: must be 1-32 lower-case letters/digits")
+        if k.id in seen:
+            raise ConfigError(f"{source}: key `{key}.id`: {k.id!r} is used by an earlier key")
+        seen.add(k.id)
+        try:
+            check_hash(k.hash)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: key `{key}.hash`: {exc}") from None
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", k.tenant):
+            raise ConfigError(f"{source}: key `{key}.tenant`: must be 1-64 of [A-Za-z0-9_.-]")
+        for j, path in enumerate(k.routes):
+            if path not in paths:
+                raise ConfigError(f"{source}: key `{key}.routes[{j}]`: no route serves {path!r}")
+        for j, ch in enumerate(k.channels):
+            if ch != "*" and ch not in cfg.server.channels:
+                raise ConfigError(f"{source}: key `{key}.channels[{j}]`: unknown channel {ch!r}")
+        if k.rpm < 0 or k.tpm < 0:
+            raise ConfigError(f"{source}: key `{key}`: `rpm` and `tpm` must not be negative")
+
+
+class _KeysFile(_Section):
+    keys: list[AuthKey] = msgspec.field(default_factory=list)

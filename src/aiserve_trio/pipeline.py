@@ -30,6 +30,7 @@ import trio
 from .adapters.base import Delta, InferenceRequest
 from .errors import GatewayError, InternalError, NotFound, StageDeadlineExceeded
 from .observability.metrics import STAGES, Metrics, label_value, status_label
+from .security.admission import Admission, BodyReadTimeout
 from .sessions.outbox import TurnRecord
 from .stages.context import context_stage
 from .stages.inference import inference_stage
@@ -39,6 +40,7 @@ from .stages.sse import DONE, SSEFramer, sse_stage
 
 if TYPE_CHECKING:
     from .config import Config
+    from .observability.observer import RequestObserver
     from .sessions.bus import SessionBus
     from .sessions.outbox import WriteBack
 
@@ -60,6 +62,10 @@ class Pipeline:
         self.metrics = metrics
         self.bus = bus
         self.writeback = writeback
+        #: Set by the app: open-stream cap (checked once a request asks to stream).
+        self.admission: Admission | None = None
+        #: Set by the app: SLA metrics, baseline, trace and debug list per request.
+        self.observer: RequestObserver | None = None
 
     async def run(self, state: RequestState, receive: Receive, responder: Responder) -> None:
         """Serve one chat request, then write its turns to the session bus.
@@ -67,7 +73,11 @@ class Pipeline:
         Never raises a GatewayError: it is written instead.
         """
         record = TurnRecord()
-        await self._run(state, receive, responder, record)
+        try:
+            await self._run(state, receive, responder, record)
+        finally:
+            if state.stream_slot and self.admission is not None:
+                self.admission.close_stream()
         if self.writeback is not None and state.session_id is not None:
             await self.writeback.after_request(state, record)
 
@@ -137,7 +147,8 @@ class Pipeline:
             gauge.dec()
             started = state.stage_started.get(name)
             if started is not None:
-                m.stage_latency.labels(name).observe(trio.current_time() - started)
+                ended = state.stage_ended[name] = trio.current_time()
+                m.stage_latency.labels(name).observe(ended - started)
 
     async def _parse(
         self,
@@ -161,6 +172,9 @@ class Pipeline:
                         code="model_not_found",
                     )
                 state.model = req.model
+                if req.stream and self.admission is not None:
+                    self.admission.open_stream()  # 503 before the head if at the cap
+                    state.stream_slot = True
                 state.stream = req.stream
                 state.include_usage = req.include_usage
                 await out.send(req)
@@ -176,9 +190,22 @@ class Pipeline:
         responder: Responder,
     ) -> None:
         with trio.move_on_at(state.budget.deadline) as scope:
-            await sse_stage(state, deltas, responder)
+            beat = self.config.limits.heartbeat_s
+            async with trio.open_nursery() as nursery:
+                if beat > 0:
+                    nursery.start_soon(self._heartbeat, responder, beat)
+                await sse_stage(state, deltas, responder)
+                nursery.cancel_scope.cancel(reason="stream written")
         if scope.cancelled_caught:
             raise StageDeadlineExceeded("sse")
+
+    @staticmethod
+    async def _heartbeat(responder: Responder, every: float) -> None:
+        """``: ping`` on a stream idle for ``every`` s, so idle proxies keep it open."""
+        while True:
+            await trio.sleep_until(max(responder.last_write, trio.current_time()) + every)
+            if trio.current_time() - responder.last_write >= every:
+                await responder.ping()
 
     async def _watch(
         self,
@@ -189,9 +216,15 @@ class Pipeline:
         request_scope: trio.CancelScope,
     ) -> None:
         """Own ``receive()``: forward the body, then wait for a disconnect."""
+        idle = self.config.limits.body_read_timeout_ms / 1000.0
         async with body:
             while True:
-                msg = await receive()
+                with trio.move_on_after(idle) as wait:
+                    msg = await receive()
+                if wait.cancelled_caught:  # a slowloris body: refuse it, free the slot
+                    if state.fail("parse", BodyReadTimeout("the request body stopped arriving")):
+                        request_scope.cancel(reason="request body stalled")
+                    return
                 kind = msg["type"]
                 if kind == "http.disconnect":
                     self._disconnected(state, request_scope)
@@ -238,13 +271,9 @@ class Pipeline:
 
     def _count(self, state: RequestState, status: str) -> None:
         m = self.metrics
-        route = state.route.label
-        m.child(m.requests, route, state.model_label(), state.channel, status).inc()
+        m.child(m.requests, state.route.label, state.model_label(), state.channel, status).inc()
         if state.policy_context is not None:  # policy names like "gdpr-redact" are folded
             for policy, action in state.policy_context.actions:
                 m.child(m.policy_actions, label_value(policy), action).inc()
-        if state.first_token_at is not None:
-            m.ttft.labels(route).observe(state.first_token_at - state.budget.arrival)
-        if state.usage is not None:
-            m.tokens.labels(route, "prompt").inc(state.usage.prompt_tokens)
-            m.tokens.labels(route, "completion").inc(state.usage.completion_tokens)
+        if self.observer is not None:
+            self.observer.finish(state, status)

@@ -17,6 +17,8 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
+from .baseline import Assessment
+
 M = TypeVar("M", bound=MetricWrapperBase)
 
 LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -139,6 +141,69 @@ class Metrics:
         for stage in STAGES:
             self.task_count.labels(stage)
             self.stage_latency.labels(stage)
+        self._add_sla_and_baseline(r)
+
+    def _add_sla_and_baseline(self, r: CollectorRegistry) -> None:
+        """Per-model SLA histograms and the dynamic-baseline gauges (observability issue)."""
+        self.request_duration = Histogram(
+            "aiserve_request_duration_seconds",
+            "Arrival to the last byte of successful requests, by route and model.",
+            ["route", "model"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        self.model_ttft = Histogram(
+            "aiserve_model_time_to_first_token_seconds",
+            "Arrival to the first content byte, by route and model.",
+            ["route", "model"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        self.model_tokens = Counter(
+            "aiserve_model_tokens",
+            "Tokens by route, model and direction (prompt, completion).",
+            ["route", "model", "direction"],
+            registry=r,
+        )
+        docs = {
+            "baseline_coefficient": "Fitted P90 = a*RPS + b*avg_input_tokens + c, by term.",
+            "baseline_predicted_p90_seconds": "P90 the fit predicts for the last window's load.",
+            "baseline_observed_p90_seconds": "P90 observed in the last window.",
+            "baseline_ratio": "Observed / predicted P90 in the last window.",
+            "latency_anomaly": "1 when observed P90 exceeds the prediction by the set factor.",
+            "cache_hit_ratio_change": "Relative change of the cache hit ratio in the last window.",
+            "p99_change": "Relative change of P99 over the last window.",
+            "cache_storm": "1 when hit ratio fell > 15 % and P99 rose > 300 % (cold start).",
+        }
+        self.baseline = {
+            name: Gauge(
+                f"aiserve_{name}",
+                doc,
+                ["route", "term"] if name == "baseline_coefficient" else ["route"],
+                registry=r,
+            )
+            for name, doc in docs.items()
+        }
+
+    def publish_baseline(self, route: str, a: Assessment) -> None:
+        """Set the baseline gauges of ``route`` from its newest assessment."""
+        check_label(route)
+        b = self.baseline
+        w = a.window
+        b["baseline_observed_p90_seconds"].labels(route).set(w.p90)
+        if a.fit is not None:
+            for term, value in (("a", a.fit.a), ("b", a.fit.b), ("c", a.fit.c)):
+                b["baseline_coefficient"].labels(route, term).set(value)
+        if a.predicted_p90 is not None:
+            b["baseline_predicted_p90_seconds"].labels(route).set(a.predicted_p90)
+        if a.ratio is not None:
+            b["baseline_ratio"].labels(route).set(a.ratio)
+        b["latency_anomaly"].labels(route).set(1.0 if a.anomaly else 0.0)
+        if a.hit_ratio_change is not None:
+            b["cache_hit_ratio_change"].labels(route).set(a.hit_ratio_change)
+        if a.p99_change is not None:
+            b["p99_change"].labels(route).set(a.p99_change)
+        b["cache_storm"].labels(route).set(1.0 if a.storm else 0.0)
 
     def child(self, metric: M, *values: str) -> M:
         """``metric.labels(*values)`` after checking every value."""

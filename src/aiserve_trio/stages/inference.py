@@ -37,6 +37,8 @@ async def inference_stage(
                 )
             state.upstream_started = True
             state.inference = request  # the adapter reports trimming on it
-            await state.route.adapter.stream(request, out)
+            with state.trace.live_stage("inference") as span:
+                request.forward_headers.update(state.trace.inject(span))
+                await state.route.adapter.stream(request, out)
         if scope.cancelled_caught:
             raise StageDeadlineExceeded("inference")

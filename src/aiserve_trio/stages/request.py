@@ -18,6 +18,8 @@ import trio
 from ..api import error_json
 from ..errors import GatewayError
 from ..observability.metrics import label_value
+from ..observability.tracing import NOOP_TRACE, RequestTrace
+from ..security.admission import WriteTimeout
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter, InferenceRequest, Usage
@@ -85,6 +87,11 @@ class RequestState:
     error_stage: str | None = None
     #: The request handed to the adapter (it reports history trimming on it).
     inference: InferenceRequest | None = None
+    #: Holds one of the worker's open-stream slots (see ``security/admission.py``).
+    stream_slot: bool = False
+    #: When each stage task ended (for stage spans and the debug listing).
+    stage_ended: dict[str, float] = field(default_factory=dict)
+    trace: RequestTrace = NOOP_TRACE
 
     def mark(self, stage: str) -> None:
         """Record that ``stage`` has its input and starts working."""
@@ -113,27 +120,57 @@ class RequestState:
             out.append((b"x-aiserve-degraded", self.degraded.encode()))
         if self.inference is not None and self.inference.trimmed:
             out.append((b"x-aiserve-trimmed-messages", b"%d" % self.inference.trimmed))
+        tr = self.trace.traceresponse()
+        if tr is not None:
+            out.append((b"traceresponse", tr.encode()))
         return out
 
 
 class Responder:
-    """Writes one HTTP response through ASGI ``send``; remembers whether it started."""
+    """Writes one HTTP response through ASGI ``send``; remembers whether it started.
 
-    __slots__ = ("_send", "finished", "started")
+    Every write is bounded by ``write_timeout`` (seconds): a client that takes
+    no byte for that long is given up on (:class:`WriteTimeout`), so a slow
+    reader cannot pin a stream. Writes are serialised, so a heartbeat task may
+    write between the stage's writes.
+    """
 
-    def __init__(self, send: Send) -> None:
+    __slots__ = ("_lock", "_send", "finished", "last_write", "started", "write_timeout")
+
+    def __init__(self, send: Send, write_timeout: float | None = None) -> None:
         self._send = send
+        self._lock = trio.StrictFIFOLock()
         self.started = False
         self.finished = False
+        self.write_timeout = write_timeout
+        #: When the last write completed (``trio.current_time()``).
+        self.last_write = 0.0
+
+    async def _write(self, message: dict[str, Any]) -> None:
+        async with self._lock:
+            if self.write_timeout is None:
+                await self._send(message)
+            else:
+                with trio.move_on_after(self.write_timeout) as scope:
+                    await self._send(message)
+                if scope.cancelled_caught:
+                    self.finished = True  # nothing more can usefully be sent
+                    raise WriteTimeout("the client stopped reading the response")
+            self.last_write = trio.current_time()
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._write({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes, *, more: bool = True) -> None:
         if not more:
             self.finished = True
-        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+        await self._write({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def ping(self) -> None:
+        """An SSE comment, if the stream is open and no write is under way."""
+        if self.started and not self.finished and not self._lock.locked():
+            await self.body(b": ping\n\n")
 
     async def complete(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
         """A whole response in one go (errors, JSON bodies)."""
