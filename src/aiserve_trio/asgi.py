@@ -223,10 +223,13 @@ class App:
     # --- HTTP ----------------------------------------------------------------
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        responder = Responder(send, self.config.limits.write_timeout_ms / 1000.0)
         path: str = scope["path"]
         method: str = scope["method"]
         route = self.routes.get(path)
+        # Chat streams get the pipeline's keep-alive watchdog instead of a
+        # cancel scope around every write.
+        write_timeout = None if route is not None else self.config.limits.write_timeout_ms / 1000.0
+        responder = Responder(send, write_timeout)
         slot = False
         try:
             slot = self.gate.enter(scope)  # a fast 503 before any body is read

@@ -21,6 +21,7 @@ envelope before the first byte, a final SSE error event and ``[DONE]`` after.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -30,7 +31,7 @@ import trio
 from .adapters.base import Delta, InferenceRequest
 from .errors import GatewayError, InternalError, NotFound, StageDeadlineExceeded
 from .observability.metrics import STAGES, Metrics, label_value, status_label
-from .security.admission import Admission, BodyReadTimeout
+from .security.admission import Admission, BodyReadTimeout, WriteTimeout
 from .sessions.outbox import TurnRecord
 from .stages.context import context_stage
 from .stages.inference import inference_stage
@@ -102,6 +103,13 @@ class Pipeline:
             async with trio.open_nursery() as request_nursery:
                 request_nursery.start_soon(
                     self._watch, state, receive, body_send, responder, request_nursery.cancel_scope
+                )
+                state.on_stream_start = partial(
+                    request_nursery.start_soon,
+                    self._keepalive,
+                    state,
+                    responder,
+                    request_nursery.cancel_scope,
                 )
                 async with trio.open_nursery() as stages:
                     for name, fn in work:
@@ -190,22 +198,40 @@ class Pipeline:
         responder: Responder,
     ) -> None:
         with trio.move_on_at(state.budget.deadline) as scope:
-            beat = self.config.limits.heartbeat_s
-            async with trio.open_nursery() as nursery:
-                if beat > 0:
-                    nursery.start_soon(self._heartbeat, responder, beat)
-                await sse_stage(state, deltas, responder)
-                nursery.cancel_scope.cancel(reason="stream written")
+            await sse_stage(state, deltas, responder)
         if scope.cancelled_caught:
             raise StageDeadlineExceeded("sse")
 
-    @staticmethod
-    async def _heartbeat(responder: Responder, every: float) -> None:
-        """``: ping`` on a stream idle for ``every`` s, so idle proxies keep it open."""
-        while True:
-            await trio.sleep_until(max(responder.last_write, trio.current_time()) + every)
-            if trio.current_time() - responder.last_write >= every:
-                await responder.ping()
+    async def _keepalive(
+        self, state: RequestState, responder: Responder, request_scope: trio.CancelScope
+    ) -> None:
+        """Heartbeats and the write deadline of one event stream, in one task.
+
+        ``: ping`` goes out when the stream has been idle ``heartbeat_s``; a write
+        the client has not taken within ``write_timeout_ms`` ends the request.
+        One watchdog per stream costs less than a cancel scope per write, and
+        it only starts once a response is actually streaming.
+        """
+        limits = self.config.limits
+        every = limits.heartbeat_s or math.inf
+        stall = limits.write_timeout_ms / 1000.0
+        while not responder.finished:
+            now = trio.current_time()
+            since = responder.writing_since
+            # Compare with the very sum slept until: `now - last >= every` can
+            # miss by a rounding error and spin at the same instant.
+            if since is None and now >= responder.last_write + every:
+                with trio.move_on_after(stall):
+                    await responder.ping()
+                since = responder.writing_since  # still set: the ping did not go out
+                now = trio.current_time()
+            if since is not None and now >= since + stall:
+                responder.finished = True  # nothing more can usefully be sent
+                state.fail("sse", WriteTimeout("the client stopped reading the response"))
+                request_scope.cancel(reason="write deadline")
+                return
+            wake = now + stall if since is None else since + stall
+            await trio.sleep_until(min(wake, responder.last_write + every))
 
     async def _watch(
         self,

@@ -92,6 +92,8 @@ class RequestState:
     #: When each stage task ended (for stage spans and the debug listing).
     stage_ended: dict[str, float] = field(default_factory=dict)
     trace: RequestTrace = NOOP_TRACE
+    #: Starts the stream's keep-alive watchdog (set by the pipeline).
+    on_stream_start: Callable[[], None] | None = None
 
     def mark(self, stage: str) -> None:
         """Record that ``stage`` has its input and starts working."""
@@ -129,13 +131,23 @@ class RequestState:
 class Responder:
     """Writes one HTTP response through ASGI ``send``; remembers whether it started.
 
-    Every write is bounded by ``write_timeout`` (seconds): a client that takes
-    no byte for that long is given up on (:class:`WriteTimeout`), so a slow
-    reader cannot pin a stream. Writes are serialised, so a heartbeat task may
-    write between the stage's writes.
+    With ``write_timeout`` (seconds) every write is bounded by its own cancel
+    scope: a client that takes no byte for that long is given up on
+    (:class:`WriteTimeout`). Chat streams pass None and are watched instead by
+    the pipeline's keep-alive task, which reads ``writing_since`` (cheaper than
+    a scope per token). Writes are serialised, so a heartbeat may go out
+    between the stage's writes.
     """
 
-    __slots__ = ("_lock", "_send", "finished", "last_write", "started", "write_timeout")
+    __slots__ = (
+        "_lock",
+        "_send",
+        "finished",
+        "last_write",
+        "started",
+        "write_timeout",
+        "writing_since",
+    )
 
     def __init__(self, send: Send, write_timeout: float | None = None) -> None:
         self._send = send
@@ -145,9 +157,18 @@ class Responder:
         self.write_timeout = write_timeout
         #: When the last write completed (``trio.current_time()``).
         self.last_write = 0.0
+        #: When the write under way started; None when none is.
+        self.writing_since: float | None = None
 
     async def _write(self, message: dict[str, Any]) -> None:
-        async with self._lock:
+        # Uncontended (the common case) the lock costs no checkpoint; the
+        # send itself is one.
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+        try:
+            self.writing_since = trio.current_time()
             if self.write_timeout is None:
                 await self._send(message)
             else:
@@ -157,6 +178,9 @@ class Responder:
                     self.finished = True  # nothing more can usefully be sent
                     raise WriteTimeout("the client stopped reading the response")
             self.last_write = trio.current_time()
+        finally:
+            self.writing_since = None
+            self._lock.release()
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True

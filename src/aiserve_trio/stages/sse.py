@@ -147,6 +147,8 @@ async def sse_stage(
                     # before it are still proper HTTP statuses.
                     await responder.start(200, [*SSE_HEADERS, *state.response_headers()])
                     await responder.body(framer.role())
+                    if state.on_stream_start is not None:
+                        state.on_stream_start()
             out = b""
             for delta in batch:
                 if delta.text:
