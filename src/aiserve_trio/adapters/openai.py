@@ -329,32 +329,46 @@ class OpenAIAdapter(Adapter):
         usage: Usage | None = None
         pieces = 0
         done = False
+        # The text of every event in one network read goes on as one delta:
+        # what arrived together is written together, one channel hop and one
+        # client write per read instead of per token.
+        text: list[str] = []
         async with contextlib.aclosing(response.aiter_bytes()) as body:
             async for raw in body:
-                for event in parser.feed(raw):
-                    if done:
-                        continue  # nothing counts after [DONE]; read on to the end
-                    if event.data == "[DONE]":
-                        done = True
-                        continue
-                    chunk = _chunk_decoder.decode(event.data)
-                    if chunk.error is not None:
-                        raise UpstreamProtocolError(
-                            f"{self.name}: the model backend reported an error mid-stream: "
-                            f"{chunk.error.message[:300]}"
-                        )
-                    if chunk.usage is not None:
-                        usage = Usage(
-                            prompt_tokens=chunk.usage.prompt_tokens,
-                            completion_tokens=chunk.usage.completion_tokens,
-                        )
-                    for choice in chunk.choices:
-                        if choice.delta is not None and choice.delta.content:
-                            pieces += 1
-                            progress.started = True
-                            await send.send(Delta(text=choice.delta.content))
-                        if choice.finish_reason is not None:
-                            finish = choice.finish_reason
+                try:
+                    for event in parser.feed(raw):
+                        if done:
+                            continue  # nothing counts after [DONE]; read on to the end
+                        if event.data == "[DONE]":
+                            done = True
+                            continue
+                        chunk = _chunk_decoder.decode(event.data)
+                        if chunk.error is not None:
+                            raise UpstreamProtocolError(
+                                f"{self.name}: the model backend reported an error mid-stream: "
+                                f"{chunk.error.message[:300]}"
+                            )
+                        if chunk.usage is not None:
+                            usage = Usage(
+                                prompt_tokens=chunk.usage.prompt_tokens,
+                                completion_tokens=chunk.usage.completion_tokens,
+                            )
+                        for choice in chunk.choices:
+                            if choice.delta is not None and choice.delta.content:
+                                pieces += 1
+                                text.append(choice.delta.content)
+                            if choice.finish_reason is not None:
+                                finish = choice.finish_reason
+                except Exception:
+                    # Delivered even when an event after them in the read is bad.
+                    if text:
+                        progress.started = True
+                        await send.send(Delta(text="".join(text)))
+                    raise
+                if text:
+                    progress.started = True
+                    joined, text = "".join(text), []
+                    await send.send(Delta(text=joined))
         if not done:
             # A stream the upstream broke must not look finished to the client.
             raise UpstreamProtocolError(
