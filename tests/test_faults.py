@@ -557,8 +557,8 @@ async def test_redis_killed_and_restarted_under_load(
         f"`x-aiserve-degraded: context`; turns of "
         f"{delivered} delivered replies written through the outbox after the restart, "
         f"{checked.stored_turns} stored, each once",
-        f"{len(outcomes)} requests, {len(down)} while down ({outcome_counts(down)}); "
-        f"all: {latency(outcomes)}",
+        f"{len(outcomes)} requests, {latency(outcomes)}; {len(down)} while Redis was down: "
+        f"{outcome_counts(down)}, {latency(down)}",
         before,
         after,
     )
