@@ -148,8 +148,6 @@ class App:
             await adapter.aopen()
         await self.bus.aopen()
         await self.gate.aopen()
-        if self.sched_lag is not None:
-            trio.lowlevel.add_instrument(self.sched_lag)
         if nursery is not None:
             await self.start_background(nursery)
         self.ready = True
@@ -175,7 +173,7 @@ class App:
         keep = ob.debug_keep if ob.debug_requests else 0
         self.observer = RequestObserver(self.metrics, self.baseline, keep_recent=keep)
         self.pipeline.observer = self.observer
-        self.sched_lag = SchedulerLag(ob.lag_sample_every) if ob.scheduler_lag else None
+        self.sched_lag = SchedulerLag(ob.lag_interval_ms / 1000.0) if ob.scheduler_lag else None
         if self.sched_lag is not None:
             self.metrics.registry.register(self.sched_lag)
 
@@ -199,15 +197,14 @@ class App:
             self._background = scope
             async with trio.open_nursery() as tasks:
                 tasks.start_soon(self._baseline_loop)
+                if self.sched_lag is not None:
+                    tasks.start_soon(self.sched_lag.run)
                 await self.writeback.run(task_status=task_status)
 
     async def shutdown(self) -> None:
         """End live event streams and background tasks; close the bus and adapters."""
         self.ready = False
         self.closing.set()
-        if self.sched_lag is not None:
-            with contextlib.suppress(KeyError):
-                trio.lowlevel.remove_instrument(self.sched_lag)
         if self._background is not None:
             self._background.cancel(reason="app shutdown")
         with trio.CancelScope(shield=True):

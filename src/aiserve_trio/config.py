@@ -244,9 +244,9 @@ class ObservabilityConfig(_Section):
     #: OTLP/HTTP endpoint (e.g. ``http://127.0.0.1:4318/v1/traces``); needs the ``otel`` extra.
     otlp_endpoint: str | None = None
     service_name: str = "aiserve-trio"
-    #: The Trio scheduler-lag probe, and how many scheduling events per sample.
+    #: The Trio scheduler-lag probe, and how often it samples.
     scheduler_lag: bool = True
-    lag_sample_every: int = 8
+    lag_interval_ms: int = 50
     #: Dynamic P90 baseline: window length, windows kept for the fit, anomaly factor.
     baseline_window_s: float = 300.0
     baseline_history: int = 12
@@ -378,8 +378,8 @@ def _validate(cfg: Config, source: str) -> None:
         fail("deadline.reserve_ms", "must be smaller than deadline.default_ms")
 
     ob = cfg.observability
-    if ob.lag_sample_every < 1:
-        fail("observability.lag_sample_every", "must be at least 1")
+    if ob.lag_interval_ms < 1:
+        fail("observability.lag_interval_ms", "must be at least 1")
     if ob.baseline_window_s <= 0:
         fail("observability.baseline_window_s", "must be positive")
     if ob.baseline_history < 2:

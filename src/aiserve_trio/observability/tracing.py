@@ -34,7 +34,11 @@ class Tracing:
     """Makes the spans of requests; one per app."""
 
     def __init__(self, provider: TracerProvider | None = None, *, enabled: bool = True) -> None:
-        self.enabled = enabled
+        provider = provider if provider is not None else trace.get_tracer_provider()
+        # Without an SDK every span would be a non-recording no-op; making them
+        # anyway cost 8 % of throughput (bench/observability_cost.py), so skip.
+        recording = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+        self.enabled = enabled and recording
         self._tracer = trace.get_tracer("aiserve_trio", tracer_provider=provider)
 
     def start(self, route: str, headers: dict[str, str], arrival: float) -> RequestTrace:
