@@ -111,3 +111,10 @@ def test_server_does_not_start_on_a_bad_config(tmp_path):
     assert b"Lifespan failure in startup" in proc.stdout + proc.stderr
     assert b"shares must sum to 1.0" in proc.stdout + proc.stderr
     assert str(bad).encode() in proc.stdout + proc.stderr
+
+
+def test_auth_is_switched_off_only_explicitly():
+    text = default_config_text()
+    assert "\n[auth]\nenabled = false\n" in text
+    with pytest.raises(ConfigError, match=r"key `auth`: missing; .*enabled = false"):
+        parse_config(text.replace("\n[auth]\nenabled = false\n", "\n"), source="noauth.toml")

@@ -269,7 +269,8 @@ class Config(_Section):
     policies: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     observability: ObservabilityConfig = msgspec.field(default_factory=ObservabilityConfig)
-    #: No ``[auth]`` table: auth is off (and the server says so loudly at start-up).
+    #: Required: auth is switched off only explicitly (``[auth] enabled = false``),
+    #: and the server then says so loudly at start-up.
     auth: AuthConfig | None = None
     #: Where the config came from, and the folder relative paths in it start from
     #: (both set by the loader; values written in the TOML are overwritten).
@@ -458,7 +459,10 @@ def _validate_auth(cfg: Config, source: str) -> None:
 
     auth = cfg.auth
     if auth is None:
-        return
+        raise ConfigError(
+            f"{source}: key `auth`: missing; add `[auth]` with `[[auth.keys]]`, or "
+            "`[auth] enabled = false` to run without authentication (local use only)"
+        )
     if auth.keys_file is not None:
         file = Path(cfg.base_dir) / auth.keys_file
         try:
