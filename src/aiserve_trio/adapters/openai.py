@@ -44,9 +44,9 @@ from ..errors import (
     UpstreamTimeout,
 )
 from .base import Adapter, Delta, InferenceRequest, Usage
-from .retry import Progress, RetryPolicy, run_with_retries
+from .retry import Progress, RetryPolicy, run_reporting
 from .sse_parser import SSEDecodeError, SSEParser
-from .tokens import encoding_name_for, fit_messages, get_encoding, message_counter
+from .tokens import encoding_name_for, fit_request, get_encoding
 
 #: Header carrying the remaining budget upstream.
 BUDGET_HEADER = "X-Request-Timeout-Ms"
@@ -223,14 +223,7 @@ class OpenAIAdapter(Adapter):
             BadRequest: ``context_length_exceeded``, the prompt cannot fit.
         """
         cfg = self.config
-        enc = get_encoding(encoding_name_for(request.model, cfg.tokenizer))
-        fitted = fit_messages(
-            request.messages,
-            max_tokens=request.max_tokens,
-            context_window=cfg.context_window,
-            count=message_counter(enc),
-        )
-        request.trimmed = fitted.trimmed
+        fitted = fit_request(request, cfg.context_window, cfg.tokenizer)
         body = _encoder.encode(
             _UBody(
                 model=cfg.upstream_model or request.model,
@@ -247,18 +240,14 @@ class OpenAIAdapter(Adapter):
         async def attempt(progress: Progress) -> None:
             await self._attempt(request, body, fitted.prompt_tokens, send, progress)
 
-        try:
-            await run_with_retries(
-                attempt,
-                policy=self.policy,
-                deadline=request.deadline,
-                rng=self.rng,
-                on_retry=self.on_retry,
-            )
-        except UpstreamError as err:
-            if self.on_error is not None:
-                self.on_error(err)
-            raise
+        await run_reporting(
+            attempt,
+            policy=self.policy,
+            deadline=request.deadline,
+            rng=self.rng,
+            on_retry=self.on_retry,
+            on_error=self.on_error,
+        )
 
     async def _attempt(
         self,

@@ -111,3 +111,23 @@ async def run_with_retries(
                 on_retry(err)
             retries += 1
         await trio.sleep(wait)
+
+
+async def run_reporting(
+    attempt: Callable[[Progress], Awaitable[None]],
+    *,
+    policy: RetryPolicy,
+    deadline: float,
+    rng: random.Random,
+    on_retry: Callable[[UpstreamError], None] | None,
+    on_error: Callable[[UpstreamError], None] | None,
+) -> int:
+    """:func:`run_with_retries`, reporting the error that ends the request to ``on_error``."""
+    try:
+        return await run_with_retries(
+            attempt, policy=policy, deadline=deadline, rng=rng, on_retry=on_retry
+        )
+    except UpstreamError as err:
+        if on_error is not None:
+            on_error(err)
+        raise

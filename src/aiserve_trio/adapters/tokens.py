@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import BadRequest
-from .base import Message
+from .base import InferenceRequest, Message
 
 #: Framing tokens per message, and for a ``name`` field (OpenAI's chat accounting).
 TOKENS_PER_MESSAGE = 3
@@ -129,3 +129,20 @@ def fit_messages(
         )
     kept = [m for i, m in enumerate(messages) if i not in dropped]
     return Fitted(messages=kept, trimmed=len(dropped), prompt_tokens=total)
+
+
+def fit_request(request: InferenceRequest, context_window: int, tokenizer: str | None) -> Fitted:
+    """:func:`fit_messages` for an adapter's request, with the model family's tokenizer.
+
+    Records the number of dropped messages on ``request.trimmed`` (the response
+    reports it in ``X-Aiserve-Trimmed-Messages``).
+    """
+    enc = get_encoding(encoding_name_for(request.model, tokenizer))
+    fitted = fit_messages(
+        request.messages,
+        max_tokens=request.max_tokens,
+        context_window=context_window,
+        count=message_counter(enc),
+    )
+    request.trimmed = fitted.trimmed
+    return fitted

@@ -49,8 +49,8 @@ from ..errors import (
     UpstreamTimeout,
 )
 from .base import Adapter, Delta, InferenceRequest, Usage
-from .retry import Progress, RetryPolicy, run_with_retries
-from .tokens import encoding_name_for, fit_messages, get_encoding, message_counter
+from .retry import Progress, RetryPolicy, run_reporting
+from .tokens import encoding_name_for, fit_request, get_encoding
 
 log = logging.getLogger("aiserve_trio.adapters.vllm_ws")
 _CLOSE_GRACE = 1.0
@@ -202,31 +202,20 @@ class VllmWsAdapter(Adapter):
             BadRequest: ``context_length_exceeded``, the prompt cannot fit.
         """
         cfg = self.config
-        enc = get_encoding(encoding_name_for(request.model, cfg.tokenizer))
-        fitted = fit_messages(
-            request.messages,
-            max_tokens=request.max_tokens,
-            context_window=cfg.context_window,
-            count=message_counter(enc),
-        )
-        request.trimmed = fitted.trimmed
+        fitted = fit_request(request, cfg.context_window, cfg.tokenizer)
         messages = [_WMessage(m.role, m.content, m.name) for m in fitted.messages]
 
         async def attempt(progress: Progress) -> None:
             await self._attempt(request, messages, send, progress)
 
-        try:
-            await run_with_retries(
-                attempt,
-                policy=self.policy,
-                deadline=request.deadline,
-                rng=self.rng,
-                on_retry=self.on_retry,
-            )
-        except UpstreamError as err:
-            if self.on_error is not None:
-                self.on_error(err)
-            raise
+        await run_reporting(
+            attempt,
+            policy=self.policy,
+            deadline=request.deadline,
+            rng=self.rng,
+            on_retry=self.on_retry,
+            on_error=self.on_error,
+        )
 
     async def _connect(self, deadline: float) -> WebSocketConnection:
         nursery = self._nursery
