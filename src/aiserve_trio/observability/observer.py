@@ -15,6 +15,7 @@ import trio
 
 from .baseline import BaselineMonitor
 from .metrics import STAGES, Metrics
+from .tracing import NOOP_TRACE
 
 if TYPE_CHECKING:
     from ..stages.request import RequestState
@@ -78,6 +79,14 @@ class RequestObserver:
                 prompt = state.usage.prompt_tokens if state.usage is not None else 0
                 self.baseline.record(route, now - arrival, prompt)
 
+        if state.trace is not NOOP_TRACE:
+            self._trace(state, outcome, now)
+        if self.keep_recent:
+            self._remember(state, outcome, now)
+
+    @staticmethod
+    def _trace(state: RequestState, outcome: str, now: float) -> None:
+        arrival = state.budget.arrival
         stages: dict[str, tuple[float, float]] = {}
         for name in STAGES:
             t0 = state.stage_started.get(name)
@@ -98,27 +107,28 @@ class RequestObserver:
             stages=stages, anchors=anchors, end=now, status=outcome, error=error, attributes=attrs
         )
 
-        if self.keep_recent:
-            self._recent.append(
-                RecentRequest(
-                    request_id=state.request_id,
-                    route=route,
-                    model=state.model,
-                    channel=state.channel,
-                    outcome=outcome,
-                    total_ms=round((now - arrival) * 1000, 3),
-                    ttft_ms=round((state.first_token_at - arrival) * 1000, 3)
-                    if state.first_token_at is not None
-                    else None,
-                    stages_ms={
-                        name: round((state.stage_ended[name] - t0) * 1000, 3)
-                        for name, t0 in state.stage_started.items()
-                        if name in state.stage_ended
-                    },
-                    trace_id=state.trace.trace_id,
-                    error_stage=state.error_stage,
-                )
+    def _remember(self, state: RequestState, outcome: str, now: float) -> None:
+        arrival = state.budget.arrival
+        self._recent.append(
+            RecentRequest(
+                request_id=state.request_id,
+                route=state.route.label,
+                model=state.model,
+                channel=state.channel,
+                outcome=outcome,
+                total_ms=round((now - arrival) * 1000, 3),
+                ttft_ms=round((state.first_token_at - arrival) * 1000, 3)
+                if state.first_token_at is not None
+                else None,
+                stages_ms={
+                    name: round((state.stage_ended[name] - t0) * 1000, 3)
+                    for name, t0 in state.stage_started.items()
+                    if name in state.stage_ended
+                },
+                trace_id=state.trace.trace_id,
+                error_stage=state.error_stage,
             )
+        )
 
     def slowest(self) -> RecentList:
         """The slowest of the recent requests, slowest first."""
