@@ -220,6 +220,7 @@ class App:
     # --- HTTP ----------------------------------------------------------------
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrival = trio.current_time()  # the deadline counts from here, auth included
         path: str = scope["path"]
         method: str = scope["method"]
         route = self.routes.get(path)
@@ -237,7 +238,7 @@ class App:
                     raise MethodNotAllowed(
                         f"{method} is not allowed on {path}; use POST", headers={"Allow": "POST"}
                     )
-                await self._chat(route, scope, receive, responder, principal)
+                await self._chat(route, hdrs, arrival, receive, responder, principal)
             elif path == "/v1/models":
                 self._only(method, "GET", path)
                 await responder.complete(200, JSON_HEADERS, self._models_body)
@@ -303,13 +304,12 @@ class App:
     async def _chat(
         self,
         route: Route,
-        scope: Scope,
+        headers: dict[str, str],
+        arrival: float,
         receive: Receive,
         responder: Responder,
         principal: Principal | None = None,
     ) -> None:
-        arrival = trio.current_time()
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         cfg = self.config
         d = cfg.deadline
         rd = route.config.deadline
