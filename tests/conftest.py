@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from aiserve_trio.config import Config, default_config_text, parse_config
 
 from .asgi_client import Client
 from .redis_server import redis_server, redis_up  # noqa: F401 - shared session fixtures
+from .servers import hypercorn_gateway
 
 #: The embedded default with a faster mock, so that tests stream in a few virtual ms.
 FAST = {"ttft_ms": "10", "inter_token_ms": "5"}
@@ -46,3 +48,18 @@ def app(make_app: Callable[..., App]) -> App:
 @pytest.fixture
 def client(app: App) -> Client:
     return Client(app)
+
+
+@pytest.fixture(scope="session")
+def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded default config with a fast mock, as a file for real servers."""
+    path = tmp_path_factory.mktemp("cfg") / "gateway.toml"
+    path.write_text(config_text(ttft_ms="5", inter_token_ms="2"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def gateway(config_file: Path) -> Iterator[str]:
+    """The gateway under the real hypercorn binary, shared by the real-client tests."""
+    with hypercorn_gateway(config_file) as (base, _):
+        yield base

@@ -19,26 +19,12 @@ import openai
 import pytest
 import trustme
 
-from .conftest import config_text
 from .servers import hypercorn_gateway
 
 pytestmark = pytest.mark.slow
 
 MESSAGES: list[Any] = [{"role": "user", "content": "echo: alpha beta gamma"}]
 BODY = json.dumps({"model": "aiserve-mock", "stream": True, "messages": MESSAGES})
-
-
-@pytest.fixture(scope="module")
-def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("clients") / "gateway.toml"
-    path.write_text(config_text(ttft_ms="5", inter_token_ms="2"))
-    return path
-
-
-@pytest.fixture(scope="module")
-def gateway(config_file: Path) -> Iterator[str]:
-    with hypercorn_gateway(config_file) as (base, _):
-        yield base
 
 
 @pytest.fixture(scope="module")

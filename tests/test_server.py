@@ -19,25 +19,11 @@ import openai
 import pytest
 import trustme
 
-from .conftest import config_text
 from .servers import hypercorn_gateway
 
 pytestmark = pytest.mark.slow
 
 CHAT = {"model": "aiserve-mock", "messages": [{"role": "user", "content": "echo: hello big world"}]}
-
-
-@pytest.fixture(scope="module")
-def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("cfg") / "gateway.toml"
-    path.write_text(config_text(ttft_ms="5", inter_token_ms="2"))
-    return path
-
-
-@pytest.fixture(scope="module")
-def gateway(config_file: Path) -> Iterator[str]:
-    with hypercorn_gateway(config_file) as (base, _):
-        yield base
 
 
 @pytest.fixture(scope="module")
