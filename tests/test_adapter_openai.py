@@ -342,3 +342,25 @@ def test_translate_errors(exc: Exception, ours: type[UpstreamError]) -> None:
         raise exc
     assert type(info.value) is ours
     assert info.value.__cause__ is exc
+
+
+async def test_without_upstream_usage_the_prompt_is_counted_here(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    no_usage = b'data: {"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}\n\n'
+    adapter = OpenAIAdapter(
+        "up",
+        config(),
+        transport=httpx2.MockTransport(
+            lambda req: httpx2.Response(200, content=no_usage + b"data: [DONE]\n\n")
+        ),
+    )
+    await adapter.aopen()
+    try:
+        deltas = await collect(adapter, request(trio.current_time() + 2.0))
+    finally:
+        await adapter.aclose()
+    usage = deltas[-1].usage
+    assert usage is not None
+    # o200k (gpt-4o): 3 framing + "user" + "hi" + 3 priming.
+    assert (usage.prompt_tokens, usage.completion_tokens) == (8, 1)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from aiserve_trio.adapters.base import Message
+from aiserve_trio.adapters.base import InferenceRequest, Message
 from aiserve_trio.adapters.tokens import (
     REPLY_PRIMING,
+    count_prompt,
     encoding_name_for,
     fit_messages,
+    fit_request,
     get_encoding,
     message_counter,
 )
@@ -109,3 +111,47 @@ def test_with_the_real_tokenizer_long_history_is_cut() -> None:
     assert sum(count(x) for x in fitted.messages) + REPLY_PRIMING == fitted.prompt_tokens
     assert fitted.messages[0].role == "system"
     assert fitted.messages[-1].content == "hi?"
+
+
+# --- fit_request: the tokenizer only when the prompt might not fit ---------------
+
+
+def inference(content: str, *, max_tokens: int | None = 10) -> InferenceRequest:
+    return InferenceRequest(
+        request_id="r",
+        model="sim-model",
+        messages=[Message(role="system", content="be brief"), Message(role="user", content=content)],
+        deadline=1e9,
+        max_tokens=max_tokens,
+    )
+
+
+async def test_a_prompt_that_fits_by_its_bytes_is_sent_whole_and_uncounted() -> None:
+    # No such table: a load would raise, so passing proves nothing was tokenized.
+    fitted = await fit_request(inference("héllo " * 100), 1000, "no_such_base")
+    assert fitted.prompt_tokens is None
+    assert fitted.trimmed == 0
+    assert [m.content for m in fitted.messages] == ["be brief", "héllo " * 100]
+
+
+async def test_a_prompt_over_the_window_in_bytes_is_counted_exactly() -> None:
+    # 6,000 bytes but ~1,000 tokens: over a 2,000 window by bytes, inside it by tokens.
+    req = inference("word " * 1000 + "end")
+    fitted = await fit_request(req, 2000, None)
+    count = message_counter(get_encoding("cl100k_base"))
+    assert fitted.prompt_tokens == REPLY_PRIMING + sum(count(m) for m in req.messages)
+    assert fitted.trimmed == req.trimmed == 0
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        await fit_request(req, 2000, "no_such_base")
+
+
+async def test_a_prompt_over_the_window_in_tokens_is_refused() -> None:
+    with pytest.raises(BadRequest, match="context window of 500"):
+        await fit_request(inference("word " * 1000), 500, None)
+
+
+async def test_count_prompt_matches_the_counter() -> None:
+    req = inference("how many tokens is this?")
+    count = message_counter(get_encoding("cl100k_base"))
+    expected = REPLY_PRIMING + sum(count(m) for m in req.messages)
+    assert await count_prompt(req.messages, "sim-model", None) == expected

@@ -46,7 +46,7 @@ from ..errors import (
 from .base import Adapter, Delta, InferenceRequest, Usage
 from .retry import Progress, RetryPolicy, run_reporting
 from .sse_parser import SSEDecodeError, SSEParser
-from .tokens import encoding_name_for, fit_request, get_encoding
+from .tokens import Fitted, count_prompt, fit_request
 
 #: Header carrying the remaining budget upstream.
 BUDGET_HEADER = "X-Request-Timeout-Ms"
@@ -182,9 +182,6 @@ class OpenAIAdapter(Adapter):
 
     async def aopen(self) -> None:
         cfg = self.config
-        # Load the tokenizer tables now, not on the first request (0.1-0.4 s each).
-        for model in self.config.models:
-            get_encoding(encoding_name_for(model, self.config.tokenizer))
         headers = dict(cfg.headers)
         if cfg.api_key_env:
             key = os.environ.get(cfg.api_key_env)
@@ -223,7 +220,7 @@ class OpenAIAdapter(Adapter):
             BadRequest: ``context_length_exceeded``, the prompt cannot fit.
         """
         cfg = self.config
-        fitted = fit_request(request, cfg.context_window, cfg.tokenizer)
+        fitted = await fit_request(request, cfg.context_window, cfg.tokenizer)
         body = _encoder.encode(
             _UBody(
                 model=cfg.upstream_model or request.model,
@@ -238,7 +235,7 @@ class OpenAIAdapter(Adapter):
         )
 
         async def attempt(progress: Progress) -> None:
-            await self._attempt(request, body, fitted.prompt_tokens, send, progress)
+            await self._attempt(request, body, fitted, send, progress)
 
         await run_reporting(
             attempt,
@@ -253,7 +250,7 @@ class OpenAIAdapter(Adapter):
         self,
         request: InferenceRequest,
         body: bytes,
-        prompt_tokens: int,
+        fitted: Fitted,
         send: trio.MemorySendChannel[Delta],
         progress: Progress,
     ) -> None:
@@ -283,7 +280,7 @@ class OpenAIAdapter(Adapter):
                 response = await client.send(req, stream=True)
                 if response.status_code != 200:
                     await self._raise_status(response)
-                await self._relay(response, prompt_tokens, send, progress)
+                await self._relay(response, request, fitted, send, progress)
         finally:
             if response is not None:
                 # Shielded so that a cancelled request still closes the upstream
@@ -309,7 +306,8 @@ class OpenAIAdapter(Adapter):
     async def _relay(
         self,
         response: httpx2.Response,
-        prompt_tokens: int,
+        request: InferenceRequest,
+        fitted: Fitted,
         send: trio.MemorySendChannel[Delta],
         progress: Progress,
     ) -> None:
@@ -363,7 +361,10 @@ class OpenAIAdapter(Adapter):
             raise UpstreamProtocolError(
                 f"{self.name}: the model backend closed the stream without [DONE]"
             )
-        if usage is None:
-            usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=pieces)
+        if usage is None:  # the backend did not count: count the prompt here
+            prompt = fitted.prompt_tokens
+            if prompt is None:
+                prompt = await count_prompt(fitted.messages, request.model, self.config.tokenizer)
+            usage = Usage(prompt_tokens=prompt, completion_tokens=pieces)
         progress.started = True
         await send.send(Delta(finish_reason=finish or "stop", usage=usage))

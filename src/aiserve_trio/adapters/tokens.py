@@ -5,8 +5,13 @@ per message plus the encoded role, name and content, and three tokens priming
 the reply). The tokenizer is chosen by model family: ``o200k_base`` for the
 GPT-4o / 4.1 / 5 and o-series families, ``cl100k_base`` for everything else
 (GPT-4, GPT-3.5 and the many OpenAI-compatible open models, for which it is a
-close stand-in). The tables ship inside ``bpe-openai``, so nothing is fetched; the library is
-imported on first use (it loads a table at import, ~0.15 s).
+close stand-in). The tables ship inside ``bpe-openai``, so nothing is fetched.
+
+A loaded table costs a worker 75-95 MB and 0.15-0.4 s, so it is loaded only
+when a prompt might not fit, in a thread (the event loop never stalls on it).
+Most prompts never need it: every token of these byte-level encodings stands
+for at least one byte of UTF-8, so a prompt whose bytes (plus framing) fit the
+window fits in tokens too, and nothing can need trimming.
 
 :func:`fit_messages` is pure: it takes a counting function, so tests need no
 tokenizer, and it never reorders or edits a message -- it only drops the oldest
@@ -20,6 +25,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import trio
 
 from ..errors import BadRequest
 from .base import InferenceRequest, Message
@@ -68,6 +75,33 @@ def get_encoding(name: str) -> Encoding:
     return enc
 
 
+_loaded: dict[str, Encoding] = {}
+_loading = trio.Lock()
+
+
+async def load_encoding(name: str) -> Encoding:
+    """:func:`get_encoding` without stalling the event loop: the first load runs in a thread."""
+    enc = _loaded.get(name)
+    if enc is None:
+        async with _loading:  # one load at a time: two would hold the table twice
+            enc = _loaded.get(name)
+            if enc is None:
+                enc = _loaded[name] = await trio.to_thread.run_sync(get_encoding, name)
+    return enc
+
+
+def message_bound(m: Message) -> int:
+    """An upper bound of a message's token cost without a tokenizer: its UTF-8 bytes."""
+    n = TOKENS_PER_MESSAGE + _utf8_len(m.role) + _utf8_len(m.content)
+    if m.name:
+        n += TOKENS_PER_NAME + _utf8_len(m.name)
+    return n
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def message_counter(enc: Encoding) -> Callable[[Message], int]:
     """A function giving one message's token cost under ``enc``."""
 
@@ -83,11 +117,14 @@ def message_counter(enc: Encoding) -> Callable[[Message], int]:
 
 @dataclass(frozen=True, slots=True)
 class Fitted:
-    """The messages to send, how many were dropped, and the prompt's token count."""
+    """The messages to send, how many were dropped, and the prompt's token count.
+
+    ``prompt_tokens`` is None when the prompt was shown to fit without counting.
+    """
 
     messages: list[Message]
     trimmed: int
-    prompt_tokens: int
+    prompt_tokens: int | None
 
 
 def fit_messages(
@@ -131,13 +168,25 @@ def fit_messages(
     return Fitted(messages=kept, trimmed=len(dropped), prompt_tokens=total)
 
 
-def fit_request(request: InferenceRequest, context_window: int, tokenizer: str | None) -> Fitted:
+async def fit_request(
+    request: InferenceRequest, context_window: int, tokenizer: str | None
+) -> Fitted:
     """:func:`fit_messages` for an adapter's request, with the model family's tokenizer.
 
-    Records the number of dropped messages on ``request.trimmed`` (the response
-    reports it in ``X-Aiserve-Trimmed-Messages``).
+    A prompt whose UTF-8 size already fits goes unchanged and uncounted; only
+    one that might not fit is counted (and the table loaded, once). Records the
+    number of dropped messages on ``request.trimmed`` (the response reports it
+    in ``X-Aiserve-Trimmed-Messages``).
+
+    Raises:
+        BadRequest: ``context_length_exceeded``.
     """
-    enc = get_encoding(encoding_name_for(request.model, tokenizer))
+    reply = request.max_tokens if request.max_tokens is not None else 1
+    bound = REPLY_PRIMING + sum(message_bound(m) for m in request.messages)
+    if bound <= context_window - reply:
+        request.trimmed = 0
+        return Fitted(messages=list(request.messages), trimmed=0, prompt_tokens=None)
+    enc = await load_encoding(encoding_name_for(request.model, tokenizer))
     fitted = fit_messages(
         request.messages,
         max_tokens=request.max_tokens,
@@ -146,3 +195,9 @@ def fit_request(request: InferenceRequest, context_window: int, tokenizer: str |
     )
     request.trimmed = fitted.trimmed
     return fitted
+
+
+async def count_prompt(messages: Sequence[Message], model: str, tokenizer: str | None) -> int:
+    """The exact prompt tokens of ``messages`` (for an upstream that reports no usage)."""
+    count = message_counter(await load_encoding(encoding_name_for(model, tokenizer)))
+    return REPLY_PRIMING + sum(count(m) for m in messages)

@@ -50,7 +50,7 @@ from ..errors import (
 )
 from .base import Adapter, Delta, InferenceRequest, Usage
 from .retry import Progress, RetryPolicy, run_reporting
-from .tokens import encoding_name_for, fit_request, get_encoding
+from .tokens import fit_request
 
 log = logging.getLogger("aiserve_trio.adapters.vllm_ws")
 _CLOSE_GRACE = 1.0
@@ -160,9 +160,6 @@ class VllmWsAdapter(Adapter):
         self.on_error: Callable[[UpstreamError], None] | None = None
 
     async def aopen(self) -> None:
-        # Load the tokenizer tables now, not on the first request (0.1-0.4 s each).
-        for model in self.config.models:
-            get_encoding(encoding_name_for(model, self.config.tokenizer))
         started = trio.Event()
         trio.lowlevel.spawn_system_task(self._hold_nursery, started, name=f"vllm_ws:{self.name}")
         await started.wait()
@@ -202,7 +199,7 @@ class VllmWsAdapter(Adapter):
             BadRequest: ``context_length_exceeded``, the prompt cannot fit.
         """
         cfg = self.config
-        fitted = fit_request(request, cfg.context_window, cfg.tokenizer)
+        fitted = await fit_request(request, cfg.context_window, cfg.tokenizer)
         messages = [_WMessage(m.role, m.content, m.name) for m in fitted.messages]
 
         async def attempt(progress: Progress) -> None:
