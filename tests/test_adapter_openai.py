@@ -3,6 +3,7 @@ adapter over a fake transport (headers, budget, Retry-After), error translation.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import random
@@ -15,7 +16,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Delta, InferenceRequest, Message
-from aiserve_trio.adapters.openai import OpenAIAdapter, parse_retry_after, translate_errors
+from aiserve_trio.adapters.openai import (
+    ClientPool,
+    OpenAIAdapter,
+    parse_retry_after,
+    translate_errors,
+)
 from aiserve_trio.adapters.retry import Progress, RetryPolicy, is_retryable, run_with_retries
 from aiserve_trio.adapters.sse_parser import Event, SSEDecodeError, SSEParser
 from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
@@ -364,3 +370,25 @@ async def test_without_upstream_usage_the_prompt_is_counted_here(
     assert usage is not None
     # o200k (gpt-4o): 3 framing + "user" + "hi" + 3 priming.
     assert (usage.prompt_tokens, usage.completion_tokens) == (8, 1)
+
+
+# --- the client pool -------------------------------------------------------------
+
+
+def test_client_pool_fills_the_first_client_with_room_before_opening_another() -> None:
+    made: list[httpx2.AsyncClient] = []
+
+    def make() -> httpx2.AsyncClient:
+        made.append(httpx2.AsyncClient())
+        return made[-1]
+
+    pool = ClientPool(make, per_client=2, max_streams=5)  # at most 3 clients
+    with contextlib.ExitStack() as held:
+        got = [held.enter_context(pool.lease()) for _ in range(5)]
+        assert got == [made[0], made[0], made[1], made[1], made[2]]
+        # All full and no more clients allowed: the least loaded one takes it.
+        assert held.enter_context(pool.lease()) is made[2]
+    # Freed slots are reused first, by the first client.
+    with pool.lease() as c:
+        assert c is made[0]
+    assert len(made) == 3

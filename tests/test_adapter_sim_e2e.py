@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import trio
 
+from aiserve_trio.adapters.openai import OpenAIAdapter
 from aiserve_trio.sim.model import token_text
 
 from .sim_gateway import (
@@ -253,3 +254,26 @@ async def test_unreachable_upstream_is_a_502_connect_error(kind: str) -> None:
     assert r.status == 502
     assert r.json()["error"]["code"] == "upstream_connect_error"
     assert retries(app) == 1
+
+
+async def test_http2_upstream_multiplexes_streams_over_one_connection(sim: str) -> None:
+    app = gateway_app("openai", sim, http2=True)
+    adapter = app.adapters["up"]
+    assert isinstance(adapter, OpenAIAdapter)
+    results: list[str] = []
+    async with running(app) as client:
+
+        async def one() -> None:
+            r = await post(client, chat(stream=True, max_tokens=20))
+            assert r.status == 200
+            results.append(r.text())
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                nursery.start_soon(one)
+            # While the eight stream (2 ms a token), they share one h2c connection.
+            await trio.sleep(0.02)
+            total, busy = adapter.connections()
+            assert (total, busy) == (1, 1)
+    assert results == [expected(20)] * 8
+    assert (await sim_stats(sim))["completed"] == 8

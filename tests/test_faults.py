@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
 import trio
 
@@ -229,19 +228,10 @@ def task_counts(app: App) -> dict[str, float]:
 
 
 def upstream_pool(app: App) -> tuple[int, int]:
-    """(connections in the adapter's pool, of which busy).
-
-    httpx2 has no public connection count; the pool's ``connections`` property
-    is httpcore2's public API, reached through the client's transport.
-    """
+    """(connections in the adapter's pools, of which busy)."""
     adapter = app.adapters["up"]
     assert isinstance(adapter, OpenAIAdapter)
-    client = adapter._client
-    assert client is not None
-    transport = client._transport
-    assert isinstance(transport, httpx2.AsyncHTTPTransport)
-    conns = transport._pool.connections
-    return len(conns), sum(1 for c in conns if not c.is_idle())
+    return adapter.connections()
 
 
 def sockets_to(port: int) -> int:

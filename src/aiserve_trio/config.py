@@ -96,7 +96,10 @@ class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
     upstream_model: str | None = None
     #: Name of the environment variable holding the upstream API key.
     api_key_env: str | None = None
+    #: HTTP/2 to the backend: ALPN over https, prior knowledge (h2c) over http.
     http2: bool = False
+    #: Concurrent upstream streams before requests queue (HTTP/1.1: one
+    #: connection each; HTTP/2: up to 100 per connection).
     max_connections: int = 512
     connect_timeout_ms: int = 2_000
     #: Retries before the first token (connect errors, timeouts, 429, 5xx).

@@ -1,10 +1,17 @@
 """The ``openai`` adapter: any OpenAI-compatible HTTP backend, streamed over httpx2.
 
-One pooled :class:`httpx2.AsyncClient` per adapter, opened in lifespan and
-closed at shutdown (keep-alive; HTTP/2 when ``http2 = true``). httpx2 rather
-than httpx because, measured on Trio with 64 concurrent streams, httpx 0.28's
-single pool collapsed to 306 req/s (p99 1.26 s) while httpx2 held 1,064 req/s
-(p99 87 ms) -- FINDINGS.md, re-measured by ``bench/added_latency.py``.
+Pooled :class:`httpx2.AsyncClient` s per adapter (keep-alive; HTTP/2 when
+``http2 = true``), closed at shutdown. httpx2 rather than httpx because,
+measured on Trio with 64 concurrent streams, httpx 0.28's single pool collapsed
+to 306 req/s (p99 1.26 s) while httpx2 held 1,064 req/s (p99 87 ms) --
+FINDINGS.md, re-measured by ``bench/added_latency.py``.
+
+Not one client but a :class:`ClientPool` of them, each carrying a bounded
+number of streams: httpcore2 walks every connection of its pool whenever a
+response closes, so with one client the cost of ending a stream grew with the
+number of open streams (31 % of the worker's time at 2,000 open streams, bench
+scenario (c)). With HTTP/2 a client holds one connection of up to 100 streams
+(httpcore2's own cap), so 10,000 streams need 100 upstream sockets, not 10,000.
 
 Every call streams upstream (``stream: true`` with usage), whether or not the
 client streams: the first token is known as soon as it exists, and a cancelled
@@ -54,6 +61,63 @@ BUDGET_HEADER = "X-Request-Timeout-Ms"
 _ERROR_BODY_LIMIT = 2048
 #: How long closing a response may take once the request is over.
 _CLOSE_GRACE = 1.0
+#: Streams one client carries: HTTP/1.1 connections per pool / HTTP/2 streams per connection.
+PER_CLIENT_HTTP1 = 64
+PER_CLIENT_HTTP2 = 100
+
+
+class ClientPool:
+    """Clients made on demand, each carrying at most ``per_client`` streams at once.
+
+    A request takes the first client with room, so at low concurrency one client
+    (and its warm connections) serves everything; more open only as streams pile up.
+    """
+
+    __slots__ = ("_clients", "_loads", "_make", "max_clients", "per_client")
+
+    def __init__(
+        self, make: Callable[[], httpx2.AsyncClient], per_client: int, max_streams: int
+    ) -> None:
+        self._make = make
+        self.per_client = per_client
+        self.max_clients = max(1, -(-max_streams // per_client))
+        self._clients: list[httpx2.AsyncClient] = []
+        self._loads: list[int] = []
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[httpx2.AsyncClient]:
+        """A client for one stream, for the duration of the block."""
+        loads = self._loads
+        i = next((i for i, n in enumerate(loads) if n < self.per_client), -1)
+        if i < 0:
+            if len(loads) < self.max_clients:
+                self._clients.append(self._make())
+                loads.append(0)
+                i = len(loads) - 1
+            else:  # all full: the least loaded one queues it in its own pool
+                i = min(range(len(loads)), key=loads.__getitem__)
+        loads[i] += 1
+        try:
+            yield self._clients[i]
+        finally:
+            loads[i] -= 1
+
+    def connections(self) -> tuple[int, int]:
+        """(open upstream connections, of which busy), over all clients."""
+        total = busy = 0
+        for client in self._clients:
+            transport = client._transport  # httpx2 exposes no connection count
+            if isinstance(transport, httpx2.AsyncHTTPTransport):
+                conns = transport._pool.connections
+                total += len(conns)
+                busy += sum(1 for c in conns if not c.is_idle())
+        return total, busy
+
+    async def aclose(self) -> None:
+        clients, self._clients, self._loads = self._clients, [], []
+        with trio.CancelScope(shield=True):
+            for client in clients:
+                await client.aclose()
 
 
 class _UDelta(msgspec.Struct):
@@ -175,7 +239,7 @@ class OpenAIAdapter(Adapter):
         )
         self.rng = rng or random.Random()
         self._transport = transport
-        self._client: httpx2.AsyncClient | None = None
+        self._clients: ClientPool | None = None
         #: Metric hooks the app sets: a retry is about to happen; a request failed.
         self.on_retry: Callable[[UpstreamError], None] | None = None
         self.on_error: Callable[[UpstreamError], None] | None = None
@@ -191,26 +255,39 @@ class OpenAIAdapter(Adapter):
                     "(api_key_env) is not set"
                 )
             headers["Authorization"] = f"Bearer {key}"
+        per_client = PER_CLIENT_HTTP2 if cfg.http2 else PER_CLIENT_HTTP1
+        # Over HTTP/2 a client keeps one connection; the limit matters only if
+        # the server turns HTTP/2 down and every stream needs its own.
         limits = httpx2.Limits(
-            max_connections=cfg.max_connections,
-            max_keepalive_connections=cfg.max_connections,
+            max_connections=per_client,
+            max_keepalive_connections=per_client,
             keepalive_expiry=30.0,
         )
-        self._client = httpx2.AsyncClient(
-            base_url=cfg.base_url,
-            http2=cfg.http2,
-            limits=limits,
-            headers=headers,
-            transport=self._transport,
-            follow_redirects=False,
-            trust_env=False,
-        )
+        # http:// with http2 = true: HTTP/2 with prior knowledge (h2c), not HTTP/1.1.
+        cleartext_h2 = cfg.http2 and cfg.base_url.startswith("http://")
+
+        def make() -> httpx2.AsyncClient:
+            return httpx2.AsyncClient(
+                base_url=cfg.base_url,
+                http1=not cleartext_h2,
+                http2=cfg.http2,
+                limits=limits,
+                headers=headers,
+                transport=self._transport,
+                follow_redirects=False,
+                trust_env=False,
+            )
+
+        self._clients = ClientPool(make, per_client, cfg.max_connections)
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            with trio.CancelScope(shield=True):
-                await client.aclose()
+        if self._clients is not None:
+            clients, self._clients = self._clients, None
+            await clients.aclose()
+
+    def connections(self) -> tuple[int, int]:
+        """(open upstream connections, of which busy)."""
+        return self._clients.connections() if self._clients is not None else (0, 0)
 
     async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
         """Stream the reply, retrying before the first token.
@@ -254,9 +331,21 @@ class OpenAIAdapter(Adapter):
         send: trio.MemorySendChannel[Delta],
         progress: Progress,
     ) -> None:
-        client = self._client
-        if client is None:
+        clients = self._clients
+        if clients is None:
             raise UpstreamConnectError(f"adapter {self.name} is not open")
+        with clients.lease() as client:
+            await self._call(client, request, body, fitted, send, progress)
+
+    async def _call(
+        self,
+        client: httpx2.AsyncClient,
+        request: InferenceRequest,
+        body: bytes,
+        fitted: Fitted,
+        send: trio.MemorySendChannel[Delta],
+        progress: Progress,
+    ) -> None:
         remaining = request.deadline - trio.current_time()
         if remaining <= 0:
             raise UpstreamTimeout("no inference budget left for the upstream call")
