@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from aiserve_trio.config import ConfigError
@@ -96,6 +96,7 @@ PIECE = st.sampled_from(
 
 
 @settings(max_examples=150, deadline=None)
+@example(parts=[" ", ". ", "https://a.b/c", "😀", "。", "。"], cuts=[18])  # "。" then "。" in two reads
 @given(st.lists(PIECE, max_size=30), st.lists(st.integers(0, 300), max_size=15))
 def test_shapers_independent_of_chunking(parts: list[str], cuts: list[int]) -> None:
     text = "".join(parts)

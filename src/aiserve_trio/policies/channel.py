@@ -95,6 +95,8 @@ def _split(buf: str, bol: bool) -> tuple[list[str], str, bool]:
     text = ("\n" if bol else " ") + buf
     out, at = [], 1
     for m in _BOUNDARY.finditer(text, 1):
+        if m.end() == len(text) and not m.group().endswith("\n"):
+            break  # "。" at the end of what has arrived: more marks or quotes may follow
         out.append(text[at : m.end()])
         at = m.end()
     if out:
