@@ -90,10 +90,13 @@ async def test_mock_paces_tokens_as_configured(autojump_clock):
     t0 = trio.current_time()
     r = await Client(app).chat(chat_body("echo: a b c", stream=True))
     times = [t - t0 for t, _ in r.chunks]
-    # head+role and "a" at the first token, then one word every 30 ms
-    assert times[1] == pytest.approx(0.100)
-    assert times[2] == pytest.approx(0.130)
-    assert times[3] == pytest.approx(0.160)
+    # head, then the role chunk with "a" in one write at the first token,
+    # then one word every 30 ms
+    assert times[0] == pytest.approx(0.100)
+    assert b'"role":"assistant"' in r.chunks[0][1]
+    assert b'"content":"a' in r.chunks[0][1]
+    assert times[1] == pytest.approx(0.130)
+    assert times[2] == pytest.approx(0.160)
 
 
 async def test_stages_run_concurrently_with_small_buffers(autojump_clock):
@@ -265,9 +268,9 @@ async def test_a_client_that_stops_reading_is_cut_at_the_deadline(autojump_clock
     async with Client(app).open(
         "POST",
         "/v1/chat/completions",
-        json_body=chat_body("echo: a", stream=True),
+        json_body=chat_body("echo: a b", stream=True),
         headers={"X-Request-Timeout-Ms": "300"},
-        stall_after=1,  # takes the role chunk, then never reads again
+        stall_after=1,  # takes the role chunk with "a", then never reads "b"
     ) as ex:
         await ex.done.wait()
         ended = trio.current_time() - t0

@@ -124,6 +124,8 @@ async def sse_stage(
     """
     filters = state.filters
     framer: SSEFramer | None = None
+    # The role chunk goes out with the first content (one write fewer per stream).
+    out = b""
     async with deltas:
         while True:
             try:
@@ -146,10 +148,9 @@ async def sse_stage(
                     # The head goes out with the first delta, so that failures
                     # before it are still proper HTTP statuses.
                     await responder.start(200, [*SSE_HEADERS, *state.response_headers()])
-                    await responder.body(framer.role())
+                    out = framer.role()
                     if state.on_stream_start is not None:
                         state.on_stream_start()
-            out = b""
             for delta in batch:
                 if delta.text:
                     text = apply_filters(filters, delta.text) if filters else delta.text
@@ -161,9 +162,10 @@ async def sse_stage(
                     state.finish_reason = delta.finish_reason
                     state.usage = delta.usage or state.usage
             if out:
-                if state.first_token_at is None:
+                if state.first_token_at is None and state.delivered:
                     state.first_token_at = trio.current_time()
                 await responder.body(out)
+                out = b""
     if state.finish_reason is None:
         if state.upstream_started:
             raise UpstreamProtocolError("the model backend ended the reply without finishing it")
@@ -172,7 +174,7 @@ async def sse_stage(
     if tail:
         state.delivered.append(tail)
     if framer is not None:
-        out = framer.content(tail) if tail else b""
+        out += framer.content(tail) if tail else b""
         out += framer.finish(state.finish_reason)
         if state.include_usage:
             out += framer.usage(_usage(state))
