@@ -274,8 +274,10 @@ async def test_a_client_that_stops_reading_is_cut_at_the_deadline(autojump_clock
     ) as ex:
         await ex.done.wait()
         ended = trio.current_time() - t0
-    # sse cut at 200 ms; the final error event gets the 100 ms reserve, then gives up
-    assert ended == pytest.approx(0.300)
+    # sse cut at 200 ms. If the stalled write held "b" alone, the final error
+    # event gets the 100 ms reserve, then the gateway gives up; if "b" came with
+    # the finish, that stalled write was the last one and nothing follows it.
+    assert ended in (pytest.approx(0.200), pytest.approx(0.300))
     text = app.metrics.render().decode()
     assert 'aiserve_stage_deadline_expiries_total{stage="sse"} 1.0' in text
 

@@ -161,7 +161,9 @@ async def sse_stage(
                 if delta.finish_reason is not None:
                     state.finish_reason = delta.finish_reason
                     state.usage = delta.usage or state.usage
-            if out:
+            if out and state.finish_reason is None:
+                # (With the finish in hand, what is left goes out with the final
+                # events below, in one write.)
                 if state.first_token_at is None and state.delivered:
                     state.first_token_at = trio.current_time()
                 await responder.body(out)
@@ -174,6 +176,8 @@ async def sse_stage(
     if tail:
         state.delivered.append(tail)
     if framer is not None:
+        if state.first_token_at is None and state.delivered:
+            state.first_token_at = trio.current_time()
         out += framer.content(tail) if tail else b""
         out += framer.finish(state.finish_reason)
         if state.include_usage:
