@@ -83,6 +83,16 @@ class Running:
                 continue
         return total / 1024.0
 
+    def worker_rss_mb(self) -> float:
+        """Resident memory of the serving process alone, in MiB."""
+        try:
+            for line in Path(f"/proc/{self.worker_pid()}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+        except OSError:
+            pass
+        return 0.0
+
     def worker_pid(self) -> int:
         """The pid that serves requests (the deepest child; the process itself if none)."""
         return self.pids()[-1]
@@ -283,11 +293,11 @@ tenant = "default"
 
 def gateway_toml(
     routes: dict[str, str], *, bus: str = "memory", redis_url: str | None = None,
-    auth: GatewayAuth | None = None, extra: str = "",
+    auth: GatewayAuth | None = None, extra: str = "", http2: bool = False,
 ) -> str:
     """Gateway config: one ``openai`` adapter + route per entry of ``routes`` (path -> sim URL).
 
-    ``extra`` is more TOML (whole tables) appended as is.
+    ``extra`` is more TOML (whole tables) appended as is; ``http2``: h2c to the sim.
     """
     sessions = f'backend = "{bus}"' + (f'\nurl = "{redis_url}"' if redis_url else "")
     parts = [
@@ -309,6 +319,7 @@ base_url = "{upstream}/v1"
 models = ["sim-model"]
 max_connections = 20000
 max_retries = 2
+http2 = {"true" if http2 else "false"}
 
 [[routes]]
 path = "{path}"
@@ -323,13 +334,13 @@ default_model = "sim-model"
 @contextlib.contextmanager
 def gateway(
     name: str, routes: dict[str, str], *, bus: str = "memory", redis_url: str | None = None,
-    auth: GatewayAuth | None = None, extra: str = "",
+    auth: GatewayAuth | None = None, extra: str = "", http2: bool = False,
 ) -> Iterator[Running]:
     """aiserve-trio under hypercorn (one Trio worker) with a generated config."""
     port = free_port()
     WORK.mkdir(parents=True, exist_ok=True)
     cfg = WORK / f"{name}.toml"
-    cfg.write_text(gateway_toml(routes, bus=bus, redis_url=redis_url, auth=auth, extra=extra))
+    cfg.write_text(gateway_toml(routes, bus=bus, redis_url=redis_url, auth=auth, extra=extra, http2=http2))
     env = {"AISERVE_CONFIG": str(cfg.relative_to(ROOT))}
     with start(name, hypercorn_cmd(port, "aiserve_trio:app"), port=port, cpu=SYSTEM_CPU, env=env) as r:
         yield r
