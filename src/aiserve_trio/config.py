@@ -97,6 +97,10 @@ class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
     #: Name of the environment variable holding the upstream API key.
     api_key_env: str | None = None
     #: HTTP/2 to the backend: ALPN over https, prior knowledge (h2c) over http.
+    #: One socket per 100 streams instead of one per stream, but httpcore2 hands
+    #: a stream an event it has already read only once that stream's task gets
+    #: the connection's read lock: with many slow streams a token can wait up to
+    #: one inter-token interval (bench scenario (c)). HTTP/1.1 unless descriptors run out.
     http2: bool = False
     #: Concurrent upstream streams before requests queue (HTTP/1.1: one
     #: connection each; HTTP/2: up to 100 per connection).
