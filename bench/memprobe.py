@@ -1,8 +1,18 @@
-"""Where per-stream memory goes: the gateway app under tracemalloc (bench only).
+"""Where the gateway's memory per held stream goes.
 
-``hypercorn ... bench.memprobe:app`` serves ``aiserve_trio:app`` with tracemalloc on.
-The first SIGUSR1 takes a baseline snapshot; each later one writes the growth since
-the baseline, grouped by file and by line, to ``$MEMPROBE_OUT``.
+Two halves. As a hypercorn app (``bench.memprobe:app``) it serves
+``aiserve_trio:app`` and answers two signals: SIGUSR2 collects garbage and,
+from the second signal on, prints the live objects by type that appeared since
+the first (to the worker's log); SIGUSR1, when ``MEMPROBE_FRAMES`` > 0 turned
+tracemalloc on, writes the allocation growth by line to ``$MEMPROBE_OUT``.
+
+As a script it runs the whole measurement::
+
+    python -m bench.memprobe --streams 2000 [--http2] [--tracemalloc 1]
+
+simulator + gateway (one worker) on the bench's CPUs, N streams held (one token
+every 12 s), then the worker's RSS growth per stream and the object census from
+``bench/work/logs/memprobe.log``.
 """
 
 from __future__ import annotations
@@ -12,10 +22,8 @@ import signal
 import tracemalloc
 from types import FrameType
 
-if os.environ.get("MEMPROBE_FRAMES", "1") != "0":
-    tracemalloc.start(int(os.environ.get("MEMPROBE_FRAMES", "1")))
-
-from aiserve_trio import app
+if __name__ != "__main__" and os.environ.get("MEMPROBE_FRAMES", "0") != "0":
+    tracemalloc.start(int(os.environ["MEMPROBE_FRAMES"]))
 
 _base: list[tracemalloc.Snapshot] = []
 _types: list[object] = []
@@ -30,51 +38,105 @@ def _dump(signum: int, frame: FrameType | None) -> None:
         return
     out = os.environ.get("MEMPROBE_OUT", "bench/work/memprobe.txt")
     with open(out, "w") as f:
-        for key in ("filename", "lineno", "traceback"):
+        for key in ("filename", "lineno"):
             stats = snap.compare_to(_base[0], key)
             total = sum(s.size_diff for s in stats)
             f.write(f"== by {key}: total growth {total / 1e6:.1f} MB\n")
             for s in stats[:40]:
-                f.write(f"{s.size_diff / 1e3:10.0f} KB {s.count_diff:8d}  ")
-                f.write("\n    ".join(str(fr) for fr in s.traceback.format()[-24:]) if key == "traceback"
-                        else str(s.traceback[0]))
-                f.write("\n")
+                f.write(f"{s.size_diff / 1e3:10.0f} KB {s.count_diff:8d}  {s.traceback[0]}\n")
 
 
-def _collect(signum: int, frame: FrameType | None) -> None:
+def _census(signum: int, frame: FrameType | None) -> None:
     import gc
     import sys
-
-    def rss() -> int:
-        with open("/proc/self/status") as f:
-            return int(f.read().split("VmRSS:")[1].split()[0]) // 1024
-
     from collections import Counter
 
-    before = rss()
-    found = gc.collect()
-    hist = Counter(type(o).__qualname__ + " " + type(o).__module__ for o in gc.get_objects())
+    gc.collect()
+    hist = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
     if not _types:
         _types.append(hist)
-    else:
-        hist.subtract(_types[0])
-        for name, n in hist.most_common(45):
-            print(f"memprobe: {n:8d} {name}", file=sys.stderr)
-        excs = [o for o in gc.get_objects() if isinstance(o, BaseException)]
-        print(f"memprobe: exceptions alive: {Counter(type(e).__name__ for e in excs)}", file=sys.stderr)
-        for e in excs[-3:]:
-            tb = e.__traceback__
-            where = []
-            while tb is not None:
-                where.append(f"{tb.tb_frame.f_code.co_filename.rsplit('/', 2)[-1]}:{tb.tb_lineno}")
-                tb = tb.tb_next
-            refs = [type(r).__name__ for r in gc.get_referrers(e)]
-            print(f"memprobe: {type(e).__name__} {str(e)[:60]!r} tb={where} held by {refs}", file=sys.stderr)
-    print(f"memprobe: gc.collect() found {found} objects; RSS {before} -> {rss()} MB;"
-          f" {len(gc.get_objects())} tracked objects", file=sys.stderr, flush=True)
+        return
+    hist.subtract(_types[0])  # type: ignore[arg-type]
+    print(f"memprobe: {sum(hist.values())} more GC-tracked objects", file=sys.stderr)
+    for name, n in hist.most_common(40):
+        print(f"memprobe: {n:9d} {name}", file=sys.stderr, flush=True)
 
 
-signal.signal(signal.SIGUSR1, _dump)
-signal.signal(signal.SIGUSR2, _collect)
+if __name__ != "__main__":
+    from aiserve_trio import app
 
-__all__ = ["app"]
+    signal.signal(signal.SIGUSR1, _dump)
+    signal.signal(signal.SIGUSR2, _census)
+    __all__ = ["app"]
+
+
+def main() -> int:
+    import argparse
+    import json
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from bench import systems
+
+    ap = argparse.ArgumentParser(prog="python -m bench.memprobe", description=__doc__.split("\n")[0])
+    ap.add_argument("--streams", type=int, default=2000)
+    ap.add_argument("--ramp", type=float, default=100.0, help="new streams per second")
+    ap.add_argument("--http2", action="store_true", help="h2c to the simulator")
+    ap.add_argument("--tracemalloc", type=int, default=0, help="frames to keep (0: off; slow)")
+    ns = ap.parse_args()
+    n, itl_ms = ns.streams, 12_000
+    tokens = 1 + int((n / ns.ramp + 30) * 1000 / itl_ms)
+    sim_args = ["--prefill-overhead-ms", "0", "--prefill-per-token-ms", "0",
+                "--itl-ms", str(itl_ms), "--output-tokens-mean", str(tokens)]
+    extra = ("\n[deadline]\ndefault_ms = 900000\nmax_ms = 900000\n"
+             "\n[limits]\nmax_inflight = 20000\nmax_streams = 20000\n")
+    with systems.sim(sim_args, "sim-memprobe") as sim:
+        auth = systems.gateway_auth()
+        cfg = systems.WORK / "memprobe.toml"
+        cfg.write_text(systems.gateway_toml(
+            {"/v1/chat/completions": sim.base}, auth=auth, extra=extra, http2=ns.http2))
+        env = {"AISERVE_CONFIG": str(cfg.relative_to(systems.ROOT)),
+               "MEMPROBE_FRAMES": str(ns.tracemalloc),
+               "MEMPROBE_OUT": str(systems.WORK / "memprobe.txt")}
+        port = systems.free_port()
+        with systems.start("memprobe", systems.hypercorn_cmd(port, "bench.memprobe:app"),
+                           port=port, cpu=systems.SYSTEM_CPU, env=env) as gw:
+            pid = gw.worker_pid()
+            time.sleep(1)
+            os.kill(pid, signal.SIGUSR2)
+            os.kill(pid, signal.SIGUSR1)
+            time.sleep(2)
+            idle = gw.worker_rss_mb()
+            cmd = [sys.executable, "-m", "bench.loadgen", "--url", gw.base + "/v1/chat/completions",
+                   "--hold", str(n), "--ramp", str(ns.ramp), "--duration", str(n / ns.ramp + 60)]
+            if auth is not None:
+                cmd += ["--header", f"Authorization: Bearer {auth.plain}"]
+            load = subprocess.Popen(systems.pinned(cmd, systems.LOAD_CPU), cwd=systems.ROOT,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            open_ = 0
+            try:
+                for _ in range(int(n / ns.ramp * 3 + 30)):
+                    time.sleep(1)
+                    with urllib.request.urlopen(sim.base + "/sim/stats", timeout=5) as r:
+                        open_ = int(json.loads(r.read())["open_streams"])
+                    if open_ >= n:
+                        break
+                time.sleep(3)
+                held = gw.worker_rss_mb()
+                os.kill(pid, signal.SIGUSR2)
+                os.kill(pid, signal.SIGUSR1)
+                time.sleep(10 + (60 if ns.tracemalloc else 0))
+            finally:
+                load.kill()
+    print(f"{open_} streams held ({'h2c' if ns.http2 else 'HTTP/1.1'} upstream): worker RSS "
+          f"{idle:.0f} -> {held:.0f} MB, {(held - idle) * 1024 / max(open_, 1):.1f} KB per stream")
+    for line in (systems.LOGS / "memprobe.log").read_text().splitlines():
+        if line.startswith("memprobe:"):
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

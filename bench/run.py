@@ -394,7 +394,7 @@ def _hold(
     th = threading.Thread(target=sampler, daemon=True)
     th.start()
     prog.show(f"(c) {ep.name}: holding {count} streams")
-    hold = count / ramp + tokens * itl_ms / 1000 + 60
+    hold = count / ramp * 1.6 + tokens * itl_ms / 1000 + 60
     try:
         r = load(ep.url, ["--hold", str(count), "--ramp", str(ramp)], headers=ep.headers, duration=hold)
     finally:
@@ -432,8 +432,10 @@ def scenario_c(plan: Plan, prog: Progress, out: dict[str, Any]) -> None:
     # slow; 12 s between tokens stays under the 15 s heartbeat.
     ramp, itl_ms = 60.0, 12_000
 
-    def tokens(n: int) -> int:  # each stream outlasts the ramp, so all are open at its end
-        return 1 + int((n / ramp + 20) * 1000 / itl_ms)
+    def tokens(n: int) -> int:
+        # Each stream outlasts the ramp, so all are open at its end -- with room for
+        # the gateway opening them slower than asked (about 50/s at 10,000 here).
+        return 1 + int((n / ramp * 1.6 + 30) * 1000 / itl_ms)
 
     res: dict[str, Any] = {"fd_hard_limit": hard, "refs": {}}
     out["c"] = res
@@ -453,8 +455,11 @@ def scenario_c(plan: Plan, prog: Progress, out: dict[str, Any]) -> None:
                 if name == "ceiling":
                     ep = stack.enter_context(_ceiling(sim))
                 else:
+                    # hypercorn drops a connection whose client sent nothing for
+                    # read_timeout (bench config: 120 s); these streams last longer.
                     r = stack.enter_context(systems.gateway(
-                        name, {CHAT: sim.base}, auth=auth, extra=extra, http2=name == "aiserve"))
+                        name, {CHAT: sim.base}, auth=auth, extra=extra, http2=name == "aiserve",
+                        hypercorn_args=["--read-timeout", "1800"]))
                     ep = Endpoint(name, r.base + CHAT, headers, r)
                 got = _hold(prog, ep, sim, n, ramp, itl_ms, tokens(n))
         except Exception as exc:

@@ -335,6 +335,7 @@ default_model = "sim-model"
 def gateway(
     name: str, routes: dict[str, str], *, bus: str = "memory", redis_url: str | None = None,
     auth: GatewayAuth | None = None, extra: str = "", http2: bool = False,
+    hypercorn_args: list[str] | None = None,
 ) -> Iterator[Running]:
     """aiserve-trio under hypercorn (one Trio worker) with a generated config."""
     port = free_port()
@@ -342,7 +343,8 @@ def gateway(
     cfg = WORK / f"{name}.toml"
     cfg.write_text(gateway_toml(routes, bus=bus, redis_url=redis_url, auth=auth, extra=extra, http2=http2))
     env = {"AISERVE_CONFIG": str(cfg.relative_to(ROOT))}
-    with start(name, hypercorn_cmd(port, "aiserve_trio:app"), port=port, cpu=SYSTEM_CPU, env=env) as r:
+    cmd = hypercorn_cmd(port, "aiserve_trio:app", hypercorn_args)
+    with start(name, cmd, port=port, cpu=SYSTEM_CPU, env=env) as r:
         yield r
 
 
