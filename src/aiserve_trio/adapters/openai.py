@@ -243,8 +243,10 @@ class OpenAIAdapter(Adapter):
         self.rng = rng or random.Random()
         self._transport = transport
         self._clients: ClientPool | None = None
-        self._url = httpx2.URL(config.base_url)
-        self._headers: list[tuple[bytes, bytes]] = []
+        # Requests are built here, not by client.build_request, which re-merges
+        # the base URL and the default headers on every call (~0.1 ms).
+        self._url = httpx2.URL(config.base_url.rstrip("/") + "/chat/completions")
+        self._headers: list[tuple[bytes, bytes]] = []  # set in aopen (the API key)
         #: Metric hooks the app sets: a retry is about to happen; a request failed.
         self.on_retry: Callable[[UpstreamError], None] | None = None
         self.on_error: Callable[[UpstreamError], None] | None = None
@@ -273,7 +275,6 @@ class OpenAIAdapter(Adapter):
 
         def make() -> httpx2.AsyncClient:
             return httpx2.AsyncClient(
-                base_url=cfg.base_url,
                 http1=not cleartext_h2,
                 http2=cfg.http2,
                 limits=limits,
@@ -283,9 +284,6 @@ class OpenAIAdapter(Adapter):
             )
 
         self._clients = ClientPool(make, per_client, cfg.max_connections)
-        # Requests are built here, not by client.build_request, which re-merges
-        # the base URL and the default headers on every call (~0.1 ms).
-        self._url = httpx2.URL(cfg.base_url.rstrip("/") + "/chat/completions")
         fixed = {
             "accept": "text/event-stream",
             "accept-encoding": "gzip, deflate",

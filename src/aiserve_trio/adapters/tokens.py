@@ -90,11 +90,11 @@ async def load_encoding(name: str) -> Encoding:
     return enc
 
 
-def message_bound(m: Message) -> int:
-    """An upper bound of a message's token cost without a tokenizer: its UTF-8 bytes."""
-    n = TOKENS_PER_MESSAGE + _utf8_len(m.role) + _utf8_len(m.content)
+def _message_cost(m: Message, length: Callable[[str], int]) -> int:
+    """OpenAI's chat accounting for one message, each text measured by ``length``."""
+    n = TOKENS_PER_MESSAGE + length(m.role) + length(m.content)
     if m.name:
-        n += TOKENS_PER_NAME + _utf8_len(m.name)
+        n += TOKENS_PER_NAME + length(m.name)
     return n
 
 
@@ -102,17 +102,18 @@ def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
+def message_bound(m: Message) -> int:
+    """An upper bound of a message's token cost without a tokenizer: its UTF-8 bytes."""
+    return _message_cost(m, _utf8_len)
+
+
 def message_counter(enc: Encoding) -> Callable[[Message], int]:
     """A function giving one message's token cost under ``enc``."""
 
-    def count(m: Message) -> int:
-        n = TOKENS_PER_MESSAGE + len(enc.encode_ordinary(m.role))
-        n += len(enc.encode_ordinary(m.content))
-        if m.name:
-            n += TOKENS_PER_NAME + len(enc.encode_ordinary(m.name))
-        return n
+    def tokens(text: str) -> int:
+        return len(enc.encode_ordinary(text))
 
-    return count
+    return lambda m: _message_cost(m, tokens)
 
 
 @dataclass(frozen=True, slots=True)
