@@ -88,11 +88,8 @@ def main() -> int:
     ns = ap.parse_args()
     n, itl_ms = ns.streams, 12_000
     tokens = 1 + int((n / ns.ramp + 30) * 1000 / itl_ms)
-    sim_args = ["--prefill-overhead-ms", "0", "--prefill-per-token-ms", "0",
-                "--itl-ms", str(itl_ms), "--output-tokens-mean", str(tokens)]
-    extra = ("\n[deadline]\ndefault_ms = 900000\nmax_ms = 900000\n"
-             "\n[limits]\nmax_inflight = 20000\nmax_streams = 20000\n")
-    with systems.sim(sim_args, "sim-memprobe") as sim:
+    extra = systems.HELD_STREAMS_TOML
+    with systems.sim(systems.held_sim_args(itl_ms, tokens), "sim-memprobe") as sim:
         auth = systems.gateway_auth()
         cfg = systems.WORK / "memprobe.toml"
         cfg.write_text(systems.gateway_toml(

@@ -439,19 +439,14 @@ def scenario_c(plan: Plan, prog: Progress, out: dict[str, Any]) -> None:
 
     res: dict[str, Any] = {"fd_hard_limit": hard, "refs": {}}
     out["c"] = res
-    # Streams longer than the default 30 s deadline, and no admission cap below the count.
-    extra = "\n[deadline]\ndefault_ms = 900000\nmax_ms = 900000\n\n[limits]\nmax_inflight = 20000\nmax_streams = 20000\n"
+    extra = systems.HELD_STREAMS_TOML
     auth = systems.gateway_auth()
     headers = {"Authorization": f"Bearer {auth.plain}"} if auth else {}
-
-    def sim_args(n: int) -> list[str]:
-        return ["--prefill-overhead-ms", "0", "--prefill-per-token-ms", "0",
-                "--itl-ms", str(itl_ms), "--output-tokens-mean", str(tokens(n))]
 
     runs: list[tuple[str, int]] = [("aiserve", count), ("ceiling", ref), ("aiserve-http1", ref)]
     for name, n in runs:
         try:
-            with systems.sim(sim_args(n), "sim-c") as sim, contextlib.ExitStack() as stack:
+            with systems.sim(systems.held_sim_args(itl_ms, tokens(n)), "sim-c") as sim, contextlib.ExitStack() as stack:
                 if name == "ceiling":
                     ep = stack.enter_context(_ceiling(sim))
                 else:

@@ -331,6 +331,20 @@ default_model = "sim-model"
     return "".join(parts)
 
 
+#: Gateway TOML for held-stream runs: streams longer than the default 30 s
+#: deadline, and no admission cap below the number of streams.
+HELD_STREAMS_TOML = (
+    "\n[deadline]\ndefault_ms = 900000\nmax_ms = 900000\n"
+    "\n[limits]\nmax_inflight = 20000\nmax_streams = 20000\n"
+)
+
+
+def held_sim_args(itl_ms: int, tokens: int) -> list[str]:
+    """Simulator flags for held streams: the first token at once, then one every ``itl_ms``."""
+    return ["--prefill-overhead-ms", "0", "--prefill-per-token-ms", "0",
+            "--itl-ms", str(itl_ms), "--output-tokens-mean", str(tokens)]
+
+
 @contextlib.contextmanager
 def gateway(
     name: str, routes: dict[str, str], *, bus: str = "memory", redis_url: str | None = None,
