@@ -194,5 +194,28 @@ class UpstreamStatusError(UpstreamError):
         self.retry_after = retry_after
 
 
-class ClientDisconnected(Exception):
-    """The client went away; nothing more can be sent. Not a GatewayError: no one to tell."""
+class BodyReadTimeout(GatewayError):
+    """The request body stopped arriving (``limits.body_read_timeout_ms`` between chunks)."""
+
+    status = 408
+    type = "timeout"
+    default_code = "body_read_timeout"
+
+
+class WriteTimeout(GatewayError):
+    """The client took no byte of a write for ``limits.write_timeout_ms``; it is dropped."""
+
+    status = 408
+    type = "timeout"
+    default_code = "write_timeout"
+
+
+# --- operators ------------------------------------------------------------------
+
+
+class ConfigError(Exception):
+    """The configuration is missing, not TOML, or not a valid gateway config.
+
+    The message names the file and the TOML key. Not a GatewayError: no client
+    ever sees it; the server refuses to start (or a reload is refused).
+    """

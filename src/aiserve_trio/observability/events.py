@@ -1,0 +1,89 @@
+"""The one event hook the request path reports through (like httpcore's trace hook).
+
+Code on the request path never touches Prometheus, OpenTelemetry, the baseline
+or the debug list itself: it calls one of the :class:`Hook` methods at the
+moments that matter, and one sink (``observer.RequestObserver``) feeds all of
+them. Tests pass a recording hook; a component built without one gets
+:data:`NULL_HOOK`, which does nothing.
+
+The moments:
+
+- a stage started / ended (live: the per-stage task gauge moves with them);
+- an upstream attempt (a context manager around one try), a retry about to
+  happen, the upstream error that ends a request;
+- a request complete, with its immutable :class:`~aiserve_trio.stages.outcome.Outcome`
+  (first-token time, usage, stage times, status).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..errors import UpstreamError
+    from ..stages.outcome import Outcome
+
+
+class UpstreamHook(Protocol):
+    """What an adapter reports: attempts, retries, the error that ends a request."""
+
+    def attempt(self, adapter: str, number: int) -> AbstractContextManager[None]:
+        """Wraps one upstream try (``number`` from 1); an exception through it marks it failed."""
+        ...
+
+    def retrying(self, adapter: str, error: UpstreamError) -> None:
+        """A retryable ``error`` happened before the first token; another try follows."""
+        ...
+
+    def failed(self, adapter: str, error: UpstreamError) -> None:
+        """``error`` ends the request's upstream call (no more tries)."""
+        ...
+
+
+class Hook(UpstreamHook, Protocol):
+    """Everything the request path reports."""
+
+    def stage_started(self, stage: str) -> None:
+        """A stage task began (before it has its input)."""
+        ...
+
+    def stage_ended(self, stage: str, worked: float | None, expired: bool) -> None:
+        """A stage task ended.
+
+        Args:
+            worked: seconds from getting its input to its end; None if it never got any.
+            expired: it ended because its cut point passed.
+        """
+        ...
+
+    def request_complete(self, outcome: Outcome) -> None:
+        """A chat request ended (once per request, whatever happened)."""
+        ...
+
+
+class NullHook:
+    """A hook that records nothing."""
+
+    @contextmanager
+    def attempt(self, adapter: str, number: int) -> Iterator[None]:
+        yield
+
+    def retrying(self, adapter: str, error: UpstreamError) -> None:
+        pass
+
+    def failed(self, adapter: str, error: UpstreamError) -> None:
+        pass
+
+    def stage_started(self, stage: str) -> None:
+        pass
+
+    def stage_ended(self, stage: str, worked: float | None, expired: bool) -> None:
+        pass
+
+    def request_complete(self, outcome: Outcome) -> None:
+        pass
+
+
+NULL_HOOK = NullHook()
