@@ -1,0 +1,93 @@
+"""The one writer of an HTTP response: :class:`Responder` owns the ASGI ``send``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from ..api import error_json
+from ..errors import GatewayError, WriteTimeout
+from .types import JSON_HEADERS, Headers, Send
+
+
+class Responder:
+    """Writes one HTTP response through ASGI ``send``; remembers whether it started.
+
+    The head is sent lazily, so that an error before the first byte can still
+    become a proper HTTP status. With ``write_timeout`` (seconds) every write is
+    bounded by its own cancel scope: a client that takes no byte for that long
+    is given up on (:class:`WriteTimeout`). Chat streams pass None and are
+    watched instead by the sse stage's keep-alive task, which reads
+    ``writing_since`` (cheaper than a scope per token). Writes are serialised,
+    so a heartbeat may go out between the stage's writes.
+    """
+
+    __slots__ = (
+        "_lock",
+        "_send",
+        "finished",
+        "last_write",
+        "started",
+        "write_timeout",
+        "writing_since",
+    )
+
+    def __init__(self, send: Send, write_timeout: float | None = None) -> None:
+        self._send = send
+        self._lock = trio.StrictFIFOLock()
+        self.started = False
+        self.finished = False
+        self.write_timeout = write_timeout
+        #: When the last write completed (``trio.current_time()``).
+        self.last_write = 0.0
+        #: When the write under way started; None when none is.
+        self.writing_since: float | None = None
+
+    async def _write(self, message: dict[str, Any]) -> None:
+        # Uncontended (the common case) the lock costs no checkpoint; the
+        # send itself is one.
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+        try:
+            self.writing_since = trio.current_time()
+            if self.write_timeout is None:
+                await self._send(message)
+            else:
+                with trio.move_on_after(self.write_timeout) as scope:
+                    await self._send(message)
+                if scope.cancelled_caught:
+                    self.finished = True  # nothing more can usefully be sent
+                    raise WriteTimeout("the client stopped reading the response")
+            self.last_write = trio.current_time()
+        finally:
+            self.writing_since = None
+            self._lock.release()
+
+    async def start(self, status: int, headers: Headers) -> None:
+        self.started = True
+        await self._write({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, *, more: bool = True) -> None:
+        if not more:
+            self.finished = True
+        await self._write({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def ping(self, comment: bytes) -> None:
+        """An SSE comment, if the stream is open and no write is under way."""
+        if self.started and not self.finished and not self._lock.locked():
+            await self.body(comment)
+
+    async def complete(self, status: int, headers: Headers, data: bytes) -> None:
+        """A whole response in one go (errors, JSON bodies)."""
+        headers = [*headers, (b"content-length", b"%d" % len(data))]
+        await self.start(status, headers)
+        await self.body(data, more=False)
+
+    async def error(self, err: GatewayError, extra: Headers | None = None) -> None:
+        """An error response with the OpenAI envelope, before anything was sent."""
+        headers = [*JSON_HEADERS, *(extra or [])]
+        headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+        await self.complete(err.status, headers, error_json(err))

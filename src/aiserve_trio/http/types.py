@@ -1,0 +1,20 @@
+"""ASGI types and the header lists every response reuses."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Message = MutableMapping[str, Any]
+Scope = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+Receive = Callable[[], Awaitable[Message]]
+Headers = list[tuple[bytes, bytes]]
+
+JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
+SSE_HEADERS: Headers = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+METRICS_HEADERS: Headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
