@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from .errors import BadRequest
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
+#: The pipeline's stages in order: the cut points below are theirs.
+STAGES = ("parse", "context", "inference", "sse")
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,51 +2,95 @@
 
 ::
 
-    receive() --body--> parse --ChatRequest--> context --InferenceRequest-->
-        inference --Delta--> sse --> send()
+    receive() --body--> parse --ParsedRequest--> context --Prepared--> inference
+        --Delta--> sse --> send()        (context also hands its Prepared to sse)
 
 The stages run as tasks joined by memory channels with buffers of 0 or 1, so a
-slow client's backpressure reaches the upstream. Each stage runs in its own
-cancel scope whose deadline is its cumulative cut point (see ``budgets.py``).
-A watcher task owns ``receive()``: it forwards the body to the parse stage and
-then waits for ``http.disconnect``, which cancels the whole request. (hypercorn's
-``send()`` does not raise after a disconnect, so a loop that only sends would
-never notice.)
+slow client's backpressure reaches the upstream. Every stage runs in the same
+shell (:meth:`Pipeline._stage`): it waits for the stage's input, runs the
+stage inside a cancel scope whose deadline is the stage's cumulative cut point
+(``Budget.cut``), reports its start, end and expiry to the event hook, closes
+the stage's channels when it ends (so end-of-stream needs no sentinel), and
+records its failure. A watcher task owns ``receive()``: it forwards the body
+to the parse stage and then waits for ``http.disconnect``, which cancels the
+whole request. (hypercorn's ``send()`` does not raise after a disconnect, so a
+loop that only sends would never notice.)
 
-Failures are reported, not raised, by the stages: the first one in pipeline
-order wins and is written once at the end -- an HTTP error with the OpenAI
-envelope before the first byte, a final SSE error event and ``[DONE]`` after.
+The first failure in pipeline order wins and is written once at the end -- an
+HTTP error with the OpenAI envelope before the first byte, the assembler's
+final error event and ``[DONE]`` after. The pipeline then returns one
+immutable :class:`~.stages.outcome.Outcome`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Awaitable, Callable
-from functools import partial
-from typing import TYPE_CHECKING
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
-from .adapters.base import Delta, InferenceRequest
-from .errors import GatewayError, InternalError, NotFound, StageDeadlineExceeded
-from .observability.metrics import STAGES, Metrics, label_value, status_label
-from .security.admission import Admission, BodyReadTimeout, WriteTimeout
-from .sessions.outbox import TurnRecord
-from .stages.context import context_stage
-from .stages.inference import inference_stage
-from .stages.parse import ChatRequest, check_content_type, decode_request, read_body
-from .stages.request import Receive, RequestState, Responder
-from .stages.sse import DONE, SSEFramer, sse_stage
+from .adapters.base import Delta
+from .errors import BodyReadTimeout, GatewayError, InternalError
+from .http.sse import DONE, ChatFramer
+from .observability.events import NULL_HOOK, Hook
+from .stages.context import ContextStage
+from .stages.inference import InferenceStage
+from .stages.outcome import Outcome, status_of
+from .stages.parse import ParseStage
+from .stages.sse import SSEStage
+from .stages.types import STAGES, ParsedRequest, Prepared, RequestInfo, response_headers
 
 if TYPE_CHECKING:
     from .config import Config
-    from .observability.observer import RequestObserver
+    from .http.responder import Responder
+    from .http.types import Receive
+    from .security.admission import Admission
     from .sessions.bus import SessionBus
     from .sessions.outbox import WriteBack
 
 log = logging.getLogger("aiserve_trio.pipeline")
-_STAGE_ORDER = {name: i for i, name in enumerate(STAGES)}
+_ORDER = {name: i for i, name in enumerate(STAGES)}
+_In = TypeVar("_In", contravariant=True)
+
+
+class _Stage(Protocol[_In]):
+    name: str
+    info: RequestInfo
+    #: Channels the stage owns: closed when it ends, whatever happened.
+    owned: tuple[Any, ...]
+
+    async def run(self, item: _In, /) -> None: ...
+
+    async def expired(self, item: _In, /) -> None: ...
+
+
+class _Run:
+    """What the shells and the watcher of one request found out (read after they join)."""
+
+    __slots__ = ("disconnect_stage", "disconnected", "error", "error_stage", "started", "times")
+
+    def __init__(self) -> None:
+        self.error: GatewayError | None = None
+        self.error_stage: str | None = None
+        self.disconnected = False
+        self.disconnect_stage: str | None = None
+        #: When each stage got its input; (got input, ended) once it ended.
+        self.started: dict[str, float] = {}
+        self.times: dict[str, tuple[float, float]] = {}
+
+    def fail(self, stage: str, err: GatewayError) -> bool:
+        """Record a failure; the earliest stage in pipeline order wins.
+
+        Returns whether ``err`` is now the request's error.
+        """
+        if self.error_stage is not None and _ORDER[self.error_stage] <= _ORDER[stage]:
+            return False
+        self.error, self.error_stage = err, stage
+        return True
+
+    def furthest(self) -> str:
+        return max(self.started, key=_ORDER.__getitem__, default="parse")
 
 
 class Pipeline:
@@ -55,187 +99,134 @@ class Pipeline:
     def __init__(
         self,
         config: Config,
-        metrics: Metrics,
         bus: SessionBus | None,
+        *,
         writeback: WriteBack | None = None,
+        admission: Admission | None = None,
+        hook: Hook = NULL_HOOK,
     ) -> None:
         self.config = config
-        self.metrics = metrics
         self.bus = bus
         self.writeback = writeback
-        #: Set by the app: open-stream cap (checked once a request asks to stream).
-        self.admission: Admission | None = None
-        #: Set by the app: SLA metrics, baseline, trace and debug list per request.
-        self.observer: RequestObserver | None = None
+        self.admission = admission
+        self.hook = hook
 
-    async def run(self, state: RequestState, receive: Receive, responder: Responder) -> None:
-        """Serve one chat request, then write its turns to the session bus.
+    async def run(self, info: RequestInfo, receive: Receive, responder: Responder) -> Outcome:
+        """Serve one chat request, report it, and write its turns to the session bus.
 
         Never raises a GatewayError: it is written instead.
         """
-        record = TurnRecord()
-        try:
-            await self._run(state, receive, responder, record)
-        finally:
-            if state.stream_slot and self.admission is not None:
-                self.admission.close_stream()
-        if self.writeback is not None and state.session_id is not None:
-            await self.writeback.after_request(state, record)
+        with ExitStack() as slots:  # the open-stream slot, if the parse stage took one
+            outcome = await self._run(info, receive, responder, slots)
+        self.hook.request_complete(outcome)
+        if self.writeback is not None and info.session_id is not None:
+            await self.writeback.after_request(outcome)
+        return outcome
 
     async def _run(
-        self, state: RequestState, receive: Receive, responder: Responder, record: TurnRecord
-    ) -> None:
+        self, info: RequestInfo, receive: Receive, responder: Responder, slots: ExitStack
+    ) -> Outcome:
         body_send, body_recv = trio.open_memory_channel[bytes](0)
-        req_send, req_recv = trio.open_memory_channel[ChatRequest](0)
-        inf_send, inf_recv = trio.open_memory_channel[InferenceRequest](0)
+        req_send, req_recv = trio.open_memory_channel[ParsedRequest](0)
+        inf_send, inf_recv = trio.open_memory_channel[Prepared](0)
+        plan_send, plan_recv = trio.open_memory_channel[Prepared](1)
         delta_send, delta_recv = trio.open_memory_channel[Delta](1)
-        sessions = self.config.sessions
-
-        bus, hist, tmpl = self.bus, sessions.history_turns, sessions.system_template
-        context = partial(context_stage, state, req_recv, inf_send, bus, tmpl, hist, record)
-        work: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-            ("parse", partial(self._parse, state, body_recv, req_send)),
-            ("context", context),
-            ("inference", partial(inference_stage, state, inf_recv, delta_send)),
-            ("sse", partial(self._sse, state, delta_recv, responder)),
-        ]
+        cfg = self.config
+        sc = cfg.sessions
+        parse = ParseStage(info, body_recv, req_send, cfg.limits, self.admission, slots)
+        context = ContextStage(
+            info, req_recv, inf_send, plan_send, self.bus, sc.system_template, sc.history_turns
+        )
+        inference = InferenceStage(info, inf_recv, delta_send)
+        sse = SSEStage(info, delta_recv, plan_recv, responder, cfg.limits)
+        run = _Run()
         try:
             async with trio.open_nursery() as request_nursery:
                 request_nursery.start_soon(
-                    self._watch, state, receive, body_send, responder, request_nursery.cancel_scope
-                )
-                state.on_stream_start = partial(
-                    request_nursery.start_soon,
-                    self._keepalive,
-                    state,
-                    responder,
-                    request_nursery.cancel_scope,
+                    self._watch, run, receive, body_send, responder, request_nursery.cancel_scope
                 )
                 async with trio.open_nursery() as stages:
-                    for name, fn in work:
-                        stages.start_soon(self._stage, state, name, fn, stages.cancel_scope)
+                    cancel = stages.cancel_scope
+                    stages.start_soon(self._stage, run, parse, None, cancel)
+                    stages.start_soon(self._stage, run, context, req_recv, cancel)
+                    stages.start_soon(self._stage, run, inference, inf_recv, cancel)
+                    stages.start_soon(self._stage, run, sse, delta_recv, cancel)
                 request_nursery.cancel_scope.cancel(reason="request finished")
         except Exception as exc:  # a bug in a stage: log it, tell the client nothing of it
-            log.exception("request %s failed inside the gateway", state.request_id, exc_info=exc)
-            state.fail("sse", InternalError("the gateway failed while serving this request"))
+            log.exception("request %s failed inside the gateway", info.request_id, exc_info=exc)
+            run.fail("sse", InternalError("the gateway failed while serving this request"))
 
-        if state.disconnected:
-            self._count(state, "client_closed")
-            return
-        if state.error is None and not responder.finished:
-            state.fail("sse", InternalError("the request ended without a response"))
-        if state.error is not None:
-            await self._write_error(state, responder, state.error)
-            # Counted by the error's status even when the stream had started with 200.
-            self._count(state, status_label(state.error.status))
-            return
-        self._count(state, "ok")
-
-    # --- the stages' shells --------------------------------------------------
+        if not run.disconnected:
+            if run.error is None and not responder.finished:
+                run.fail("sse", InternalError("the request ended without a response"))
+            if run.error is not None:
+                await self._write_error(info, responder, run.error, context.result, sse)
+        asm = sse.assembler
+        prepared = context.result
+        parsed = parse.result
+        return Outcome(
+            request_id=info.request_id,
+            route=info.route.label,
+            channel=info.channel,
+            arrival=info.budget.arrival,
+            ended=trio.current_time(),
+            status=status_of(run.error, run.disconnected),
+            info=info,
+            model=parsed.model if parsed is not None else "",
+            stream=parsed.stream if parsed is not None else False,
+            error=None if run.disconnected else run.error,
+            error_stage=run.disconnect_stage if run.disconnected else run.error_stage,
+            prepared=prepared,
+            policy=context.policy,
+            stages=run.times,
+            first_token_at=asm.first_token_at if asm is not None else None,
+            usage=asm.usage if asm is not None else None,
+            finish_reason=asm.finish_reason if asm is not None else None,
+            delivered=asm.delivered if asm is not None else "",
+            disconnected=run.disconnected,
+        )
 
     async def _stage(
         self,
-        state: RequestState,
-        name: str,
-        work: Callable[[], Awaitable[None]],
+        run: _Run,
+        stage: _Stage[Any],
+        inbox: trio.MemoryReceiveChannel[Any] | None,
         cancel: trio.CancelScope,
     ) -> None:
-        """Run one stage: count it, time it, report its failure and stop the others."""
-        m = self.metrics
-        gauge = m.task_count.labels(name)
-        gauge.inc()
+        """The one shell every stage runs in (see the module docstring)."""
+        name = stage.name
+        hook = self.hook
+        hook.stage_started(name)
+        started: float | None = None
+        expired = False
         try:
-            await work()
+            item: Any = None
+            with trio.move_on_at(stage.info.budget.cut(name)) as scope:
+                if inbox is not None:
+                    try:
+                        item = await inbox.receive()
+                    except trio.EndOfChannel:
+                        return  # an earlier stage failed and says why
+                started = run.started[name] = trio.current_time()
+                await stage.run(item)
+            # Expired while waiting for its input: the stage before it reports.
+            if scope.cancelled_caught and started is not None:
+                expired = True
+                await stage.expired(item)
         except GatewayError as exc:
-            if isinstance(exc, StageDeadlineExceeded):
-                m.stage_expiries.labels(exc.stage).inc()
-            if state.fail(name, exc):
+            if run.fail(name, exc):
                 cancel.cancel(reason=f"{name} stage failed")
         finally:
-            gauge.dec()
-            started = state.stage_started.get(name)
+            for channel in stage.owned:
+                channel.close()
+            ended = trio.current_time()
             if started is not None:
-                ended = state.stage_ended[name] = trio.current_time()
-                m.stage_latency.labels(name).observe(ended - started)
-
-    async def _parse(
-        self,
-        state: RequestState,
-        body: trio.MemoryReceiveChannel[bytes],
-        out: trio.MemorySendChannel[ChatRequest],
-    ) -> None:
-        limits = self.config.limits
-        route = state.route
-        async with out, body:
-            state.mark("parse")
-            with trio.move_on_at(state.budget.context_end) as scope:
-                check_content_type(state.headers.get("content-type"))
-                raw = await read_body(body, limits.max_body_bytes)
-                req = decode_request(raw, limits, route.config.default_model)
-                if req.model not in route.adapter.models:
-                    raise NotFound(
-                        f"the model {req.model!r} is not served on this route "
-                        f"(models: {', '.join(route.adapter.models)})",
-                        param="model",
-                        code="model_not_found",
-                    )
-                state.model = req.model
-                if req.stream and self.admission is not None:
-                    self.admission.open_stream()  # 503 before the head if at the cap
-                    state.stream_slot = True
-                state.stream = req.stream
-                state.include_usage = req.include_usage
-                await out.send(req)
-            if scope.cancelled_caught:
-                raise StageDeadlineExceeded(
-                    "parse", "the request body did not arrive within the context budget"
-                )
-
-    async def _sse(
-        self,
-        state: RequestState,
-        deltas: trio.MemoryReceiveChannel[Delta],
-        responder: Responder,
-    ) -> None:
-        with trio.move_on_at(state.budget.deadline) as scope:
-            await sse_stage(state, deltas, responder)
-        if scope.cancelled_caught:
-            raise StageDeadlineExceeded("sse")
-
-    async def _keepalive(
-        self, state: RequestState, responder: Responder, request_scope: trio.CancelScope
-    ) -> None:
-        """Heartbeats and the write deadline of one event stream, in one task.
-
-        ``: ping`` goes out when the stream has been idle ``heartbeat_s``; a write
-        the client has not taken within ``write_timeout_ms`` ends the request.
-        One watchdog per stream costs less than a cancel scope per write, and
-        it only starts once a response is actually streaming.
-        """
-        limits = self.config.limits
-        every = limits.heartbeat_s or math.inf
-        stall = limits.write_timeout_ms / 1000.0
-        while not responder.finished:
-            now = trio.current_time()
-            since = responder.writing_since
-            # Compare with the very sum slept until: `now - last >= every` can
-            # miss by a rounding error and spin at the same instant.
-            if since is None and now >= responder.last_write + every:
-                with trio.move_on_after(stall):
-                    await responder.ping()
-                since = responder.writing_since  # still set: the ping did not go out
-                now = trio.current_time()
-            if since is not None and now >= since + stall:
-                responder.finished = True  # nothing more can usefully be sent
-                state.fail("sse", WriteTimeout("the client stopped reading the response"))
-                request_scope.cancel(reason="write deadline")
-                return
-            wake = now + stall if since is None else since + stall
-            await trio.sleep_until(min(wake, responder.last_write + every))
+                run.times[name] = (started, ended)
+            hook.stage_ended(name, None if started is None else ended - started, expired)
 
     async def _watch(
         self,
-        state: RequestState,
+        run: _Run,
         receive: Receive,
         body: trio.MemorySendChannel[bytes],
         responder: Responder,
@@ -248,12 +239,12 @@ class Pipeline:
                 with trio.move_on_after(idle) as wait:
                     msg = await receive()
                 if wait.cancelled_caught:  # a slowloris body: refuse it, free the slot
-                    if state.fail("parse", BodyReadTimeout("the request body stopped arriving")):
+                    if run.fail("parse", BodyReadTimeout("the request body stopped arriving")):
                         request_scope.cancel(reason="request body stalled")
                     return
                 kind = msg["type"]
                 if kind == "http.disconnect":
-                    self._disconnected(state, request_scope)
+                    self._disconnected(run, request_scope)
                     return
                 if kind != "http.request":
                     continue
@@ -272,34 +263,32 @@ class Pipeline:
             if msg["type"] == "http.disconnect":
                 # hypercorn also reports the end of a completed response this way.
                 if not responder.finished:
-                    self._disconnected(state, request_scope)
+                    self._disconnected(run, request_scope)
                 return
 
-    def _disconnected(self, state: RequestState, request_scope: trio.CancelScope) -> None:
-        state.disconnected = True
-        self.metrics.disconnects.labels(state.current_stage()).inc()
+    @staticmethod
+    def _disconnected(run: _Run, request_scope: trio.CancelScope) -> None:
+        run.disconnected = True
+        run.disconnect_stage = run.furthest()
         request_scope.cancel(reason="client disconnected")
 
-    # --- the end -------------------------------------------------------------
-
     async def _write_error(
-        self, state: RequestState, responder: Responder, err: GatewayError
+        self,
+        info: RequestInfo,
+        responder: Responder,
+        err: GatewayError,
+        prepared: Prepared | None,
+        sse: SSEStage,
     ) -> None:
-        budget = state.budget
+        budget = info.budget
         # The reserve is what is kept back for exactly this write.
         limit = max(budget.deadline, trio.current_time()) + budget.reserve
         with trio.move_on_at(limit):
             if not responder.started:
-                await responder.error(err, state.response_headers())
+                await responder.error(err, response_headers(info, prepared))
             elif not responder.finished:
-                framer = state.framer or SSEFramer(state.request_id, state.model, state.created)
-                await responder.body(framer.error(err) + DONE, more=False)
-
-    def _count(self, state: RequestState, status: str) -> None:
-        m = self.metrics
-        m.child(m.requests, state.route.label, state.model_label(), state.channel, status).inc()
-        if state.policy_context is not None:  # policy names like "gdpr-redact" are folded
-            for policy, action in state.policy_context.actions:
-                m.child(m.policy_actions, label_value(policy), action).inc()
-        if self.observer is not None:
-            self.observer.finish(state, status)
+                asm = sse.assembler
+                tail = asm.fail(err) if asm is not None else None
+                if tail is None:  # the head went out without a framed event
+                    tail = ChatFramer(info.request_id, "", info.created).error(err) + DONE
+                await responder.body(tail, more=False)

@@ -17,12 +17,14 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
+from ..budgets import STAGES
 from .baseline import Assessment
+
+__all__ = ["STAGES", "Metrics", "check_label", "label_value", "status_label"]
 
 M = TypeVar("M", bound=MetricWrapperBase)
 
 LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-STAGES = ("parse", "context", "inference", "sse")
 #: 1 ms x 2^k, 16 buckets: 1 ms .. ~32.8 s.
 STAGE_BUCKETS = tuple(0.001 * 2**k for k in range(16))
 _FOLD_RE = re.compile(r"[^a-z0-9_]+")

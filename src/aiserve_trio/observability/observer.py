@@ -1,24 +1,30 @@
-"""What happens when a request ends: SLA metrics, the baseline, the trace, the debug list.
+"""The one sink of the request path's event hook: Prometheus, OpenTelemetry, the baseline,
+the debug list.
 
-The pipeline calls :meth:`RequestObserver.finish` once per chat request with
-its outcome; everything an operator uses to attribute latency (request ->
-stage -> upstream attempt) is recorded here, off the stages' own code paths.
+:class:`RequestObserver` implements :class:`~.events.Hook`. Everything an
+operator uses to attribute latency (request -> stage -> upstream attempt) is
+recorded here, off the stages' own code paths: the stages and adapters only
+say what happened.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import trio
 
 from .baseline import BaselineMonitor
-from .metrics import STAGES, Metrics
-from .tracing import NOOP_TRACE
+from .metrics import STAGES, Metrics, label_value
+from .tracing import NOOP_TRACE, upstream_attempt
 
 if TYPE_CHECKING:
-    from ..stages.request import RequestState
+    from prometheus_client import Counter
+
+    from ..errors import UpstreamError
+    from ..stages.outcome import Outcome
 
 
 class RecentRequest(msgspec.Struct, kw_only=True):
@@ -40,7 +46,7 @@ class RecentList(msgspec.Struct, kw_only=True):
 
 
 class RequestObserver:
-    """Records each finished request; one per app."""
+    """Records what the request path reports; one per app."""
 
     def __init__(
         self,
@@ -54,79 +60,124 @@ class RequestObserver:
         self.keep_recent = keep_recent
         # The slowest are picked from a window ten times the listing's size.
         self._recent: deque[RecentRequest] = deque(maxlen=max(keep_recent * 10, 1))
+        m = metrics
+        # Children bound once: `labels()` is a dict lookup under a lock per call.
+        self._tasks = {s: m.task_count.labels(s) for s in STAGES}
+        self._latency = {s: m.stage_latency.labels(s) for s in STAGES}
+        self._children: dict[tuple[Any, ...], Any] = {}
 
-    def finish(self, state: RequestState, outcome: str) -> None:
-        now = trio.current_time()
-        arrival = state.budget.arrival
-        route = state.route.label
-        model = state.model_label()
+    def _child(self, metric: Counter, *values: str) -> Any:
+        key = (metric, *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.metrics.child(metric, *values)
+        return child
+
+    # --- stages ---------------------------------------------------------------
+
+    def stage_started(self, stage: str) -> None:
+        self._tasks[stage].inc()
+
+    def stage_ended(self, stage: str, worked: float | None, expired: bool) -> None:
+        self._tasks[stage].dec()
+        if worked is not None:
+            self._latency[stage].observe(worked)
+        if expired:
+            self.metrics.stage_expiries.labels(stage).inc()
+
+    # --- upstream -------------------------------------------------------------
+
+    @contextmanager
+    def attempt(self, adapter: str, number: int) -> Iterator[None]:
+        with upstream_attempt(number) as span:
+            try:
+                yield
+            except Exception as exc:
+                code = getattr(exc, "code", None) or type(exc).__name__
+                span.set_attribute("aiserve.error_code", code)
+                raise
+
+    def retrying(self, adapter: str, error: UpstreamError) -> None:
+        self.metrics.upstream_retries.labels(adapter).inc()
+
+    def failed(self, adapter: str, error: UpstreamError) -> None:
+        self.metrics.upstream_errors.labels(adapter, error.code or "upstream_error").inc()
+
+    # --- the end of a request -------------------------------------------------
+
+    def request_complete(self, outcome: Outcome) -> None:
         m = self.metrics
-        ok = outcome == "ok"
-        if state.first_token_at is not None:
-            ttft = state.first_token_at - arrival
+        route = outcome.route
+        model = outcome.model_label
+        self._child(m.requests, route, model, outcome.channel, outcome.status).inc()
+        if outcome.policy is not None:  # policy names like "gdpr-redact" are folded
+            for policy, action in outcome.policy.actions:
+                self._child(m.policy_actions, label_value(policy), action).inc()
+        if outcome.disconnected:
+            m.disconnects.labels(outcome.error_stage or "parse").inc()
+        if outcome.first_token_at is not None:
+            ttft = outcome.first_token_at - outcome.arrival
             m.ttft.labels(route).observe(ttft)
             m.model_ttft.labels(route, model).observe(ttft)
-        if state.usage is not None:
+        usage = outcome.usage
+        if usage is not None:
             for direction, n in (
-                ("prompt", state.usage.prompt_tokens),
-                ("completion", state.usage.completion_tokens),
+                ("prompt", usage.prompt_tokens),
+                ("completion", usage.completion_tokens),
             ):
                 m.tokens.labels(route, direction).inc(n)
                 m.model_tokens.labels(route, model, direction).inc(n)
-        if ok:
-            m.request_duration.labels(route, model).observe(now - arrival)
+        total = outcome.ended - outcome.arrival
+        if outcome.ok:
+            m.request_duration.labels(route, model).observe(total)
             if self.baseline is not None:
-                prompt = state.usage.prompt_tokens if state.usage is not None else 0
-                self.baseline.record(route, now - arrival, prompt)
-
-        if state.trace is not NOOP_TRACE:
-            self._trace(state, outcome, now)
+                self.baseline.record(route, total, usage.prompt_tokens if usage else 0)
+        if outcome.info is not None and outcome.info.trace is not NOOP_TRACE:
+            self._trace(outcome)
         if self.keep_recent:
-            self._remember(state, outcome, now)
+            self._remember(outcome)
 
     @staticmethod
-    def _trace(state: RequestState, outcome: str, now: float) -> None:
-        arrival = state.budget.arrival
-        stages: dict[str, tuple[float, float]] = {}
-        for name in STAGES:
-            t0 = state.stage_started.get(name)
-            t1 = state.stage_ended.get(name)
-            if t0 is not None and t1 is not None and name != "inference":
-                stages[name] = (t0, t1)
-        anchors = {"gateway_receive_time": arrival, "response_sent_time": now}
-        if "inference" in state.stage_started:
-            anchors["inference_start_time"] = state.stage_started["inference"]
-        if state.first_token_at is not None:
-            anchors["first_token_time"] = state.first_token_at
-        attrs: dict[str, Any] = {"model": state.model, "channel": state.channel}
-        if state.usage is not None:
-            attrs["prompt_tokens"] = state.usage.prompt_tokens
-            attrs["completion_tokens"] = state.usage.completion_tokens
-        error = state.error.message if state.error is not None else None
-        state.trace.finish(
-            stages=stages, anchors=anchors, end=now, status=outcome, error=error, attributes=attrs
+    def _trace(outcome: Outcome) -> None:
+        assert outcome.info is not None
+        # The inference stage has a live span of its own.
+        stages = {k: v for k, v in outcome.stages.items() if k != "inference"}
+        anchors = {"gateway_receive_time": outcome.arrival, "response_sent_time": outcome.ended}
+        if "inference" in outcome.stages:
+            anchors["inference_start_time"] = outcome.stages["inference"][0]
+        if outcome.first_token_at is not None:
+            anchors["first_token_time"] = outcome.first_token_at
+        attrs: dict[str, Any] = {"model": outcome.model, "channel": outcome.channel}
+        if outcome.usage is not None:
+            attrs["prompt_tokens"] = outcome.usage.prompt_tokens
+            attrs["completion_tokens"] = outcome.usage.completion_tokens
+        error = outcome.error.message if outcome.error is not None else None
+        outcome.info.trace.finish(
+            stages=stages,
+            anchors=anchors,
+            end=outcome.ended,
+            status=outcome.status,
+            error=error,
+            attributes=attrs,
         )
 
-    def _remember(self, state: RequestState, outcome: str, now: float) -> None:
-        arrival = state.budget.arrival
+    def _remember(self, outcome: Outcome) -> None:
+        arrival = outcome.arrival
+        ttft = outcome.first_token_at
         self._recent.append(
             RecentRequest(
-                request_id=state.request_id,
-                route=state.route.label,
-                model=state.model,
-                channel=state.channel,
-                outcome=outcome,
-                total_ms=round((now - arrival) * 1000, 3),
-                ttft_ms=round((state.first_token_at - arrival) * 1000, 3)
-                if state.first_token_at is not None
-                else None,
+                request_id=outcome.request_id,
+                route=outcome.route,
+                model=outcome.model,
+                channel=outcome.channel,
+                outcome=outcome.status,
+                total_ms=round((outcome.ended - arrival) * 1000, 3),
+                ttft_ms=round((ttft - arrival) * 1000, 3) if ttft is not None else None,
                 stages_ms={
-                    name: round((state.stage_ended[name] - t0) * 1000, 3)
-                    for name, t0 in state.stage_started.items()
-                    if name in state.stage_ended
+                    name: round((t1 - t0) * 1000, 3) for name, (t0, t1) in outcome.stages.items()
                 },
-                trace_id=state.trace.trace_id,
-                error_stage=state.error_stage,
+                trace_id=outcome.info.trace.trace_id if outcome.info is not None else None,
+                error_stage=outcome.error_stage,
             )
         )
 

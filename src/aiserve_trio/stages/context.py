@@ -1,12 +1,14 @@
 """The context stage: session history and variables, input policies, the prompt.
 
-Turns the decoded :class:`~.parse.ChatRequest` into the adapter's
-:class:`~aiserve_trio.adapters.base.InferenceRequest`. The session load is the
-part that can be slow or fail (the bus may be Redis); if the stage's cut point
-passes or the bus is unreachable, the route's ``on_context_timeout`` decides:
-``fail`` (504 naming the stage, or 503 ``session_bus_unavailable``) or
-``degrade`` (go on without session context; the response says so in the
-``X-Aiserve-Degraded`` header).
+Turns the :class:`~.types.ParsedRequest` into a :class:`~.types.Prepared`:
+the adapter's :class:`~aiserve_trio.adapters.base.InferenceRequest` (session
+context in, input policies applied, fitted to the model's window by the
+adapter) and what the sse stage needs to answer (output filters, the policy
+context, whether the request was degraded). The session load is the part that
+can be slow or fail (the bus may be Redis); if the stage's cut point passes or
+the bus is unreachable, the route's ``on_context_timeout`` decides: ``fail``
+(504 naming the stage, or 503 ``session_bus_unavailable``) or ``degrade`` (go
+on without session context; the response says so in ``X-Aiserve-Degraded``).
 """
 
 from __future__ import annotations
@@ -19,17 +21,15 @@ from ..adapters.base import InferenceRequest, Message
 from ..errors import StageDeadlineExceeded
 from ..policies.base import PolicyContext
 from ..sessions.bus import SessionBusError, check_vars
-from .parse import ChatRequest
-from .request import RequestState
+from .types import ParsedRequest, Prepared, RequestInfo
 
 if TYPE_CHECKING:
     from ..sessions.bus import Session, SessionBus
-    from ..sessions.outbox import TurnRecord
 
 _FORWARDED = ("traceparent", "tracestate")
 
 
-def prompt_messages(req: ChatRequest) -> list[Message]:
+def prompt_messages(req: ParsedRequest) -> list[Message]:
     """The request's messages as text-only prompt messages."""
     return [Message(role=m.role, content=m.text(), name=m.name) for m in req.body.messages]
 
@@ -50,90 +50,114 @@ def with_session(
     return [*messages[:n_sys], *prefix, *messages[n_sys:]], dict(session.variables)
 
 
-async def context_stage(
-    state: RequestState,
-    inbox: trio.MemoryReceiveChannel[ChatRequest],
-    out: trio.MemorySendChannel[InferenceRequest],
-    bus: SessionBus | None,
-    system_template: str,
-    history_turns: int,
-    record: TurnRecord | None = None,
-) -> None:
-    """Run the context stage for one request (see the module docstring).
+class ContextStage:
+    """Loads the session, runs the input policies, and prepares the model's request."""
 
-    Args:
-        record: filled with the user's message as the model sees it, for the
-            write-back after the reply.
+    name = "context"
 
-    Raises:
-        StageDeadlineExceeded: the cut point passed and the route does not degrade.
+    def __init__(
+        self,
+        info: RequestInfo,
+        inbox: trio.MemoryReceiveChannel[ParsedRequest],
+        to_inference: trio.MemorySendChannel[Prepared],
+        to_sse: trio.MemorySendChannel[Prepared],
+        bus: SessionBus | None,
+        system_template: str,
+        history_turns: int,
+    ) -> None:
+        self.info = info
+        self.to_inference = to_inference
+        self.to_sse = to_sse
+        self.bus = bus
+        self.system_template = system_template
+        self.history_turns = history_turns
+        self.owned = (to_inference, to_sse, inbox)
+        #: The policies' notes and actions (set before they run, so a block is counted).
+        self.policy: PolicyContext | None = None
+        #: What the stage handed on, once it has.
+        self.result: Prepared | None = None
+
+    async def run(self, req: ParsedRequest) -> None:
+        """Raises:
         SessionBusError: the bus failed and the route does not degrade.
         BadRequest: ``metadata`` is not acceptable as session variables.
-    """
-    route = state.route
-    async with out, inbox:
-        req: ChatRequest | None = None
-        messages: list[Message] = []
-        variables: dict[str, str] = {}
-        bus_error: SessionBusError | None = None
-        with trio.move_on_at(state.budget.context_end) as scope:
-            try:
-                req = await inbox.receive()
-            except trio.EndOfChannel:
-                return  # parse failed and says why
-            state.mark("context")
-            messages = prompt_messages(req)
-            if req.body.metadata:
-                check_vars(req.body.metadata, "metadata")
-            try:
-                if req.body.metadata and bus is not None and state.session_id:
-                    await bus.set_vars(
-                        state.tenant, state.session_id, req.body.metadata, route.config.context_ttl
-                    )
-                if bus is not None and state.session_id:
-                    session = await bus.load(
-                        state.tenant, state.session_id, history_turns, route.config.context_ttl
-                    )
-                    messages, variables = with_session(messages, session, system_template)
-            except SessionBusError as exc:
-                bus_error = exc
-        if scope.cancelled_caught or bus_error is not None:
-            if req is None:
-                return  # still parsing: the parse stage reports its own expiry
-            if route.config.on_context_timeout != "degrade":
-                raise bus_error or StageDeadlineExceeded("context")
-            state.degraded = "context"
-            messages = prompt_messages(req)
-            variables = {}
-        assert req is not None
+        PolicyViolation: an input policy blocked the request.
+        """
+        info = self.info
+        metadata = req.body.metadata
+        if metadata:
+            check_vars(metadata, "metadata")
+        bus, sid = self.bus, info.session_id
+        if bus is None or sid is None:
+            await self._hand_on(req, prompt_messages(req), {}, None)
+            return
+        ttl = info.route.config.context_ttl
+        try:
+            if metadata:
+                await bus.set_vars(info.tenant, sid, metadata, ttl)
+            session = await bus.load(info.tenant, sid, self.history_turns, ttl)
+        except SessionBusError:
+            if info.route.config.on_context_timeout != "degrade":
+                raise
+            await self._hand_on(req, prompt_messages(req), {}, "context")
+            return
+        messages, variables = with_session(prompt_messages(req), session, self.system_template)
+        await self._hand_on(req, messages, variables, None)
+
+    async def expired(self, req: ParsedRequest) -> None:
+        """The cut passed while the session was loading: degrade or fail."""
+        if self.info.route.config.on_context_timeout != "degrade":
+            raise StageDeadlineExceeded("context")
+        # Still bounded: whatever is left must leave the model its own budget.
+        with trio.move_on_at(self.info.budget.inference_end):
+            await self._hand_on(req, prompt_messages(req), {}, "context")
+            return
+        raise StageDeadlineExceeded("context")
+
+    async def _hand_on(
+        self,
+        req: ParsedRequest,
+        messages: list[Message],
+        variables: dict[str, str],
+        degraded: str | None,
+    ) -> None:
+        info = self.info
+        route = info.route
         if req.body.metadata:
             variables = {**variables, **req.body.metadata}
-        ctx = PolicyContext(
+        ctx = self.policy = PolicyContext(
             route=route.label,
-            channel=state.channel,
-            tenant=state.tenant,
-            request_id=state.request_id,
+            channel=info.channel,
+            tenant=info.tenant,
+            request_id=info.request_id,
         )
-        # Set before the policies run, so that a block's recorded action is counted.
-        state.policy_context = ctx
+        own = len(req.body.messages)
         for policy in route.policies:
             messages = policy.check_input(messages, ctx)
-        if record is not None:
-            own = messages[-len(req.body.messages) :] if req.body.messages else []
-            record.user_text = next((m.content for m in reversed(own) if m.role == "user"), "")
-        state.filters = [f for p in route.policies if (f := p.output_filter(ctx)) is not None]
-        forward = {k: state.headers[k] for k in _FORWARDED if k in state.headers}
-        await out.send(
-            InferenceRequest(
-                request_id=state.request_id,
-                model=req.model,
-                messages=messages,
-                deadline=state.budget.inference_end,
-                max_tokens=req.max_tokens,
-                temperature=req.body.temperature,
-                top_p=req.body.top_p,
-                stop=req.stop,
-                variables=variables,
-                forward_headers=forward,
-            )
+        user_text = next((m.content for m in reversed(messages[-own:]) if m.role == "user"), "")
+        forward = {k: info.headers[k] for k in _FORWARDED if k in info.headers}
+        request = InferenceRequest(
+            request_id=info.request_id,
+            model=req.model,
+            messages=messages,
+            deadline=info.budget.inference_end,
+            max_tokens=req.max_tokens,
+            temperature=req.body.temperature,
+            top_p=req.body.top_p,
+            stop=req.stop,
+            variables=variables,
+            forward_headers=forward,
         )
+        request = await route.adapter.prepare(request)
+        prepared = Prepared(
+            parsed=req,
+            inference=request,
+            filters=[f for p in route.policies if (f := p.output_filter(ctx)) is not None],
+            policy=ctx,
+            degraded=degraded,
+            user_text=user_text,
+        )
+        self.result = prepared
+        # The sse stage's copy first: it must be there when the first delta is.
+        self.to_sse.send_nowait(prepared)
+        await self.to_inference.send(prepared)

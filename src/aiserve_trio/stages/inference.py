@@ -8,37 +8,45 @@ a call that cannot finish.
 
 from __future__ import annotations
 
+import msgspec
 import trio
 
-from ..adapters.base import Delta, InferenceRequest
+from ..adapters.base import Delta
 from ..errors import StageDeadlineExceeded
-from .request import RequestState
+from .types import Prepared, RequestInfo
 
 
-async def inference_stage(
-    state: RequestState,
-    inbox: trio.MemoryReceiveChannel[InferenceRequest],
-    out: trio.MemorySendChannel[Delta],
-) -> None:
-    budget = state.budget
-    async with out, inbox:
-        with trio.move_on_at(budget.inference_end) as scope:
-            try:
-                request = await inbox.receive()
-            except trio.EndOfChannel:
-                return  # an earlier stage failed and says why
-            state.mark("inference")
-            left = budget.inference_end - trio.current_time()
-            if left < budget.min_inference:
-                raise StageDeadlineExceeded(
-                    "inference",
-                    f"only {max(left, 0.0) * 1000:.0f} ms of the inference budget remain, "
-                    f"less than the {budget.min_inference * 1000:.0f} ms a call needs",
-                )
-            state.upstream_started = True
-            state.inference = request  # the adapter reports trimming on it
-            with state.trace.live_stage("inference") as span:
-                request.forward_headers.update(state.trace.inject(span))
-                await state.route.adapter.stream(request, out)
-        if scope.cancelled_caught:
-            raise StageDeadlineExceeded("inference")
+class InferenceStage:
+    name = "inference"
+
+    def __init__(
+        self,
+        info: RequestInfo,
+        inbox: trio.MemoryReceiveChannel[Prepared],
+        out: trio.MemorySendChannel[Delta],
+    ) -> None:
+        self.info = info
+        self.out = out
+        self.owned = (out, inbox)
+
+    async def run(self, prepared: Prepared) -> None:
+        """Raises: StageDeadlineExceeded (too little time left), UpstreamError."""
+        info = self.info
+        budget = info.budget
+        left = budget.inference_end - trio.current_time()
+        if left < budget.min_inference:
+            raise StageDeadlineExceeded(
+                "inference",
+                f"only {max(left, 0.0) * 1000:.0f} ms of the inference budget remain, "
+                f"less than the {budget.min_inference * 1000:.0f} ms a call needs",
+            )
+        request = prepared.inference
+        with info.trace.live_stage("inference") as span:
+            carried = info.trace.inject(span)
+            if carried:
+                forward = {**request.forward_headers, **carried}
+                request = msgspec.structs.replace(request, forward_headers=forward)
+            await info.route.adapter.stream(request, self.out)
+
+    async def expired(self, prepared: Prepared) -> None:
+        raise StageDeadlineExceeded("inference")

@@ -1,35 +1,38 @@
 """The parse stage: read the body with a size cap, decode and validate it.
 
 Pure parts (:func:`decode_request`, :func:`check_content_type`) take bytes and
-headers and return a :class:`ChatRequest` or raise a 4xx ``GatewayError`` whose
-``param`` names the field; :func:`read_body` is the I/O shell that refuses an
-oversized body while reading it, not after buffering it all.
+headers and return a :class:`~.types.ParsedRequest` or raise a 4xx
+``GatewayError`` whose ``param`` names the field; :func:`read_body` refuses an
+oversized body while reading it, not after buffering it all; :class:`ParseStage`
+is the stage around them.
 """
 
 from __future__ import annotations
 
 import re
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
 
-from ..api import ChatCompletionRequest, request_decoder
+from ..api import request_decoder
 from ..config import LimitsConfig
-from ..errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from ..errors import (
+    BadRequest,
+    NotFound,
+    PayloadTooLarge,
+    StageDeadlineExceeded,
+    Unprocessable,
+    UnsupportedMediaType,
+)
+from .types import ParsedRequest, RequestInfo
+
+if TYPE_CHECKING:
+    from ..security.admission import Admission
 
 _PATH_RE = re.compile(r"^(?P<msg>.*) - at `\$\.?(?P<path>[^`]*)`$")
 _ALLOWED_ROLES_LAST = ("user", "tool", "function", "system", "developer")
-
-
-class ChatRequest(msgspec.Struct, kw_only=True):
-    """A decoded and validated chat request."""
-
-    body: ChatCompletionRequest
-    model: str
-    stream: bool
-    include_usage: bool
-    max_tokens: int | None
-    stop: list[str]
 
 
 def check_content_type(value: str | None) -> None:
@@ -57,7 +60,7 @@ async def read_body(chunks: trio.MemoryReceiveChannel[bytes], max_bytes: int) ->
     return b"".join(parts)
 
 
-def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None) -> ChatRequest:
+def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None) -> ParsedRequest:
     """Decode and validate a Chat Completions request body.
 
     Raises:
@@ -113,7 +116,7 @@ def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > 4:
         raise Unprocessable("`stop` may hold at most 4 sequences", param="stop")
-    return ChatRequest(
+    return ParsedRequest(
         body=req,
         model=model,
         stream=req.stream,
@@ -128,3 +131,53 @@ def _split_path(msg: str) -> tuple[str, str | None]:
     if not m:
         return msg, None
     return m["msg"], m["path"] or None
+
+
+class ParseStage:
+    """Reads and decodes the body; takes a stream slot when the client streams."""
+
+    name = "parse"
+
+    def __init__(
+        self,
+        info: RequestInfo,
+        body: trio.MemoryReceiveChannel[bytes],
+        out: trio.MemorySendChannel[ParsedRequest],
+        limits: LimitsConfig,
+        admission: Admission | None,
+        slots: ExitStack,
+    ) -> None:
+        self.info = info
+        self.body = body
+        self.out = out
+        self.limits = limits
+        self.admission = admission
+        #: Holds the stream slot for the request's whole life (the pipeline closes it).
+        self.slots = slots
+        self.owned = (out, body)
+        #: The decoded request, once there is one.
+        self.result: ParsedRequest | None = None
+
+    async def run(self, _: None) -> None:
+        """Raises: the 4xx errors of :func:`decode_request`, 404 for an unserved
+        model, 503 when the worker is at its open-stream cap."""
+        route = self.info.route
+        check_content_type(self.info.headers.get("content-type"))
+        raw = await read_body(self.body, self.limits.max_body_bytes)
+        req = decode_request(raw, self.limits, route.config.default_model)
+        if req.model not in route.adapter.models:
+            raise NotFound(
+                f"the model {req.model!r} is not served on this route "
+                f"(models: {', '.join(route.adapter.models)})",
+                param="model",
+                code="model_not_found",
+            )
+        if req.stream and self.admission is not None:
+            self.slots.enter_context(self.admission.stream())  # 503 before the head
+        self.result = req
+        await self.out.send(req)
+
+    async def expired(self, _: None) -> None:
+        raise StageDeadlineExceeded(
+            "parse", "the request body did not arrive within the context budget"
+        )

@@ -1,0 +1,77 @@
+"""The immutable record of how one chat request ended.
+
+The pipeline builds one :class:`Outcome` after the request's nursery has
+joined; the observer (metrics, trace, baseline, debug list), the session
+write-back and the gate's token charge all read it, and none of them can
+change what another sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..observability.metrics import label_value, status_label
+
+if TYPE_CHECKING:
+    from ..adapters.base import Usage
+    from ..errors import GatewayError
+    from ..policies.base import PolicyContext
+    from .types import Prepared, RequestInfo
+
+#: ``status`` of a request whose client went away before it ended.
+CLIENT_CLOSED = "client_closed"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    request_id: str
+    #: The route's label.
+    route: str
+    channel: str
+    arrival: float
+    ended: float
+    #: ``ok``, ``client_closed``, or the HTTP status's label (``gateway_timeout``...).
+    status: str
+    #: What the request shared with its stages; None when refused before the pipeline.
+    info: RequestInfo | None = None
+    #: The model the client asked for; "" if the body was never decoded.
+    model: str = ""
+    stream: bool = False
+    error: GatewayError | None = None
+    error_stage: str | None = None
+    #: The context stage's result, if it got that far.
+    prepared: Prepared | None = None
+    #: The policies' notes and actions (also when an input policy blocked the request).
+    policy: PolicyContext | None = None
+    #: Per stage that got its input: (when it got it, when it ended), clock seconds.
+    stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    first_token_at: float | None = None
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    #: The reply text actually delivered to the client.
+    delivered: str = ""
+    disconnected: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def cut(self) -> bool:
+        """The reply did not end cleanly (error, disconnect, no finish)."""
+        return self.error is not None or self.disconnected or self.finish_reason is None
+
+    @property
+    def model_label(self) -> str:
+        return label_value(self.model) if self.model else "none"
+
+
+def status_of(error: GatewayError | None, disconnected: bool) -> str:
+    """The ``status`` label of a request that ended this way."""
+    if disconnected:
+        return CLIENT_CLOSED
+    if error is not None:
+        return status_label(error.status)
+    return "ok"

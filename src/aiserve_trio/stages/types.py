@@ -1,0 +1,105 @@
+"""What travels between the stages of one request, and the little they share.
+
+The stages hand each other typed values through their channels::
+
+    parse --ParsedRequest--> context --Prepared--> inference --Delta--> sse
+                                     \\--Prepared------------------------^
+
+What every stage may read is :class:`RequestInfo`: fixed when the request
+arrives, never written afterwards. Nothing else is shared: a stage learns what
+the one before it found out from the value it receives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..budgets import STAGES
+from ..observability.metrics import label_value
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter, InferenceRequest
+    from ..api import ChatCompletionRequest
+    from ..budgets import Budget
+    from ..config import RouteConfig
+    from ..http.types import Headers
+    from ..observability.tracing import RequestTrace
+    from ..policies.base import OutputFilter, Policy, PolicyContext
+
+__all__ = ["STAGES", "ParsedRequest", "Prepared", "RequestInfo", "Route", "response_headers"]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A configured route, ready to serve: its adapter and policies are built."""
+
+    config: RouteConfig
+    label: str
+    adapter: Adapter
+    policies: list[Policy]
+    tenant: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What every stage of one request may read; fixed when it arrives."""
+
+    request_id: str
+    route: Route
+    budget: Budget
+    #: Unix seconds, for the ``created`` field of the reply.
+    created: int
+    channel: str
+    session_id: str | None
+    tenant: str
+    #: Request headers, names lower-cased (last value wins).
+    headers: dict[str, str]
+    trace: RequestTrace
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """The parse stage's result: the body decoded and validated."""
+
+    body: ChatCompletionRequest
+    model: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    stop: list[str]
+
+    @property
+    def model_label(self) -> str:
+        return label_value(self.model)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """The context stage's result: what the model is asked, and how to answer the client."""
+
+    parsed: ParsedRequest
+    #: The adapter's request: session context in, input policies applied, fitted to the window.
+    inference: InferenceRequest
+    #: Per-request output filters, in policy order (the sse stage owns them from here).
+    filters: list[OutputFilter]
+    #: Policy notes and actions, counted when the request ends.
+    policy: PolicyContext
+    #: ``"context"`` when the route went on without session context.
+    degraded: str | None
+    #: The user's last message as the model saw it (after input policies), for the session.
+    user_text: str
+
+
+def response_headers(info: RequestInfo, prepared: Prepared | None) -> Headers:
+    """The gateway's own response headers: request id, degradation, trimming, trace."""
+    out = [(b"x-request-id", info.request_id.encode())]
+    if prepared is not None:
+        if prepared.degraded:
+            out.append((b"x-aiserve-degraded", prepared.degraded.encode()))
+        if prepared.inference.trimmed:
+            out.append((b"x-aiserve-trimmed-messages", b"%d" % prepared.inference.trimmed))
+    tr = info.trace.traceresponse()
+    if tr is not None:
+        out.append((b"traceresponse", tr.encode()))
+    return out
