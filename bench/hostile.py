@@ -212,7 +212,7 @@ def ping_flood(port: int, seconds: float = 2.0) -> str:
 
 def priority_flood(port: int, seconds: float = 2.0) -> str:
     """PRIORITY frames for 1,500 idle streams: hypercorn's priority tree holds at most
-    1,000 and raised TooManyStreamsError out of the worker (FINDINGS.md)."""
+    1,000 and raised TooManyStreamsError out of the worker (docs/architecture.md)."""
 
     def frame(conn: h2.connection.H2Connection, i: int) -> None:
         conn.prioritize(2 * i + 1, weight=16)

@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from aiserve_trio.errors import Overloaded
+from aiserve_trio.http.sse import shutdown_event
 from aiserve_trio.security.admission import Admission
-from aiserve_trio.security.gate import shutdown_event
 
 from .asgi_client import Client, chat_body
 from .authcfg import OFF, auth_app
@@ -140,8 +140,8 @@ async def test_no_heartbeats_when_tokens_flow(autojump_clock: Any) -> None:
 
 
 def test_shutdown_event_frames() -> None:
-    chat = shutdown_event("/v1/chat/completions").decode()
+    chat = shutdown_event(session_stream=False).decode()
     first, done = chat.strip().split("\n\n")
     assert json.loads(first.removeprefix("data: "))["error"]["code"] == "shutting_down"
     assert done == "data: [DONE]"
-    assert shutdown_event("/v1/sessions/x/events").startswith(b"event: close")
+    assert shutdown_event(session_stream=True).startswith(b"event: close")

@@ -328,26 +328,28 @@ async def test_models_health_ready_and_metrics(app, client, autojump_clock):
     not_ready = await client.request("GET", "/readyz")
     assert not_ready.status == 503
     assert not_ready.json()["error"]["code"] == "not_ready"
-    await app.startup()
-    assert (await client.request("GET", "/readyz")).status == 200
-    await client.chat(chat_body("echo: a", stream=True))
-    m = await client.request("GET", "/metrics")
-    text = m.body.decode()
-    assert m.headers["content-type"].startswith("text/plain")
-    buckets = [
-        line
-        for line in text.splitlines()
-        if line.startswith("pipeline_stage_latency_seconds_bucket{le=") and 'stage="sse"' in line
-    ]
-    assert len(buckets) == 17  # 16 exponential buckets from 1 ms, and +Inf
-    assert 'le="0.001"' in buckets[0]
-    assert 'le="32.768"' in buckets[15]
-    assert (
-        'aiserve_requests_total{channel="api",model="aiserve_mock",route="chat",status="ok"} 1.0'
-        in text
-    )
-    assert "aiserve_time_to_first_token_seconds_count" in text
-    await app.shutdown()
+    async with trio.open_nursery() as nursery:
+        await app.startup(nursery)
+        assert (await client.request("GET", "/readyz")).status == 200
+        await client.chat(chat_body("echo: a", stream=True))
+        m = await client.request("GET", "/metrics")
+        text = m.body.decode()
+        assert m.headers["content-type"].startswith("text/plain")
+        buckets = [
+            line
+            for line in text.splitlines()
+            if line.startswith("pipeline_stage_latency_seconds_bucket{le=") and 'stage="sse"' in line
+        ]
+        assert len(buckets) == 17  # 16 exponential buckets from 1 ms, and +Inf
+        assert 'le="0.001"' in buckets[0]
+        assert 'le="32.768"' in buckets[15]
+        assert (
+            'aiserve_requests_total{channel="api",model="aiserve_mock",route="chat",status="ok"} 1.0'
+            in text
+        )
+        assert "aiserve_time_to_first_token_seconds_count" in text
+        await app.shutdown()
+        nursery.cancel_scope.cancel()
 
 
 async def test_channel_label_comes_from_the_header(client, app, autojump_clock):

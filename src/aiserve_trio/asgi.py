@@ -1,19 +1,18 @@
-"""The ASGI application: lifespan, routing, and the per-request entry.
+"""The ASGI application: lifespan, the endpoint table, the per-request entry.
 
-``App`` is what hypercorn serves. It routes by path, checks the request head
-(timeout, channel, session id, declared body size), fixes the request's
-deadline, and hands chat requests to the :class:`~.pipeline.Pipeline`. Every
-error a client sees is the OpenAI error envelope with a correct status.
+``App`` is what hypercorn serves. Every HTTP request resolves to an endpoint
+of one table (``http/endpoints.py``), passes the gate (admission, then
+authentication), and runs the endpoint's handler; chat requests get their
+deadline here and run in the :class:`~.pipeline.Pipeline`. Every error a
+client sees is the OpenAI error envelope with a correct status.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import logging
 import secrets
 import time
-from collections.abc import MutableMapping
+from functools import partial
 from typing import Any
 
 import trio
@@ -23,14 +22,11 @@ from .adapters import Adapter, build_adapter
 from .api import Model, ModelList, encoder
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .config import Config, load_config, route_label
-from .errors import (
-    BadRequest,
-    GatewayError,
-    MethodNotAllowed,
-    NotFound,
-    Overloaded,
-    PayloadTooLarge,
-)
+from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
+from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
+from .http.responder import Responder
+from .http.sse import shutdown_event
+from .http.types import JSON_HEADERS, METRICS_HEADERS, Receive, Scope, Send
 from .observability.baseline import BaselineMonitor
 from .observability.metrics import Metrics, status_label
 from .observability.observer import RequestObserver
@@ -39,19 +35,15 @@ from .observability.tracing import Tracing, configure_otlp
 from .pipeline import Pipeline
 from .policies.base import build_policies
 from .security import edge
-from .security.auth import Principal
-from .security.gate import TOKEN_SUFFIX, Gate, shutdown_event
+from .security.gate import Gate
 from .sessions import build_bus
 from .sessions.bus import SessionBus, check_session_id
-from .sessions.http import PREFIX as SESSIONS_PREFIX
 from .sessions.http import SessionEndpoints
 from .sessions.outbox import WriteBack
-from .stages.request import JSON_HEADERS, Receive, RequestState, Responder, Route, Send
+from .stages.outcome import Outcome
+from .stages.types import RequestInfo, Route
 
 log = logging.getLogger("aiserve_trio")
-Scope = MutableMapping[str, Any]
-edge.install()  # contain hostile HTTP/2 clients to their connection (security/edge.py)
-_METRICS_HEADERS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
 
 
 class App:
@@ -77,7 +69,8 @@ class App:
         """
         self.config = config
         self.metrics = Metrics()
-        built = {name: build_adapter(name, c, self.metrics) for name, c in config.adapters.items()}
+        self._init_observability(tracer_provider)
+        built = {n: build_adapter(n, c, self.observer) for n, c in config.adapters.items()}
         self.adapters: dict[str, Adapter] = {**built, **(adapters or {})}
         self.bus: SessionBus = bus if bus is not None else build_bus(config, self.metrics)
         sc = config.sessions
@@ -90,23 +83,68 @@ class App:
         )
         #: Set when shutdown begins: live session event streams end cleanly.
         self.closing = trio.Event()
-        self.sessions = SessionEndpoints(config, self.bus, self.closing)
+        self.gate = Gate(config)
+        self.sessions = SessionEndpoints(config, self.bus, self.closing, self._session_tenant)
         self._background: trio.CancelScope | None = None
-        self.routes: dict[str, Route] = {}
-        for rc in config.routes:
-            self.routes[rc.path] = Route(
+        self.routes: dict[str, Route] = {
+            rc.path: Route(
                 config=rc,
                 label=route_label(rc),
                 adapter=self.adapters[rc.adapter],
                 policies=build_policies(rc.policies, config),
                 tenant=rc.tenant or config.server.default_tenant,
             )
-        self.pipeline = Pipeline(config, self.metrics, self.bus, self.writeback)
-        self._init_observability(tracer_provider)
-        self.gate = Gate(config)
-        self.pipeline.admission = self.gate.admission
+            for rc in config.routes
+        }
+        self.pipeline = Pipeline(
+            config,
+            self.bus,
+            writeback=self.writeback,
+            admission=self.gate.admission,
+            hook=self.observer,
+        )
+        self.endpoints = EndpointTable(self._endpoints(), unknown=[("/debug/", Auth.ADMIN)])
         self.ready = False
         self._models_body = self._models_json()
+
+    def _endpoints(self) -> list[Endpoint]:
+        get, req = ("GET",), Admission.REQUEST
+        sessions = self.sessions
+        table = [
+            Endpoint(r.config.path, ("POST",), Auth.CHAT, req, partial(self._chat, r), r.label)
+            for r in self.routes.values()
+        ]
+        table += [
+            Endpoint("/v1/models", get, Auth.KEY, req, self._models, "models"),
+            Endpoint("/healthz", get, Auth.OPEN, Admission.NONE, self._healthz, "healthz"),
+            Endpoint("/readyz", get, Auth.OPEN, Admission.NONE, self._readyz, "readyz"),
+            Endpoint("/metrics", get, Auth.METRICS, Admission.NONE, self._metrics, "metrics"),
+            Endpoint("/v1/sessions/{id}", get, Auth.KEY, req, sessions.get, "session"),
+            Endpoint(
+                "/v1/sessions/{id}/vars", ("PUT",), Auth.KEY, req, sessions.put_vars, "vars"
+            ),
+            Endpoint(
+                "/v1/sessions/{id}/events",
+                get,
+                Auth.KEY_OR_STREAM_TOKEN,
+                Admission.STREAM,
+                sessions.events,
+                "session_events",
+            ),
+            Endpoint(
+                "/v1/sessions/{id}/stream-token",
+                ("POST",),
+                Auth.KEY,
+                req,
+                self.gate.stream_token,
+                "stream_token",
+            ),
+        ]
+        if self.config.observability.debug_requests:
+            table.append(
+                Endpoint("/debug/requests/recent", get, Auth.ADMIN, req, self._recent, "debug")
+            )
+        return table
 
     # --- ASGI ----------------------------------------------------------------
 
@@ -119,37 +157,37 @@ class App:
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
-        try:
-            await self.startup()
-        except Exception as exc:
-            log.exception("start-up failed")
-            await send({"type": "lifespan.startup.failed", "message": str(exc)})
-            return
-        try:
-            # The app's background tasks (the session outbox) live in this nursery,
-            # opened after and closed before the pools that startup() entered.
-            async with trio.open_nursery() as nursery:
-                await self.start_background(nursery)
+        # The app's pools and background tasks live in this nursery: opened
+        # before start-up, closed after shutdown.
+        async with trio.open_nursery() as nursery:
+            try:
+                await self.startup(nursery)
+            except Exception as exc:
+                log.exception("start-up failed")
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                nursery.cancel_scope.cancel(reason="start-up failed")
+                return
+            try:
                 await send({"type": "lifespan.startup.complete"})
                 await receive()  # lifespan.shutdown
+            finally:
+                await self.shutdown()
                 nursery.cancel_scope.cancel(reason="lifespan shutdown")
-        finally:
-            await self.shutdown()
         await send({"type": "lifespan.shutdown.complete"})
 
-    async def startup(self, nursery: trio.Nursery | None = None) -> None:
-        """Open adapters' pools and the session bus (in the task that later calls shutdown).
+    async def startup(self, nursery: trio.Nursery) -> None:
+        """Guard the server, open the adapters' pools and the session bus, start background tasks.
 
         Args:
-            nursery: where to run the background tasks (see :meth:`start_background`);
-                ``None``: do not run them (in-process tests that need none).
+            nursery: lives as long as the app (until after :meth:`shutdown`):
+                adapters' connection tasks and the app's background tasks run in it.
         """
+        log.info("hypercorn guard: %s", edge.install())
         for adapter in self.adapters.values():
-            await adapter.aopen()
+            await adapter.aopen(nursery)
         await self.bus.aopen()
         await self.gate.aopen()
-        if nursery is not None:
-            await self.start_background(nursery)
+        await nursery.start(self._run_background)
         self.ready = True
         log.info(
             "aiserve-trio ready: config %s, routes %s",
@@ -163,7 +201,7 @@ class App:
             provider = configure_otlp(ob.otlp_endpoint, ob.service_name)
         self.tracing = Tracing(provider, enabled=ob.tracing)
         self.baseline = BaselineMonitor(
-            [r.label for r in self.routes.values()],
+            [route_label(rc) for rc in self.config.routes],
             0.0,
             window_s=ob.baseline_window_s,
             history=ob.baseline_history,
@@ -172,7 +210,6 @@ class App:
         )
         keep = ob.debug_keep if ob.debug_requests else 0
         self.observer = RequestObserver(self.metrics, self.baseline, keep_recent=keep)
-        self.pipeline.observer = self.observer
         self.sched_lag = SchedulerLag(ob.lag_interval_ms / 1000.0) if ob.scheduler_lag else None
         if self.sched_lag is not None:
             self.metrics.registry.register(self.sched_lag)
@@ -184,10 +221,6 @@ class App:
             await trio.sleep_until(self.baseline.next_roll)
             for route, assessment in self.baseline.roll(trio.current_time()).items():
                 self.metrics.publish_baseline(route, assessment)
-
-    async def start_background(self, nursery: trio.Nursery) -> None:
-        """Start the app-lifetime tasks (session outbox drain, baseline) in ``nursery``."""
-        await nursery.start(self._run_background)
 
     async def _run_background(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -222,49 +255,21 @@ class App:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrival = trio.current_time()  # the deadline counts from here, auth included
         path: str = scope["path"]
-        method: str = scope["method"]
-        route = self.routes.get(path)
-        # Chat streams get the pipeline's keep-alive watchdog instead of a
-        # cancel scope around every write.
-        write_timeout = None if route is not None else self.config.limits.write_timeout_ms / 1000.0
+        endpoint, params = self.endpoints.resolve(scope["method"], path)
+        # Chat streams are watched by the sse stage's keep-alive task instead
+        # of a cancel scope around every write.
+        chat = endpoint.auth is Auth.CHAT
+        write_timeout = None if chat else self.config.limits.write_timeout_ms / 1000.0
         responder = Responder(send, write_timeout)
-        slot = False
         try:
-            slot = self.gate.enter(scope)  # a fast 503 before any body is read
-            hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            principal = await self.gate.authenticate(scope, hdrs, chat=route is not None)
-            if route is not None:
-                if method != "POST":
-                    raise MethodNotAllowed(
-                        f"{method} is not allowed on {path}; use POST", headers={"Allow": "POST"}
-                    )
-                await self._chat(route, hdrs, arrival, receive, responder, principal)
-            elif path == "/v1/models":
-                self._only(method, "GET", path)
-                await responder.complete(200, JSON_HEADERS, self._models_body)
-            elif path == "/healthz":
-                self._only(method, "GET", path)
-                await responder.complete(200, JSON_HEADERS, b'{"status":"ok"}')
-            elif path == "/readyz":
-                self._only(method, "GET", path)
-                await self._readyz(responder)
-            elif path.startswith(SESSIONS_PREFIX) and path.endswith(TOKEN_SUFFIX):
-                await self.gate.stream_token(principal, method, path, responder)
-            elif path.startswith(SESSIONS_PREFIX):
-                sessions = copy.copy(self.sessions)  # acting for the key's tenant only
-                sessions.tenant = self.gate.tenant(principal, sessions.tenant)
-                events = path.endswith("/events")
-                with self.gate.admission.stream() if events else contextlib.nullcontext():
-                    await sessions.handle(method, path, hdrs, receive, responder)
-            elif path == "/metrics":
-                self._only(method, "GET", path)
-                await responder.complete(200, _METRICS_HEADERS, self.metrics.render())
-            elif path == "/debug/requests/recent" and self.config.observability.debug_requests:
-                self._only(method, "GET", path)
-                body = encoder.encode(self.observer.slowest())
-                await responder.complete(200, JSON_HEADERS, body)
-            else:
-                raise NotFound(f"no route serves {method} {path[:200]}")
+            with self.gate.admit(endpoint):  # a fast 503 before any body is read
+                hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+                request = Request(
+                    scope, scope["method"], path, hdrs, receive, responder, arrival, params
+                )
+                request.principal = await self.gate.authenticate(endpoint, request)
+                with self.gate.stream_slot(endpoint):
+                    await endpoint.handler(request)
         except GatewayError as err:
             if not responder.started:
                 await responder.error(err)
@@ -273,19 +278,24 @@ class App:
             # with a final event instead of tearing the connection.
             if responder.started and not responder.finished:
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                    await responder.body(shutdown_event(path), more=False)
+                    last = shutdown_event(session_stream=endpoint.admission is Admission.STREAM)
+                    await responder.body(last, more=False)
             raise
-        finally:
-            self.gate.leave(slot)
 
-    @staticmethod
-    def _only(method: str, allowed: str, path: str) -> None:
-        if method != allowed:
-            raise MethodNotAllowed(
-                f"{method} is not allowed on {path}; use {allowed}", headers={"Allow": allowed}
-            )
+    async def _healthz(self, request: Request) -> None:
+        await request.responder.complete(200, JSON_HEADERS, b'{"status":"ok"}')
 
-    async def _readyz(self, responder: Responder) -> None:
+    async def _models(self, request: Request) -> None:
+        await request.responder.complete(200, JSON_HEADERS, self._models_body)
+
+    async def _metrics(self, request: Request) -> None:
+        await request.responder.complete(200, METRICS_HEADERS, self.metrics.render())
+
+    async def _recent(self, request: Request) -> None:
+        body = encoder.encode(self.observer.slowest())
+        await request.responder.complete(200, JSON_HEADERS, body)
+
+    async def _readyz(self, request: Request) -> None:
         problems: list[str] = []
         if not self.ready:
             problems.append("not started")
@@ -299,20 +309,16 @@ class App:
             problems.append(f"session bus ({self.bus.kind}) unreachable")
         if problems:
             raise Overloaded("not ready: " + "; ".join(problems), code="not_ready")
-        await responder.complete(200, JSON_HEADERS, b'{"status":"ready"}')
+        await request.responder.complete(200, JSON_HEADERS, b'{"status":"ready"}')
 
-    async def _chat(
-        self,
-        route: Route,
-        headers: dict[str, str],
-        arrival: float,
-        receive: Receive,
-        responder: Responder,
-        principal: Principal | None = None,
-    ) -> None:
+    def _session_tenant(self, request: Request) -> str:
+        return self.gate.tenant(request.principal, self.config.server.default_tenant)
+
+    async def _chat(self, route: Route, request: Request) -> None:
         cfg = self.config
         d = cfg.deadline
         rd = route.config.deadline
+        headers = request.headers
         request_id = f"chatcmpl-{secrets.token_hex(12)}"
         try:
             timeout_ms = effective_timeout_ms(
@@ -330,32 +336,41 @@ class App:
                 # Shed before reading a byte of a body that cannot be accepted.
                 raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
         except GatewayError as err:
-            extra = [(b"x-request-id", request_id.encode())]
-            await responder.error(err, extra)
-            m = self.metrics
-            m.child(m.requests, route.label, "none", "none", status_label(err.status)).inc()
+            await request.responder.error(err, [(b"x-request-id", request_id.encode())])
+            now = trio.current_time()
+            refused = Outcome(
+                request_id=request_id,
+                route=route.label,
+                channel="none",
+                arrival=request.arrival,
+                ended=now,
+                status=status_label(err.status),
+                error=err,
+                error_stage="parse",
+            )
+            self.observer.request_complete(refused)
             return
         budget = plan(
-            arrival,
+            request.arrival,
             timeout_ms,
             reserve_ms=d.reserve_ms,
             min_inference_ms=d.min_inference_ms,
             context=cfg.budgets.context,
             inference=cfg.budgets.inference,
         )
-        state = RequestState(
+        info = RequestInfo(
             request_id=request_id,
             route=route,
             budget=budget,
             created=int(time.time()),
             channel=channel,
             session_id=session_id,
-            tenant=self.gate.tenant(principal, route.tenant),
+            tenant=self.gate.tenant(request.principal, route.tenant),
             headers=headers,
-            trace=self.tracing.start(route.label, headers, arrival),
+            trace=self.tracing.start(route.label, headers, request.arrival),
         )
-        await self.pipeline.run(state, receive, responder)
-        await self.gate.after_chat(principal, state)
+        outcome = await self.pipeline.run(info, request.receive, request.responder)
+        await self.gate.after_chat(request.principal, outcome)
 
     def _channel(self, value: str | None) -> str:
         channels = self.config.server.channels

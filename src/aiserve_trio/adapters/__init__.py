@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..config import AdapterConfig, MockAdapterConfig, OpenAIAdapterConfig, VllmWsAdapterConfig
+from ..observability.events import NULL_HOOK, UpstreamHook
 from .base import Adapter, Delta, InferenceRequest, Message, Usage
 
 if TYPE_CHECKING:
     from ..errors import UpstreamError
-    from ..observability.metrics import Metrics
 
 __all__ = ["Adapter", "Delta", "InferenceRequest", "Message", "Usage", "build_adapter"]
 
 
-def build_adapter(name: str, config: AdapterConfig, metrics: Metrics | None = None) -> Adapter:
+def build_adapter(name: str, config: AdapterConfig, hook: UpstreamHook = NULL_HOOK) -> Adapter:
     """The adapter ``[adapters.NAME]`` configures (its pool opens later, in lifespan).
 
     Args:
@@ -38,17 +38,14 @@ def build_adapter(name: str, config: AdapterConfig, metrics: Metrics | None = No
         adapter = VllmWsAdapter(name, config)
     else:
         raise ValueError(f"adapter kind {type(config).__name__} is not available")
-    if metrics is not None:
-        m = metrics
-        retries = m.upstream_retries.labels(name)
 
-        def on_retry(err: UpstreamError) -> None:
-            retries.inc()
+    def on_retry(err: UpstreamError) -> None:
+        hook.retrying(name, err)
 
-        def on_error(err: UpstreamError) -> None:
-            m.upstream_errors.labels(name, err.code or "upstream_error").inc()
+    def on_error(err: UpstreamError) -> None:
+        hook.failed(name, err)
 
-        adapter.on_retry, adapter.on_error = on_retry, on_error
+    adapter.on_retry, adapter.on_error = on_retry, on_error
     return adapter
 
 

@@ -67,8 +67,12 @@ class Adapter(abc.ABC):
         self.name = name
         self.models = models
 
-    async def aopen(self) -> None:  # noqa: B027 - optional hook, default does nothing
+    async def aopen(self, nursery: trio.Nursery) -> None:  # noqa: B027 - optional hook
         """Open pools and connections; called once in lifespan start-up."""
+
+    async def prepare(self, request: InferenceRequest) -> InferenceRequest:
+        """The request fitted to the backend's context window (default: unchanged)."""
+        return request
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, default does nothing
         """Close pools and connections; called once at shutdown."""

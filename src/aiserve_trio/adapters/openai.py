@@ -251,7 +251,7 @@ class OpenAIAdapter(Adapter):
         self.on_retry: Callable[[UpstreamError], None] | None = None
         self.on_error: Callable[[UpstreamError], None] | None = None
 
-    async def aopen(self) -> None:
+    async def aopen(self, nursery: trio.Nursery) -> None:
         cfg = self.config
         headers = dict(cfg.headers)
         if cfg.api_key_env:

@@ -159,7 +159,7 @@ class VllmWsAdapter(Adapter):
         self.on_retry: Callable[[UpstreamError], None] | None = None
         self.on_error: Callable[[UpstreamError], None] | None = None
 
-    async def aopen(self) -> None:
+    async def aopen(self, nursery: trio.Nursery) -> None:
         started = trio.Event()
         trio.lowlevel.spawn_system_task(self._hold_nursery, started, name=f"vllm_ws:{self.name}")
         await started.wait()

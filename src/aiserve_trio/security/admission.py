@@ -4,9 +4,6 @@ Beyond a cap the gateway answers at once with 503 and ``Retry-After`` instead
 of queueing: a queue only turns overload into timeouts for everyone, while a
 fast refusal lets a load balancer or the client go elsewhere. The check runs
 on the request head, before a byte of the body is read. Counting is sans-IO.
-
-Also here: the 408s for a client that is too slow at the edge -- a body that
-stops arriving, a reader that stops taking bytes.
 """
 
 from __future__ import annotations
@@ -14,23 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..errors import GatewayError, Overloaded
-
-
-class BodyReadTimeout(GatewayError):
-    """The request body stopped arriving (``limits.body_read_timeout_ms`` between chunks)."""
-
-    status = 408
-    type = "timeout"
-    default_code = "body_read_timeout"
-
-
-class WriteTimeout(GatewayError):
-    """The client took no byte of a write for ``limits.write_timeout_ms``; it is dropped."""
-
-    status = 408
-    type = "timeout"
-    default_code = "write_timeout"
+from ..errors import Overloaded
 
 
 class Admission:

@@ -1,6 +1,6 @@
-"""Guards around hypercorn's connection handling, installed when the app is imported.
+"""Guards around hypercorn's connection handling, installed by the app's start-up.
 
-hypercorn 0.18 has two failure modes we measured (FINDINGS.md):
+hypercorn 0.18 has two failure modes we measured (see docs/architecture.md):
 
 - an exception in one connection's handler (``priority.TooManyStreamsError``
   from a PRIORITY or HEADERS flood) escapes ``trio.serve_listeners`` and ends
@@ -9,27 +9,39 @@ hypercorn 0.18 has two failure modes we measured (FINDINGS.md):
 - HTTP/2 control-frame floods (rapid reset, SETTINGS, PING, PRIORITY) cost the
   server work per frame with no limit, starving well-behaved clients.
 
-:func:`install` patches two methods, keeping hypercorn's own code: the
+:func:`install` patches three methods, keeping hypercorn's own code: the
 connection runner contains any exception to its connection (logged, the
 connection closed), and the HTTP/2 protocol meters control frames per
 connection with a token bucket (:class:`FloodMeter`, sans-IO) -- a client over
 budget gets ``GOAWAY(ENHANCE_YOUR_CALM)`` and is disconnected, as Envoy and
-nginx do. Installing twice is harmless.
+nginx do. The patch reaches into hypercorn's internals, so it is applied only to
+the hypercorn versions it was written for (:data:`SUPPORTED`), and the log says
+whether it was. Importing this module changes nothing; installing twice is harmless.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
 from typing import Any
 
+import h2.errors
+import h2.events as ev
+import priority.priority as priority
 import trio
+from hypercorn.events import Closed
+from hypercorn.protocol.h2 import H2Protocol
+from hypercorn.trio.tcp_server import TCPServer
 
 log = logging.getLogger("aiserve_trio.edge")
 
 #: Control frames a connection may send in a burst, and per second after it.
 FLOOD_BURST = 1_000
 FLOOD_RATE = 200.0
+#: hypercorn versions (major, minor) whose internals the patch was written against.
+SUPPORTED = ((0, 18),)
 _installed = False
 
 
@@ -54,8 +66,6 @@ class FloodMeter:
 
 def control_frames(events: list[Any]) -> int:
     """How many of h2's ``events`` are control frames a flood is made of."""
-    import h2.events as ev
-
     n = 0
     for e in events:
         if isinstance(e, ev.StreamReset):
@@ -65,18 +75,33 @@ def control_frames(events: list[Any]) -> int:
     return n
 
 
-def install() -> None:
-    """Patch hypercorn (if importable) with the guards above."""
+def supported(version: str) -> bool:
+    """Whether the guard was written for hypercorn ``version``."""
+    parts = version.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return False
+    return (major, minor) in SUPPORTED
+
+
+def install() -> str:
+    """Patch hypercorn with the guards above if its version is supported.
+
+    Returns:
+        what was done, for the start-up log: ``installed``, ``already installed``,
+        ``not installed: ...`` (hypercorn missing, or a version the patch does not know).
+    """
     global _installed
     if _installed:
-        return
+        return "already installed"
     try:
-        import h2.errors
-        import priority.priority as priority
-        from hypercorn.protocol.h2 import H2Protocol
-        from hypercorn.trio.tcp_server import TCPServer
-    except ImportError:  # not served by hypercorn: nothing to guard
-        return
+        hv = dist_version("hypercorn")
+    except PackageNotFoundError:
+        return "not installed: hypercorn is not installed"
+    if not supported(hv):
+        known = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED)
+        return f"not installed: hypercorn {hv} is not a version it was written for ({known})"
     _installed = True
 
     original_run: Callable[[Any], Awaitable[None]] = TCPServer.run
@@ -101,8 +126,6 @@ def install() -> None:
         log.warning("HTTP/2 client %s disconnected: %s", getattr(self, "client", "?"), why)
         self.connection.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         await self._flush()
-        from hypercorn.events import Closed
-
         await self.send(Closed())
 
     async def handle_events(self: Any, events: list[Any]) -> None:
@@ -129,3 +152,4 @@ def install() -> None:
     TCPServer.run = run  # type: ignore[method-assign]
     H2Protocol._handle_events = handle_events  # type: ignore[method-assign]
     H2Protocol.handle = handle  # type: ignore[method-assign]
+    return f"installed (hypercorn {hv})"

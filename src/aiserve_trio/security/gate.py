@@ -1,43 +1,44 @@
 """The gate every HTTP request passes: admission, authentication, authorisation, rate limits.
 
-:class:`Gate` is built once per app from ``[auth]`` and ``[limits]``. The app
-calls :meth:`Gate.enter` on the request head (a fast 503 beyond the worker's
-in-flight cap, before any body is read), then :meth:`Gate.authenticate`, which
-returns the :class:`~.auth.Principal` the request acts as -- its tenant is the
-only tenant the request can touch, whatever the client sends -- and
-:meth:`Gate.after_chat` to charge the tokens a reply used.
+:class:`Gate` is built once per app from ``[auth]`` and ``[limits]`` and reads
+the endpoint table's rules (``http/endpoints.py``): :meth:`Gate.admit` holds
+the admission slot the endpoint takes (a fast 503 beyond the worker's caps,
+before any body is read), :meth:`Gate.authenticate` returns the
+:class:`~.auth.Principal` the request acts as -- its tenant is the only tenant
+the request can touch, whatever the client sends -- and :meth:`Gate.after_chat`
+charges the tokens a reply used.
 
-What is open: ``/healthz`` and ``/readyz`` always; ``/metrics`` when
-``[auth] metrics = "open"``. ``/debug/*`` needs an admin key. With
-``[auth] enabled = false`` (or no ``[auth]`` table) every request acts as the
-route's (or the default) tenant with every right, and start-up says so loudly.
+With ``[auth] enabled = false`` every request acts as the route's (or the
+default) tenant with every right, and start-up says so loudly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 import msgspec
 import trio
 
-from ..api import encoder, error_json
-from ..errors import Forbidden, Overloaded, Unauthorized
-from ..stages.request import JSON_HEADERS
+from ..api import encoder
+from ..errors import Forbidden, Unauthorized
+from ..http.endpoints import Admission as Admit
+from ..http.endpoints import Auth, Endpoint, Request
+from ..http.types import JSON_HEADERS
+from ..sessions.bus import check_session_id
 from .admission import Admission
 from .auth import KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
 from .ratelimit import Limiter, MemoryLimiter, RedisLimiter
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..stages.request import RequestState, Responder
+    from ..stages.outcome import Outcome
 
 log = logging.getLogger("aiserve_trio.security")
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-TOKEN_SUFFIX = "/stream-token"
 #: At most this many key verifications (scrypt, ~0.1 s each) run at once.
 _VERIFY_LIMIT = 2
 
@@ -109,66 +110,57 @@ class Gate:
         if not self.shared_secret:
             log.warning("stream tokens use a per-worker secret: set the token secret env var")
 
-    def enter(self, scope: dict[str, Any] | Any) -> bool:
-        """Take an in-flight slot for an HTTP request (probes and metrics need none).
-
-        Returns whether a slot was taken (give it back with :meth:`leave`).
+    def admit(self, endpoint: Endpoint) -> contextlib.AbstractContextManager[None]:
+        """Hold the in-flight slot ``endpoint`` takes for the block (probes take none).
 
         Raises:
             Overloaded: the worker is at ``limits.max_inflight``.
         """
-        path = scope["path"]
-        if path in OPEN_PATHS or path == "/metrics":
-            return False
-        adm = self.admission
-        if adm.inflight >= adm.max_inflight:
-            raise adm._refuse("requests in flight", adm.max_inflight)
-        adm.inflight += 1
-        return True
+        if endpoint.admission is Admit.NONE:
+            return contextlib.nullcontext()
+        return self.admission.request()
 
-    def leave(self, taken: bool) -> None:
-        if taken:
-            self.admission.inflight -= 1
+    def stream_slot(self, endpoint: Endpoint) -> contextlib.AbstractContextManager[None]:
+        """Hold an open-stream slot for endpoints that are streams by nature (session events).
 
-    async def authenticate(
-        self, scope: dict[str, Any] | Any, headers: dict[str, str], *, chat: bool
-    ) -> Principal | None:
-        """Who the request acts as; ``None`` for an open path (or when auth is off).
+        Raises:
+            Overloaded: the worker is at ``limits.max_streams``.
+        """
+        if endpoint.admission is Admit.STREAM:
+            return self.admission.stream()
+        return contextlib.nullcontext()
 
-        Args:
-            chat: the path is a chat route (route and channel rights apply,
-                and the request counts against the key's rate limit).
+    async def authenticate(self, endpoint: Endpoint, request: Request) -> Principal | None:
+        """Who the request acts as; ``None`` for an open endpoint (or when auth is off).
 
         Raises:
             Unauthorized: no key, a bad key, a bad or expired stream token.
-            Forbidden: the key may not use this route, channel or admin path.
-            RateLimited: the key is over its request or token rate.
+            Forbidden: the key may not use this route, channel or admin endpoint.
+            RateLimited: the key is over its request or token rate (chat routes).
         """
-        path: str = scope["path"]
-        if path in OPEN_PATHS or (path == "/metrics" and self.metrics_open):
+        need = endpoint.auth
+        if need is Auth.OPEN or (need is Auth.METRICS and self.metrics_open):
             return None
         if not self.enabled:
             return None
-        principal = await self._principal(scope, headers, path)
-        if path == "/metrics" or path.startswith("/debug/"):
-            principal.check_admin(path)
-        if chat:
-            principal.check_route(path)
-        channel = headers.get("x-channel")
+        principal = await self._principal(endpoint, request)
+        if need in (Auth.ADMIN, Auth.METRICS):
+            principal.check_admin(request.path)
+        if need is Auth.CHAT:
+            principal.check_route(endpoint.path)
+        channel = request.headers.get("x-channel")
         if channel is not None:
             principal.check_channel(channel.strip().lower())
-        if chat:
+        if need is Auth.CHAT:
             await self.limiter.admit(principal)
         return principal
 
-    async def _principal(
-        self, scope: dict[str, Any] | Any, headers: dict[str, str], path: str
-    ) -> Principal:
-        auth = headers.get("authorization")
-        if auth is None and path.endswith("/events") and scope["method"] == "GET":
-            token = _query_token(scope.get("query_string", b""))
+    async def _principal(self, endpoint: Endpoint, request: Request) -> Principal:
+        auth = request.headers.get("authorization")
+        if auth is None and endpoint.auth is Auth.KEY_OR_STREAM_TOKEN:
+            token = _query_token(request.scope.get("query_string", b""))
             if token is not None:
-                sid = path.removeprefix("/v1/sessions/").removesuffix("/events")
+                sid = request.params.get("id", "")
                 key_id = self.tokens.check(token, self._tenant_of, sid, time.time())
                 return self._principals[key_id]
         plain = bearer(auth)
@@ -183,31 +175,25 @@ class Gate:
         """The tenant a request acts for: the key's, never one the client names."""
         return principal.tenant if principal is not None else fallback
 
-    async def stream_token(
-        self, principal: Principal | None, method: str, path: str, responder: Responder
-    ) -> None:
+    async def stream_token(self, request: Request) -> None:
         """``POST /v1/sessions/{id}/stream-token``: a token for that session's events.
 
         Raises:
-            MethodNotAllowed, BadRequest: not a POST, or a malformed session id.
+            BadRequest: a malformed session id.
             Forbidden: auth is off (there is nothing to sign for).
         """
-        from ..errors import MethodNotAllowed
-        from ..sessions.bus import check_session_id
-
-        if method != "POST":
-            raise MethodNotAllowed(f"{method} is not allowed; use POST", headers={"Allow": "POST"})
-        sid = check_session_id(path.removeprefix("/v1/sessions/").removesuffix(TOKEN_SUFFIX))
+        sid = check_session_id(request.params["id"])
+        principal = request.principal
         if principal is None:
             raise Forbidden("auth is off: event streams need no token", code="auth_disabled")
         token = self.tokens.issue(principal, sid)
         body = StreamToken(token=token, session_id=sid, expires_in=self.tokens.ttl_s)
-        await responder.complete(200, JSON_HEADERS, encoder.encode(body))
+        await request.responder.complete(200, JSON_HEADERS, encoder.encode(body))
 
-    async def after_chat(self, principal: Principal | None, state: RequestState) -> None:
+    async def after_chat(self, principal: Principal | None, outcome: Outcome) -> None:
         """Charge a finished chat request's tokens to its key."""
-        if principal is not None and state.usage is not None:
-            used = state.usage.prompt_tokens + state.usage.completion_tokens
+        if principal is not None and outcome.usage is not None:
+            used = outcome.usage.prompt_tokens + outcome.usage.completion_tokens
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 await self.limiter.charge(principal, used)
 
@@ -218,15 +204,3 @@ def _query_token(query: bytes) -> str | None:
     except (UnicodeDecodeError, ValueError) as exc:
         raise Unauthorized("the query string is not valid", code="invalid_stream_token") from exc
     return values[0] if values else None
-
-
-def shutdown_event(path: str) -> bytes:
-    """The last bytes of a stream the server ends while shutting down (SSE, sans-IO).
-
-    A session event stream gets ``event: close`` (the browser reconnects
-    elsewhere); a chat stream gets the OpenAI error envelope and ``[DONE]``.
-    """
-    if path.endswith("/events"):
-        return b"event: close\ndata: {}\n\n"
-    err = Overloaded("the gateway is shutting down; the reply was cut", code="shutting_down")
-    return b"data: %s\n\ndata: [DONE]\n\n" % error_json(err)

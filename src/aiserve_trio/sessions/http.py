@@ -23,16 +23,15 @@ from typing import TYPE_CHECKING, TypeVar
 import msgspec
 import trio
 
-from ..api import encoder, error_json
+from ..api import encoder
 from ..errors import (
     BadRequest,
-    MethodNotAllowed,
-    NotFound,
     PayloadTooLarge,
     StageDeadlineExceeded,
     UnsupportedMediaType,
 )
-from ..stages.request import JSON_HEADERS, SSE_HEADERS
+from ..http.sse import CLOSE, PING, RETRY, bus_error_event, session_event
+from ..http.types import JSON_HEADERS, SSE_HEADERS
 from .bus import (
     Event,
     SessionBus,
@@ -47,10 +46,9 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ..config import Config
-    from ..stages.request import Receive, Responder
+    from ..http.endpoints import Request
 
 _T = TypeVar("_T")
-PREFIX = "/v1/sessions/"
 MAX_VARS_BODY = 65_536
 _vars_decoder = msgspec.json.Decoder(dict[str, str])
 
@@ -66,97 +64,70 @@ class VarsUpdated(msgspec.Struct, kw_only=True):
     updated: list[str]
 
 
-def frame_event(ev: Event) -> bytes:
-    """One turn as an SSE event (sans-IO)."""
-    return b"id: %s\nevent: turn\ndata: %s\n\n" % (ev.id.encode(), encoder.encode(ev.turn))
+def frame_events(events: list[Event]) -> bytes:
+    """Turns as SSE events (sans-IO)."""
+    return b"".join(session_event(ev.id, encoder.encode(ev.turn)) for ev in events)
 
 
-def frame_error(err: SessionBusError) -> bytes:
-    """A bus failure as the stream's last event (a named event, so EventSource's
-    own ``error`` handler is not confused with it)."""
-    return b"event: bus_error\ndata: %s\n\n" % error_json(err)
-
-
-PING = b": ping\n\n"
-CLOSE = b"event: close\ndata: {}\n\n"
-#: Browsers wait this long before reconnecting an ended EventSource.
-RETRY = b"retry: 1000\n\n"
-
-
-def split_path(path: str) -> tuple[str, str]:
-    """``/v1/sessions/ID[/what]`` -> ``(ID, what)``; the id is validated.
+def session_id(request: Request) -> str:
+    """The session id of the path, validated.
 
     Raises:
-        NotFound: not a session endpoint.
-        BadRequest: the id is malformed.
+        BadRequest: the id is malformed (``param`` is ``session_id``).
     """
-    rest = path[len(PREFIX) :]
-    sid, _, what = rest.partition("/")
-    if what not in ("", "vars", "events") or not sid:
-        raise NotFound(f"no route serves {path[:200]}")
     try:
-        check_session_id(sid)
+        return check_session_id(request.params["id"])
     except BadRequest as exc:
         exc.param = "session_id"
         raise
-    return sid, what
 
 
 class SessionEndpoints:
-    """Serves ``/v1/sessions/...`` for one app."""
+    """Serves ``/v1/sessions/{id}``, ``.../vars`` and ``.../events`` for one app.
 
-    def __init__(self, config: Config, bus: SessionBus, closing: trio.Event) -> None:
+    Each handler acts for ``tenant(request)``: the key's tenant, never one
+    the client names.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        bus: SessionBus,
+        closing: trio.Event,
+        tenant: Callable[[Request], str],
+    ) -> None:
         self.config = config
         self.bus = bus
         self.closing = closing
-        self.tenant = config.server.default_tenant
+        self.tenant = tenant
         # Sessions are shared by all routes; writes from here live as long as the longest.
         self.ttl = max((r.context_ttl for r in config.routes), default=86_400)
         d = config.deadline
         self.call_budget = d.default_ms * config.budgets.context / 1000.0
-
-    async def handle(
-        self,
-        method: str,
-        path: str,
-        headers: dict[str, str],
-        receive: Receive,
-        responder: Responder,
-    ) -> None:
-        """Serve one request; GatewayErrors propagate for the caller to render."""
-        sid, what = split_path(path)
-        allowed = "PUT" if what == "vars" else "GET"
-        if method != allowed:
-            raise MethodNotAllowed(
-                f"{method} is not allowed on {path[:200]}; use {allowed}",
-                headers={"Allow": allowed},
-            )
-        if what == "vars":
-            await self._put_vars(sid, headers, receive, responder)
-        elif what == "events":
-            await self._events(sid, headers, receive, responder)
-        else:
-            s = await self._bounded(
-                lambda: self.bus.load(self.tenant, sid, self.config.sessions.max_turns, self.ttl)
-            )
-            view = SessionView(id=sid, turns=s.turns, variables=s.variables)
-            await responder.complete(200, JSON_HEADERS, encoder.encode(view))
 
     async def _bounded(self, call: Callable[[], Awaitable[_T]]) -> _T:
         with trio.move_on_after(self.call_budget):
             return await call()
         raise StageDeadlineExceeded("context", "the session bus did not answer in time")
 
-    async def _put_vars(
-        self, sid: str, headers: dict[str, str], receive: Receive, responder: Responder
-    ) -> None:
-        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+    async def get(self, request: Request) -> None:
+        """``GET /v1/sessions/{id}``: the session's turns and variables."""
+        sid, tenant = session_id(request), self.tenant(request)
+        turns = self.config.sessions.max_turns
+        s = await self._bounded(lambda: self.bus.load(tenant, sid, turns, self.ttl))
+        view = SessionView(id=sid, turns=s.turns, variables=s.variables)
+        await request.responder.complete(200, JSON_HEADERS, encoder.encode(view))
+
+    async def put_vars(self, request: Request) -> None:
+        """``PUT /v1/sessions/{id}/vars``: merge a JSON object of string variables."""
+        sid, tenant = session_id(request), self.tenant(request)
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
             raise UnsupportedMediaType("the body must be application/json")
         body = bytearray()
         with trio.move_on_after(self.call_budget) as scope:
             while True:
-                msg = await receive()
+                msg = await request.receive()
                 if msg["type"] == "http.disconnect":
                     return
                 body += msg.get("body", b"")
@@ -173,23 +144,24 @@ class SessionEndpoints:
         except msgspec.DecodeError:
             raise BadRequest("the body is not valid JSON", param="body") from None
         check_vars(values, "body")
-        await self._bounded(lambda: self.bus.set_vars(self.tenant, sid, values, self.ttl))
+        await self._bounded(lambda: self.bus.set_vars(tenant, sid, values, self.ttl))
         out = VarsUpdated(id=sid, updated=sorted(values))
-        await responder.complete(200, JSON_HEADERS, encoder.encode(out))
+        await request.responder.complete(200, JSON_HEADERS, encoder.encode(out))
 
-    async def _events(
-        self, sid: str, headers: dict[str, str], receive: Receive, responder: Responder
-    ) -> None:
+    async def events(self, request: Request) -> None:
+        """``GET /v1/sessions/{id}/events``: the session's turns as an event stream."""
+        sid, tenant = session_id(request), self.tenant(request)
+        responder, receive = request.responder, request.receive
         cfg = self.config.sessions
-        after = headers.get("last-event-id") or None
+        after = request.headers.get("last-event-id") or None
         if after is not None:
             parse_event_id(after)
         # The replay happens before the head, so a bus that is down is a 503, not a stream.
         first = await self._bounded(
-            lambda: self.bus.read(self.tenant, sid, after, limit=cfg.replay_events, block_ms=0)
+            lambda: self.bus.read(tenant, sid, after, limit=cfg.replay_events, block_ms=0)
         )
         await responder.start(200, [*SSE_HEADERS, (b"x-aiserve-session-events", b"turn")])
-        await responder.body(RETRY + b"".join(frame_event(e) for e in first))
+        await responder.body(RETRY + frame_events(first))
         cursor = first[-1].id if first else (after or "0-0")
         gone = False
         tail = CLOSE
@@ -212,18 +184,14 @@ class SessionEndpoints:
                 while True:
                     try:
                         events = await self.bus.read(
-                            self.tenant,
-                            sid,
-                            cursor,
-                            limit=cfg.replay_events,
-                            block_ms=cfg.heartbeat_ms,
+                            tenant, sid, cursor, limit=cfg.replay_events, block_ms=cfg.heartbeat_ms
                         )
                     except SessionBusError as err:
-                        tail = frame_error(err)
+                        tail = bus_error_event(err)
                         break
                     if events:
                         cursor = events[-1].id
-                        await responder.body(b"".join(frame_event(e) for e in events))
+                        await responder.body(frame_events(events))
                     else:
                         await responder.body(PING)
             nursery.cancel_scope.cancel(reason="event stream ended")

@@ -25,7 +25,7 @@ from .bus import SessionBus, SessionBusError, Turn
 
 if TYPE_CHECKING:
     from ..observability.metrics import Metrics
-    from ..stages.request import RequestState
+    from ..stages.outcome import Outcome
 
 log = logging.getLogger("aiserve_trio.sessions")
 
@@ -73,39 +73,35 @@ class Outbox:
         self._items.pop(request_id, None)
 
 
-@dataclass(slots=True)
-class TurnRecord:
-    """What the context stage learnt that the write-back needs (filled in by it)."""
-
-    #: The user's last message as the model saw it (after input policies), or None
-    #: if the request never got that far.
-    user_text: str | None = None
-
-
-def request_turns(state: RequestState, record: TurnRecord) -> list[Turn]:
+def request_turns(outcome: Outcome) -> list[Turn]:
     """The turns to store for a finished request, or ``[]`` if there is nothing to store.
 
     Stored when the reply finished, or when something was delivered before the
     stream was cut (then the assistant turn is ``truncated``).
     """
-    if record.user_text is None or state.session_id is None:
+    info, prepared = outcome.info, outcome.prepared
+    if info is None or prepared is None or info.session_id is None:
         return []
-    cut = state.error is not None or state.disconnected or state.finish_reason is None
-    if cut and not state.delivered:
+    cut = outcome.cut
+    if cut and not outcome.delivered:
         return []
-    flags = dict(state.policy_context.flags) if state.policy_context is not None else {}
-    if state.degraded:
-        flags["degraded"] = state.degraded
+    flags = dict(prepared.policy.flags)
+    if prepared.degraded:
+        flags["degraded"] = prepared.degraded
     now = time.time()
-    ch, rid = state.channel, state.request_id
-    reply = "".join(state.delivered)
+    ch, rid = outcome.channel, outcome.request_id
     return [
         Turn(
-            role="user", content=record.user_text, channel=ch, request_id=rid, ts=now, flags=flags
+            role="user",
+            content=prepared.user_text,
+            channel=ch,
+            request_id=rid,
+            ts=now,
+            flags=flags,
         ),
         Turn(
             role="assistant",
-            content=reply,
+            content=outcome.delivered,
             channel=ch,
             request_id=rid,
             ts=now,
@@ -134,14 +130,14 @@ class WriteBack:
         self.retry_max_s = retry_max_ms / 1000.0
         self._wake = trio.Event()
 
-    async def after_request(self, state: RequestState, record: TurnRecord) -> None:
+    async def after_request(self, outcome: Outcome) -> None:
         """Store a finished request's turns, within its remaining budget, or queue them."""
-        turns = request_turns(state, record)
-        if not turns:
+        turns = request_turns(outcome)
+        info = outcome.info
+        if not turns or info is None or info.session_id is None:
             return
-        assert state.session_id is not None
-        item = PendingWrite(state.tenant, state.session_id, turns, state.route.config.context_ttl)
-        budget = state.budget
+        item = PendingWrite(info.tenant, info.session_id, turns, info.route.config.context_ttl)
+        budget = info.budget
         # A cut request still gets its reserve for this write; the outbox takes the rest.
         deadline = max(budget.deadline, trio.current_time() + budget.reserve)
         with trio.move_on_at(deadline):
