@@ -6,12 +6,10 @@ that is ready waits longer before it runs, and every stream's inter-token gap
 grows with it.
 
 The probe is one task that asks to be woken every ``interval`` seconds and
-records how late it actually runs. An earlier version was a
-:class:`trio.abc.Instrument` timing every task step; measured in
-``bench/observability_cost.py`` it cost 15 % of throughput, because Trio calls
-an instrument's hooks on every step of every task. One wake-up every 50 ms
-costs nothing measurable and sees the same saturation. Counts go into plain
-Python lists that Prometheus reads only when scraped (a custom collector).
+records how late it actually runs -- not a :class:`trio.abc.Instrument`, whose
+hooks Trio calls on every step of every task (the cost is in
+docs/architecture.md). Counts go into plain Python lists that Prometheus reads
+only when scraped (a custom collector).
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ class Tracing:
 
     def __init__(self, provider: TracerProvider | None = None, *, enabled: bool = True) -> None:
         provider = provider if provider is not None else trace.get_tracer_provider()
-        # Without an SDK every span would be a non-recording no-op; making them
-        # anyway cost 8 % of throughput (bench/observability_cost.py), so skip.
+        # Without an SDK every span would be a non-recording no-op, and making
+        # them anyway is not free (docs/architecture.md): skip.
         recording = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
         self.enabled = enabled and recording
         self._tracer = trace.get_tracer("aiserve_trio", tracer_provider=provider)

@@ -1,0 +1,16 @@
+-- wrk: POST a chat completion. BENCH_STREAM=1 asks for a stream; BENCH_KEY adds a bearer key.
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local key = os.getenv("BENCH_KEY")
+if key and key ~= "" then wrk.headers["Authorization"] = "Bearer " .. key end
+local stream = os.getenv("BENCH_STREAM") == "1"
+wrk.body = '{"model":"sim-model","stream":' .. (stream and "true" or "false")
+  .. ',"messages":[{"role":"user","content":"hello there, how are you?"}]}'
+
+done = function(summary, latency, requests)
+  io.write(string.format("JSON {\"requests\":%d,\"duration_us\":%d,\"errors\":%d,\"non2xx\":%d,\"p50_us\":%d,\"p90_us\":%d,\"p99_us\":%d}\n",
+    summary.requests, summary.duration,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.errors.status,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99)))
+end

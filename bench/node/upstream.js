@@ -1,0 +1,63 @@
+// A zero-delay OpenAI-compatible upstream for throughput runs: every chat
+// completion is answered at once with DELTAS content pieces, streamed as SSE
+// (`"stream": true`) or as one JSON body. It does no work a real model would,
+// so that what is measured in front of it is the proxy, not the backend.
+// Usage: node upstream.js PORT [DELTAS]
+"use strict";
+const http = require("http");
+
+const port = Number(process.argv[2] || 8200);
+const deltas = Number(process.argv[3] || 16);
+const words = Array.from({ length: deltas }, (_, i) => (i ? " w" : "w") + i);
+const created = Math.floor(Date.now() / 1000);
+
+function chunk(id, model, delta, finish) {
+  return "data: " + JSON.stringify({
+    id, object: "chat.completion.chunk", created, model,
+    choices: [{ index: 0, delta, finish_reason: finish }],
+  }) + "\n\n";
+}
+
+function streamed(id, model) {
+  let out = chunk(id, model, { role: "assistant", content: "" }, null);
+  for (const w of words) out += chunk(id, model, { content: w }, null);
+  out += chunk(id, model, {}, "stop");
+  out += "data: " + JSON.stringify({
+    id, object: "chat.completion.chunk", created, model, choices: [],
+    usage: { prompt_tokens: 8, completion_tokens: deltas, total_tokens: 8 + deltas },
+  }) + "\n\n";
+  return out + "data: [DONE]\n\n";
+}
+
+function whole(id, model) {
+  return JSON.stringify({
+    id, object: "chat.completion", created, model,
+    choices: [{ index: 0, message: { role: "assistant", content: words.join("") }, finish_reason: "stop" }],
+    usage: { prompt_tokens: 8, completion_tokens: deltas, total_tokens: 8 + deltas },
+  });
+}
+
+let n = 0;
+http.createServer((req, res) => {
+  if (req.method === "GET") {
+    res.writeHead(200, { "content-type": "application/json" });
+    res.end(JSON.stringify({ object: "list", data: [{ id: "sim-model", object: "model" }] }));
+    return;
+  }
+  const parts = [];
+  req.on("data", (c) => parts.push(c));
+  req.on("end", () => {
+    let body = {};
+    try { body = JSON.parse(Buffer.concat(parts).toString() || "{}"); } catch (e) { /* answered anyway */ }
+    const id = "chatcmpl-up" + (n++);
+    const model = body.model || "sim-model";
+    if (body.stream) {
+      res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+      res.end(streamed(id, model));
+    } else {
+      const text = whole(id, model);
+      res.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
+      res.end(text);
+    }
+  });
+}).listen(port, "127.0.0.1");
