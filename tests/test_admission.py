@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from aiserve_trio.errors import Overloaded
 from aiserve_trio.http.sse import shutdown_event
@@ -46,7 +47,7 @@ async def test_inflight_cap_sheds_fast_without_reading_the_body(autojump_clock: 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(one)
         nursery.start_soon(one)
-        await trio.sleep(0.1)
+        await trio.testing.wait_all_tasks_blocked()
         assert a.gate.admission.inflight == 2
         async with client.open("POST", "/v1/chat/completions", body=[b"{", b"never"]) as ex:
             await ex.done.wait()
@@ -66,7 +67,7 @@ async def test_stream_cap_refuses_before_the_head(autojump_clock: Any) -> None:
     async with client.open(
         "POST", "/v1/chat/completions", json_body=chat_body(stream=True)
     ) as first:
-        await trio.sleep(0.1)
+        await trio.testing.wait_all_tasks_blocked()
         assert a.gate.admission.streams == 1
         second = await client.chat(chat_body(stream=True))
         assert second.status == 503

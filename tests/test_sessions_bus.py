@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+import trio.testing
 
 from aiserve_trio.config import SessionsConfig
 from aiserve_trio.errors import BadRequest
@@ -160,7 +161,7 @@ async def test_blocked_read_wakes_on_append(bus: SessionBus) -> None:
     start = trio.current_time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reader)
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()
         assert got == []
         await bus.append("t1", "s1", [turn(1)], TTL)
     assert [e.turn.content for e in got] == ["message 1"]
