@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -31,7 +32,7 @@ def events(raw: bytes) -> list[tuple[str | None, str]]:
 
 def split(text: str, cuts: list[int]) -> list[str]:
     bounds = [0, *sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def run_stream(asm: ResponseAssembler, pieces: list[str], finish: str = "stop") -> bytes:
@@ -68,7 +69,8 @@ def test_a_card_number_split_anywhere_never_reaches_the_client(cuts: list[int]) 
     assert flt is not None
     asm = ResponseAssembler("chatcmpl-1", "m", 7, stream=True, filters=[flt])
     raw = run_stream(asm, split(text, cuts)).decode()
-    assert "4111" not in raw and "example.com" not in raw
+    assert "4111" not in raw
+    assert "example.com" not in raw
     assert asm.delivered == "pay with [CARD] today, or mail [EMAIL] please"
 
 
