@@ -16,7 +16,8 @@ from importlib.metadata import version as _version
 from typing import Any
 
 from .asgi import App, create_app
-from .config import Config, ConfigError, load_config
+from .config import Config, load_config
+from .errors import ConfigError
 
 try:
     __version__ = _version("aiserve-trio")

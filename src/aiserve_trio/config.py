@@ -17,14 +17,13 @@ from typing import Any, Literal
 
 import msgspec
 
+# ConfigError lives with the other errors; re-exported for code that imports it from here.
+from .errors import ConfigError as ConfigError
+
 DEFAULT_CONFIG_NAME = "aiserve.toml"
 ENV_VAR = "AISERVE_CONFIG"
 BUDGET_TOLERANCE = 0.001
 _LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-class ConfigError(Exception):
-    """The configuration file is missing, not TOML, or not a valid gateway config."""
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

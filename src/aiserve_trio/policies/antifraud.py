@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import PolicyViolation
+from ..errors import ConfigError, PolicyViolation
 from .base import Policy, PolicyContext, check_settings, read_pack, register, setting
 from .stream import ZERO_WIDTH
 
@@ -148,8 +148,6 @@ def anti_fraud(name: str, settings: Mapping[str, Any], cfg: Config) -> Policy:
     Raises:
         ConfigError: unknown keys, an unreadable pack, or a bad rule in it.
     """
-    from ..config import ConfigError
-
     check_settings(name, settings, {"pack", "flag_threshold", "block_threshold", "scope"}, cfg)
     table, source = read_pack(setting(name, settings, "pack", str, DEFAULT_PACK), cfg)
     for key in ("flag_threshold", "block_threshold", "scope"):

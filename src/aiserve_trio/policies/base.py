@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..errors import ConfigError
+
 if TYPE_CHECKING:
     from ..adapters.base import Message
     from ..config import Config
@@ -159,8 +161,6 @@ def read_pack(ref: str, cfg: Config) -> tuple[dict[str, Any], str]:
     from importlib import resources
     from pathlib import Path
 
-    from ..config import ConfigError
-
     try:
         if "/" in ref or ref.endswith(".toml"):
             path = Path(ref)
@@ -183,8 +183,6 @@ def check_settings(name: str, settings: Mapping[str, Any], allowed: set[str], cf
     Raises:
         ConfigError: naming the first unknown key.
     """
-    from ..config import ConfigError
-
     for key in settings:
         if key not in allowed:
             known = ", ".join(sorted(allowed)) or "none"
@@ -197,8 +195,6 @@ def setting(name: str, settings: Mapping[str, Any], key: str, kind: type, defaul
     Raises:
         ConfigError: the value has the wrong type.
     """
-    from ..config import ConfigError
-
     value = settings.get(key, default)
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import regex
 
+from ..errors import ConfigError
 from .base import OutputFilter, Policy, PolicyContext, check_settings, register
 
 if TYPE_CHECKING:
@@ -270,8 +271,6 @@ def channel_shaping(name: str, settings: Mapping[str, Any], cfg: Config) -> Poli
         ConfigError: a channel that is not in ``server.channels``, an unknown
             style or key, a wrong type or a non-positive size.
     """
-    from ..config import ConfigError
-
     check_settings(name, settings, set(cfg.server.channels), cfg)
     styles = {ch: s for ch, s in DEFAULT_STYLES.items() if ch in cfg.server.channels}
     for channel, table in settings.items():

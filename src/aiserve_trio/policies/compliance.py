@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import regex
 
+from ..errors import ConfigError
 from .base import OutputFilter, Policy, PolicyContext, check_settings, read_pack, register, setting
 from .stream import Rewriter, Rule, make_rule
 
@@ -106,8 +107,6 @@ class Compliance(Policy):
 
 
 def _build(name: str, settings: Mapping[str, Any], cfg: Config, default_pack: str | None) -> Policy:
-    from ..config import ConfigError
-
     check_settings(name, settings, {"pack", "phrase"}, cfg)
     pack = setting(name, settings, "pack", str, default_pack or "")
     if not pack:

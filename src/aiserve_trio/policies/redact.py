@@ -33,6 +33,7 @@ import regex
 from stdnum import iban, luhn
 from stdnum.cn import ric
 
+from ..errors import ConfigError
 from .base import OutputFilter, Policy, PolicyContext, check_settings, register, setting
 from .stream import Rewriter, Rule, literal, make_rule
 
@@ -257,8 +258,6 @@ def gdpr_redact(name: str, settings: Mapping[str, Any], cfg: Config) -> Policy:
     Raises:
         ConfigError: an unknown key, kind, token or phone region.
     """
-    from ..config import ConfigError
-
     check_settings(name, settings, _KEYS, cfg)
     detect = setting(name, settings, "detect", list, list(DEFAULT_DETECT))
     tokens = setting(name, settings, "tokens", dict, {})
