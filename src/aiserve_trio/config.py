@@ -19,6 +19,7 @@ import msgspec
 
 # ConfigError lives with the other errors; re-exported for code that imports it from here.
 from .errors import ConfigError as ConfigError
+from .tenants import check_tenant
 
 DEFAULT_CONFIG_NAME = "aiserve.toml"
 ENV_VAR = "AISERVE_CONFIG"
@@ -503,8 +504,10 @@ def _validate_auth(cfg: Config, source: str) -> None:
             check_hash(k.hash)
         except ValueError as exc:
             raise ConfigError(f"{source}: key `{key}.hash`: {exc}") from None
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", k.tenant):
-            raise ConfigError(f"{source}: key `{key}.tenant`: must be 1-64 of [A-Za-z0-9_.-]")
+        try:
+            check_tenant(k.tenant)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: key `{key}.tenant`: {exc}") from None
         for j, path in enumerate(k.routes):
             if path not in paths:
                 raise ConfigError(f"{source}: key `{key}.routes[{j}]`: no route serves {path!r}")
