@@ -23,9 +23,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import msgspec
+
+from ..decoding import decode_toml
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -144,37 +149,50 @@ def build_policies(names: list[str], cfg: Config) -> list[Policy]:
 PACKS_PACKAGE = "aiserve_trio.policies.packs"
 
 
-def read_pack(ref: str, cfg: Config) -> tuple[dict[str, Any], str]:
-    """Load a TOML rule pack: a shipped pack's name, or a file path.
+class Table(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Base for policy tables (rule packs, settings): an unknown key is an error.
+
+    Frozen: decoded once at load, never changed (subclasses repeat ``frozen=True``
+    for type checkers). ``__post_init__`` methods raise
+    :func:`~aiserve_trio.decoding.field_error` to name the key that is wrong.
+    """
+
+
+PackT = TypeVar("PackT", bound=Table)
+
+
+def read_pack(
+    ref: str, typ: type[PackT], *, policy: str, source: str, base_dir: str
+) -> tuple[PackT, str]:
+    """Load a TOML rule pack into ``typ``: a shipped pack's name, or a file path.
 
     A bare name (``"anti-fraud-v2"``) is a pack shipped in the package
     (``policies/packs/NAME.toml``, also at ``configs/policies/``); anything with
-    a ``/`` or ending in ``.toml`` is a file, relative to the config's folder.
+    a ``/`` or ending in ``.toml`` is a file, relative to ``base_dir``.
+
+    Args:
+        policy: the policy the pack is for, and ``source`` its config, for messages.
 
     Returns:
-        the decoded table and where it came from (for error messages).
+        the decoded pack and where it came from (for error messages).
 
     Raises:
-        ConfigError: the pack cannot be read or is not TOML.
+        ConfigError: the pack cannot be read, is not TOML, or is not a valid
+            ``typ`` (naming the pack and the key in it).
     """
-    import tomllib
-    from importlib import resources
-    from pathlib import Path
-
     try:
         if "/" in ref or ref.endswith(".toml"):
             path = Path(ref)
             if not path.is_absolute():
-                path = Path(cfg.base_dir) / path
-            source, text = str(path), path.read_text("utf-8")
+                path = Path(base_dir) / path
+            where, data = str(path), path.read_bytes()
         else:
-            source = f"<shipped pack {ref}>"
-            text = (resources.files(PACKS_PACKAGE) / f"{ref}.toml").read_text("utf-8")
-        return tomllib.loads(text), source
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{cfg.source}: rule pack {ref!r} cannot be read: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{cfg.source}: rule pack {ref!r} is not valid TOML: {exc}") from exc
+            where = f"<shipped pack {ref}>"
+            data = (resources.files(PACKS_PACKAGE) / f"{ref}.toml").read_bytes()
+    except OSError as exc:
+        why = f"rule pack {ref!r} cannot be read: {exc}"
+        raise ConfigError(f"{source}: policy {policy!r}: {why}") from exc
+    return decode_toml(data, typ, source=f"{source}: policy {policy!r}: rule pack {where}"), where
 
 
 def check_settings(name: str, settings: Mapping[str, Any], allowed: set[str], cfg: Config) -> None:

@@ -22,9 +22,19 @@ from typing import TYPE_CHECKING, Any
 
 import regex
 
+from ..decoding import field_error
 from ..errors import ConfigError
-from .base import OutputFilter, Policy, PolicyContext, check_settings, read_pack, register, setting
-from .stream import Rewriter, Rule, make_rule
+from .base import (
+    OutputFilter,
+    Policy,
+    PolicyContext,
+    Table,
+    check_settings,
+    read_pack,
+    register,
+    setting,
+)
+from .stream import Rewriter, Rule, literal, make_rule
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -45,37 +55,49 @@ def _check_refs(template: str, pattern: regex.Pattern[str]) -> None:
         ref = m.group(1) if m.group(1) is not None else m.group(2)
         known = ref in pattern.groupindex or (ref.isdigit() and int(ref) <= pattern.groups)
         if not known:
-            raise ValueError(f"`replace` refers to group {ref!r}, which the pattern lacks")
+            raise ValueError(f"refers to group {ref!r}, which the pattern lacks")
 
 
-def parse_pack(table: Mapping[str, Any], source: str, phrase: str | None = None) -> list[Rule]:
-    """The rules of a compliance pack, in order.
+class PackRule(Table, frozen=True):
+    """One rule of a compliance pack (``[[rules]]``)."""
 
-    Raises:
-        ValueError: naming the key that is wrong (including unbounded patterns).
-    """
-    phrase = phrase if phrase is not None else table.get("phrase", "")
-    if not isinstance(phrase, str):
-        raise ValueError(f"{source}: `phrase` must be a string")
-    raw = table.get("rules")
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{source}: `rules` must be a non-empty array of tables")
-    rules: list[Rule] = []
-    for i, r in enumerate(raw):
-        key = f"rules[{i}]"
-        if not isinstance(r, dict) or set(r) - {"id", "pattern", "replace", "description"}:
-            raise ValueError(f"{source}: `{key}` may have id, pattern, replace, description only")
-        rid, pattern = r.get("id"), r.get("pattern")
-        replace = r.get("replace", "{phrase}")
-        if not (isinstance(rid, str) and isinstance(pattern, str) and isinstance(replace, str)):
-            raise ValueError(f"{source}: `{key}` needs string id, pattern and replace")
+    id: str
+    #: A bounded regular expression (``regex`` module syntax).
+    pattern: str
+    #: What a match becomes: ``\\g<name>`` / ``\\N`` groups, and ``{phrase}``.
+    replace: str = "{phrase}"
+    description: str = ""
+
+    def __post_init__(self) -> None:
         try:
-            rule = make_rule(rid, pattern, _template(replace, phrase))
-            _check_refs(replace, regex.compile(pattern))
-        except (ValueError, regex.error) as exc:
-            raise ValueError(f"{source}: `{key}.pattern`: {exc}") from exc
-        rules.append(rule)
-    return rules
+            rule = make_rule(self.id, self.pattern, literal(""))
+        except ValueError as exc:
+            raise field_error("pattern", str(exc)) from None
+        try:
+            _check_refs(self.replace, rule.pattern)
+        except ValueError as exc:
+            raise field_error("replace", str(exc)) from None
+
+
+class CompliancePack(Table, frozen=True):
+    """A compliance rule pack: the rules, tried in order, and the default phrase."""
+
+    rules: list[PackRule]
+    phrase: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.rules:
+            raise field_error("rules", "must be a non-empty array of tables")
+
+
+def pack_rules(pack: CompliancePack, phrase: str | None = None) -> list[Rule]:
+    """The rules of a (validated) compliance pack, in order.
+
+    Args:
+        phrase: replaces the pack's own ``phrase`` in the templates.
+    """
+    phrase = phrase if phrase is not None else pack.phrase
+    return [make_rule(r.id, r.pattern, _template(r.replace, phrase)) for r in pack.rules]
 
 
 class _Filter:
@@ -108,15 +130,14 @@ class Compliance(Policy):
 
 def _build(name: str, settings: Mapping[str, Any], cfg: Config, default_pack: str | None) -> Policy:
     check_settings(name, settings, {"pack", "phrase"}, cfg)
-    pack = setting(name, settings, "pack", str, default_pack or "")
-    if not pack:
+    ref = setting(name, settings, "pack", str, default_pack or "")
+    if not ref:
         raise ConfigError(f"{cfg.source}: key `policies.{name}.pack`: a compliance pack is needed")
-    table, source = read_pack(pack, cfg)
+    pack, _ = read_pack(
+        ref, CompliancePack, policy=name, source=cfg.source, base_dir=cfg.base_dir
+    )
     phrase = setting(name, settings, "phrase", str, None) if "phrase" in settings else None
-    try:
-        return Compliance(Rewriter(parse_pack(table, source, phrase)))
-    except ValueError as exc:
-        raise ConfigError(f"{cfg.source}: policy {name!r}: {exc}") from None
+    return Compliance(Rewriter(pack_rules(pack, phrase)))
 
 
 @register("compliance")
