@@ -37,7 +37,7 @@ from .observability.observer import RequestObserver
 from .observability.sched import SchedulerLag
 from .observability.tracing import Tracing, configure_otlp
 from .pipeline import Pipeline
-from .policies.base import build_policies
+from .policies.registry import build_policies
 from .security import edge
 from .security.auth import Principal
 from .security.gate import TOKEN_SUFFIX, Gate, shutdown_event

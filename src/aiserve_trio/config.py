@@ -27,7 +27,8 @@ from .decoding import decode_toml, field_error
 
 # ConfigError lives with the other errors; re-exported for code that imports it from here.
 from .errors import ConfigError as ConfigError
-from .policies.base import known_policies
+from .policies.base import PolicySpec
+from .policies.registry import build_policies, decode_policies, known_policies
 from .security.auth import check_hash
 from .tenants import check_tenant
 
@@ -397,7 +398,8 @@ class Config(_Section):
     adapters: dict[str, AdapterConfig] = msgspec.field(default_factory=dict)
     routes: list[RouteConfig] = msgspec.field(default_factory=list)
     sessions: SessionsConfig = msgspec.field(default_factory=SessionsConfig)
-    #: Settings of named policies, ``[policies.NAME]``; checked by the policy registry.
+    #: ``[policies.NAME]`` tables as written (``kind`` optional); the loader
+    #: decodes them into :attr:`policy_specs`.
     policies: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     observability: ObservabilityConfig = msgspec.field(default_factory=ObservabilityConfig)
@@ -408,6 +410,9 @@ class Config(_Section):
     #: (both set by the loader; values written in the TOML are replaced).
     source: str = "<memory>"
     base_dir: str = "."
+    #: Set by the loader: every ``[policies.NAME]`` table and every policy a
+    #: route names, with its kind's settings Struct.
+    policy_specs: dict[str, PolicySpec] = msgspec.field(default_factory=dict)
 
 
 # --- loading --------------------------------------------------------------------
@@ -469,16 +474,22 @@ def route_label(route: RouteConfig) -> str:
 def _loaded(decoded: Config, *, source: str, base_dir: str) -> Config:
     """``decoded`` with what the loader adds, as a new Struct (``decoded`` is not changed).
 
-    Adds where the config came from and the keys of ``[auth] keys_file``.
+    Adds where the config came from, the keys of ``[auth] keys_file``, and the
+    ``[policies.NAME]`` tables decoded into their kinds' settings.
 
     Raises:
-        ConfigError: the keys file cannot be read or is not valid.
+        ConfigError: the keys file cannot be read or is not valid, or a policy
+            table is not valid for its kind.
     """
     auth = decoded.auth
     if auth is not None and auth.keys_file is not None:
         extra = _read_keys_file(Path(base_dir) / auth.keys_file, source)
         auth = msgspec.structs.replace(auth, keys=[*auth.keys, *extra])
-    return msgspec.structs.replace(decoded, source=source, base_dir=base_dir, auth=auth)
+    routed = [name for route in decoded.routes for name in route.policies]
+    specs = decode_policies(decoded.policies, source=source, names=routed)
+    return msgspec.structs.replace(
+        decoded, source=source, base_dir=base_dir, auth=auth, policy_specs=specs
+    )
 
 
 class _KeysFile(_Section):
@@ -506,7 +517,8 @@ def check_config(cfg: Config) -> None:
     Routes name configured adapters and known policies, paths and labels are
     unique, route deadlines leave the reserve; auth is configured, its keys are
     unique and name configured routes and channels; a Redis rate limiter has a
-    Redis session backend.
+    Redis session backend. Every policy a route names is built once, so a bad
+    setting or rule pack is refused here rather than when the app starts.
 
     Raises:
         ConfigError: naming ``cfg.source`` and the TOML key of the first problem.
@@ -567,3 +579,4 @@ def check_config(cfg: Config) -> None:
             if ms is not None and ms <= reserve_ms:
                 why = f"must exceed deadline.reserve_ms ({reserve_ms})"
                 raise fail(f"{key}.deadline.{field}", why)
+    build_policies(list(dict.fromkeys(n for r in cfg.routes for n in r.policies)), cfg)

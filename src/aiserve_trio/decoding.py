@@ -71,8 +71,16 @@ def describe(message: str, at: str = "") -> str:
     return f"key `{key}`: {detail}" if key else detail
 
 
-def convert(value: Any, typ: type[T], *, source: str, key: str) -> T:
-    """Convert a decoded TOML value (a table, usually) to ``typ``.
+@typing.overload
+def convert(value: Any, typ: type[T], *, source: str, key: str) -> T: ...
+
+
+@typing.overload
+def convert(value: Any, typ: Any, *, source: str, key: str) -> Any: ...
+
+
+def convert(value: Any, typ: Any, *, source: str, key: str) -> Any:
+    """Convert a decoded TOML value (a table, usually) to ``typ`` (a type or a union).
 
     Args:
         source: the file the value came from, for the message.

@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..decoding import field_error
 from ..errors import ConfigError, PolicyViolation
-from .base import Policy, PolicyContext, Table, check_settings, read_pack, register, setting
+from .base import BuildContext, Policy, PolicyContext, PolicyKind, PolicySettings, Table, read_pack
 from .stream import ZERO_WIDTH
 
 if TYPE_CHECKING:
     from ..adapters.base import Message
-    from ..config import Config
 
 DEFAULT_PACK = "anti-fraud-v2"
 _DROP = {ord(c): None for c in ZERO_WIDTH}
@@ -148,25 +146,33 @@ class AntiFraud(Policy):
         return messages
 
 
-@register("anti-fraud-v2")
-def anti_fraud(name: str, settings: Mapping[str, Any], cfg: Config) -> Policy:
-    """Factory for ``anti-fraud-v2``: ``pack`` (name or file), threshold overrides.
+class AntiFraudSettings(PolicySettings, frozen=True):
+    """``[policies.anti-fraud-v2]``: the pack, and overrides of its thresholds and scope."""
+
+    #: A shipped pack's name, or a file (relative to the config).
+    pack: str = DEFAULT_PACK
+    flag_threshold: float | None = None
+    block_threshold: float | None = None
+    scope: Literal["last_user", "all_user"] | None = None
+
+
+def anti_fraud(name: str, settings: AntiFraudSettings, ctx: BuildContext) -> Policy:
+    """Factory for ``anti-fraud-v2``: the pack's rules, thresholds overridden by ``settings``.
 
     Raises:
-        ConfigError: unknown keys, an unreadable pack, or a bad rule in it.
+        ConfigError: the pack cannot be read or is not valid, or the thresholds
+            are not ``0 < flag_threshold <= block_threshold``.
     """
-    check_settings(name, settings, {"pack", "flag_threshold", "block_threshold", "scope"}, cfg)
-    ref = setting(name, settings, "pack", str, DEFAULT_PACK)
-    pack, where = read_pack(ref, FraudPack, policy=name, source=cfg.source, base_dir=cfg.base_dir)
-    flag = setting(name, settings, "flag_threshold", float, pack.flag_threshold)
-    block = setting(name, settings, "block_threshold", float, pack.block_threshold)
-    scope = setting(name, settings, "scope", str, pack.scope)
-    if scope not in ("last_user", "all_user"):
-        raise ConfigError(f"{cfg.source}: key `policies.{name}.scope`: 'last_user' or 'all_user'")
+    pack, where = read_pack(settings.pack, FraudPack, policy=name, ctx=ctx)
+    flag = pack.flag_threshold if settings.flag_threshold is None else settings.flag_threshold
+    block = pack.block_threshold if settings.block_threshold is None else settings.block_threshold
     if not 0 < flag <= block:
-        # Name the key that set the threshold: this policy's table, or the pack.
-        set_here = "flag_threshold" in settings or "block_threshold" in settings
+        # Name where the thresholds were set: this policy's table, or the pack.
+        set_here = settings.flag_threshold is not None or settings.block_threshold is not None
         at = f"key `policies.{name}`" if set_here else f"policy {name!r}: rule pack {where}"
         why = f"need 0 < flag_threshold <= block_threshold, got {flag:g} and {block:g}"
-        raise ConfigError(f"{cfg.source}: {at}: {why}")
-    return AntiFraud(pack_scorer(pack), flag, block, scope)
+        raise ConfigError(f"{ctx.source}: {at}: {why}")
+    return AntiFraud(pack_scorer(pack), flag, block, settings.scope or pack.scope)
+
+
+KINDS: dict[str, PolicyKind[Any]] = {"anti-fraud-v2": PolicyKind(anti_fraud, AntiFraudSettings)}

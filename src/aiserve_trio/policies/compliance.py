@@ -17,27 +17,23 @@ More packs are named policies of kind ``compliance``::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import regex
 
 from ..decoding import field_error
-from ..errors import ConfigError
 from .base import (
+    BuildContext,
     OutputFilter,
     Policy,
     PolicyContext,
+    PolicyKind,
+    PolicySettings,
     Table,
-    check_settings,
     read_pack,
-    register,
-    setting,
 )
 from .stream import Rewriter, Rule, literal, make_rule
-
-if TYPE_CHECKING:
-    from ..config import Config
 
 
 def _template(replace: str, phrase: str) -> Callable[[regex.Match[str]], str]:
@@ -128,33 +124,46 @@ class Compliance(Policy):
         return _Filter(self.rewriter, self.name, ctx)
 
 
-def _build(name: str, settings: Mapping[str, Any], cfg: Config, default_pack: str | None) -> Policy:
-    check_settings(name, settings, {"pack", "phrase"}, cfg)
-    ref = setting(name, settings, "pack", str, default_pack or "")
-    if not ref:
-        raise ConfigError(f"{cfg.source}: key `policies.{name}.pack`: a compliance pack is needed")
-    pack, _ = read_pack(
-        ref, CompliancePack, policy=name, source=cfg.source, base_dir=cfg.base_dir
-    )
-    phrase = setting(name, settings, "phrase", str, None) if "phrase" in settings else None
+class ComplianceSettings(PolicySettings, frozen=True):
+    """``[policies.NAME]`` with ``kind = "compliance"``: a pack is required."""
+
+    #: A shipped pack's name, or a file (relative to the config).
+    pack: str
+    #: Replaces the pack's ``phrase``.
+    phrase: str | None = None
+
+
+class NoRateFiguresSettings(PolicySettings, frozen=True):
+    """``[policies.no-rate-figures]``: the shipped pack unless ``pack`` names another."""
+
+    pack: str = "no-rate-figures"
+    phrase: str | None = None
+
+
+def _build(name: str, pack_ref: str, phrase: str | None, ctx: BuildContext) -> Policy:
+    pack, _ = read_pack(pack_ref, CompliancePack, policy=name, ctx=ctx)
     return Compliance(Rewriter(pack_rules(pack, phrase)))
 
 
-@register("compliance")
-def compliance(name: str, settings: Mapping[str, Any], cfg: Config) -> Policy:
-    """Factory for ``kind = "compliance"`` policies (``pack`` is required).
+def compliance(name: str, settings: ComplianceSettings, ctx: BuildContext) -> Policy:
+    """Factory for ``kind = "compliance"`` policies.
 
     Raises:
-        ConfigError: unknown keys, a missing or bad pack.
+        ConfigError: the pack cannot be read or is not valid.
     """
-    return _build(name, settings, cfg, None)
+    return _build(name, settings.pack, settings.phrase, ctx)
 
 
-@register("no-rate-figures")
-def no_rate_figures(name: str, settings: Mapping[str, Any], cfg: Config) -> Policy:
+def no_rate_figures(name: str, settings: NoRateFiguresSettings, ctx: BuildContext) -> Policy:
     """Factory for the shipped ``no-rate-figures`` pack (``pack``/``phrase`` override).
 
     Raises:
-        ConfigError: unknown keys or a bad pack.
+        ConfigError: the pack cannot be read or is not valid.
     """
-    return _build(name, settings, cfg, "no-rate-figures")
+    return _build(name, settings.pack, settings.phrase, ctx)
+
+
+KINDS: dict[str, PolicyKind[Any]] = {
+    "compliance": PolicyKind(compliance, ComplianceSettings),
+    "no-rate-figures": PolicyKind(no_rate_figures, NoRateFiguresSettings),
+}
