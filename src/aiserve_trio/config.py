@@ -9,8 +9,9 @@ with the file and the TOML key, and the server does not start.
 Checks live in two places: a section's own rules in its ``__post_init__``
 (msgspec runs them while decoding and gives the key), and the rules between
 sections in :func:`check_config`. Loading never changes what was decoded:
-what the loader adds (where the file is, the keys of ``[auth] keys_file``)
-goes into a new Struct.
+what the loader adds (where the file is, the keys of ``[auth] keys_file``,
+the ``[policies.NAME]`` tables decoded into their kinds' settings) goes into a
+new Struct.
 """
 
 from __future__ import annotations
@@ -410,8 +411,9 @@ class Config(_Section):
     #: (both set by the loader; values written in the TOML are replaced).
     source: str = "<memory>"
     base_dir: str = "."
-    #: Set by the loader: every ``[policies.NAME]`` table and every policy a
-    #: route names, with its kind's settings Struct.
+    #: Set by the loader (a value in the TOML is replaced): every
+    #: ``[policies.NAME]`` table and every policy a route names, with its
+    #: kind's settings Struct.
     policy_specs: dict[str, PolicySpec] = msgspec.field(default_factory=dict)
 
 
