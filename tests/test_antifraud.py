@@ -12,7 +12,8 @@ from aiserve_trio.adapters.base import Message
 from aiserve_trio.config import ConfigError
 from aiserve_trio.errors import PolicyViolation
 from aiserve_trio.policies.antifraud import AntiFraud
-from aiserve_trio.policies.base import PolicyContext, build_policies
+from aiserve_trio.policies.base import PolicyContext
+from aiserve_trio.policies.registry import build_policies
 
 from .conftest import make_config
 
@@ -113,13 +114,33 @@ def test_thresholds_and_pack_from_config(tmp_path: Path) -> None:
         ),
         ('[[rules]]\nid="a"\nweight=1\npatterns=["(unclosed"]', "not a regular expression"),
         ("not toml =", "not valid TOML"),
+        (
+            '[[rules]]\nid="a"\nweight=1\npatterns=["a"]\nlabel="x"',
+            "unknown key `rules\\[0\\].label`",
+        ),
+        (
+            '[[rules]]\nid="a"\nweight="heavy"\npatterns=["a"]',
+            "key `rules\\[0\\].weight`: Expected `float`, got `str`",
+        ),
+        (
+            'scope="everyone"\n[[rules]]\nid="a"\nweight=1\npatterns=["a"]',
+            "key `scope`: Invalid enum value 'everyone'",
+        ),
     ],
 )
 def test_bad_pack_refused(tmp_path: Path, pack: str, match: str) -> None:
     f = tmp_path / "bad.toml"
     f.write_text(pack)
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match) as info:
         policy(f'[policies.anti-fraud-v2]\npack = "{f}"\n')
+    assert str(f) in str(info.value)
+
+
+def test_threshold_override_is_checked_with_the_pack() -> None:
+    # the shipped pack's flag_threshold is 0.5: a block threshold below it is refused,
+    # naming this policy's table (the pack alone is fine)
+    with pytest.raises(ConfigError, match=r"key `policies.anti-fraud-v2`: need 0 < flag"):
+        policy("[policies.anti-fraud-v2]\nblock_threshold = 0.4\n")
 
 
 def test_missing_pack_refused() -> None:

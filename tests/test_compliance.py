@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiserve_trio.config import ConfigError
-from aiserve_trio.policies.base import PolicyContext, build_policies
+from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.policies.compliance import Compliance
+from aiserve_trio.policies.registry import build_policies
 
 from .conftest import make_config
 
@@ -69,14 +70,18 @@ def test_named_pack_of_kind_compliance(tmp_path: Path) -> None:
         ("[[rules]]\nid = 'a'\npattern = '[0-9]+%'\n", "unbounded"),
         ("[[rules]]\nid = 'a'\npattern = '(oops'\n", "not a regular expression"),
         ("[[rules]]\nid = 'a'\npattern = 'x'\nreplace = '\\g<nope>'\n", "rules\\[0\\]"),
-        ("[[rules]]\nid = 'a'\npattern = 'x'\ncolour = 'red'\n", "may have"),
+        ("[[rules]]\nid = 'a'\npattern = 'x'\ncolour = 'red'\n", "unknown key `rules\\[0\\].colour`"),
+        ("[[rules]]\nid = 'a'\npattern = 3\n", "key `rules\\[0\\].pattern`: Expected `str`, got `int`"),
+        ("phrase = 'x'\nrules = []\n", "key `rules`: must be a non-empty array"),
     ],
 )
 def test_bad_pack_refused(tmp_path: Path, rules: str, match: str) -> None:
     (tmp_path / "bad.toml").write_text(rules)
     extra = f'[policies.p]\nkind = "compliance"\npack = "{tmp_path / "bad.toml"}"\n'
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match) as info:
         pack(extra, name="p")
+    # the config, the policy and the pack file are named
+    assert str(info.value).startswith(f"<test>: policy 'p': rule pack {tmp_path / 'bad.toml'}: ")
 
 
 def test_compliance_kind_needs_a_pack() -> None:

@@ -2,6 +2,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from aiserve_trio.config import ConfigError, default_config_text, load_config, parse_config
@@ -68,6 +69,27 @@ def test_aiserve_config_env_names_the_file(tmp_path, monkeypatch):
         ),
         (_with('name = "chat"', 'name = "Chat-Route"'), "key `routes[0].name`"),
         ("this is = = not toml", "not valid TOML"),
+        # a dict's key is named even though msgspec's path says only `adapters[...]`
+        (
+            _with('models = ["aiserve-mock"]', "models = []"),
+            "key `adapters.mock.models`: must name at least one model",
+        ),
+        (
+            _with("ttft_ms = 60", 'ttft_ms = "fast"'),
+            "key `adapters.mock.ttft_ms`: Expected `float`",
+        ),
+        (
+            _with('default_tenant = "default"', 'default_tenant = "a:b"'),
+            "key `server.default_tenant`: tenant 'a:b' must match",
+        ),
+        (
+            _with('backend = "memory"', 'backend = "memory"\npool_size = 0'),
+            "key `sessions.pool_size`: must be positive",
+        ),
+        (
+            _with("context_ttl = 86400", "context_ttl = 86400\ntenant = 'x y'"),
+            "key `routes[0].tenant`: tenant 'x y' must match",
+        ),
     ],
 )
 def test_bad_configs_are_refused_naming_the_key_and_file(text, message):
@@ -118,3 +140,47 @@ def test_auth_is_switched_off_only_explicitly():
     assert "\n[auth]\nenabled = false\n" in text
     with pytest.raises(ConfigError, match=r"key `auth`: missing; .*enabled = false"):
         parse_config(text.replace("\n[auth]\nenabled = false\n", "\n"), source="noauth.toml")
+
+
+def test_loading_never_changes_what_was_decoded(tmp_path):
+    # What the loader adds (source, base_dir, the keys of keys_file) goes into a
+    # new Struct: the one msgspec decoded is left as it was.
+    from aiserve_trio.config import Config, _loaded
+    from aiserve_trio.decoding import decode_toml
+
+    from .authcfg import auth_toml
+
+    body = auth_toml().split("[[auth.keys]]", 1)[1]
+    (tmp_path / "keys.toml").write_text("[[keys]]" + body.replace("[[auth.keys]]", "[[keys]]"))
+    text = default_config_text().replace(
+        "[auth]\nenabled = false\n", '[auth]\nenabled = true\nkeys_file = "keys.toml"\n'
+    )
+    decoded = decode_toml(text.encode(), Config, source="gw.toml")
+    before = msgspec.to_builtins(decoded)
+    cfg = _loaded(decoded, source="gw.toml", base_dir=str(tmp_path))
+    assert msgspec.to_builtins(decoded) == before
+    assert decoded.auth is not None
+    assert decoded.auth.keys == []
+    assert (decoded.source, decoded.base_dir) == ("<memory>", ".")
+    assert cfg is not decoded
+    assert cfg.auth is not None
+    assert [k.id for k in cfg.auth.keys] == ["alice", "bob", "ops"]
+    assert (cfg.source, cfg.base_dir) == ("gw.toml", str(tmp_path))
+    # so loading the same text twice gives the same config, keys read once each time
+    (tmp_path / "gw.toml").write_text(text)
+    first, second = load_config(tmp_path / "gw.toml"), load_config(tmp_path / "gw.toml")
+    assert first == second == msgspec.structs.replace(cfg, source=str(tmp_path / "gw.toml"))
+
+
+def test_a_bad_key_in_the_keys_file_names_that_file(tmp_path):
+    from .authcfg import auth_toml
+
+    body = auth_toml().split("[[auth.keys]]", 1)[1].replace('tenant = "bank-a"', 'tenant = "a:b"', 1)
+    (tmp_path / "keys.toml").write_text("[[keys]]" + body.replace("[[auth.keys]]", "[[keys]]"))
+    text = default_config_text().replace(
+        "[auth]\nenabled = false\n", '[auth]\nenabled = true\nkeys_file = "keys.toml"\n'
+    )
+    (tmp_path / "gw.toml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "gw.toml")
+    assert str(info.value).startswith(f"{tmp_path / 'keys.toml'}: key `keys[0].tenant`: ")

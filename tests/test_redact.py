@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Message
 from aiserve_trio.config import ConfigError
-from aiserve_trio.policies.base import PolicyContext, build_policies
+from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.policies.redact import build_rules
+from aiserve_trio.policies.registry import build_policies
 from aiserve_trio.policies.stream import Rewriter, make_rule, pattern_reach
 
 from .conftest import make_config
@@ -102,13 +103,15 @@ def test_text_that_cannot_be_a_secret_flows() -> None:
         ('detect = ["ssn"]', "unknown kind"),
         ("colour = 1", "unknown key `policies.gdpr-redact.colour`"),
         ('region = "XX"', "unknown region"),
-        ('input = "yes"', "expected bool"),
+        ('input = "yes"', "key `policies.gdpr-redact.input`: Expected `bool`, got `str`"),
+        ('tokens = {ssn = "[SSN]"}', "unknown key `policies.gdpr-redact.tokens.ssn`"),
     ],
 )
 def test_bad_settings_refused(settings_toml: str, match: str) -> None:
-    cfg = make_config(f"[policies.gdpr-redact]\n{settings_toml}\n")
-    with pytest.raises(ConfigError, match=match):
-        build_policies(["gdpr-redact"], cfg)
+    # refused when the config is loaded, naming the config and the key
+    with pytest.raises(ConfigError, match=match) as info:
+        make_config(f"[policies.gdpr-redact]\n{settings_toml}\n")
+    assert str(info.value).startswith("<test>: ")
 
 
 def test_unbounded_pattern_refused() -> None:

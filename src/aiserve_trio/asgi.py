@@ -33,7 +33,7 @@ from .observability.observer import RequestObserver
 from .observability.sched import SchedulerLag
 from .observability.tracing import Tracing, configure_otlp
 from .pipeline import Pipeline
-from .policies.base import build_policies
+from .policies.registry import build_policies
 from .security import edge
 from .security.gate import Gate
 from .sessions import build_bus

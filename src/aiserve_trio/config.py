@@ -5,6 +5,13 @@ The app reads the file named by ``AISERVE_CONFIG``, else the embedded default
 Anything wrong -- an unknown key, a wrong type, budgets that do not sum to 1,
 a route naming an unknown adapter or policy -- raises :class:`ConfigError`
 with the file and the TOML key, and the server does not start.
+
+Checks live in two places: a section's own rules in its ``__post_init__``
+(msgspec runs them while decoding and gives the key), and the rules between
+sections in :func:`check_config`. Loading never changes what was decoded:
+what the loader adds (where the file is, the keys of ``[auth] keys_file``,
+the ``[policies.NAME]`` tables decoded into their kinds' settings) goes into a
+new Struct.
 """
 
 from __future__ import annotations
@@ -17,16 +24,42 @@ from typing import Any, Literal
 
 import msgspec
 
-from .errors import ConfigError
+from .decoding import decode_toml, field_error
+
+# ConfigError lives with the other errors; re-exported for code that imports it from here.
+from .errors import ConfigError as ConfigError
+from .policies.base import PolicySpec
+from .policies.registry import build_policies, decode_policies, known_policies
+from .security.auth import check_hash
+from .tenants import check_tenant
 
 DEFAULT_CONFIG_NAME = "aiserve.toml"
 ENV_VAR = "AISERVE_CONFIG"
 BUDGET_TOLERANCE = 0.001
 _LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_KEY_ID_RE = re.compile(r"^[a-z0-9]{1,32}$")
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Base for config tables: an unknown key is an error, not silently ignored."""
+    """Base for config tables: an unknown key is an error, not silently ignored.
+
+    ``__post_init__`` methods raise :func:`~.decoding.field_error` (a ValueError);
+    msgspec turns it into a ValidationError at the table's path, and the loader
+    into a ConfigError naming ``table.field``.
+    """
+
+
+def _positive(section: msgspec.Struct, *keys: str) -> None:
+    for key in keys:
+        if getattr(section, key) <= 0:
+            raise field_error(key, "must be positive")
+
+
+def _tenant(key: str, tenant: str) -> None:
+    try:
+        check_tenant(tenant)
+    except ValueError as exc:
+        raise field_error(key, str(exc)) from None
 
 
 class ServerConfig(_Section):
@@ -37,6 +70,14 @@ class ServerConfig(_Section):
     channels: list[str] = msgspec.field(
         default_factory=lambda: ["api", "app", "wechat", "ivr", "pad", "web"]
     )
+
+    def __post_init__(self) -> None:
+        if not self.channels:
+            raise field_error("channels", "must name at least one channel")
+        for i, ch in enumerate(self.channels):
+            if not _LABEL_RE.match(ch):
+                raise field_error(f"channels[{i}]", f"must match {_LABEL_RE.pattern}, got {ch!r}")
+        _tenant("default_tenant", self.default_tenant)
 
 
 class DeadlineConfig(_Section):
@@ -49,11 +90,30 @@ class DeadlineConfig(_Section):
     #: Fail fast instead of starting an upstream call with less time than this.
     min_inference_ms: int = 50
 
+    def __post_init__(self) -> None:
+        _positive(self, "default_ms", "max_ms")
+        for key in ("reserve_ms", "min_inference_ms"):
+            if getattr(self, key) < 0:
+                raise field_error(key, "must not be negative")
+        if self.default_ms > self.max_ms:
+            raise field_error("default_ms", f"must not exceed deadline.max_ms ({self.max_ms})")
+        if self.reserve_ms >= self.default_ms:
+            raise field_error("reserve_ms", "must be smaller than deadline.default_ms")
+
 
 class BudgetsConfig(_Section):
     context: float = 0.40
     inference: float = 0.35
     sse: float = 0.25
+
+    def __post_init__(self) -> None:
+        shares = {"context": self.context, "inference": self.inference, "sse": self.sse}
+        for key, share in shares.items():
+            if not 0.0 < share <= 1.0:
+                raise field_error(key, f"must be in (0, 1], got {share}")
+        total = sum(shares.values())
+        if abs(total - 1.0) > BUDGET_TOLERANCE:
+            raise ValueError(f"shares must sum to 1.0 (±{BUDGET_TOLERANCE}), got {total:.4f}")
 
 
 class LimitsConfig(_Section):
@@ -71,12 +131,38 @@ class LimitsConfig(_Section):
     #: The body must keep arriving: at most this long between two of its chunks.
     body_read_timeout_ms: int = 5_000
 
+    def __post_init__(self) -> None:
+        _positive(
+            self,
+            "max_body_bytes",
+            "max_messages",
+            "max_content_chars",
+            "max_tokens",
+            "max_inflight",
+            "max_streams",
+            "write_timeout_ms",
+            "body_read_timeout_ms",
+        )
+        if self.heartbeat_s < 0:
+            raise field_error("heartbeat_s", "must not be negative")
+
 
 class MockRule(_Section):
     #: A regular expression searched (case-insensitively) in the last user message.
     pattern: str
     #: The reply; ``{name}`` is replaced by a session variable or a named group.
     reply: str
+
+    def __post_init__(self) -> None:
+        try:
+            re.compile(self.pattern)
+        except re.error as exc:
+            raise field_error("pattern", f"not a regular expression: {exc}") from None
+
+
+def _models(models: list[str]) -> None:
+    if not models:
+        raise field_error("models", "must name at least one model")
 
 
 class MockAdapterConfig(_Section, tag="mock", tag_field="kind"):
@@ -85,6 +171,9 @@ class MockAdapterConfig(_Section, tag="mock", tag_field="kind"):
     inter_token_ms: float = 20.0
     rules: list[MockRule] = msgspec.field(default_factory=list)
     default_reply: str = "I am the aiserve-trio mock model."
+
+    def __post_init__(self) -> None:
+        _models(self.models)
 
 
 class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
@@ -114,6 +203,9 @@ class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
     #: Extra headers sent upstream on every request.
     headers: dict[str, str] = msgspec.field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        _models(self.models)
+
 
 class VllmWsAdapterConfig(_Section, tag="vllm_ws", tag_field="kind"):
     #: ``ws://host:port/path`` of the model server (aiserve-sim: ``/v1/ws``).
@@ -130,6 +222,9 @@ class VllmWsAdapterConfig(_Section, tag="vllm_ws", tag_field="kind"):
     tokenizer: str | None = None
     #: Extra headers sent with the WebSocket handshake.
     headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _models(self.models)
 
 
 AdapterConfig = MockAdapterConfig | OpenAIAdapterConfig | VllmWsAdapterConfig
@@ -166,8 +261,8 @@ class SessionsConfig(_Section):
     events_max_s: int = 3_600
 
     def __post_init__(self) -> None:
-        # msgspec turns a ValueError here into a ConfigError naming `sessions`.
-        for key in (
+        _positive(
+            self,
             "pool_size",
             "follow_pool_size",
             "connect_timeout_ms",
@@ -179,13 +274,11 @@ class SessionsConfig(_Section):
             "replay_events",
             "heartbeat_ms",
             "events_max_s",
-        ):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"`{key}` must be positive")
+        )
         if not 0 <= self.history_turns <= self.max_turns:
-            raise ValueError("`history_turns` must be between 0 and `max_turns`")
+            raise field_error("history_turns", "must be between 0 and `max_turns`")
         if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", self.key_prefix):
-            raise ValueError("`key_prefix` must be 1-64 letters, digits or '_.-'")
+            raise field_error("key_prefix", "must be 1-64 letters, digits or '_.-'")
 
 
 class RouteDeadline(_Section):
@@ -207,6 +300,16 @@ class RouteConfig(_Section):
     on_context_timeout: Literal["fail", "degrade"] = "fail"
     tenant: str | None = None
 
+    def __post_init__(self) -> None:
+        if not self.path.startswith("/"):
+            raise field_error("path", f"must start with '/', got {self.path!r}")
+        label = route_label(self)
+        if not _LABEL_RE.match(label):
+            raise field_error("name", f"must match {_LABEL_RE.pattern}, got {label!r}")
+        _positive(self, "context_ttl")
+        if self.tenant is not None:
+            _tenant("tenant", self.tenant)
+
 
 class AuthKey(_Section):
     #: The ``<id>`` in ``aik_<id>_<secret>``.
@@ -222,12 +325,24 @@ class AuthKey(_Section):
     rpm: int = 0
     tpm: int = 0
 
+    def __post_init__(self) -> None:
+        if not _KEY_ID_RE.match(self.id):
+            raise field_error("id", "must be 1-32 lower-case letters/digits")
+        try:
+            check_hash(self.hash)
+        except ValueError as exc:
+            raise field_error("hash", str(exc)) from None
+        _tenant("tenant", self.tenant)
+        if self.rpm < 0 or self.tpm < 0:
+            raise ValueError("`rpm` and `tpm` must not be negative")
+
 
 class AuthConfig(_Section):
     #: Off only when said so; the server then warns loudly at start-up.
     enabled: bool = True
     #: A TOML file (relative to this config) with more ``[[keys]]`` tables.
     keys_file: str | None = None
+    #: Once loaded: these keys, then those of ``keys_file``.
     keys: list[AuthKey] = msgspec.field(default_factory=list)
     #: Environment variable holding the stream-token HMAC secret (>= 16 bytes);
     #: unset: a random secret per worker (tokens then work on one worker only).
@@ -237,6 +352,9 @@ class AuthConfig(_Section):
     metrics: Literal["open", "admin"] = "open"
     #: Rate-limit state: ``memory`` (per worker) or ``redis`` (``[sessions] url``).
     ratelimit_backend: Literal["memory", "redis"] = "memory"
+
+    def __post_init__(self) -> None:
+        _positive(self, "stream_token_ttl_s")
 
 
 class MetricsConfig(_Section):
@@ -261,6 +379,17 @@ class ObservabilityConfig(_Section):
     debug_requests: bool = False
     debug_keep: int = 50
 
+    def __post_init__(self) -> None:
+        if self.lag_interval_ms < 1:
+            raise field_error("lag_interval_ms", "must be at least 1")
+        _positive(self, "baseline_window_s")
+        if self.baseline_history < 2:
+            raise field_error("baseline_history", "must be at least 2 (the fit needs two windows)")
+        if self.anomaly_factor <= 1.0:
+            raise field_error("anomaly_factor", "must be greater than 1")
+        if self.debug_keep < 1:
+            raise field_error("debug_keep", "must be at least 1")
+
 
 class Config(_Section):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
@@ -270,7 +399,8 @@ class Config(_Section):
     adapters: dict[str, AdapterConfig] = msgspec.field(default_factory=dict)
     routes: list[RouteConfig] = msgspec.field(default_factory=list)
     sessions: SessionsConfig = msgspec.field(default_factory=SessionsConfig)
-    #: Settings of named policies, ``[policies.NAME]``; checked by the policy registry.
+    #: ``[policies.NAME]`` tables as written (``kind`` optional); the loader
+    #: decodes them into :attr:`policy_specs`.
     policies: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     observability: ObservabilityConfig = msgspec.field(default_factory=ObservabilityConfig)
@@ -278,9 +408,13 @@ class Config(_Section):
     #: and the server then says so loudly at start-up.
     auth: AuthConfig | None = None
     #: Where the config came from, and the folder relative paths in it start from
-    #: (both set by the loader; values written in the TOML are overwritten).
+    #: (both set by the loader; values written in the TOML are replaced).
     source: str = "<memory>"
     base_dir: str = "."
+    #: Set by the loader (a value in the TOML is replaced): every
+    #: ``[policies.NAME]`` table and every policy a route names, with its
+    #: kind's settings Struct.
+    policy_specs: dict[str, PolicySpec] = msgspec.field(default_factory=dict)
 
 
 # --- loading --------------------------------------------------------------------
@@ -315,34 +449,20 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
 
 
 def parse_config(text: str, *, source: str = "<memory>", base_dir: Path | None = None) -> Config:
-    """Decode and validate config TOML text. ``source`` names it in error messages."""
-    try:
-        cfg = msgspec.toml.decode(text.encode("utf-8"), type=Config)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(str(exc))}") from None
-    except msgspec.DecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    cfg.source = source
-    cfg.base_dir = str(base_dir) if base_dir is not None else "."
-    _validate(cfg, source)
+    """Decode and validate config TOML text.
+
+    Args:
+        source: names the text in error messages.
+        base_dir: the folder relative paths in the config start from (default ``.``).
+
+    Raises:
+        ConfigError: naming ``source`` (or the keys file) and the TOML key of
+            the first problem found.
+    """
+    decoded = decode_toml(text.encode("utf-8"), Config, source=source)
+    cfg = _loaded(decoded, source=source, base_dir=str(base_dir) if base_dir is not None else ".")
+    check_config(cfg)
     return cfg
-
-
-_AT_RE = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$")
-_UNKNOWN_RE = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
-
-
-def _describe(msg: str) -> str:
-    """Turn msgspec's ``... - at `$.a.b[0]` `` into a message naming the TOML key."""
-    m = _AT_RE.match(msg)
-    path, detail = (m["path"].lstrip("."), m["msg"]) if m else ("", msg)
-    u = _UNKNOWN_RE.match(detail)
-    if u:
-        key = f"{path}.{u['key']}" if path else u["key"]
-        return f"unknown key `{key}`"
-    if path:
-        return f"key `{path}`: {detail}"
-    return detail
 
 
 def route_label(route: RouteConfig) -> str:
@@ -353,166 +473,112 @@ def route_label(route: RouteConfig) -> str:
     return label if label and label[0].isalpha() else f"r_{label}"
 
 
-def _validate(cfg: Config, source: str) -> None:
-    def fail(key: str, why: str) -> None:
-        raise ConfigError(f"{source}: key `{key}`: {why}")
+def _loaded(decoded: Config, *, source: str, base_dir: str) -> Config:
+    """``decoded`` with what the loader adds, as a new Struct (``decoded`` is not changed).
 
-    if not cfg.server.channels:
-        fail("server.channels", "must name at least one channel")
-    for i, ch in enumerate(cfg.server.channels):
-        if not _LABEL_RE.match(ch):
-            fail(f"server.channels[{i}]", f"must match {_LABEL_RE.pattern}, got {ch!r}")
+    Adds where the config came from, the keys of ``[auth] keys_file``, and the
+    ``[policies.NAME]`` tables decoded into their kinds' settings.
 
-    b = cfg.budgets
-    for key, share in (("context", b.context), ("inference", b.inference), ("sse", b.sse)):
-        if not 0.0 < share <= 1.0:
-            fail(f"budgets.{key}", f"must be in (0, 1], got {share}")
-    total = b.context + b.inference + b.sse
-    if abs(total - 1.0) > BUDGET_TOLERANCE:
-        fail("budgets", f"shares must sum to 1.0 (±{BUDGET_TOLERANCE}), got {total:.4f}")
-
-    d = cfg.deadline
-    for key in ("default_ms", "max_ms"):
-        if getattr(d, key) <= 0:
-            fail(f"deadline.{key}", "must be positive")
-    for key in ("reserve_ms", "min_inference_ms"):
-        if getattr(d, key) < 0:
-            fail(f"deadline.{key}", "must not be negative")
-    if d.default_ms > d.max_ms:
-        fail("deadline.default_ms", f"must not exceed deadline.max_ms ({d.max_ms})")
-    if d.reserve_ms >= d.default_ms:
-        fail("deadline.reserve_ms", "must be smaller than deadline.default_ms")
-
-    ob = cfg.observability
-    if ob.lag_interval_ms < 1:
-        fail("observability.lag_interval_ms", "must be at least 1")
-    if ob.baseline_window_s <= 0:
-        fail("observability.baseline_window_s", "must be positive")
-    if ob.baseline_history < 2:
-        fail("observability.baseline_history", "must be at least 2 (the fit needs two windows)")
-    if ob.anomaly_factor <= 1.0:
-        fail("observability.anomaly_factor", "must be greater than 1")
-    if ob.debug_keep < 1:
-        fail("observability.debug_keep", "must be at least 1")
-
-    lim = cfg.limits
-    for key in (
-        "max_body_bytes",
-        "max_messages",
-        "max_content_chars",
-        "max_tokens",
-        "max_inflight",
-        "max_streams",
-        "write_timeout_ms",
-        "body_read_timeout_ms",
-    ):
-        if getattr(lim, key) <= 0:
-            fail(f"limits.{key}", "must be positive")
-    if lim.heartbeat_s < 0:
-        fail("limits.heartbeat_s", "must not be negative")
-    _validate_auth(cfg, source)
-
-    for name, adapter in cfg.adapters.items():
-        if isinstance(adapter, MockAdapterConfig):
-            for i, rule in enumerate(adapter.rules):
-                try:
-                    re.compile(rule.pattern)
-                except re.error as exc:
-                    fail(f"adapters.{name}.rules[{i}].pattern", f"not a regular expression: {exc}")
-        if not adapter.models:
-            fail(f"adapters.{name}.models", "must name at least one model")
-
-    from .policies.base import known_policies  # late: policies import config types
-
-    policy_names = known_policies(cfg)
-    if not cfg.routes:
-        fail("routes", "at least one [[routes]] entry is needed")
-    seen_paths: set[str] = set()
-    seen_labels: set[str] = set()
-    for i, route in enumerate(cfg.routes):
-        key = f"routes[{i}]"
-        if not route.path.startswith("/"):
-            fail(f"{key}.path", f"must start with '/', got {route.path!r}")
-        if route.path in seen_paths:
-            fail(f"{key}.path", f"{route.path!r} is served by an earlier route")
-        seen_paths.add(route.path)
-        if route.adapter not in cfg.adapters:
-            known = ", ".join(sorted(cfg.adapters)) or "none"
-            fail(f"{key}.adapter", f"unknown adapter {route.adapter!r} (configured: {known})")
-        label = route_label(route)
-        if not _LABEL_RE.match(label):
-            fail(f"{key}.name", f"must match {_LABEL_RE.pattern}, got {label!r}")
-        if label in seen_labels:
-            fail(f"{key}.name", f"{label!r} is used by an earlier route")
-        seen_labels.add(label)
-        for j, policy in enumerate(route.policies):
-            if policy not in policy_names:
-                known = ", ".join(sorted(policy_names)) or "none"
-                fail(f"{key}.policies[{j}]", f"unknown policy {policy!r} (known: {known})")
-        rd = route.deadline
-        for k in ("default_ms", "max_ms"):
-            v = getattr(rd, k)
-            if v is not None and v <= d.reserve_ms:
-                fail(f"{key}.deadline.{k}", f"must exceed deadline.reserve_ms ({d.reserve_ms})")
-        if route.context_ttl <= 0:
-            fail(f"{key}.context_ttl", "must be positive")
-
-
-def _validate_auth(cfg: Config, source: str) -> None:
-    """Read ``[auth] keys_file`` into ``[auth] keys`` and check every key."""
-    from .security.auth import check_hash  # late: security imports errors only
-
-    auth = cfg.auth
-    if auth is None:
-        raise ConfigError(
-            f"{source}: key `auth`: missing; add `[auth]` with `[[auth.keys]]`, or "
-            "`[auth] enabled = false` to run without authentication (local use only)"
-        )
-    if auth.keys_file is not None:
-        file = Path(cfg.base_dir) / auth.keys_file
-        try:
-            extra = msgspec.toml.decode(file.read_bytes(), type=_KeysFile)
-        except OSError as exc:
-            why = f"cannot read {file}: {exc.strerror}"
-            raise ConfigError(f"{source}: key `auth.keys_file`: {why}") from None
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"{file}: {_describe(str(exc))}") from None
-        except msgspec.DecodeError as exc:
-            raise ConfigError(f"{file}: not valid TOML: {exc}") from None
-        auth.keys = [*auth.keys, *extra.keys]
-        auth.keys_file = None  # read once, even if validated again
-    if auth.enabled and not auth.keys:
-        raise ConfigError(f"{source}: key `auth.keys`: auth is enabled but no key is configured")
-    if auth.stream_token_ttl_s <= 0:
-        raise ConfigError(f"{source}: key `auth.stream_token_ttl_s`: must be positive")
-    if auth.ratelimit_backend == "redis" and cfg.sessions.backend != "redis":
-        raise ConfigError(
-            f"{source}: key `auth.ratelimit_backend`: `redis` needs [sessions] backend = redis"
-        )
-    seen: set[str] = set()
-    paths = {r.path for r in cfg.routes} | {"*"}
-    for i, k in enumerate(auth.keys):
-        key = f"auth.keys[{i}]"
-        if not re.fullmatch(r"[a-z0-9]{1,32}", k.id):
-            raise ConfigError(f"{source}: key `{key}.id`: must be 1-32 lower-case letters/digits")
-        if k.id in seen:
-            raise ConfigError(f"{source}: key `{key}.id`: {k.id!r} is used by an earlier key")
-        seen.add(k.id)
-        try:
-            check_hash(k.hash)
-        except ValueError as exc:
-            raise ConfigError(f"{source}: key `{key}.hash`: {exc}") from None
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", k.tenant):
-            raise ConfigError(f"{source}: key `{key}.tenant`: must be 1-64 of [A-Za-z0-9_.-]")
-        for j, path in enumerate(k.routes):
-            if path not in paths:
-                raise ConfigError(f"{source}: key `{key}.routes[{j}]`: no route serves {path!r}")
-        for j, ch in enumerate(k.channels):
-            if ch != "*" and ch not in cfg.server.channels:
-                raise ConfigError(f"{source}: key `{key}.channels[{j}]`: unknown channel {ch!r}")
-        if k.rpm < 0 or k.tpm < 0:
-            raise ConfigError(f"{source}: key `{key}`: `rpm` and `tpm` must not be negative")
+    Raises:
+        ConfigError: the keys file cannot be read or is not valid, or a policy
+            table is not valid for its kind.
+    """
+    auth = decoded.auth
+    if auth is not None and auth.keys_file is not None:
+        extra = _read_keys_file(Path(base_dir) / auth.keys_file, source)
+        auth = msgspec.structs.replace(auth, keys=[*auth.keys, *extra])
+    routed = [name for route in decoded.routes for name in route.policies]
+    specs = decode_policies(decoded.policies, source=source, names=routed)
+    return msgspec.structs.replace(
+        decoded, source=source, base_dir=base_dir, auth=auth, policy_specs=specs
+    )
 
 
 class _KeysFile(_Section):
     keys: list[AuthKey] = msgspec.field(default_factory=list)
+
+
+def _read_keys_file(file: Path, source: str) -> list[AuthKey]:
+    """The ``[[keys]]`` of an ``[auth] keys_file``.
+
+    Raises:
+        ConfigError: the file cannot be read (naming ``auth.keys_file`` in
+            ``source``), or a key in it is not valid (naming the file and key).
+    """
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        why = f"cannot read {file}: {exc.strerror}"
+        raise ConfigError(f"{source}: key `auth.keys_file`: {why}") from None
+    return decode_toml(data, _KeysFile, source=str(file)).keys
+
+
+def check_config(cfg: Config) -> None:
+    """The rules between sections (each section has checked its own fields).
+
+    Routes name configured adapters and known policies, paths and labels are
+    unique, route deadlines leave the reserve; auth is configured, its keys are
+    unique and name configured routes and channels; a Redis rate limiter has a
+    Redis session backend. Every policy a route names is built once, so a bad
+    setting or rule pack is refused here rather than when the app starts.
+
+    Raises:
+        ConfigError: naming ``cfg.source`` and the TOML key of the first problem.
+    """
+
+    def fail(key: str, why: str) -> ConfigError:
+        return ConfigError(f"{cfg.source}: key `{key}`: {why}")
+
+    auth = cfg.auth
+    if auth is None:
+        raise fail(
+            "auth",
+            "missing; add `[auth]` with `[[auth.keys]]`, or `[auth] enabled = false` "
+            "to run without authentication (local use only)",
+        )
+    if auth.enabled and not auth.keys:
+        raise fail("auth.keys", "auth is enabled but no key is configured")
+    if auth.ratelimit_backend == "redis" and cfg.sessions.backend != "redis":
+        raise fail("auth.ratelimit_backend", "`redis` needs [sessions] backend = redis")
+    seen: set[str] = set()
+    paths = {r.path for r in cfg.routes} | {"*"}
+    for i, k in enumerate(auth.keys):
+        key = f"auth.keys[{i}]"
+        if k.id in seen:
+            raise fail(f"{key}.id", f"{k.id!r} is used by an earlier key")
+        seen.add(k.id)
+        for j, path in enumerate(k.routes):
+            if path not in paths:
+                raise fail(f"{key}.routes[{j}]", f"no route serves {path!r}")
+        for j, ch in enumerate(k.channels):
+            if ch != "*" and ch not in cfg.server.channels:
+                raise fail(f"{key}.channels[{j}]", f"unknown channel {ch!r}")
+
+    policy_names = known_policies(cfg)
+    if not cfg.routes:
+        raise fail("routes", "at least one [[routes]] entry is needed")
+    seen_paths: set[str] = set()
+    seen_labels: set[str] = set()
+    reserve_ms = cfg.deadline.reserve_ms
+    for i, route in enumerate(cfg.routes):
+        key = f"routes[{i}]"
+        if route.path in seen_paths:
+            raise fail(f"{key}.path", f"{route.path!r} is served by an earlier route")
+        seen_paths.add(route.path)
+        if route.adapter not in cfg.adapters:
+            known = ", ".join(sorted(cfg.adapters)) or "none"
+            raise fail(f"{key}.adapter", f"unknown adapter {route.adapter!r} (configured: {known})")
+        label = route_label(route)
+        if label in seen_labels:
+            raise fail(f"{key}.name", f"{label!r} is used by an earlier route")
+        seen_labels.add(label)
+        for j, policy in enumerate(route.policies):
+            if policy not in policy_names:
+                known = ", ".join(sorted(policy_names)) or "none"
+                raise fail(f"{key}.policies[{j}]", f"unknown policy {policy!r} (known: {known})")
+        for field in ("default_ms", "max_ms"):
+            ms = getattr(route.deadline, field)
+            if ms is not None and ms <= reserve_ms:
+                why = f"must exceed deadline.reserve_ms ({reserve_ms})"
+                raise fail(f"{key}.deadline.{field}", why)
+    build_policies(list(dict.fromkeys(n for r in cfg.routes for n in r.policies)), cfg)

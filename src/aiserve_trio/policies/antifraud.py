@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import PolicyViolation
-from .base import Policy, PolicyContext, check_settings, read_pack, register, setting
+from ..decoding import field_error
+from ..errors import ConfigError, PolicyViolation
+from .base import BuildContext, Policy, PolicyContext, PolicyKind, PolicySettings, Table, read_pack
 from .stream import ZERO_WIDTH
 
 if TYPE_CHECKING:
     from ..adapters.base import Message
-    from ..config import Config
 
 DEFAULT_PACK = "anti-fraud-v2"
 _DROP = {ord(c): None for c in ZERO_WIDTH}
@@ -65,42 +64,48 @@ class FraudScorer:
         return Score(round(sum(r.weight for r in hit), 6), tuple(r.id for r in hit))
 
 
-def parse_pack(table: Mapping[str, Any], source: str) -> tuple[FraudScorer, float, float, str]:
-    """Decode a rule pack: ``(scorer, flag_threshold, block_threshold, scope)``.
+class PackRule(Table, frozen=True):
+    """One rule of an anti-fraud pack (``[[rules]]``)."""
 
-    Raises:
-        ValueError: naming the key that is wrong.
-    """
-    flag = table.get("flag_threshold", 0.5)
-    block = table.get("block_threshold", 1.0)
-    scope = table.get("scope", "last_user")
-    if not isinstance(flag, int | float) or not isinstance(block, int | float):
-        raise ValueError(f"{source}: `flag_threshold` and `block_threshold` must be numbers")
-    if not 0 < flag <= block:
-        raise ValueError(f"{source}: need 0 < flag_threshold <= block_threshold")
-    if scope not in ("last_user", "all_user"):
-        raise ValueError(f"{source}: `scope` must be 'last_user' or 'all_user'")
-    raw = table.get("rules")
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{source}: `rules` must be a non-empty array of tables")
-    rules: list[FraudRule] = []
-    for i, r in enumerate(raw):
-        key = f"rules[{i}]"
-        if not isinstance(r, dict) or set(r) - {"id", "weight", "patterns", "description"}:
-            raise ValueError(f"{source}: `{key}` must have id, weight and patterns only")
-        pats = r.get("patterns")
-        if not isinstance(r.get("id"), str) or not isinstance(r.get("weight"), int | float):
-            raise ValueError(f"{source}: `{key}` needs a string id and a numeric weight")
-        if not isinstance(pats, list) or not pats or not all(isinstance(p, str) for p in pats):
-            raise ValueError(f"{source}: `{key}.patterns` must be a list of strings")
-        try:
-            compiled = tuple(re.compile(p, re.IGNORECASE) for p in pats)
-        except re.error as exc:
-            raise ValueError(
-                f"{source}: `{key}.patterns`: not a regular expression: {exc}"
-            ) from exc
-        rules.append(FraudRule(r["id"], float(r["weight"]), compiled))
-    return FraudScorer(rules), float(flag), float(block), scope
+    id: str
+    #: Added to the score when any pattern matches (once per rule).
+    weight: float
+    #: Python regular expressions, matched case-insensitively on normalised text.
+    patterns: list[str]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.patterns:
+            raise field_error("patterns", "must be a non-empty list of strings")
+        for j, pattern in enumerate(self.patterns):
+            try:
+                re.compile(pattern, re.IGNORECASE)
+            except re.error as exc:
+                raise field_error(f"patterns[{j}]", f"not a regular expression: {exc}") from None
+
+
+class FraudPack(Table, frozen=True):
+    """An anti-fraud rule pack: weighted rules and what a score leads to."""
+
+    rules: list[PackRule]
+    flag_threshold: float = 0.5
+    block_threshold: float = 1.0
+    #: ``last_user``: the newest user message; ``all_user``: every user message sent.
+    scope: Literal["last_user", "all_user"] = "last_user"
+
+    def __post_init__(self) -> None:
+        if not self.rules:
+            raise field_error("rules", "must be a non-empty array of tables")
+
+
+def pack_scorer(pack: FraudPack) -> FraudScorer:
+    """The scorer of a (validated) pack's rules."""
+    return FraudScorer(
+        [
+            FraudRule(r.id, r.weight, tuple(re.compile(p, re.IGNORECASE) for p in r.patterns))
+            for r in pack.rules
+        ]
+    )
 
 
 class AntiFraud(Policy):
@@ -141,22 +146,33 @@ class AntiFraud(Policy):
         return messages
 
 
-@register("anti-fraud-v2")
-def anti_fraud(name: str, settings: Mapping[str, Any], cfg: Config) -> Policy:
-    """Factory for ``anti-fraud-v2``: ``pack`` (name or file), threshold overrides.
+class AntiFraudSettings(PolicySettings, frozen=True):
+    """``[policies.anti-fraud-v2]``: the pack, and overrides of its thresholds and scope."""
+
+    #: A shipped pack's name, or a file (relative to the config).
+    pack: str = DEFAULT_PACK
+    flag_threshold: float | None = None
+    block_threshold: float | None = None
+    scope: Literal["last_user", "all_user"] | None = None
+
+
+def anti_fraud(name: str, settings: AntiFraudSettings, ctx: BuildContext) -> Policy:
+    """Factory for ``anti-fraud-v2``: the pack's rules, thresholds overridden by ``settings``.
 
     Raises:
-        ConfigError: unknown keys, an unreadable pack, or a bad rule in it.
+        ConfigError: the pack cannot be read or is not valid, or the thresholds
+            are not ``0 < flag_threshold <= block_threshold``.
     """
-    from ..config import ConfigError
+    pack, where = read_pack(settings.pack, FraudPack, policy=name, ctx=ctx)
+    flag = pack.flag_threshold if settings.flag_threshold is None else settings.flag_threshold
+    block = pack.block_threshold if settings.block_threshold is None else settings.block_threshold
+    if not 0 < flag <= block:
+        # Name where the thresholds were set: this policy's table, or the pack.
+        set_here = settings.flag_threshold is not None or settings.block_threshold is not None
+        at = f"key `policies.{name}`" if set_here else f"policy {name!r}: rule pack {where}"
+        why = f"need 0 < flag_threshold <= block_threshold, got {flag:g} and {block:g}"
+        raise ConfigError(f"{ctx.source}: {at}: {why}")
+    return AntiFraud(pack_scorer(pack), flag, block, settings.scope or pack.scope)
 
-    check_settings(name, settings, {"pack", "flag_threshold", "block_threshold", "scope"}, cfg)
-    table, source = read_pack(setting(name, settings, "pack", str, DEFAULT_PACK), cfg)
-    for key in ("flag_threshold", "block_threshold", "scope"):
-        if key in settings:
-            table[key] = settings[key]
-    try:
-        scorer, flag, block, scope = parse_pack(table, source)
-    except ValueError as exc:
-        raise ConfigError(f"{cfg.source}: policy {name!r}: {exc}") from None
-    return AntiFraud(scorer, flag, block, scope)
+
+KINDS: dict[str, PolicyKind[Any]] = {"anti-fraud-v2": PolicyKind(anti_fraud, AntiFraudSettings)}

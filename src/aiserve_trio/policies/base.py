@@ -1,38 +1,41 @@
-"""The policy framework: named input checks and streaming output filters.
+"""The policy framework: what a policy is, its settings, and its rule packs.
 
 A route lists policy names in TOML (``policies = ["anti-fraud-v2", "gdpr-redact"]``);
-they run in that order. Each name resolves to a :class:`Policy` built once at
-start-up by a registered factory:
-
-- built-in policies register themselves in :data:`REGISTRY` when their module
-  is imported (see :func:`builtin_modules`);
-- third-party ones are found through the ``aiserve_trio.policies`` entry point
-  group (the entry point's object is a factory);
-- ``[policies.NAME]`` tables in the config give settings to a policy, and with
-  ``kind = "OTHER"`` define a new name built by OTHER's factory (e.g. a second
-  compliance rule pack).
+they run in that order. Each name resolves to a :class:`Policy` built at
+start-up from a :class:`PolicySpec`: the name, its kind, and the kind's
+settings Struct decoded from the ``[policies.NAME]`` table when the config is
+loaded. A kind is a :class:`PolicyKind`: a factory and the settings Struct it
+takes. :mod:`.registry` maps kind names to kinds (the built-in ones and
+third-party ones from entry points) and builds a route's policies.
 
 Input policies see the whole request and return the (possibly rewritten)
 messages or raise :class:`~aiserve_trio.errors.PolicyViolation`. Output
 policies give, per request, an :class:`OutputFilter`: a sans-IO state machine
 over the reply text that may hold back a bounded tail.
+
+This module imports no policy and not the config, so that every policy module
+and the config can import it.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
+
+import msgspec
+
+from ..decoding import convert, decode_toml
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..adapters.base import Message
-    from ..config import Config
 
-ENTRY_POINT_GROUP = "aiserve_trio.policies"
 #: The ``action`` label values of ``policy_actions_total``.
 ACTIONS = ("redacted", "blocked", "flagged", "rewritten")
+PACKS_PACKAGE = "aiserve_trio.policies.packs"
 
 
 @dataclass(slots=True)
@@ -82,127 +85,103 @@ class Policy:
         return None
 
 
-PolicyFactory = Callable[[str, Mapping[str, Any], "Config"], Policy]
-
-#: Policy kinds by name; built-in modules add theirs on import.
-REGISTRY: dict[str, PolicyFactory] = {}
+# --- settings and rule packs: Structs decoded once, at config load -----------------
 
 
-def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
-    """Decorator registering a policy factory under ``name``."""
+class Table(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Base for policy tables (settings, rule packs): an unknown key is an error.
 
-    def deco(factory: PolicyFactory) -> PolicyFactory:
-        REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
-def builtin_modules() -> tuple[str, ...]:
-    """Modules that register the built-in policies when imported."""
-    return (".redact", ".antifraud", ".compliance", ".channel")
+    Frozen: decoded once at load, never changed (subclasses repeat ``frozen=True``
+    for type checkers). ``__post_init__`` methods raise
+    :func:`~aiserve_trio.decoding.field_error` to name the key that is wrong.
+    """
 
 
-def _load_registry() -> dict[str, PolicyFactory]:
-    for mod in builtin_modules():
-        importlib.import_module(mod, __package__)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        REGISTRY.setdefault(ep.name, ep.load())
-    return REGISTRY
+class PolicySettings(Table, frozen=True):
+    """Base for a policy kind's settings: the keys of its ``[policies.NAME]`` table."""
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any], *, source: str, key: str) -> Self:
+        """Decode a ``[policies.NAME]`` table (without its ``kind``).
+
+        A kind whose table is keyed by data (e.g. by channel) overrides this.
+
+        Args:
+            source: the config file, and ``key`` the table's TOML key, for messages.
+
+        Raises:
+            ConfigError: naming ``source`` and the key of the first problem.
+        """
+        return convert(table, cls, source=source, key=key)
 
 
-def _kind_of(name: str, cfg: Config) -> str:
-    settings = cfg.policies.get(name, {})
-    kind = settings.get("kind", name)
-    return kind if isinstance(kind, str) else name
+SettingsT = TypeVar("SettingsT", bound=PolicySettings)
 
 
-def known_policies(cfg: Config) -> set[str]:
-    """Every policy name a route in ``cfg`` may use."""
-    registry = _load_registry()
-    names = set(registry)
-    names.update(n for n in cfg.policies if _kind_of(n, cfg) in registry)
-    return names
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    """What building a policy needs from the config (not the whole config)."""
+
+    #: The config file, for error messages.
+    source: str
+    #: The folder relative pack paths start from.
+    base_dir: str
+    #: ``server.channels``: the channels a policy may be configured for.
+    channels: tuple[str, ...]
 
 
-def build_policies(names: list[str], cfg: Config) -> list[Policy]:
-    """Build the policies a route names, in order (names were checked at config load)."""
-    registry = _load_registry()
-    built: list[Policy] = []
-    for name in names:
-        settings = {k: v for k, v in cfg.policies.get(name, {}).items() if k != "kind"}
-        policy = registry[_kind_of(name, cfg)](name, settings, cfg)
-        policy.name = name
-        built.append(policy)
-    return built
+@dataclass(frozen=True, slots=True)
+class PolicyKind(Generic[SettingsT]):
+    """A policy kind: its factory and the settings Struct the factory takes.
+
+    Third-party kinds are entry points in the ``aiserve_trio.policies`` group
+    whose object is a ``PolicyKind``.
+    """
+
+    #: ``factory(name, settings, ctx)``; raises ConfigError naming the key.
+    factory: Callable[[str, SettingsT, BuildContext], Policy]
+    settings: type[SettingsT]
 
 
-# --- rule packs ------------------------------------------------------------------
+class PolicySpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A named policy as configured: its kind and its decoded settings."""
 
-PACKS_PACKAGE = "aiserve_trio.policies.packs"
+    name: str
+    kind: str
+    settings: PolicySettings
 
 
-def read_pack(ref: str, cfg: Config) -> tuple[dict[str, Any], str]:
-    """Load a TOML rule pack: a shipped pack's name, or a file path.
+PackT = TypeVar("PackT", bound=Table)
+
+
+def read_pack(ref: str, typ: type[PackT], *, policy: str, ctx: BuildContext) -> tuple[PackT, str]:
+    """Load a TOML rule pack into ``typ``: a shipped pack's name, or a file path.
 
     A bare name (``"anti-fraud-v2"``) is a pack shipped in the package
     (``policies/packs/NAME.toml``, also at ``configs/policies/``); anything with
-    a ``/`` or ending in ``.toml`` is a file, relative to the config's folder.
+    a ``/`` or ending in ``.toml`` is a file, relative to ``ctx.base_dir``.
+
+    Args:
+        policy: the policy the pack is for, for messages.
 
     Returns:
-        the decoded table and where it came from (for error messages).
+        the decoded pack and where it came from (for error messages).
 
     Raises:
-        ConfigError: the pack cannot be read or is not TOML.
+        ConfigError: the pack cannot be read, is not TOML, or is not a valid
+            ``typ`` (naming the config, the policy, the pack and the key in it).
     """
-    import tomllib
-    from importlib import resources
-    from pathlib import Path
-
-    from ..config import ConfigError
-
     try:
         if "/" in ref or ref.endswith(".toml"):
             path = Path(ref)
             if not path.is_absolute():
-                path = Path(cfg.base_dir) / path
-            source, text = str(path), path.read_text("utf-8")
+                path = Path(ctx.base_dir) / path
+            where, data = str(path), path.read_bytes()
         else:
-            source = f"<shipped pack {ref}>"
-            text = (resources.files(PACKS_PACKAGE) / f"{ref}.toml").read_text("utf-8")
-        return tomllib.loads(text), source
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{cfg.source}: rule pack {ref!r} cannot be read: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{cfg.source}: rule pack {ref!r} is not valid TOML: {exc}") from exc
-
-
-def check_settings(name: str, settings: Mapping[str, Any], allowed: set[str], cfg: Config) -> None:
-    """Refuse unknown keys in a ``[policies.NAME]`` table.
-
-    Raises:
-        ConfigError: naming the first unknown key.
-    """
-    from ..config import ConfigError
-
-    for key in settings:
-        if key not in allowed:
-            known = ", ".join(sorted(allowed)) or "none"
-            raise ConfigError(f"{cfg.source}: unknown key `policies.{name}.{key}` (known: {known})")
-
-
-def setting(name: str, settings: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
-    """``settings[key]`` checked to be a ``kind``, or ``default``.
-
-    Raises:
-        ConfigError: the value has the wrong type.
-    """
-    from ..config import ConfigError
-
-    value = settings.get(key, default)
-    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
-    if not ok:
-        raise ConfigError(f"key `policies.{name}.{key}`: expected {kind.__name__}, got {value!r}")
-    return value
+            where = f"<shipped pack {ref}>"
+            data = (resources.files(PACKS_PACKAGE) / f"{ref}.toml").read_bytes()
+    except OSError as exc:
+        why = f"rule pack {ref!r} cannot be read: {exc}"
+        raise ConfigError(f"{ctx.source}: policy {policy!r}: {why}") from exc
+    source = f"{ctx.source}: policy {policy!r}: rule pack {where}"
+    return decode_toml(data, typ, source=source), where

@@ -26,15 +26,22 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Annotated, Any, Self
 
+import msgspec
 import regex
 
-from .base import OutputFilter, Policy, PolicyContext, check_settings, register
-
-if TYPE_CHECKING:
-    from ..config import Config
+from ..decoding import convert
+from ..errors import ConfigError
+from .base import (
+    BuildContext,
+    OutputFilter,
+    Policy,
+    PolicyContext,
+    PolicyKind,
+    PolicySettings,
+    Table,
+)
 
 # A sentence ends after CJK end punctuation, or after . ! ? followed by white
 # space (so "3.85" and "e.g.x" do not end one), or at a line break.
@@ -219,22 +226,36 @@ class MessageShaper:
         return out + self._flush()
 
 
-@dataclass(frozen=True, slots=True)
-class ChannelStyle:
-    style: str
-    max_chars: int = 300
+class SpeechStyle(Table, frozen=True, tag="speech", tag_field="style"):
+    """``style = "speech"``: speakable plain text, one sentence at a time."""
+
+    #: A sentence longer than this is cut at a space.
+    max_chars: Annotated[int, msgspec.Meta(gt=0)] = 300
+    #: Said instead of a URL.
     url_phrase: str = "the link in our app"
-    max_bytes: int = 2000
+
+    def shaper(self) -> OutputFilter:
+        """A fresh shaper for one reply."""
+        return SpeechShaper(self.max_chars, self.url_phrase)
+
+
+class MessagesStyle(Table, frozen=True, tag="messages", tag_field="style"):
+    """``style = "messages"``: size-bounded messages."""
+
+    #: UTF-8 bytes per message.
+    max_bytes: Annotated[int, msgspec.Meta(gt=0)] = 2000
+    #: Between messages, for the relay to split on.
     separator: str = "\n\n"
     strip_markdown: bool = True
 
     def shaper(self) -> OutputFilter:
-        if self.style == "speech":
-            return SpeechShaper(self.max_chars, self.url_phrase)
+        """A fresh shaper for one reply."""
         return MessageShaper(self.max_bytes, self.separator, self.strip_markdown)
 
 
-DEFAULT_STYLES = {"ivr": ChannelStyle("speech"), "wechat": ChannelStyle("messages")}
+ChannelStyle = SpeechStyle | MessagesStyle
+_STYLES = {"speech": SpeechStyle, "messages": MessagesStyle}
+DEFAULT_STYLES: dict[str, ChannelStyle] = {"ivr": SpeechStyle(), "wechat": MessagesStyle()}
 
 
 class ChannelShaping(Policy):
@@ -248,44 +269,45 @@ class ChannelShaping(Policy):
         return style.shaper() if style is not None else None
 
 
-_STYLE_KEYS = {
-    "speech": {"style", "max_chars", "url_phrase"},
-    "messages": {"style", "max_bytes", "separator", "strip_markdown"},
-}
-_TYPES: dict[str, type] = {
-    "style": str,
-    "max_chars": int,
-    "url_phrase": str,
-    "max_bytes": int,
-    "separator": str,
-    "strip_markdown": bool,
-}
+class ChannelShapingSettings(PolicySettings, frozen=True):
+    """``[policies.channel-shaping.CHANNEL]`` tables: a style per channel."""
+
+    channels: dict[str, ChannelStyle] = msgspec.field(default_factory=dict)
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any], *, source: str, key: str) -> Self:
+        """Decode one style table per channel (the table is keyed by channel name).
+
+        Raises:
+            ConfigError: naming ``policies.NAME.CHANNEL.key``.
+        """
+        channels: dict[str, ChannelStyle] = {}
+        for channel, style in table.items():
+            at = f"{key}.{channel}"
+            # The style picks the Struct; say what it may be (msgspec would say only "invalid").
+            name = style.get("style") if isinstance(style, dict) else None
+            if isinstance(style, dict) and name not in _STYLES:
+                why = f"must be 'speech' or 'messages', got {name!r}"
+                raise ConfigError(f"{source}: key `{at}.style`: {why}")
+            channels[channel] = convert(style, ChannelStyle, source=source, key=at)
+        return cls(channels=channels)
 
 
-@register("channel-shaping")
-def channel_shaping(name: str, settings: Mapping[str, Any], cfg: Config) -> Policy:
-    """Factory: one sub-table per channel (``[policies.channel-shaping.ivr]``).
+def channel_shaping(name: str, settings: ChannelShapingSettings, ctx: BuildContext) -> Policy:
+    """Factory: the configured channels' styles over the defaults (``ivr``, ``wechat``).
 
     Raises:
-        ConfigError: a channel that is not in ``server.channels``, an unknown
-            style or key, a wrong type or a non-positive size.
+        ConfigError: a channel that is not in ``server.channels``.
     """
-    from ..config import ConfigError
+    for channel in settings.channels:
+        if channel not in ctx.channels:
+            known = ", ".join(ctx.channels)
+            key = f"policies.{name}.{channel}"
+            raise ConfigError(f"{ctx.source}: unknown key `{key}` (known channels: {known})")
+    styles = {ch: s for ch, s in DEFAULT_STYLES.items() if ch in ctx.channels}
+    return ChannelShaping({**styles, **settings.channels})
 
-    check_settings(name, settings, set(cfg.server.channels), cfg)
-    styles = {ch: s for ch, s in DEFAULT_STYLES.items() if ch in cfg.server.channels}
-    for channel, table in settings.items():
-        key = f"policies.{name}.{channel}"
-        if not isinstance(table, dict):
-            raise ConfigError(f"{cfg.source}: key `{key}`: must be a table")
-        style = table.get("style")
-        if style not in _STYLE_KEYS:
-            raise ConfigError(f"{cfg.source}: key `{key}.style`: 'speech' or 'messages'")
-        check_settings(f"{name}.{channel}", table, _STYLE_KEYS[style], cfg)
-        for k, v in table.items():
-            t = _TYPES[k]
-            bad_int = t is int and (isinstance(v, bool) or not isinstance(v, int) or v <= 0)
-            if not isinstance(v, t) or bad_int:
-                raise ConfigError(f"{cfg.source}: key `{key}.{k}`: expected a {t.__name__} > 0")
-        styles[channel] = ChannelStyle(**table)
-    return ChannelShaping(styles)
+
+KINDS: dict[str, PolicyKind[Any]] = {
+    "channel-shaping": PolicyKind(channel_shaping, ChannelShapingSettings),
+}

@@ -17,16 +17,23 @@ More packs are named policies of kind ``compliance``::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import regex
 
-from .base import OutputFilter, Policy, PolicyContext, check_settings, read_pack, register, setting
-from .stream import Rewriter, Rule, make_rule
-
-if TYPE_CHECKING:
-    from ..config import Config
+from ..decoding import field_error
+from .base import (
+    BuildContext,
+    OutputFilter,
+    Policy,
+    PolicyContext,
+    PolicyKind,
+    PolicySettings,
+    Table,
+    read_pack,
+)
+from .stream import Rewriter, Rule, literal, make_rule
 
 
 def _template(replace: str, phrase: str) -> Callable[[regex.Match[str]], str]:
@@ -44,37 +51,49 @@ def _check_refs(template: str, pattern: regex.Pattern[str]) -> None:
         ref = m.group(1) if m.group(1) is not None else m.group(2)
         known = ref in pattern.groupindex or (ref.isdigit() and int(ref) <= pattern.groups)
         if not known:
-            raise ValueError(f"`replace` refers to group {ref!r}, which the pattern lacks")
+            raise ValueError(f"refers to group {ref!r}, which the pattern lacks")
 
 
-def parse_pack(table: Mapping[str, Any], source: str, phrase: str | None = None) -> list[Rule]:
-    """The rules of a compliance pack, in order.
+class PackRule(Table, frozen=True):
+    """One rule of a compliance pack (``[[rules]]``)."""
 
-    Raises:
-        ValueError: naming the key that is wrong (including unbounded patterns).
-    """
-    phrase = phrase if phrase is not None else table.get("phrase", "")
-    if not isinstance(phrase, str):
-        raise ValueError(f"{source}: `phrase` must be a string")
-    raw = table.get("rules")
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{source}: `rules` must be a non-empty array of tables")
-    rules: list[Rule] = []
-    for i, r in enumerate(raw):
-        key = f"rules[{i}]"
-        if not isinstance(r, dict) or set(r) - {"id", "pattern", "replace", "description"}:
-            raise ValueError(f"{source}: `{key}` may have id, pattern, replace, description only")
-        rid, pattern = r.get("id"), r.get("pattern")
-        replace = r.get("replace", "{phrase}")
-        if not (isinstance(rid, str) and isinstance(pattern, str) and isinstance(replace, str)):
-            raise ValueError(f"{source}: `{key}` needs string id, pattern and replace")
+    id: str
+    #: A bounded regular expression (``regex`` module syntax).
+    pattern: str
+    #: What a match becomes: ``\\g<name>`` / ``\\N`` groups, and ``{phrase}``.
+    replace: str = "{phrase}"
+    description: str = ""
+
+    def __post_init__(self) -> None:
         try:
-            rule = make_rule(rid, pattern, _template(replace, phrase))
-            _check_refs(replace, regex.compile(pattern))
-        except (ValueError, regex.error) as exc:
-            raise ValueError(f"{source}: `{key}.pattern`: {exc}") from exc
-        rules.append(rule)
-    return rules
+            rule = make_rule(self.id, self.pattern, literal(""))
+        except ValueError as exc:
+            raise field_error("pattern", str(exc)) from None
+        try:
+            _check_refs(self.replace, rule.pattern)
+        except ValueError as exc:
+            raise field_error("replace", str(exc)) from None
+
+
+class CompliancePack(Table, frozen=True):
+    """A compliance rule pack: the rules, tried in order, and the default phrase."""
+
+    rules: list[PackRule]
+    phrase: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.rules:
+            raise field_error("rules", "must be a non-empty array of tables")
+
+
+def pack_rules(pack: CompliancePack, phrase: str | None = None) -> list[Rule]:
+    """The rules of a (validated) compliance pack, in order.
+
+    Args:
+        phrase: replaces the pack's own ``phrase`` in the templates.
+    """
+    phrase = phrase if phrase is not None else pack.phrase
+    return [make_rule(r.id, r.pattern, _template(r.replace, phrase)) for r in pack.rules]
 
 
 class _Filter:
@@ -105,36 +124,46 @@ class Compliance(Policy):
         return _Filter(self.rewriter, self.name, ctx)
 
 
-def _build(name: str, settings: Mapping[str, Any], cfg: Config, default_pack: str | None) -> Policy:
-    from ..config import ConfigError
+class ComplianceSettings(PolicySettings, frozen=True):
+    """``[policies.NAME]`` with ``kind = "compliance"``: a pack is required."""
 
-    check_settings(name, settings, {"pack", "phrase"}, cfg)
-    pack = setting(name, settings, "pack", str, default_pack or "")
-    if not pack:
-        raise ConfigError(f"{cfg.source}: key `policies.{name}.pack`: a compliance pack is needed")
-    table, source = read_pack(pack, cfg)
-    phrase = setting(name, settings, "phrase", str, None) if "phrase" in settings else None
-    try:
-        return Compliance(Rewriter(parse_pack(table, source, phrase)))
-    except ValueError as exc:
-        raise ConfigError(f"{cfg.source}: policy {name!r}: {exc}") from None
+    #: A shipped pack's name, or a file (relative to the config).
+    pack: str
+    #: Replaces the pack's ``phrase``.
+    phrase: str | None = None
 
 
-@register("compliance")
-def compliance(name: str, settings: Mapping[str, Any], cfg: Config) -> Policy:
-    """Factory for ``kind = "compliance"`` policies (``pack`` is required).
+class NoRateFiguresSettings(PolicySettings, frozen=True):
+    """``[policies.no-rate-figures]``: the shipped pack unless ``pack`` names another."""
+
+    pack: str = "no-rate-figures"
+    phrase: str | None = None
+
+
+def _build(name: str, pack_ref: str, phrase: str | None, ctx: BuildContext) -> Policy:
+    pack, _ = read_pack(pack_ref, CompliancePack, policy=name, ctx=ctx)
+    return Compliance(Rewriter(pack_rules(pack, phrase)))
+
+
+def compliance(name: str, settings: ComplianceSettings, ctx: BuildContext) -> Policy:
+    """Factory for ``kind = "compliance"`` policies.
 
     Raises:
-        ConfigError: unknown keys, a missing or bad pack.
+        ConfigError: the pack cannot be read or is not valid.
     """
-    return _build(name, settings, cfg, None)
+    return _build(name, settings.pack, settings.phrase, ctx)
 
 
-@register("no-rate-figures")
-def no_rate_figures(name: str, settings: Mapping[str, Any], cfg: Config) -> Policy:
+def no_rate_figures(name: str, settings: NoRateFiguresSettings, ctx: BuildContext) -> Policy:
     """Factory for the shipped ``no-rate-figures`` pack (``pack``/``phrase`` override).
 
     Raises:
-        ConfigError: unknown keys or a bad pack.
+        ConfigError: the pack cannot be read or is not valid.
     """
-    return _build(name, settings, cfg, "no-rate-figures")
+    return _build(name, settings.pack, settings.phrase, ctx)
+
+
+KINDS: dict[str, PolicyKind[Any]] = {
+    "compliance": PolicyKind(compliance, ComplianceSettings),
+    "no-rate-figures": PolicyKind(no_rate_figures, NoRateFiguresSettings),
+}

@@ -28,17 +28,26 @@ import ipaddress
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import phonenumbers
 import regex
 from stdnum import iban, luhn
 from stdnum.cn import ric
 
-from .base import OutputFilter, Policy, PolicyContext, check_settings, register, setting
+from ..decoding import field_error
+from .base import (
+    BuildContext,
+    OutputFilter,
+    Policy,
+    PolicyContext,
+    PolicyKind,
+    PolicySettings,
+    Table,
+)
 from .stream import Rewriter, Rule, literal, make_rule
 
 if TYPE_CHECKING:
     from ..adapters.base import Message
-    from ..config import Config
 
 # Each pattern is bounded (so the held-back tail is) and anchored with
 # lookarounds on ASCII classes, so that it starts only at the beginning of a run
@@ -242,41 +251,45 @@ class GdprRedact(Policy):
 
 
 def _replace_content(msg: Message, text: str) -> Message:
-    import msgspec
-
     return msgspec.structs.replace(msg, content=text)
 
 
-_KEYS = {"detect", "tokens", "region", "input", "output"}
+class Tokens(Table, frozen=True):
+    """What each kind of personal data becomes (``[policies.gdpr-redact.tokens]``)."""
+
+    email: str = DEFAULT_TOKENS["email"]
+    phone: str = DEFAULT_TOKENS["phone"]
+    card: str = DEFAULT_TOKENS["card"]
+    iban: str = DEFAULT_TOKENS["iban"]
+    cn_id: str = DEFAULT_TOKENS["cn_id"]
+    ip: str = DEFAULT_TOKENS["ip"]
 
 
-@register("gdpr-redact")
-def gdpr_redact(name: str, settings: Mapping[str, Any], cfg: Config) -> Policy:
-    """Factory for ``gdpr-redact`` (and policies with ``kind = "gdpr-redact"``).
+class RedactSettings(PolicySettings, frozen=True):
+    """``[policies.gdpr-redact]`` (all optional)."""
 
-    Raises:
-        ConfigError: an unknown key, kind, token or phone region.
-    """
-    from ..config import ConfigError
+    #: The kinds to find, in priority order.
+    detect: tuple[str, ...] = DEFAULT_DETECT
+    tokens: Tokens = msgspec.field(default_factory=Tokens)
+    #: Region of phone numbers written without a country code.
+    region: str = "CN"
+    #: Redact the request's messages / the reply stream.
+    input: bool = True
+    output: bool = True
 
-    check_settings(name, settings, _KEYS, cfg)
-    detect = setting(name, settings, "detect", list, list(DEFAULT_DETECT))
-    tokens = setting(name, settings, "tokens", dict, {})
-    region = setting(name, settings, "region", str, "CN")
-    for kind in tokens:
-        if kind not in DEFAULT_TOKENS or not isinstance(tokens[kind], str):
-            raise ConfigError(
-                f"{cfg.source}: key `policies.{name}.tokens.{kind}`: "
-                f"must be a string for one of {', '.join(DEFAULT_TOKENS)}"
-            )
-    if region not in phonenumbers.SUPPORTED_REGIONS:
-        raise ConfigError(f"{cfg.source}: key `policies.{name}.region`: unknown region {region!r}")
-    try:
-        rules = build_rules(tuple(detect), tokens, region)
-    except ValueError as exc:
-        raise ConfigError(f"{cfg.source}: key `policies.{name}.detect`: {exc}") from None
-    return GdprRedact(
-        Rewriter(rules),
-        on_input=setting(name, settings, "input", bool, True),
-        on_output=setting(name, settings, "output", bool, True),
-    )
+    def __post_init__(self) -> None:
+        for i, kind in enumerate(self.detect):
+            if kind not in DEFAULT_TOKENS:
+                known = ", ".join(DEFAULT_DETECT)
+                raise field_error(f"detect[{i}]", f"unknown kind {kind!r} (known: {known})")
+        if self.region not in phonenumbers.SUPPORTED_REGIONS:
+            raise field_error("region", f"unknown region {self.region!r}")
+
+
+def gdpr_redact(name: str, settings: RedactSettings, ctx: BuildContext) -> Policy:
+    """Factory for ``gdpr-redact`` (and policies with ``kind = "gdpr-redact"``)."""
+    rules = build_rules(settings.detect, msgspec.structs.asdict(settings.tokens), settings.region)
+    return GdprRedact(Rewriter(rules), on_input=settings.input, on_output=settings.output)
+
+
+KINDS: dict[str, PolicyKind[Any]] = {"gdpr-redact": PolicyKind(gdpr_redact, RedactSettings)}

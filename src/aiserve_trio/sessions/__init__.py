@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..config import Config, ConfigError
+from ..config import Config
+from ..errors import ConfigError
 from .bus import Event, Session, SessionBus, SessionBusError, Turn, check_tenant
 from .memory import MemoryBus
 

@@ -23,9 +23,11 @@ import trio
 
 from ..errors import BadRequest, Overloaded
 
+# Re-exported: the tenant rule is shared with the config (see ``tenants``).
+from ..tenants import TENANT_RE as TENANT_RE
+from ..tenants import check_tenant as check_tenant
+
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,127}$")
-#: Tenants never contain ':' so that ``tenant:session`` is unambiguous in a Redis key.
-TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 EVENT_ID_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
 VAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 MAX_VARS = 64
@@ -77,17 +79,6 @@ def check_session_id(session_id: str) -> str:
             code="invalid_session_id",
         )
     return session_id
-
-
-def check_tenant(tenant: str) -> str:
-    """Return ``tenant`` if it is a valid tenant name (1-64 of letters, digits, ``_ . -``).
-
-    Raises:
-        ValueError: it is not.
-    """
-    if not TENANT_RE.fullmatch(tenant):
-        raise ValueError(f"tenant {tenant!r} must match {TENANT_RE.pattern}")
-    return tenant
 
 
 def parse_event_id(event_id: str) -> tuple[int, int]:

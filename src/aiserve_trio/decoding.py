@@ -1,0 +1,137 @@
+"""TOML into msgspec Structs, with errors that name the file and the TOML key.
+
+Used by the config loader and by the policies (their settings and rule packs),
+so that every configuration error reads the same way::
+
+    gateway.toml: key `deadline.default_ms`: must not exceed deadline.max_ms (120000)
+    gateway.toml: unknown key `policies.gdpr-redact.colour`
+
+A Struct's ``__post_init__`` may raise :func:`field_error` to name one of its
+fields: msgspec adds the Struct's own path, and :func:`describe` joins the two.
+A leaf module (msgspec and :mod:`.errors` only), so that the config and the
+policies can both import it.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from typing import Any, TypeVar
+
+import msgspec
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+_AT_RE = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
+_UNKNOWN_RE = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
+_FIELD_RE = re.compile(r"^`(?P<key>[^`]+)`: (?P<why>.*)$", re.DOTALL)
+#: msgspec's path segment for a value in a dict (it does not say which key).
+_ANY_KEY = "[...]"
+
+
+def field_error(key: str, why: str) -> ValueError:
+    """The error a Struct's ``__post_init__`` raises about its field ``key``.
+
+    ``key`` is relative to the Struct (``"default_ms"``, ``"rules[0].pattern"``);
+    :func:`describe` prefixes the Struct's own path.
+    """
+    return ValueError(f"`{key}`: {why}")
+
+
+def join_key(*parts: str) -> str:
+    """Join TOML key parts: ``("policies.x", "rules[0]", "[1]")`` -> ``policies.x.rules[0][1]``.
+
+    Empty parts are skipped.
+    """
+    out = ""
+    for part in parts:
+        if part:
+            out = f"{out}{part}" if not out or part.startswith("[") else f"{out}.{part}"
+    return out
+
+
+def describe(message: str, at: str = "") -> str:
+    """Turn a msgspec validation message into one naming the TOML key.
+
+    Args:
+        message: ``str(msgspec.ValidationError)``, e.g. ``Expected `int` - at `$.a.b[0]` ``.
+        at: the key of the value that was decoded (``""``: the whole file).
+    """
+    m = _AT_RE.match(message)
+    path, detail = (m["path"].lstrip("."), m["msg"]) if m else ("", message)
+    key = join_key(at, path)
+    f = _FIELD_RE.match(detail)
+    if f:
+        key, detail = join_key(key, f["key"]), f["why"]
+    u = _UNKNOWN_RE.match(detail)
+    if u:
+        return f"unknown key `{join_key(key, u['key'])}`"
+    return f"key `{key}`: {detail}" if key else detail
+
+
+@typing.overload
+def convert(value: Any, typ: type[T], *, source: str, key: str) -> T: ...
+
+
+@typing.overload
+def convert(value: Any, typ: Any, *, source: str, key: str) -> Any: ...
+
+
+def convert(value: Any, typ: Any, *, source: str, key: str) -> Any:
+    """Convert a decoded TOML value (a table, usually) to ``typ`` (a type or a union).
+
+    Args:
+        source: the file the value came from, for the message.
+        key: the value's TOML key, for the message.
+
+    Raises:
+        ConfigError: naming ``source`` and the key of the first problem.
+    """
+    try:
+        return msgspec.convert(value, typ)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {describe(str(exc), key)}") from None
+
+
+def decode_toml(data: bytes, typ: type[T], *, source: str) -> T:
+    """Decode a TOML document into ``typ``.
+
+    Raises:
+        ConfigError: naming ``source`` and the key of the first problem, or
+            saying that it is not TOML.
+    """
+    try:
+        return msgspec.toml.decode(data, type=typ)
+    except msgspec.ValidationError as exc:
+        message = _name_the_key(str(exc), data, typ)
+        raise ConfigError(f"{source}: {describe(message)}") from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+
+
+def _name_the_key(message: str, data: bytes, typ: type[Any]) -> str:
+    """Put the table name into ``- at `$.adapters[...].models` ``.
+
+    msgspec does not say which key of a dict held the bad value; for a dict
+    field of the top Struct (``[adapters.NAME]``) each entry is converted again,
+    on its own, to find it. Anything else is returned as it is.
+    """
+    m = _AT_RE.match(message)
+    if m is None or _ANY_KEY not in m["path"]:
+        return message
+    field, _, _ = m["path"].lstrip(".").partition(_ANY_KEY)
+    hint = typing.get_type_hints(typ).get(field) if field.isidentifier() else None
+    if typing.get_origin(hint) is not dict:
+        return message
+    value_type = typing.get_args(hint)[1]
+    table = msgspec.toml.decode(data).get(field)
+    for name, value in table.items() if isinstance(table, dict) else ():
+        try:
+            msgspec.convert(value, value_type)
+        except msgspec.ValidationError as exc:
+            inner = _AT_RE.match(str(exc))
+            detail, rest = (inner["msg"], inner["path"]) if inner else (str(exc), "")
+            return f"{detail} - at `$.{field}.{name}{rest}`"
+    return message
