@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Delta, Usage
 from aiserve_trio.errors import StageDeadlineExceeded, UpstreamProtocolError
-from aiserve_trio.policies.base import PolicyContext, build_policies
+from aiserve_trio.policies.base import PolicyContext
+from aiserve_trio.policies.registry import build_policies
 from aiserve_trio.stages.assembler import AssemblerStateError, ResponseAssembler, State
 
 from .conftest import make_config
