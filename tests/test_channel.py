@@ -96,8 +96,10 @@ PIECE = st.sampled_from(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=500, deadline=None)
 @example(parts=[" ", ". ", "https://a.b/c", "😀", "。", "。"], cuts=[18])  # "。" then "。" in two reads
+@example(parts=["Hello"] * 8 + [". "], cuts=[41])  # a sentence one char over max_chars
+@example(parts=["Hello"] * 5 + ["**", "Hello", ". "], cuts=[31])  # cut before markdown goes
 @given(st.lists(PIECE, max_size=30), st.lists(st.integers(0, 300), max_size=15))
 def test_shapers_independent_of_chunking(parts: list[str], cuts: list[int]) -> None:
     text = "".join(parts)

@@ -141,15 +141,28 @@ class SpeechShaper:
         cjk_end = _CJK.match(said[-1]) or said[-1] in "。！？；"  # noqa: RUF001
         return said if cjk_end else said + " "
 
+    def _pieces(self, sentence: str) -> list[str]:
+        """A sentence cut where an over-long one is always cut (see ``feed``)."""
+        out = []
+        while len(sentence) > self.max_chars:
+            at = _cut(sentence, self.max_chars)
+            out.append(sentence[:at])
+            sentence = sentence[at:]
+        return [*out, sentence]
+
     def feed(self, text: str) -> str:
         self._buf += text
         sentences, self._buf, self._bol = _split(self._buf, self._bol)
+        # A complete sentence longer than max_chars is cut exactly as the same
+        # text would have been cut while it was still arriving: where it is cut
+        # must not depend on how the reply was split into reads.
+        pieces = [p for s in sentences for p in self._pieces(s)]
         while len(self._buf) > self.max_chars:
             at = _cut(self._buf, self.max_chars)
-            sentences.append(self._buf[:at])
+            pieces.append(self._buf[:at])
             self._buf = self._buf[at:]
             self._bol = False
-        return "".join(self._say(s) for s in sentences)
+        return "".join(self._say(s) for s in pieces)
 
     def finish(self) -> str:
         rest, self._buf = self._buf, ""
@@ -213,12 +226,15 @@ class MessageShaper:
     def feed(self, text: str) -> str:
         self._buf += text
         sentences, self._buf, self._bol = _split(self._buf, self._bol)
+        # Cut where the whole text would be cut, whatever the chunking: a
+        # complete sentence is cut (before its markdown goes) exactly as the
+        # same text is cut while it is still arriving.
+        pieces = [p for s in sentences for p in self._pieces(s)]
         if len(self._buf.encode()) > self.max_bytes:
-            # Cut where the whole text would be cut, whatever the chunking.
             *done, self._buf = self._pieces(self._buf)
-            sentences += done
+            pieces += done
             self._bol = False
-        return self._add(sentences)
+        return self._add(pieces)
 
     def finish(self) -> str:
         rest, self._buf = self._buf, ""
