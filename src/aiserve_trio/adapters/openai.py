@@ -52,6 +52,7 @@ from ..errors import (
     UpstreamTimeout,
 )
 from .base import Adapter, Delta, InferenceRequest, Usage
+from .compat import pool_connections
 from .retry import Progress, RetryPolicy, run_reporting
 from .sse_parser import SSEDecodeError, SSEParser
 from .tokens import Fitted, count_prompt, fit_request
@@ -105,15 +106,15 @@ class ClientPool:
         finally:
             loads[i] -= 1
 
-    def connections(self) -> tuple[int, int]:
-        """(open upstream connections, of which busy), over all clients."""
+    def connections(self) -> tuple[int, int] | None:
+        """(open upstream connections, of which busy), over all clients; None if unknown."""
         total = busy = 0
         for client in self._clients:
-            transport = client._transport  # httpx2 exposes no connection count
-            if isinstance(transport, httpx2.AsyncHTTPTransport):
-                conns = transport._pool.connections
-                total += len(conns)
-                busy += sum(1 for c in conns if not c.is_idle())
+            counts = pool_connections(client)  # httpx2 exposes no connection count
+            if counts is None:
+                return None
+            total += counts[0]
+            busy += counts[1]
         return total, busy
 
     async def aclose(self) -> None:
@@ -298,8 +299,8 @@ class OpenAIAdapter(Adapter):
             clients, self._clients = self._clients, None
             await clients.aclose()
 
-    def connections(self) -> tuple[int, int]:
-        """(open upstream connections, of which busy)."""
+    def connections(self) -> tuple[int, int] | None:
+        """(open upstream connections, of which busy); None when this httpx2 cannot tell."""
         return self._clients.connections() if self._clients is not None else (0, 0)
 
     async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:

@@ -49,6 +49,7 @@ from ..errors import (
     UpstreamTimeout,
 )
 from .base import Adapter, Delta, InferenceRequest, Usage
+from .compat import close_ws_stream
 from .retry import Progress, RetryPolicy, run_reporting
 from .tokens import fit_request
 
@@ -329,9 +330,4 @@ async def _discard(ws: WebSocketConnection) -> None:
     with trio.CancelScope(shield=True):
         with trio.move_on_after(_CLOSE_GRACE):
             await ws.aclose()
-        # trio-websocket 0.12 leaves the TCP stream open when the server closed
-        # first (the client waits for EOF, then just stops reading); close it so
-        # the socket is not left for the garbage collector.
-        stream = getattr(ws, "_stream", None)
-        if isinstance(stream, trio.abc.AsyncResource):
-            await trio.aclose_forcefully(stream)
+        await close_ws_stream(ws)
