@@ -8,7 +8,8 @@ import pytest
 import trio
 
 from aiserve_trio.adapters.base import Delta, InferenceRequest, Message
-from aiserve_trio.adapters.vllm_ws import VllmWsAdapter, close_error, message_error
+from aiserve_trio.adapters.vllm_ws import VllmWsAdapter, close_error
+from aiserve_trio.adapters.ws_reply import message_error
 from aiserve_trio.config import VllmWsAdapterConfig
 from aiserve_trio.errors import (
     UpstreamConnectError,

@@ -3,8 +3,8 @@
 Pooled :class:`httpx2.AsyncClient` s per adapter (keep-alive; HTTP/2 when
 ``http2 = true``), closed at shutdown. httpx2 rather than httpx because,
 measured on Trio with 64 concurrent streams, httpx 0.28's single pool collapsed
-to 306 req/s (p99 1.26 s) while httpx2 held 1,064 req/s (p99 87 ms) --
-FINDINGS.md, re-measured by ``bench/added_latency.py``.
+to 306 req/s (p99 1.26 s) while httpx2 held 1,064 req/s (p99 87 ms), as
+measured by ``bench/added_latency.py``.
 
 Not one client but a :class:`ClientPool` of them, each carrying a bounded
 number of streams: httpcore2 walks every connection of its pool whenever a
@@ -24,8 +24,9 @@ request closes the upstream response at once. The upstream sees:
 - ``Authorization: Bearer $<api_key_env>`` when configured (never logged).
 
 Retries (connect errors, timeouts, 429, 5xx; ``Retry-After`` honoured) happen
-only before the first token has gone to the client (see ``retry.py``). Every
-httpx2 / SSE / JSON failure is translated here into an ``UpstreamError``.
+only before the first token has gone to the client (see ``retry.py``). The
+event stream is decoded by ``chat_stream.py`` (no I/O there); every httpx2
+failure is translated here into an ``UpstreamError``.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ from ..errors import (
     UpstreamTimeout,
 )
 from .base import Adapter, Delta, InferenceRequest, Usage
+from .chat_stream import ChatStreamDecoder
 from .compat import pool_connections
 from .retry import Progress, RetryPolicy, run_reporting
-from .sse_parser import SSEDecodeError, SSEParser
+from .sse_parser import SSEDecodeError
 from .tokens import Fitted, count_prompt, fit_request
 
 #: Header carrying the remaining budget upstream.
@@ -124,30 +126,6 @@ class ClientPool:
                 await client.aclose()
 
 
-class _UDelta(msgspec.Struct):
-    content: str | None = None
-
-
-class _UChoice(msgspec.Struct):
-    delta: _UDelta | None = None
-    finish_reason: str | None = None
-
-
-class _UUsage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _UError(msgspec.Struct):
-    message: str = ""
-
-
-class _UChunk(msgspec.Struct):
-    choices: list[_UChoice] = msgspec.field(default_factory=list)
-    usage: _UUsage | None = None
-    error: _UError | None = None
-
-
 class _UMessage(msgspec.Struct, omit_defaults=True):
     role: str
     content: str
@@ -170,7 +148,6 @@ class _UBody(msgspec.Struct, omit_defaults=True, kw_only=True):
     stop: list[str] | None = None
 
 
-_chunk_decoder = msgspec.json.Decoder(_UChunk)
 _encoder = msgspec.json.Encoder()
 
 
@@ -417,60 +394,19 @@ class OpenAIAdapter(Adapter):
         send: trio.MemorySendChannel[Delta],
         progress: Progress,
     ) -> None:
-        parser = SSEParser()
-        finish: str | None = None
-        usage: Usage | None = None
-        pieces = 0
-        done = False
-        # The text of every event in one network read goes on as one delta:
-        # what arrived together is written together, one channel hop and one
-        # client write per read instead of per token.
-        text: list[str] = []
+        decoder = ChatStreamDecoder(self.name)
         async with contextlib.aclosing(response.aiter_bytes()) as body:
             async for raw in body:
-                try:
-                    for event in parser.feed(raw):
-                        if done:
-                            continue  # nothing counts after [DONE]; read on to the end
-                        if event.data == "[DONE]":
-                            done = True
-                            continue
-                        chunk = _chunk_decoder.decode(event.data)
-                        if chunk.error is not None:
-                            raise UpstreamProtocolError(
-                                f"{self.name}: the model backend reported an error mid-stream: "
-                                f"{chunk.error.message[:300]}"
-                            )
-                        if chunk.usage is not None:
-                            usage = Usage(
-                                prompt_tokens=chunk.usage.prompt_tokens,
-                                completion_tokens=chunk.usage.completion_tokens,
-                            )
-                        for choice in chunk.choices:
-                            if choice.delta is not None and choice.delta.content:
-                                pieces += 1
-                                text.append(choice.delta.content)
-                            if choice.finish_reason is not None:
-                                finish = choice.finish_reason
-                except Exception:
-                    # Delivered even when an event after them in the read is bad.
-                    if text:
-                        progress.started = True
-                        await send.send(Delta(text="".join(text)))
-                    raise
-                if text:
+                for delta in decoder.feed(raw):
                     progress.started = True
-                    joined, text = "".join(text), []
-                    await send.send(Delta(text=joined))
-        if not done:
-            # A stream the upstream broke must not look finished to the client.
-            raise UpstreamProtocolError(
-                f"{self.name}: the model backend closed the stream without [DONE]"
-            )
-        if usage is None:  # the backend did not count: count the prompt here
+                    await send.send(delta)
+                decoder.check()  # after the text that came before a bad event
+        final = decoder.end()
+        if final.usage is None:  # the backend did not count: count the prompt here
             prompt = fitted.prompt_tokens
             if prompt is None:
                 prompt = await count_prompt(fitted.messages, request.model, self.config.tokenizer)
-            usage = Usage(prompt_tokens=prompt, completion_tokens=pieces)
+            usage = Usage(prompt_tokens=prompt, completion_tokens=decoder.pieces)
+            final = msgspec.structs.replace(final, usage=usage)
         progress.started = True
-        await send.send(Delta(finish_reason=finish or "stop", usage=usage))
+        await send.send(final)

@@ -48,10 +48,11 @@ from ..errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from .base import Adapter, Delta, InferenceRequest, Usage
+from .base import Adapter, Delta, InferenceRequest
 from .compat import close_ws_stream
 from .retry import Progress, RetryPolicy, run_reporting
 from .tokens import fit_request
+from .ws_reply import WsReplyDecoder
 
 log = logging.getLogger("aiserve_trio.adapters.vllm_ws")
 _CLOSE_GRACE = 1.0
@@ -73,23 +74,6 @@ class _Generate(msgspec.Struct, omit_defaults=True):
     timeout_ms: int | None = None
 
 
-class _WUsage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _Incoming(msgspec.Struct):
-    type: str
-    id: str | None = None
-    text: str = ""
-    finish_reason: str | None = None
-    usage: _WUsage | None = None
-    status: int = 0
-    retry_after: float | None = None
-    message: str = ""
-
-
-_decoder = msgspec.json.Decoder(_Incoming)
 _encoder = msgspec.json.Encoder()
 
 
@@ -105,17 +89,9 @@ def close_error(name: str, code: int | None, reason: str | None) -> UpstreamErro
     return UpstreamConnectError(why)
 
 
-def message_error(name: str, status: int, message: str, retry_after: float | None) -> UpstreamError:
-    """The error for an ``error`` message from the server."""
-    why = f"{name}: the model server answered {status}: {message[:300]}"
-    if status in (408, 504):
-        return UpstreamTimeout(why)
-    return UpstreamStatusError(why, upstream_status=status or 500, retry_after=retry_after)
-
-
 @contextlib.contextmanager
 def translate_errors(name: str) -> Iterator[None]:
-    """Turn trio-websocket, socket and decoding exceptions into ``UpstreamError``."""
+    """Turn trio-websocket and socket exceptions into ``UpstreamError``."""
     try:
         yield
     except UpstreamError:
@@ -132,8 +108,6 @@ def translate_errors(name: str) -> Iterator[None]:
         raise close_error(name, r.code if r else None, r.reason if r else None) from exc
     except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
         raise UpstreamConnectError(f"{name}: cannot reach the model server") from exc
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise UpstreamProtocolError(f"{name}: the model server sent a malformed message") from exc
 
 
 class VllmWsAdapter(Adapter):
@@ -266,63 +240,22 @@ class VllmWsAdapter(Adapter):
             )
         )
         ws: WebSocketConnection | None = None
-        reusable = False
+        reply = WsReplyDecoder(self.name, request.request_id)
         try:
             with translate_errors(self.name):
                 ws = await self._start(payload, request.deadline)
-                failure = await self._relay(ws, request.request_id, send, progress)
-                reusable = True
+                while not reply.ended:
+                    for delta in reply.feed(await ws.get_message()):
+                        progress.started = True
+                        await send.send(delta)
         finally:
             if ws is not None:
-                if reusable and len(self._idle) < self.config.pool_size:
+                # Reused only when the reply ended in step (``done`` or an
+                # ``error`` message); cancelled or broken, the server must see the close.
+                if reply.ended and len(self._idle) < self.config.pool_size:
                     self._idle.append(ws)
                 else:
                     await _discard(ws)
-        if failure is not None:
-            raise failure
-
-    async def _relay(
-        self,
-        ws: WebSocketConnection,
-        request_id: str,
-        send: trio.MemorySendChannel[Delta],
-        progress: Progress,
-    ) -> UpstreamError | None:
-        """Relay one reply to its end.
-
-        Returns:
-            ``None`` when it finished, or the error an ``error`` message
-            reported (the request failed; the connection is still good).
-
-        Raises:
-            UpstreamError: the connection or the protocol broke (not reusable).
-        """
-        pieces = 0
-        while True:
-            raw = await ws.get_message()
-            msg = _decoder.decode(raw)
-            if msg.id is not None and msg.id != request_id:
-                raise UpstreamProtocolError(
-                    f"{self.name}: a message for request {msg.id!r} arrived during {request_id!r}"
-                )
-            if msg.type == "token":
-                if msg.text:
-                    pieces += 1
-                    progress.started = True
-                    await send.send(Delta(text=msg.text))
-            elif msg.type == "done":
-                u = msg.usage
-                usage = Usage(
-                    prompt_tokens=u.prompt_tokens if u else 0,
-                    completion_tokens=u.completion_tokens if u else pieces,
-                )
-                progress.started = True
-                await send.send(Delta(finish_reason=msg.finish_reason or "stop", usage=usage))
-                return None
-            elif msg.type == "error":
-                return message_error(self.name, msg.status, msg.message, msg.retry_after)
-            else:
-                raise UpstreamProtocolError(f"{self.name}: unknown message type {msg.type!r}")
 
 
 async def _discard(ws: WebSocketConnection) -> None:
