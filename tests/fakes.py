@@ -21,6 +21,9 @@ class RecordingAdapter(Adapter):
         self.cancelled_at: float | None = None
         self.finished = False
 
+    async def prepare(self, request: InferenceRequest) -> InferenceRequest:
+        return await self.inner.prepare(request)
+
     async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
         self.calls += 1
         self.requests.append(request)

@@ -56,8 +56,10 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     variables: dict[str, str] = msgspec.field(default_factory=dict)
     #: Headers to forward upstream (e.g. ``traceparent``).
     forward_headers: dict[str, str] = msgspec.field(default_factory=dict)
-    #: Set by the adapter: old history messages dropped to fit the context window.
+    #: Set by :meth:`Adapter.prepare`: old history messages dropped to fit the context window.
     trimmed: int = 0
+    #: Set by :meth:`Adapter.prepare` when fitting counted the prompt's tokens.
+    prompt_tokens: int | None = None
 
 
 class Adapter(abc.ABC):
@@ -76,6 +78,19 @@ class Adapter(abc.ABC):
     async def ready(self) -> bool:
         """Whether the backend can take requests (for ``/readyz``)."""
         return True
+
+    async def prepare(self, request: InferenceRequest) -> InferenceRequest:
+        """The request as this backend should get it (e.g. fitted to its context window).
+
+        Called once per request, before :meth:`stream`. Returns a new request
+        when something changes; ``request`` itself is never changed.
+        The default returns it as it is.
+
+        Raises:
+            BadRequest: the request cannot be served by this backend as it is
+                (e.g. ``context_length_exceeded``).
+        """
+        return request
 
     @abc.abstractmethod
     async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:

@@ -57,7 +57,7 @@ from .chat_stream import ChatStreamDecoder
 from .compat import pool_connections
 from .retry import Progress, RetryPolicy, run_reporting
 from .sse_parser import SSEDecodeError
-from .tokens import Fitted, count_prompt, fit_request
+from .tokens import count_prompt, fit_request
 
 #: Header carrying the remaining budget upstream.
 BUDGET_HEADER = "X-Request-Timeout-Ms"
@@ -280,19 +280,25 @@ class OpenAIAdapter(Adapter):
         """(open upstream connections, of which busy); None when this httpx2 cannot tell."""
         return self._clients.connections() if self._clients is not None else (0, 0)
 
+    async def prepare(self, request: InferenceRequest) -> InferenceRequest:
+        """``request`` fitted to ``context_window`` (the oldest history dropped; ``tokens.py``).
+
+        Raises:
+            BadRequest: ``context_length_exceeded``, the prompt cannot fit.
+        """
+        return await fit_request(request, self.config.context_window, self.config.tokenizer)
+
     async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
         """Stream the reply, retrying before the first token.
 
         Raises:
             UpstreamError: a subclass naming how the backend failed.
-            BadRequest: ``context_length_exceeded``, the prompt cannot fit.
         """
         cfg = self.config
-        fitted = await fit_request(request, cfg.context_window, cfg.tokenizer)
         body = _encoder.encode(
             _UBody(
                 model=cfg.upstream_model or request.model,
-                messages=[_UMessage(m.role, m.content, m.name) for m in fitted.messages],
+                messages=[_UMessage(m.role, m.content, m.name) for m in request.messages],
                 stream=True,
                 stream_options=_UStreamOptions(include_usage=True),
                 max_tokens=request.max_tokens,
@@ -303,7 +309,7 @@ class OpenAIAdapter(Adapter):
         )
 
         async def attempt(progress: Progress) -> None:
-            await self._attempt(request, body, fitted, send, progress)
+            await self._attempt(request, body, send, progress)
 
         await run_reporting(
             attempt,
@@ -318,7 +324,6 @@ class OpenAIAdapter(Adapter):
         self,
         request: InferenceRequest,
         body: bytes,
-        fitted: Fitted,
         send: trio.MemorySendChannel[Delta],
         progress: Progress,
     ) -> None:
@@ -326,14 +331,13 @@ class OpenAIAdapter(Adapter):
         if clients is None:
             raise UpstreamConnectError(f"adapter {self.name} is not open")
         with clients.lease() as client:
-            await self._call(client, request, body, fitted, send, progress)
+            await self._call(client, request, body, send, progress)
 
     async def _call(
         self,
         client: httpx2.AsyncClient,
         request: InferenceRequest,
         body: bytes,
-        fitted: Fitted,
         send: trio.MemorySendChannel[Delta],
         progress: Progress,
     ) -> None:
@@ -363,7 +367,7 @@ class OpenAIAdapter(Adapter):
                 response = await client.send(req, stream=True)
                 if response.status_code != 200:
                     await self._raise_status(response)
-                await self._relay(response, request, fitted, send, progress)
+                await self._relay(response, request, send, progress)
         finally:
             if response is not None:
                 # Shielded so that a cancelled request still closes the upstream
@@ -390,7 +394,6 @@ class OpenAIAdapter(Adapter):
         self,
         response: httpx2.Response,
         request: InferenceRequest,
-        fitted: Fitted,
         send: trio.MemorySendChannel[Delta],
         progress: Progress,
     ) -> None:
@@ -403,9 +406,9 @@ class OpenAIAdapter(Adapter):
                 decoder.check()  # after the text that came before a bad event
         final = decoder.end()
         if final.usage is None:  # the backend did not count: count the prompt here
-            prompt = fitted.prompt_tokens
+            prompt = request.prompt_tokens  # counted already if fitting needed it
             if prompt is None:
-                prompt = await count_prompt(fitted.messages, request.model, self.config.tokenizer)
+                prompt = await count_prompt(request.messages, request.model, self.config.tokenizer)
             usage = Usage(prompt_tokens=prompt, completion_tokens=decoder.pieces)
             final = msgspec.structs.replace(final, usage=usage)
         progress.started = True

@@ -166,16 +166,21 @@ class VllmWsAdapter(Adapter):
     async def ready(self) -> bool:
         return self._nursery is not None
 
+    async def prepare(self, request: InferenceRequest) -> InferenceRequest:
+        """``request`` fitted to ``context_window`` (the oldest history dropped; ``tokens.py``).
+
+        Raises:
+            BadRequest: ``context_length_exceeded``, the prompt cannot fit.
+        """
+        return await fit_request(request, self.config.context_window, self.config.tokenizer)
+
     async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
         """Stream the reply, retrying before the first token.
 
         Raises:
             UpstreamError: a subclass naming how the server failed.
-            BadRequest: ``context_length_exceeded``, the prompt cannot fit.
         """
-        cfg = self.config
-        fitted = await fit_request(request, cfg.context_window, cfg.tokenizer)
-        messages = [_WMessage(m.role, m.content, m.name) for m in fitted.messages]
+        messages = [_WMessage(m.role, m.content, m.name) for m in request.messages]
 
         async def attempt(progress: Progress) -> None:
             await self._attempt(request, messages, send, progress)

@@ -1,9 +1,10 @@
 """The context stage: session history and variables, input policies, the prompt.
 
 Turns the decoded :class:`~.parse.ChatRequest` into the adapter's
-:class:`~aiserve_trio.adapters.base.InferenceRequest`. The session load is the
-part that can be slow or fail (the bus may be Redis); if the stage's cut point
-passes or the bus is unreachable, the route's ``on_context_timeout`` decides:
+:class:`~aiserve_trio.adapters.base.InferenceRequest`, which the adapter then
+prepares (fits to its context window). The session load is the part that can
+be slow or fail (the bus may be Redis); if the stage's cut point passes or the
+bus is unreachable, the route's ``on_context_timeout`` decides:
 ``fail`` (504 naming the stage, or 503 ``session_bus_unavailable``) or
 ``degrade`` (go on without session context; the response says so in the
 ``X-Aiserve-Degraded`` header).
@@ -68,7 +69,8 @@ async def context_stage(
     Raises:
         StageDeadlineExceeded: the cut point passed and the route does not degrade.
         SessionBusError: the bus failed and the route does not degrade.
-        BadRequest: ``metadata`` is not acceptable as session variables.
+        BadRequest: ``metadata`` is not acceptable as session variables, or
+            the adapter cannot fit the prompt (``context_length_exceeded``).
     """
     route = state.route
     async with out, inbox:
@@ -123,17 +125,18 @@ async def context_stage(
             record.user_text = next((m.content for m in reversed(own) if m.role == "user"), "")
         state.filters = [f for p in route.policies if (f := p.output_filter(ctx)) is not None]
         forward = {k: state.headers[k] for k in _FORWARDED if k in state.headers}
-        await out.send(
-            InferenceRequest(
-                request_id=state.request_id,
-                model=req.model,
-                messages=messages,
-                deadline=state.budget.inference_end,
-                max_tokens=req.max_tokens,
-                temperature=req.body.temperature,
-                top_p=req.body.top_p,
-                stop=req.stop,
-                variables=variables,
-                forward_headers=forward,
-            )
+        request = InferenceRequest(
+            request_id=state.request_id,
+            model=req.model,
+            messages=messages,
+            deadline=state.budget.inference_end,
+            max_tokens=req.max_tokens,
+            temperature=req.body.temperature,
+            top_p=req.body.top_p,
+            stop=req.stop,
+            variables=variables,
+            forward_headers=forward,
         )
+        # The backend's own fitting (its context window) comes after the input
+        # policies, so it trims what the model will actually see.
+        await out.send(await route.adapter.prepare(request))

@@ -36,7 +36,7 @@ async def inference_stage(
                     f"less than the {budget.min_inference * 1000:.0f} ms a call needs",
                 )
             state.upstream_started = True
-            state.inference = request  # the adapter reports trimming on it
+            state.inference = request  # prepared by the adapter: it carries the trimming
             with state.trace.live_stage("inference") as span:
                 request.forward_headers.update(state.trace.inject(span))
                 await state.route.adapter.stream(request, out)
