@@ -53,11 +53,12 @@ default_model = "sim-model"
 
 @asynccontextmanager
 async def running(app: App) -> AsyncIterator[Client]:
-    await app.startup()
-    try:
-        yield Client(app)
-    finally:
-        await app.shutdown()
+    async with trio.open_nursery() as nursery:
+        await app.startup(nursery)
+        try:
+            yield Client(app)
+        finally:
+            await app.shutdown()
 
 
 def chat(text: str = "hi", **extra: Any) -> dict[str, Any]:

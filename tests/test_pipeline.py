@@ -328,10 +328,12 @@ async def test_models_health_ready_and_metrics(app, client, autojump_clock):
     not_ready = await client.request("GET", "/readyz")
     assert not_ready.status == 503
     assert not_ready.json()["error"]["code"] == "not_ready"
-    await app.startup()
-    assert (await client.request("GET", "/readyz")).status == 200
-    await client.chat(chat_body("echo: a", stream=True))
-    m = await client.request("GET", "/metrics")
+    async with trio.open_nursery() as nursery:
+        await app.startup(nursery)
+        assert (await client.request("GET", "/readyz")).status == 200
+        await client.chat(chat_body("echo: a", stream=True))
+        m = await client.request("GET", "/metrics")
+        await app.shutdown()
     text = m.body.decode()
     assert m.headers["content-type"].startswith("text/plain")
     buckets = [
@@ -347,7 +349,6 @@ async def test_models_health_ready_and_metrics(app, client, autojump_clock):
         in text
     )
     assert "aiserve_time_to_first_token_seconds_count" in text
-    await app.shutdown()
 
 
 async def test_channel_label_comes_from_the_header(client, app, autojump_clock):

@@ -13,7 +13,7 @@ import copy
 import logging
 import secrets
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import trio
@@ -30,12 +30,13 @@ from .errors import (
     NotFound,
     Overloaded,
     PayloadTooLarge,
+    UpstreamError,
 )
 from .observability.baseline import BaselineMonitor
 from .observability.metrics import Metrics, status_label
 from .observability.observer import RequestObserver
 from .observability.sched import SchedulerLag
-from .observability.tracing import Tracing, configure_otlp
+from .observability.tracing import Tracing, configure_otlp, upstream_attempt
 from .pipeline import Pipeline
 from .policies.base import build_policies
 from .security import edge
@@ -52,6 +53,29 @@ log = logging.getLogger("aiserve_trio")
 Scope = MutableMapping[str, Any]
 edge.install()  # contain hostile HTTP/2 clients to their connection (security/edge.py)
 _METRICS_HEADERS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+
+
+class _UpstreamHook:
+    """What the adapters report, until the request observer takes it over:
+    retries and final errors counted, each try a span under the inference span."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    @contextlib.contextmanager
+    def attempt(self, adapter: str, number: int) -> Iterator[None]:
+        with upstream_attempt(number) as span:
+            try:
+                yield
+            except UpstreamError as err:
+                span.set_attribute("aiserve.error_code", err.code or err.type)
+                raise
+
+    def retrying(self, adapter: str, error: UpstreamError) -> None:
+        self._metrics.upstream_retries.labels(adapter).inc()
+
+    def failed(self, adapter: str, error: UpstreamError) -> None:
+        self._metrics.upstream_errors.labels(adapter, error.code or "upstream_error").inc()
 
 
 class App:
@@ -77,7 +101,8 @@ class App:
         """
         self.config = config
         self.metrics = Metrics()
-        built = {name: build_adapter(name, c, self.metrics) for name, c in config.adapters.items()}
+        hook = _UpstreamHook(self.metrics)
+        built = {name: build_adapter(name, c, hook) for name, c in config.adapters.items()}
         self.adapters: dict[str, Adapter] = {**built, **(adapters or {})}
         self.bus: SessionBus = bus if bus is not None else build_bus(config, self.metrics)
         sc = config.sessions
@@ -119,37 +144,38 @@ class App:
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
-        try:
-            await self.startup()
-        except Exception as exc:
-            log.exception("start-up failed")
-            await send({"type": "lifespan.startup.failed", "message": str(exc)})
-            return
-        try:
-            # The app's background tasks (the session outbox) live in this nursery,
-            # opened after and closed before the pools that startup() entered.
-            async with trio.open_nursery() as nursery:
-                await self.start_background(nursery)
+        # The app's lifetime nursery: the adapters' pool tasks and the background
+        # tasks (the session outbox) run in it. Shutdown runs inside it, so the
+        # task groups that startup() entered close before the nursery does.
+        async with trio.open_nursery() as nursery:
+            try:
+                await self.startup(nursery)
+            except Exception as exc:
+                log.exception("start-up failed")
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                nursery.cancel_scope.cancel(reason="start-up failed")
+                return
+            try:
                 await send({"type": "lifespan.startup.complete"})
                 await receive()  # lifespan.shutdown
+            finally:
+                await self.shutdown()
                 nursery.cancel_scope.cancel(reason="lifespan shutdown")
-        finally:
-            await self.shutdown()
         await send({"type": "lifespan.shutdown.complete"})
 
-    async def startup(self, nursery: trio.Nursery | None = None) -> None:
+    async def startup(self, nursery: trio.Nursery) -> None:
         """Open adapters' pools and the session bus (in the task that later calls shutdown).
 
         Args:
-            nursery: where to run the background tasks (see :meth:`start_background`);
-                ``None``: do not run them (in-process tests that need none).
+            nursery: the app's lifetime nursery, open until :meth:`shutdown` has
+                returned: the adapters' pool tasks and the background tasks
+                (see :meth:`start_background`) run in it.
         """
         for adapter in self.adapters.values():
-            await adapter.aopen()
+            await adapter.aopen(nursery)
         await self.bus.aopen()
         await self.gate.aopen()
-        if nursery is not None:
-            await self.start_background(nursery)
+        await self.start_background(nursery)
         self.ready = True
         log.info(
             "aiserve-trio ready: config %s, routes %s",

@@ -52,10 +52,11 @@ from ..errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from .base import Adapter, Delta, InferenceRequest, Usage
+from ..observability.events import NULL_HOOK, UpstreamHook
+from .base import Adapter, DeltaSink, InferenceRequest, Usage
 from .chat_stream import ChatStreamDecoder
 from .compat import pool_connections
-from .retry import Progress, RetryPolicy, run_reporting
+from .retry import Progress, RetryPolicy
 from .sse_parser import SSEDecodeError
 from .tokens import count_prompt, fit_request
 
@@ -200,6 +201,7 @@ class OpenAIAdapter(Adapter):
         name: str,
         config: OpenAIAdapterConfig,
         *,
+        hook: UpstreamHook = NULL_HOOK,
         transport: httpx2.AsyncBaseTransport | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -208,28 +210,27 @@ class OpenAIAdapter(Adapter):
         Args:
             name: the ``[adapters.NAME]`` key.
             config: its settings.
+            hook: told of each upstream try, retry and final error.
             transport: replaces the network transport (tests).
             rng: jitter source (tests seed it).
         """
-        super().__init__(name, config.models)
-        self.config = config
-        self.policy = RetryPolicy(
-            max_retries=config.max_retries,
-            base=config.backoff_base_ms / 1000.0,
-            cap=config.backoff_max_ms / 1000.0,
+        super().__init__(
+            name, config.models, policy=RetryPolicy.from_config(config), hook=hook, rng=rng
         )
-        self.rng = rng or random.Random()
+        self.config = config
         self._transport = transport
         self._clients: ClientPool | None = None
         # Requests are built here, not by client.build_request, which re-merges
         # the base URL and the default headers on every call (~0.1 ms).
         self._url = httpx2.URL(config.base_url.rstrip("/") + "/chat/completions")
         self._headers: list[tuple[bytes, bytes]] = []  # set in aopen (the API key)
-        #: Metric hooks the app sets: a retry is about to happen; a request failed.
-        self.on_retry: Callable[[UpstreamError], None] | None = None
-        self.on_error: Callable[[UpstreamError], None] | None = None
 
-    async def aopen(self) -> None:
+    async def aopen(self, nursery: trio.Nursery) -> None:
+        """Make the client pool and the fixed headers (httpx2 runs no tasks: ``nursery`` unused).
+
+        Raises:
+            ConfigError: ``api_key_env`` names an unset environment variable.
+        """
         cfg = self.config
         headers = dict(cfg.headers)
         if cfg.api_key_env:
@@ -288,12 +289,11 @@ class OpenAIAdapter(Adapter):
         """
         return await fit_request(request, self.config.context_window, self.config.tokenizer)
 
-    async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
-        """Stream the reply, retrying before the first token.
-
-        Raises:
-            UpstreamError: a subclass naming how the backend failed.
-        """
+    async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
+        """One upstream call on a client of the pool (see :meth:`Adapter.attempt`)."""
+        clients = self._clients
+        if clients is None:
+            raise UpstreamConnectError(f"adapter {self.name} is not open")
         cfg = self.config
         body = _encoder.encode(
             _UBody(
@@ -307,43 +307,19 @@ class OpenAIAdapter(Adapter):
                 stop=request.stop or None,
             )
         )
-
-        async def attempt(progress: Progress) -> None:
-            await self._attempt(request, body, send, progress)
-
-        await run_reporting(
-            attempt,
-            policy=self.policy,
-            deadline=request.deadline,
-            rng=self.rng,
-            on_retry=self.on_retry,
-            on_error=self.on_error,
-        )
-
-    async def _attempt(
-        self,
-        request: InferenceRequest,
-        body: bytes,
-        send: trio.MemorySendChannel[Delta],
-        progress: Progress,
-    ) -> None:
-        clients = self._clients
-        if clients is None:
-            raise UpstreamConnectError(f"adapter {self.name} is not open")
         with clients.lease() as client:
-            await self._call(client, request, body, send, progress)
+            await self._call(client, request, body, send)
 
     async def _call(
         self,
         client: httpx2.AsyncClient,
         request: InferenceRequest,
         body: bytes,
-        send: trio.MemorySendChannel[Delta],
-        progress: Progress,
+        send: DeltaSink,
     ) -> None:
-        remaining = request.deadline - trio.current_time()
-        if remaining <= 0:
-            raise UpstreamTimeout("no inference budget left for the upstream call")
+        # Stream() checked that time was left; the floor keeps the timeouts
+        # positive should the clock have moved past the deadline since.
+        remaining = max(request.deadline - trio.current_time(), 1e-3)
         # Client timeouts never exceed the budget; the stage's cancel scope is the backstop.
         timeout = httpx2.Timeout(
             remaining, connect=min(self.config.connect_timeout_ms / 1000.0, remaining)
@@ -367,7 +343,7 @@ class OpenAIAdapter(Adapter):
                 response = await client.send(req, stream=True)
                 if response.status_code != 200:
                     await self._raise_status(response)
-                await self._relay(response, request, send, progress)
+                await self._relay(response, request, send)
         finally:
             if response is not None:
                 # Shielded so that a cancelled request still closes the upstream
@@ -391,17 +367,12 @@ class OpenAIAdapter(Adapter):
         )
 
     async def _relay(
-        self,
-        response: httpx2.Response,
-        request: InferenceRequest,
-        send: trio.MemorySendChannel[Delta],
-        progress: Progress,
+        self, response: httpx2.Response, request: InferenceRequest, send: DeltaSink
     ) -> None:
         decoder = ChatStreamDecoder(self.name)
         async with contextlib.aclosing(response.aiter_bytes()) as body:
             async for raw in body:
                 for delta in decoder.feed(raw):
-                    progress.started = True
                     await send.send(delta)
                 decoder.check()  # after the text that came before a bad event
         final = decoder.end()
@@ -411,5 +382,4 @@ class OpenAIAdapter(Adapter):
                 prompt = await count_prompt(request.messages, request.model, self.config.tokenizer)
             usage = Usage(prompt_tokens=prompt, completion_tokens=decoder.pieces)
             final = msgspec.structs.replace(final, usage=usage)
-        progress.started = True
         await send.send(final)
