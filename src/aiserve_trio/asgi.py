@@ -56,8 +56,10 @@ _METRICS_HEADERS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8
 
 
 class _UpstreamHook:
-    """What the adapters report, until the request observer takes it over:
-    retries and final errors counted, each try a span under the inference span."""
+    """The adapters' upstream hook, until the request observer takes it over.
+
+    Counts retries and final errors, and makes each try a span under the inference span.
+    """
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics

@@ -83,9 +83,11 @@ class DeltaSink(Protocol):
 
 @final
 class _Reply:
-    """The sink :meth:`Adapter.stream` gives each try: the caller's channel, with the
-    reply's progress kept on the way (the first delta ends retrying; the final one
-    ends the reply)."""
+    """The sink :meth:`Adapter.stream` gives each try: the caller's channel plus progress.
+
+    The first delta through it ends retrying; the final one ends the reply, and
+    anything after that is refused.
+    """
 
     __slots__ = ("_name", "_out", "_progress")
 
@@ -105,8 +107,11 @@ class _Reply:
 
 
 class Adapter(abc.ABC):
-    """A model backend. Subclasses implement :meth:`attempt` (and may override
-    :meth:`prepare`, :meth:`aopen`, :meth:`aclose`, :meth:`ready`)."""
+    """A model backend.
+
+    Subclasses implement :meth:`attempt`, and may override :meth:`prepare`,
+    :meth:`aopen`, :meth:`aclose` and :meth:`ready`; :meth:`stream` is final.
+    """
 
     def __init__(
         self,
@@ -174,6 +179,7 @@ class Adapter(abc.ABC):
         """
         if request.deadline - trio.current_time() <= 0:
             late = UpstreamTimeout("no inference budget left for the upstream call")
+            # No try was made, but the call failed: counted like any final error.
             self.hook.failed(self.name, late)
             raise late
 

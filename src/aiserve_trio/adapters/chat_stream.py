@@ -52,8 +52,10 @@ _chunk_decoder = msgspec.json.Decoder(_UChunk)
 
 
 class ChatStreamDecoder:
-    """One reply's event stream: :meth:`feed` every read, :meth:`check` after
-    delivering what it returned, :meth:`end` when the body ends.
+    """One reply's event stream, decoded read by read.
+
+    Use: :meth:`feed` each read and deliver what it returns, then :meth:`check`;
+    :meth:`end` once the body has ended.
 
     Attributes:
         done: ``[DONE]`` has arrived; nothing after it counts.
@@ -66,7 +68,11 @@ class ChatStreamDecoder:
     __slots__ = ("_error", "_parser", "done", "finish_reason", "name", "pieces", "usage")
 
     def __init__(self, name: str) -> None:
-        """Args: name: the adapter's name, for error messages."""
+        """Start decoding one reply.
+
+        Args:
+            name: the adapter's name, for error messages.
+        """
         self.name = name
         self._parser = SSEParser()
         self._error: UpstreamProtocolError | None = None
