@@ -2,34 +2,91 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 
 import trio
 
-from aiserve_trio.adapters.base import Adapter, Delta, InferenceRequest
+from aiserve_trio.adapters.base import Adapter, DeltaSink, InferenceRequest
+from aiserve_trio.adapters.retry import Progress
+from aiserve_trio.errors import UpstreamError
 from aiserve_trio.sessions.bus import Event, Session, SessionBus, Turn
 
 
 class RecordingAdapter(Adapter):
-    """Wraps an adapter; records calls, requests, and when it was cancelled."""
+    """Wraps an adapter; records its tries, their requests, and when one was cancelled.
+
+    The wrapper runs the inner adapter's tries under the base's ``stream`` with
+    the inner adapter's retry policy, hook and jitter, so it behaves as the
+    inner adapter would.
+    """
 
     def __init__(self, inner: Adapter) -> None:
-        super().__init__(inner.name, inner.models)
+        super().__init__(
+            inner.name, inner.models, policy=inner.policy, hook=inner.hook, rng=inner.rng
+        )
         self.inner = inner
         self.calls = 0
         self.requests: list[InferenceRequest] = []
         self.cancelled_at: float | None = None
         self.finished = False
 
-    async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
+    async def aopen(self, nursery: trio.Nursery) -> None:
+        await self.inner.aopen(nursery)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def ready(self) -> bool:
+        return await self.inner.ready()
+
+    async def prepare(self, request: InferenceRequest) -> InferenceRequest:
+        return await self.inner.prepare(request)
+
+    async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
         self.calls += 1
         self.requests.append(request)
         try:
-            await self.inner.stream(request, send)
+            await self.inner.attempt(request, send, progress)
         except trio.Cancelled:
             self.cancelled_at = trio.current_time()
             raise
         self.finished = True
+
+
+class RecordingHook:
+    """An upstream hook that records what it is told, in order."""
+
+    def __init__(self) -> None:
+        #: ("attempt", n), ("attempt failed", n), ("retrying", err), ("failed", err)
+        self.events: list[tuple[str, object]] = []
+        self.adapters: set[str] = set()
+
+    @contextlib.contextmanager
+    def attempt(self, adapter: str, number: int) -> Iterator[None]:
+        self.adapters.add(adapter)
+        self.events.append(("attempt", number))
+        try:
+            yield
+        except UpstreamError:
+            self.events.append(("attempt failed", number))
+            raise
+
+    def retrying(self, adapter: str, error: UpstreamError) -> None:
+        self.adapters.add(adapter)
+        self.events.append(("retrying", error))
+
+    def failed(self, adapter: str, error: UpstreamError) -> None:
+        self.adapters.add(adapter)
+        self.events.append(("failed", error))
+
+    @property
+    def retried(self) -> list[object]:
+        return [e for kind, e in self.events if kind == "retrying"]
+
+    @property
+    def errors(self) -> list[object]:
+        return [e for kind, e in self.events if kind == "failed"]
 
 
 class SlowBus(SessionBus):

@@ -59,7 +59,6 @@ async def running(app: App) -> AsyncIterator[Client]:
             yield Client(app)
         finally:
             await app.shutdown()
-            nursery.cancel_scope.cancel()
 
 
 def chat(text: str = "hi", **extra: Any) -> dict[str, Any]:

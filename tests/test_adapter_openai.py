@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 import random
+from collections.abc import AsyncIterator
 
 import httpx2
 import pytest
@@ -26,12 +27,15 @@ from aiserve_trio.adapters.retry import Progress, RetryPolicy, is_retryable, run
 from aiserve_trio.adapters.sse_parser import Event, SSEDecodeError, SSEParser
 from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
 from aiserve_trio.errors import (
+    BadRequest,
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamStatusError,
     UpstreamTimeout,
 )
+
+from .fakes import RecordingHook
 
 # --- SSE parsing -------------------------------------------------------------------
 
@@ -156,17 +160,18 @@ async def test_backoff_timing_on_the_virtual_clock(autojump_clock: trio.testing.
 
 async def test_retry_after_is_honoured(autojump_clock: trio.testing.MockClock) -> None:
     attempt = Flaky(UpstreamStatusError("busy", upstream_status=429, retry_after=2.5))
-    seen: list[UpstreamError] = []
+    hook = RecordingHook()
     t0 = trio.current_time()
     await run_with_retries(
         attempt,
         policy=RetryPolicy(2, 0.1, 0.2),
         deadline=t0 + 10,
         rng=random.Random(0),
-        on_retry=seen.append,
+        adapter="up",
+        hook=hook,
     )
     assert attempt.calls[1] - attempt.calls[0] == pytest.approx(2.5)
-    assert len(seen) == 1
+    assert len(hook.retried) == 1
 
 
 async def test_no_retry_after_the_first_token(autojump_clock: trio.testing.MockClock) -> None:
@@ -242,6 +247,17 @@ async def collect(adapter: OpenAIAdapter, req: InferenceRequest) -> list[Delta]:
     return [d async for d in recv]
 
 
+@contextlib.asynccontextmanager
+async def opened(adapter: OpenAIAdapter) -> AsyncIterator[OpenAIAdapter]:
+    """The adapter with its pool open (as the app's lifespan does), closed at the end."""
+    async with trio.open_nursery() as nursery:
+        await adapter.aopen(nursery)
+        try:
+            yield adapter
+        finally:
+            await adapter.aclose()
+
+
 async def test_adapter_streams_and_sends_budget_and_headers(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -257,11 +273,8 @@ async def test_adapter_streams_and_sends_budget_and_headers(
         config(api_key_env="SECRET_KEY_FOR_TEST", upstream_model="gpt-4o-2024"),
         transport=httpx2.MockTransport(handler),
     )
-    await adapter.aopen()
-    try:
+    async with opened(adapter):
         deltas = await collect(adapter, request(trio.current_time() + 2.0, max_tokens=10))
-    finally:
-        await adapter.aclose()
     # Both events came in one read, so they go on as one delta.
     assert [d.text for d in deltas] == ["Hello", ""]
     assert deltas[-1].finish_reason == "stop"
@@ -293,17 +306,13 @@ async def test_adapter_retries_429_with_retry_after_then_streams(
             return httpx2.Response(429, headers={"Retry-After": "2"}, content=b'{"error": {}}')
         return httpx2.Response(200, content=sse("ok"))
 
-    retried: list[UpstreamError] = []
-    adapter = OpenAIAdapter("up", config(), transport=httpx2.MockTransport(handler))
-    adapter.on_retry = retried.append
-    await adapter.aopen()
-    try:
+    hook = RecordingHook()
+    adapter = OpenAIAdapter("up", config(), hook=hook, transport=httpx2.MockTransport(handler))
+    async with opened(adapter):
         deltas = await collect(adapter, request(trio.current_time() + 10))
-    finally:
-        await adapter.aclose()
     assert [d.text for d in deltas if d.text] == ["ok"]
     assert calls[1] - calls[0] == pytest.approx(2.0)
-    assert len(retried) == 1
+    assert len(hook.retried) == 1
 
 
 async def test_adapter_missing_done_is_a_protocol_error(
@@ -312,23 +321,20 @@ async def test_adapter_missing_done_is_a_protocol_error(
     def handler(req: httpx2.Request) -> httpx2.Response:
         return httpx2.Response(200, content=sse("a", done=False))
 
-    errors: list[UpstreamError] = []
-    adapter = OpenAIAdapter("up", config(), transport=httpx2.MockTransport(handler))
-    adapter.on_error = errors.append
-    await adapter.aopen()
-    try:
+    hook = RecordingHook()
+    adapter = OpenAIAdapter("up", config(), hook=hook, transport=httpx2.MockTransport(handler))
+    async with opened(adapter):
         with pytest.raises(UpstreamProtocolError, match="without \\[DONE\\]"):
             await collect(adapter, request(trio.current_time() + 10))
-    finally:
-        await adapter.aclose()
-    assert len(errors) == 1
+    assert len(hook.errors) == 1
 
 
 async def test_adapter_needs_its_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
     adapter = OpenAIAdapter("up", config(api_key_env="NO_SUCH_KEY_VAR"))
-    with pytest.raises(ConfigError, match="NO_SUCH_KEY_VAR"):
-        await adapter.aopen()
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(ConfigError, match="NO_SUCH_KEY_VAR"):
+            await adapter.aopen(nursery)
 
 
 @pytest.mark.parametrize(
@@ -361,11 +367,8 @@ async def test_without_upstream_usage_the_prompt_is_counted_here(
             lambda req: httpx2.Response(200, content=no_usage + b"data: [DONE]\n\n")
         ),
     )
-    await adapter.aopen()
-    try:
+    async with opened(adapter):
         deltas = await collect(adapter, request(trio.current_time() + 2.0))
-    finally:
-        await adapter.aclose()
     usage = deltas[-1].usage
     assert usage is not None
     # o200k (gpt-4o): 3 framing + "user" + "hi" + 3 priming.
@@ -392,3 +395,44 @@ def test_client_pool_fills_the_first_client_with_room_before_opening_another() -
     with pool.lease() as c:
         assert c is made[0]
     assert len(made) == 3
+
+
+async def test_prepare_fits_the_window_and_its_count_becomes_the_usage(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    calls: list[httpx2.Request] = []
+    no_usage = b'data: {"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}\n\n'
+
+    def handler(req: httpx2.Request) -> httpx2.Response:
+        calls.append(req)
+        return httpx2.Response(200, content=no_usage + b"data: [DONE]\n\n")
+
+    adapter = OpenAIAdapter(
+        "up", config(context_window=300), transport=httpx2.MockTransport(handler)
+    )
+    history = [
+        Message(role="user" if i % 2 == 0 else "assistant", content="tell me more " * 10)
+        for i in range(12)
+    ]
+    req = InferenceRequest(
+        request_id="req-1",
+        model="gpt-4o",
+        messages=[*history, Message(role="user", content="and?")],
+        deadline=trio.current_time() + 2.0,
+        max_tokens=20,
+    )
+    prepared = await adapter.prepare(req)
+    assert prepared.trimmed > 0
+    assert prepared.prompt_tokens is not None
+    assert (req.trimmed, req.prompt_tokens, len(req.messages)) == (0, None, 13)
+    async with opened(adapter):
+        deltas = await collect(adapter, prepared)
+    usage = deltas[-1].usage
+    assert usage is not None
+    assert usage.prompt_tokens == prepared.prompt_tokens  # counted once, while fitting
+    assert len(json.loads(calls[0].content)["messages"]) == len(prepared.messages)
+    # A prompt that cannot fit is refused before any upstream call.
+    with pytest.raises(BadRequest) as info:
+        await adapter.prepare(request(trio.current_time() + 2.0, max_tokens=299))
+    assert info.value.code == "context_length_exceeded"
+    assert len(calls) == 1

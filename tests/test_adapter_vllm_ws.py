@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
 
 from aiserve_trio.adapters.base import Delta, InferenceRequest, Message
-from aiserve_trio.adapters.vllm_ws import VllmWsAdapter, close_error, message_error
+from aiserve_trio.adapters.vllm_ws import VllmWsAdapter, close_error
+from aiserve_trio.adapters.ws_reply import message_error
 from aiserve_trio.config import VllmWsAdapterConfig
 from aiserve_trio.errors import (
     UpstreamConnectError,
@@ -62,6 +64,17 @@ def adapter_for(addr: str, **kw: object) -> VllmWsAdapter:
     return VllmWsAdapter("up", cfg)
 
 
+@asynccontextmanager
+async def opened(adapter: VllmWsAdapter) -> AsyncIterator[VllmWsAdapter]:
+    """The adapter with its pool running in a nursery (as the app's lifespan does)."""
+    async with trio.open_nursery() as nursery:
+        await adapter.aopen(nursery)
+        try:
+            yield adapter
+        finally:
+            await adapter.aclose()
+
+
 async def one(adapter: VllmWsAdapter, rid: str, max_tokens: int = 3) -> list[Delta]:
     send, recv = trio.open_memory_channel[Delta](100)
     req = InferenceRequest(
@@ -80,8 +93,7 @@ async def one(adapter: VllmWsAdapter, rid: str, max_tokens: int = 3) -> list[Del
 async def test_connections_are_reused(sim_addr: str) -> None:
     await sim_reset(sim_addr)
     adapter = adapter_for(sim_addr, pool_size=2)
-    await adapter.aopen()
-    try:
+    async with opened(adapter):
         for i in range(5):
             deltas = await one(adapter, f"seq-{i}")
             assert deltas[-1].finish_reason == "length"
@@ -92,8 +104,6 @@ async def test_connections_are_reused(sim_addr: str) -> None:
                 nursery.start_soon(one, adapter, f"par-{i}", 20)
         assert adapter.handshakes == 4
         assert len(adapter._idle) == 2
-    finally:
-        await adapter.aclose()
     stats = await sim_stats(sim_addr)
     assert stats["ws_connections"] == 4
     assert stats["completed"] == 9
@@ -105,27 +115,53 @@ async def test_an_error_message_leaves_the_connection_usable(sim_addr: str) -> N
     adapter = adapter_for(
         sim_addr, max_retries=0, headers={"x-sim-fault": "503", "x-sim-fault-times": "1"}
     )
-    await adapter.aopen()
-    try:
+    async with opened(adapter):
         with pytest.raises(UpstreamStatusError):
             await one(adapter, "e-1")
         deltas = await one(adapter, "e-1")  # same key: attempt 2 succeeds
         assert deltas[-1].finish_reason == "length"
         assert adapter.handshakes == 1
-    finally:
-        await adapter.aclose()
 
 
 @pytest.mark.slow
 async def test_a_connection_the_server_closed_while_idle_is_replaced(sim_addr: str) -> None:
     adapter = adapter_for(sim_addr, max_retries=0)
-    await adapter.aopen()
-    try:
+    async with opened(adapter):
         await one(adapter, "i-1")
         (idle,) = adapter._idle
         await idle.aclose()  # as if the server had closed it
         deltas = await one(adapter, "i-2")
         assert deltas[-1].finish_reason == "length"
         assert adapter.handshakes == 2
-    finally:
+
+
+async def test_the_pool_runs_in_the_nursery_it_is_given() -> None:
+    adapter = adapter_for("127.0.0.1:9")  # never connected to
+    assert not await adapter.ready()
+    async with trio.open_nursery() as nursery:
+        await adapter.aopen(nursery)
+        assert await adapter.ready()
+        assert len(nursery.child_tasks) == 1  # the task holding the readers' nursery
         await adapter.aclose()
+        assert not await adapter.ready()
+        assert len(nursery.child_tasks) == 0
+
+
+async def test_closing_an_adapter_never_opened_returns() -> None:
+    with trio.fail_after(1):
+        await adapter_for("127.0.0.1:9").aclose()
+
+
+@pytest.mark.slow
+async def test_closing_after_the_nursery_ended_drops_idle_sockets(sim_addr: str) -> None:
+    adapter = adapter_for(sim_addr, max_retries=0)
+    async with trio.open_nursery() as nursery:
+        await adapter.aopen(nursery)
+        await one(adapter, "n-1")
+        (idle,) = adapter._idle
+        nursery.cancel_scope.cancel()  # the app's nursery ends before shutdown closes the pool
+    assert not await adapter.ready()
+    with trio.fail_after(0.5):  # no close handshake to wait for: the readers are gone
+        await adapter.aclose()
+    assert idle.closed is not None
+    assert adapter._idle == []

@@ -231,7 +231,9 @@ def upstream_pool(app: App) -> tuple[int, int]:
     """(connections in the adapter's pools, of which busy)."""
     adapter = app.adapters["up"]
     assert isinstance(adapter, OpenAIAdapter)
-    return adapter.connections()
+    counts = adapter.connections()
+    assert counts is not None  # this httpx2 is one the pool count was written for
+    return counts
 
 
 def sockets_to(port: int) -> int:

@@ -155,3 +155,22 @@ async def test_count_prompt_matches_the_counter() -> None:
     count = message_counter(get_encoding("cl100k_base"))
     expected = REPLY_PRIMING + sum(count(m) for m in req.messages)
     assert await count_prompt(req.messages, "sim-model", None) == expected
+
+
+async def test_fitting_returns_a_new_request_and_leaves_the_given_one_alone() -> None:
+    history = [Message(role="user", content="word " * 200) for _ in range(6)]
+    req = InferenceRequest(
+        request_id="r",
+        model="sim-model",
+        messages=[*history, Message(role="user", content="and?")],
+        deadline=1e9,
+        max_tokens=10,
+    )
+    before = list(req.messages)
+    fitted = await fit_request(req, 500, None)
+    assert fitted is not req
+    assert fitted.trimmed > 0
+    assert fitted.prompt_tokens is not None
+    assert fitted.prompt_tokens + 10 <= 500
+    assert fitted.messages[-1].content == "and?"
+    assert (req.messages, req.trimmed, req.prompt_tokens) == (before, 0, None)

@@ -3,8 +3,16 @@
 An adapter turns one :class:`InferenceRequest` into a stream of :class:`Delta`
 sent into a Trio memory channel, and raises an :class:`~aiserve_trio.errors.UpstreamError`
 subclass when the backend fails. It owns its connection pool, which lives for
-the app's lifetime: :meth:`Adapter.aopen` runs in lifespan start-up and
-:meth:`Adapter.aclose` at shutdown.
+the app's lifetime: :meth:`Adapter.aopen` runs in lifespan start-up (with the
+app's lifetime nursery, for tasks a pool needs) and :meth:`Adapter.aclose` at
+shutdown.
+
+:meth:`Adapter.stream` is written once, here, for every backend: the check that
+there is time left, retries before the first token (``retry.py``) reported to
+an :class:`~aiserve_trio.observability.events.UpstreamHook`, and the guarantee
+that a reply either ends with exactly one final delta or raises. A backend
+implements :meth:`Adapter.attempt` -- one try -- and, if it fits prompts to a
+context window, :meth:`Adapter.prepare`.
 
 Adapters do not time themselves out: the inference stage runs them inside a
 cancel scope whose deadline is the stage's cut point, and passes that deadline
@@ -15,10 +23,15 @@ has (and keep its own client timeouts below it).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+import random
+from typing import Protocol, final
 
 import msgspec
 import trio
+
+from ..errors import UpstreamProtocolError, UpstreamTimeout
+from ..observability.events import NULL_HOOK, UpstreamHook
+from .retry import NO_RETRIES, Progress, RetryPolicy, run_with_retries
 
 
 class Message(msgspec.Struct, kw_only=True):
@@ -56,23 +69,81 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     variables: dict[str, str] = msgspec.field(default_factory=dict)
     #: Headers to forward upstream (e.g. ``traceparent``).
     forward_headers: dict[str, str] = msgspec.field(default_factory=dict)
-    #: Set by the adapter: old history messages dropped to fit the context window.
+    #: Set by :meth:`Adapter.prepare`: old history messages dropped to fit the context window.
     trimmed: int = 0
+    #: Set by :meth:`Adapter.prepare` when fitting counted the prompt's tokens.
+    prompt_tokens: int | None = None
+
+
+class DeltaSink(Protocol):
+    """Where an attempt sends the reply's deltas (a ``trio.MemorySendChannel[Delta]`` is one)."""
+
+    async def send(self, value: Delta, /) -> None: ...
+
+
+@final
+class _Reply:
+    """The sink :meth:`Adapter.stream` gives each try: the caller's channel plus progress.
+
+    The first delta through it ends retrying; the final one ends the reply, and
+    anything after that is refused.
+    """
+
+    __slots__ = ("_name", "_out", "_progress")
+
+    def __init__(self, out: DeltaSink, progress: Progress, name: str) -> None:
+        self._out = out
+        self._progress = progress
+        self._name = name
+
+    async def send(self, value: Delta, /) -> None:
+        progress = self._progress
+        if progress.finished:
+            raise UpstreamProtocolError(f"{self._name}: the reply went on after its final delta")
+        progress.started = True
+        if value.finish_reason is not None:
+            progress.finished = True
+        await self._out.send(value)
 
 
 class Adapter(abc.ABC):
-    """A model backend. Subclasses implement :meth:`stream`."""
+    """A model backend.
 
-    def __init__(self, name: str, models: list[str]) -> None:
+    Subclasses implement :meth:`attempt`, and may override :meth:`prepare`,
+    :meth:`aopen`, :meth:`aclose` and :meth:`ready`; :meth:`stream` is final.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        models: list[str],
+        *,
+        policy: RetryPolicy = NO_RETRIES,
+        hook: UpstreamHook = NULL_HOOK,
+        rng: random.Random | None = None,
+    ) -> None:
+        """Build the adapter; its pool opens later, in :meth:`aopen`.
+
+        Args:
+            name: the ``[adapters.NAME]`` key (in errors, metrics and traces).
+            models: the model names it serves.
+            policy: retries before the first token (see ``retry.py``).
+            hook: told of each upstream try, retry and final error.
+            rng: backoff jitter source (tests seed it).
+        """
         self.name = name
         self.models = models
+        self.policy = policy
+        self.hook = hook
+        self.rng = rng if rng is not None else random.Random()
 
     async def aopen(self, nursery: trio.Nursery) -> None:  # noqa: B027 - optional hook
-        """Open pools and connections; called once in lifespan start-up."""
+        """Open pools and connections; called once in lifespan start-up.
 
-    async def prepare(self, request: InferenceRequest) -> InferenceRequest:
-        """The request fitted to the backend's context window (default: unchanged)."""
-        return request
+        Args:
+            nursery: the app's lifetime nursery, for tasks the pool runs
+                (closed after :meth:`aclose`).
+        """
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, default does nothing
         """Close pools and connections; called once at shutdown."""
@@ -81,13 +152,67 @@ class Adapter(abc.ABC):
         """Whether the backend can take requests (for ``/readyz``)."""
         return True
 
-    @abc.abstractmethod
-    async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
-        """Send the reply's deltas into ``send`` (the caller closes it).
+    async def prepare(self, request: InferenceRequest) -> InferenceRequest:
+        """The request as this backend should get it (e.g. fitted to its context window).
+
+        Called once per request, before :meth:`stream`. Returns a new request
+        when something changes; ``request`` itself is never changed.
+        The default returns it as it is.
 
         Raises:
-            UpstreamError: a subclass saying how the backend failed.
+            BadRequest: the request cannot be served by this backend as it is
+                (e.g. ``context_length_exceeded``).
         """
+        return request
 
+    @final
+    async def stream(self, request: InferenceRequest, send: DeltaSink) -> None:
+        """Send the reply's deltas into ``send`` (the caller closes it).
 
-AdapterFactory = Callable[..., Adapter]
+        On return exactly one final delta (with a ``finish_reason``) has been
+        sent, after any text. ``request`` is not changed.
+
+        Raises:
+            UpstreamTimeout: no inference budget is left (before any try).
+            UpstreamError: a subclass saying how the backend failed, after
+                the retries the policy allows before the first token.
+        """
+        if request.deadline - trio.current_time() <= 0:
+            late = UpstreamTimeout("no inference budget left for the upstream call")
+            # No try was made, but the call failed: counted like any final error.
+            self.hook.failed(self.name, late)
+            raise late
+
+        async def one_try(progress: Progress) -> None:
+            await self.attempt(request, _Reply(send, progress, self.name), progress)
+            if not progress.finished:
+                raise UpstreamProtocolError(
+                    f"{self.name}: the model backend ended the reply without finishing it"
+                )
+
+        await run_with_retries(
+            one_try,
+            policy=self.policy,
+            deadline=request.deadline,
+            rng=self.rng,
+            adapter=self.name,
+            hook=self.hook,
+        )
+
+    @abc.abstractmethod
+    async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
+        """One try at the reply: send its deltas, the final one last.
+
+        Args:
+            request: as :meth:`prepare` returned it; not to be changed.
+            send: where the deltas go. The first one sent ends retrying; the
+                one with a ``finish_reason`` ends the reply, and nothing may
+                follow it.
+            progress: what this request's tries have sent so far (kept by
+                ``send``; read it, do not set it).
+
+        Raises:
+            UpstreamError: a subclass saying how the backend failed (retried
+                when retryable and nothing has been sent yet). Returning without
+                having sent the final delta counts as an ``UpstreamProtocolError``.
+        """

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import trio
 
 from ..config import MockAdapterConfig
-from .base import Adapter, Delta, InferenceRequest, Message, Usage
+from ..observability.events import NULL_HOOK, UpstreamHook
+from .base import Adapter, Delta, DeltaSink, InferenceRequest, Message, Usage
+from .retry import Progress
 
 ECHO_PREFIX = "echo:"
 _WORDS_RE = re.compile(r"\s*\S+|\s+$")
@@ -82,12 +84,22 @@ class RuleEngine:
 class MockAdapter(Adapter):
     """Streams the rule engine's reply with configurable pacing."""
 
-    def __init__(self, name: str, config: MockAdapterConfig) -> None:
-        super().__init__(name, config.models)
+    def __init__(
+        self, name: str, config: MockAdapterConfig, *, hook: UpstreamHook = NULL_HOOK
+    ) -> None:
+        """Build the adapter (no retries: there is nothing to recover from).
+
+        Args:
+            name: the ``[adapters.NAME]`` key.
+            config: its rules and pacing.
+            hook: told of each try and of an error that ends a call.
+        """
+        super().__init__(name, config.models, hook=hook)
         self.config = config
         self.engine = RuleEngine(config)
 
-    async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
+    async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
+        """Send the rule engine's reply word by word, after ``ttft_ms``."""
         reply = self.engine.reply(request.messages, request.variables)
         words = split_words(reply)
         finish = "stop"

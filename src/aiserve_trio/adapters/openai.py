@@ -3,8 +3,8 @@
 Pooled :class:`httpx2.AsyncClient` s per adapter (keep-alive; HTTP/2 when
 ``http2 = true``), closed at shutdown. httpx2 rather than httpx because,
 measured on Trio with 64 concurrent streams, httpx 0.28's single pool collapsed
-to 306 req/s (p99 1.26 s) while httpx2 held 1,064 req/s (p99 87 ms) --
-FINDINGS.md, re-measured by ``bench/added_latency.py``.
+to 306 req/s (p99 1.26 s) while httpx2 held 1,064 req/s (p99 87 ms), as
+measured by ``bench/added_latency.py``.
 
 Not one client but a :class:`ClientPool` of them, each carrying a bounded
 number of streams: httpcore2 walks every connection of its pool whenever a
@@ -24,8 +24,9 @@ request closes the upstream response at once. The upstream sees:
 - ``Authorization: Bearer $<api_key_env>`` when configured (never logged).
 
 Retries (connect errors, timeouts, 429, 5xx; ``Retry-After`` honoured) happen
-only before the first token has gone to the client (see ``retry.py``). Every
-httpx2 / SSE / JSON failure is translated here into an ``UpstreamError``.
+only before the first token has gone to the client (see ``retry.py``). The
+event stream is decoded by ``chat_stream.py`` (no I/O there); every httpx2
+failure is translated here into an ``UpstreamError``.
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ from ..errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from .base import Adapter, Delta, InferenceRequest, Usage
-from .retry import Progress, RetryPolicy, run_reporting
-from .sse_parser import SSEDecodeError, SSEParser
-from .tokens import Fitted, count_prompt, fit_request
+from ..observability.events import NULL_HOOK, UpstreamHook
+from .base import Adapter, DeltaSink, InferenceRequest, Usage
+from .chat_stream import ChatStreamDecoder
+from .compat import pool_connections
+from .retry import Progress, RetryPolicy
+from .sse_parser import SSEDecodeError
+from .tokens import count_prompt, fit_request
 
 #: Header carrying the remaining budget upstream.
 BUDGET_HEADER = "X-Request-Timeout-Ms"
@@ -105,15 +109,15 @@ class ClientPool:
         finally:
             loads[i] -= 1
 
-    def connections(self) -> tuple[int, int]:
-        """(open upstream connections, of which busy), over all clients."""
+    def connections(self) -> tuple[int, int] | None:
+        """(open upstream connections, of which busy), over all clients; None if unknown."""
         total = busy = 0
         for client in self._clients:
-            transport = client._transport  # httpx2 exposes no connection count
-            if isinstance(transport, httpx2.AsyncHTTPTransport):
-                conns = transport._pool.connections
-                total += len(conns)
-                busy += sum(1 for c in conns if not c.is_idle())
+            counts = pool_connections(client)  # httpx2 exposes no connection count
+            if counts is None:
+                return None
+            total += counts[0]
+            busy += counts[1]
         return total, busy
 
     async def aclose(self) -> None:
@@ -121,30 +125,6 @@ class ClientPool:
         with trio.CancelScope(shield=True):
             for client in clients:
                 await client.aclose()
-
-
-class _UDelta(msgspec.Struct):
-    content: str | None = None
-
-
-class _UChoice(msgspec.Struct):
-    delta: _UDelta | None = None
-    finish_reason: str | None = None
-
-
-class _UUsage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _UError(msgspec.Struct):
-    message: str = ""
-
-
-class _UChunk(msgspec.Struct):
-    choices: list[_UChoice] = msgspec.field(default_factory=list)
-    usage: _UUsage | None = None
-    error: _UError | None = None
 
 
 class _UMessage(msgspec.Struct, omit_defaults=True):
@@ -169,7 +149,6 @@ class _UBody(msgspec.Struct, omit_defaults=True, kw_only=True):
     stop: list[str] | None = None
 
 
-_chunk_decoder = msgspec.json.Decoder(_UChunk)
 _encoder = msgspec.json.Encoder()
 
 
@@ -222,6 +201,7 @@ class OpenAIAdapter(Adapter):
         name: str,
         config: OpenAIAdapterConfig,
         *,
+        hook: UpstreamHook = NULL_HOOK,
         transport: httpx2.AsyncBaseTransport | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -230,28 +210,27 @@ class OpenAIAdapter(Adapter):
         Args:
             name: the ``[adapters.NAME]`` key.
             config: its settings.
+            hook: told of each upstream try, retry and final error.
             transport: replaces the network transport (tests).
             rng: jitter source (tests seed it).
         """
-        super().__init__(name, config.models)
-        self.config = config
-        self.policy = RetryPolicy(
-            max_retries=config.max_retries,
-            base=config.backoff_base_ms / 1000.0,
-            cap=config.backoff_max_ms / 1000.0,
+        super().__init__(
+            name, config.models, policy=RetryPolicy.from_config(config), hook=hook, rng=rng
         )
-        self.rng = rng or random.Random()
+        self.config = config
         self._transport = transport
         self._clients: ClientPool | None = None
         # Requests are built here, not by client.build_request, which re-merges
         # the base URL and the default headers on every call (~0.1 ms).
         self._url = httpx2.URL(config.base_url.rstrip("/") + "/chat/completions")
         self._headers: list[tuple[bytes, bytes]] = []  # set in aopen (the API key)
-        #: Metric hooks the app sets: a retry is about to happen; a request failed.
-        self.on_retry: Callable[[UpstreamError], None] | None = None
-        self.on_error: Callable[[UpstreamError], None] | None = None
 
     async def aopen(self, nursery: trio.Nursery) -> None:
+        """Make the client pool and the fixed headers (httpx2 runs no tasks: ``nursery`` unused).
+
+        Raises:
+            ConfigError: ``api_key_env`` names an unset environment variable.
+        """
         cfg = self.config
         headers = dict(cfg.headers)
         if cfg.api_key_env:
@@ -298,23 +277,28 @@ class OpenAIAdapter(Adapter):
             clients, self._clients = self._clients, None
             await clients.aclose()
 
-    def connections(self) -> tuple[int, int]:
-        """(open upstream connections, of which busy)."""
+    def connections(self) -> tuple[int, int] | None:
+        """(open upstream connections, of which busy); None when this httpx2 cannot tell."""
         return self._clients.connections() if self._clients is not None else (0, 0)
 
-    async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
-        """Stream the reply, retrying before the first token.
+    async def prepare(self, request: InferenceRequest) -> InferenceRequest:
+        """``request`` fitted to ``context_window`` (the oldest history dropped; ``tokens.py``).
 
         Raises:
-            UpstreamError: a subclass naming how the backend failed.
             BadRequest: ``context_length_exceeded``, the prompt cannot fit.
         """
+        return await fit_request(request, self.config.context_window, self.config.tokenizer)
+
+    async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
+        """One upstream call on a client of the pool (see :meth:`Adapter.attempt`)."""
+        clients = self._clients
+        if clients is None:
+            raise UpstreamConnectError(f"adapter {self.name} is not open")
         cfg = self.config
-        fitted = await fit_request(request, cfg.context_window, cfg.tokenizer)
         body = _encoder.encode(
             _UBody(
                 model=cfg.upstream_model or request.model,
-                messages=[_UMessage(m.role, m.content, m.name) for m in fitted.messages],
+                messages=[_UMessage(m.role, m.content, m.name) for m in request.messages],
                 stream=True,
                 stream_options=_UStreamOptions(include_usage=True),
                 max_tokens=request.max_tokens,
@@ -323,45 +307,19 @@ class OpenAIAdapter(Adapter):
                 stop=request.stop or None,
             )
         )
-
-        async def attempt(progress: Progress) -> None:
-            await self._attempt(request, body, fitted, send, progress)
-
-        await run_reporting(
-            attempt,
-            policy=self.policy,
-            deadline=request.deadline,
-            rng=self.rng,
-            on_retry=self.on_retry,
-            on_error=self.on_error,
-        )
-
-    async def _attempt(
-        self,
-        request: InferenceRequest,
-        body: bytes,
-        fitted: Fitted,
-        send: trio.MemorySendChannel[Delta],
-        progress: Progress,
-    ) -> None:
-        clients = self._clients
-        if clients is None:
-            raise UpstreamConnectError(f"adapter {self.name} is not open")
         with clients.lease() as client:
-            await self._call(client, request, body, fitted, send, progress)
+            await self._call(client, request, body, send)
 
     async def _call(
         self,
         client: httpx2.AsyncClient,
         request: InferenceRequest,
         body: bytes,
-        fitted: Fitted,
-        send: trio.MemorySendChannel[Delta],
-        progress: Progress,
+        send: DeltaSink,
     ) -> None:
-        remaining = request.deadline - trio.current_time()
-        if remaining <= 0:
-            raise UpstreamTimeout("no inference budget left for the upstream call")
+        # Stream() checked that time was left; the floor keeps the timeouts
+        # positive should the clock have moved past the deadline since.
+        remaining = max(request.deadline - trio.current_time(), 1e-3)
         # Client timeouts never exceed the budget; the stage's cancel scope is the backstop.
         timeout = httpx2.Timeout(
             remaining, connect=min(self.config.connect_timeout_ms / 1000.0, remaining)
@@ -385,7 +343,7 @@ class OpenAIAdapter(Adapter):
                 response = await client.send(req, stream=True)
                 if response.status_code != 200:
                     await self._raise_status(response)
-                await self._relay(response, request, fitted, send, progress)
+                await self._relay(response, request, send)
         finally:
             if response is not None:
                 # Shielded so that a cancelled request still closes the upstream
@@ -409,67 +367,19 @@ class OpenAIAdapter(Adapter):
         )
 
     async def _relay(
-        self,
-        response: httpx2.Response,
-        request: InferenceRequest,
-        fitted: Fitted,
-        send: trio.MemorySendChannel[Delta],
-        progress: Progress,
+        self, response: httpx2.Response, request: InferenceRequest, send: DeltaSink
     ) -> None:
-        parser = SSEParser()
-        finish: str | None = None
-        usage: Usage | None = None
-        pieces = 0
-        done = False
-        # The text of every event in one network read goes on as one delta:
-        # what arrived together is written together, one channel hop and one
-        # client write per read instead of per token.
-        text: list[str] = []
+        decoder = ChatStreamDecoder(self.name)
         async with contextlib.aclosing(response.aiter_bytes()) as body:
             async for raw in body:
-                try:
-                    for event in parser.feed(raw):
-                        if done:
-                            continue  # nothing counts after [DONE]; read on to the end
-                        if event.data == "[DONE]":
-                            done = True
-                            continue
-                        chunk = _chunk_decoder.decode(event.data)
-                        if chunk.error is not None:
-                            raise UpstreamProtocolError(
-                                f"{self.name}: the model backend reported an error mid-stream: "
-                                f"{chunk.error.message[:300]}"
-                            )
-                        if chunk.usage is not None:
-                            usage = Usage(
-                                prompt_tokens=chunk.usage.prompt_tokens,
-                                completion_tokens=chunk.usage.completion_tokens,
-                            )
-                        for choice in chunk.choices:
-                            if choice.delta is not None and choice.delta.content:
-                                pieces += 1
-                                text.append(choice.delta.content)
-                            if choice.finish_reason is not None:
-                                finish = choice.finish_reason
-                except Exception:
-                    # Delivered even when an event after them in the read is bad.
-                    if text:
-                        progress.started = True
-                        await send.send(Delta(text="".join(text)))
-                    raise
-                if text:
-                    progress.started = True
-                    joined, text = "".join(text), []
-                    await send.send(Delta(text=joined))
-        if not done:
-            # A stream the upstream broke must not look finished to the client.
-            raise UpstreamProtocolError(
-                f"{self.name}: the model backend closed the stream without [DONE]"
-            )
-        if usage is None:  # the backend did not count: count the prompt here
-            prompt = fitted.prompt_tokens
+                for delta in decoder.feed(raw):
+                    await send.send(delta)
+                decoder.check()  # after the text that came before a bad event
+        final = decoder.end()
+        if final.usage is None:  # the backend did not count: count the prompt here
+            prompt = request.prompt_tokens  # counted already if fitting needed it
             if prompt is None:
-                prompt = await count_prompt(fitted.messages, request.model, self.config.tokenizer)
-            usage = Usage(prompt_tokens=prompt, completion_tokens=pieces)
-        progress.started = True
-        await send.send(Delta(finish_reason=finish or "stop", usage=usage))
+                prompt = await count_prompt(request.messages, request.model, self.config.tokenizer)
+            usage = Usage(prompt_tokens=prompt, completion_tokens=decoder.pieces)
+            final = msgspec.structs.replace(final, usage=usage)
+        await send.send(final)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -25,10 +26,21 @@ from ..errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from ..observability.tracing import upstream_attempt
+from ..observability.events import NULL_HOOK, UpstreamHook
 
 #: Upstream statuses worth another attempt: rate limited, and the 5xx family.
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class RetryConfig(Protocol):
+    """The retry settings every retrying adapter's config table has."""
+
+    @property
+    def max_retries(self) -> int: ...
+    @property
+    def backoff_base_ms(self) -> int: ...
+    @property
+    def backoff_max_ms(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +48,15 @@ class RetryPolicy:
     max_retries: int
     base: float
     cap: float
+
+    @classmethod
+    def from_config(cls, config: RetryConfig) -> RetryPolicy:
+        """The policy ``max_retries``, ``backoff_base_ms`` and ``backoff_max_ms`` set."""
+        return cls(
+            max_retries=config.max_retries,
+            base=config.backoff_base_ms / 1000.0,
+            cap=config.backoff_max_ms / 1000.0,
+        )
 
     def delay(self, retry: int, retry_after: float | None, rng: random.Random) -> float:
         """Seconds to wait before retry number ``retry`` (0-based).
@@ -48,6 +69,10 @@ class RetryPolicy:
         return rng.uniform(0.0, min(self.cap, self.base * 2**retry))
 
 
+#: One try and no other (the mock adapter: nothing to recover from).
+NO_RETRIES = RetryPolicy(max_retries=0, base=0.0, cap=0.0)
+
+
 def is_retryable(err: UpstreamError) -> bool:
     """Connect failures, connect-phase timeouts, 429 and 5xx statuses."""
     if isinstance(err, UpstreamStatusError):
@@ -56,12 +81,18 @@ def is_retryable(err: UpstreamError) -> bool:
 
 
 class Progress:
-    """Whether the current request has sent a delta to the client yet."""
+    """How far the current request's reply has got.
 
-    __slots__ = ("started",)
+    Attributes:
+        started: a delta has been sent to the client (no retry from here on).
+        finished: the final delta (the one with a ``finish_reason``) has been sent.
+    """
+
+    __slots__ = ("finished", "started")
 
     def __init__(self) -> None:
         self.started = False
+        self.finished = False
 
 
 async def run_with_retries(
@@ -70,7 +101,8 @@ async def run_with_retries(
     policy: RetryPolicy,
     deadline: float,
     rng: random.Random,
-    on_retry: Callable[[UpstreamError], None] | None = None,
+    adapter: str = "",
+    hook: UpstreamHook = NULL_HOOK,
 ) -> int:
     """Run ``attempt`` until it succeeds, retrying retryable errors before the first token.
 
@@ -81,7 +113,9 @@ async def run_with_retries(
         deadline: absolute ``trio.current_time()``; no wait is started that
             would end after it.
         rng: jitter source (seeded in tests).
-        on_retry: called with the error before each wait (metrics).
+        adapter: the adapter's name, as the hook reports it.
+        hook: told of each try (``attempt``, around it), each retry about to
+            wait (``retrying``) and the error that ends the call (``failed``).
 
     Returns:
         The number of attempts made.
@@ -93,41 +127,18 @@ async def run_with_retries(
     retries = 0
     while True:
         try:
-            with upstream_attempt(retries + 1) as span:
-                try:
-                    await attempt(progress)
-                except UpstreamError as err:
-                    span.set_attribute("aiserve.error_code", err.code or err.type)
-                    raise
+            with hook.attempt(adapter, retries + 1):
+                await attempt(progress)
             return retries + 1
         except UpstreamError as err:
             if progress.started or retries >= policy.max_retries or not is_retryable(err):
+                hook.failed(adapter, err)
                 raise
             retry_after = err.retry_after if isinstance(err, UpstreamStatusError) else None
             wait = policy.delay(retries, retry_after, rng)
             if trio.current_time() + wait >= deadline:
+                hook.failed(adapter, err)
                 raise
-            if on_retry is not None:
-                on_retry(err)
+            hook.retrying(adapter, err)
             retries += 1
         await trio.sleep(wait)
-
-
-async def run_reporting(
-    attempt: Callable[[Progress], Awaitable[None]],
-    *,
-    policy: RetryPolicy,
-    deadline: float,
-    rng: random.Random,
-    on_retry: Callable[[UpstreamError], None] | None,
-    on_error: Callable[[UpstreamError], None] | None,
-) -> int:
-    """:func:`run_with_retries`, reporting the error that ends the request to ``on_error``."""
-    try:
-        return await run_with_retries(
-            attempt, policy=policy, deadline=deadline, rng=rng, on_retry=on_retry
-        )
-    except UpstreamError as err:
-        if on_error is not None:
-            on_error(err)
-        raise

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 import trio
 
 from ..errors import BadRequest
@@ -171,13 +172,15 @@ def fit_messages(
 
 async def fit_request(
     request: InferenceRequest, context_window: int, tokenizer: str | None
-) -> Fitted:
-    """:func:`fit_messages` for an adapter's request, with the model family's tokenizer.
+) -> InferenceRequest:
+    """``request`` fitted to the window by :func:`fit_messages`, with the model family's tokenizer.
 
-    A prompt whose UTF-8 size already fits goes unchanged and uncounted; only
-    one that might not fit is counted (and the table loaded, once). Records the
-    number of dropped messages on ``request.trimmed`` (the response reports it
-    in ``X-Aiserve-Trimmed-Messages``).
+    A prompt whose UTF-8 size already fits is returned as it is, uncounted;
+    only one that might not fit is counted (and the table loaded, once), and
+    comes back as a new request with the kept ``messages``, the number
+    dropped in ``trimmed`` (the response reports it in
+    ``X-Aiserve-Trimmed-Messages``) and the count in ``prompt_tokens``.
+    ``request`` itself is never changed.
 
     Raises:
         BadRequest: ``context_length_exceeded``.
@@ -185,8 +188,7 @@ async def fit_request(
     reply = request.max_tokens if request.max_tokens is not None else 1
     bound = REPLY_PRIMING + sum(message_bound(m) for m in request.messages)
     if bound <= context_window - reply:
-        request.trimmed = 0
-        return Fitted(messages=list(request.messages), trimmed=0, prompt_tokens=None)
+        return request
     enc = await load_encoding(encoding_name_for(request.model, tokenizer))
     fitted = fit_messages(
         request.messages,
@@ -194,8 +196,12 @@ async def fit_request(
         context_window=context_window,
         count=message_counter(enc),
     )
-    request.trimmed = fitted.trimmed
-    return fitted
+    return msgspec.structs.replace(
+        request,
+        messages=fitted.messages,
+        trimmed=fitted.trimmed,
+        prompt_tokens=fitted.prompt_tokens,
+    )
 
 
 async def count_prompt(messages: Sequence[Message], model: str, tokenizer: str | None) -> int:

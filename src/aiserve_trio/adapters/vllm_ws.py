@@ -7,8 +7,9 @@ carries one request at a time; finished connections go back to a small pool
 (``pool_size`` idle connections) so a request does not pay a handshake.
 
 trio-websocket runs a reader task per connection in a nursery that must outlive
-each request; the adapter keeps that nursery in a Trio system task started by
-:meth:`aopen` and cancelled by :meth:`aclose`.
+each request: :meth:`aopen` starts a task in the app's lifetime nursery that
+holds the adapter's own nursery for them (so a reader's crash is logged, not
+fatal to the app) until :meth:`aclose`.
 
 A request that is cancelled (client gone, budget spent) or fails mid-reply
 closes its connection in a shielded ``finally`` -- the server sees the close
@@ -28,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import msgspec
 import trio
@@ -48,9 +49,12 @@ from ..errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from .base import Adapter, Delta, InferenceRequest, Usage
-from .retry import Progress, RetryPolicy, run_reporting
+from ..observability.events import NULL_HOOK, UpstreamHook
+from .base import Adapter, DeltaSink, InferenceRequest
+from .compat import close_ws_stream
+from .retry import Progress, RetryPolicy
 from .tokens import fit_request
+from .ws_reply import WsReplyDecoder
 
 log = logging.getLogger("aiserve_trio.adapters.vllm_ws")
 _CLOSE_GRACE = 1.0
@@ -72,23 +76,6 @@ class _Generate(msgspec.Struct, omit_defaults=True):
     timeout_ms: int | None = None
 
 
-class _WUsage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _Incoming(msgspec.Struct):
-    type: str
-    id: str | None = None
-    text: str = ""
-    finish_reason: str | None = None
-    usage: _WUsage | None = None
-    status: int = 0
-    retry_after: float | None = None
-    message: str = ""
-
-
-_decoder = msgspec.json.Decoder(_Incoming)
 _encoder = msgspec.json.Encoder()
 
 
@@ -104,17 +91,9 @@ def close_error(name: str, code: int | None, reason: str | None) -> UpstreamErro
     return UpstreamConnectError(why)
 
 
-def message_error(name: str, status: int, message: str, retry_after: float | None) -> UpstreamError:
-    """The error for an ``error`` message from the server."""
-    why = f"{name}: the model server answered {status}: {message[:300]}"
-    if status in (408, 504):
-        return UpstreamTimeout(why)
-    return UpstreamStatusError(why, upstream_status=status or 500, retry_after=retry_after)
-
-
 @contextlib.contextmanager
 def translate_errors(name: str) -> Iterator[None]:
-    """Turn trio-websocket, socket and decoding exceptions into ``UpstreamError``."""
+    """Turn trio-websocket and socket exceptions into ``UpstreamError``."""
     try:
         yield
     except UpstreamError:
@@ -131,52 +110,59 @@ def translate_errors(name: str) -> Iterator[None]:
         raise close_error(name, r.code if r else None, r.reason if r else None) from exc
     except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
         raise UpstreamConnectError(f"{name}: cannot reach the model server") from exc
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise UpstreamProtocolError(f"{name}: the model server sent a malformed message") from exc
 
 
 class VllmWsAdapter(Adapter):
     """Streams replies from a WebSocket model server over a small connection pool."""
 
     def __init__(
-        self, name: str, config: VllmWsAdapterConfig, *, rng: random.Random | None = None
+        self,
+        name: str,
+        config: VllmWsAdapterConfig,
+        *,
+        hook: UpstreamHook = NULL_HOOK,
+        rng: random.Random | None = None,
     ) -> None:
-        super().__init__(name, config.models)
-        self.config = config
-        self.policy = RetryPolicy(
-            max_retries=config.max_retries,
-            base=config.backoff_base_ms / 1000.0,
-            cap=config.backoff_max_ms / 1000.0,
+        """Build the adapter (the pool's task starts in :meth:`aopen`).
+
+        Args:
+            name: the ``[adapters.NAME]`` key.
+            config: its settings.
+            hook: told of each upstream try, retry and final error.
+            rng: jitter source (tests seed it).
+        """
+        super().__init__(
+            name, config.models, policy=RetryPolicy.from_config(config), hook=hook, rng=rng
         )
-        self.rng = rng or random.Random()
+        self.config = config
         self._headers = [(k.encode(), v.encode()) for k, v in config.headers.items()]
         self._idle: list[WebSocketConnection] = []
         self._nursery: trio.Nursery | None = None
+        self._opened = False
         self._stop = trio.Event()
         self._stopped = trio.Event()
         #: Handshakes made (a pool that works keeps this near the concurrency).
         self.handshakes = 0
-        self.on_retry: Callable[[UpstreamError], None] | None = None
-        self.on_error: Callable[[UpstreamError], None] | None = None
 
     async def aopen(self, nursery: trio.Nursery) -> None:
-        started = trio.Event()
-        trio.lowlevel.spawn_system_task(self._hold_nursery, started, name=f"vllm_ws:{self.name}")
-        await started.wait()
+        """Start the task holding the connections' reader tasks in ``nursery``."""
+        await nursery.start(self._hold_nursery)
+        self._opened = True
 
-    async def _hold_nursery(self, started: trio.Event) -> None:
+    async def _hold_nursery(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Own the nursery the connections' reader tasks run in, until :meth:`aclose`."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                started.set()
+                task_status.started()
                 await self._stop.wait()
                 nursery.cancel_scope.cancel(reason="adapter closed")
-        except Exception:  # a crash here would end the whole process: log it instead
+        except Exception:  # a crash here would end the app's nursery: log it instead
             log.exception("adapter %s: connection reader failed", self.name)
         finally:
             self._nursery = None
-            started.set()
             self._stopped.set()
 
     async def aclose(self) -> None:
@@ -184,35 +170,57 @@ class VllmWsAdapter(Adapter):
             idle, self._idle = self._idle, []
             with trio.move_on_after(_CLOSE_GRACE):
                 for ws in idle:
+                    if self._nursery is None:
+                        break  # no readers (the app's nursery ended first): no handshake
                     await ws.aclose()
+            for ws in idle:
+                if ws.closed is None:  # out of time, or no readers: just drop the socket
+                    await trio.aclose_forcefully(ws)
             self._stop.set()
-            await self._stopped.wait()
+            if self._opened:
+                await self._stopped.wait()
 
     async def ready(self) -> bool:
         return self._nursery is not None
 
-    async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
-        """Stream the reply, retrying before the first token.
+    async def prepare(self, request: InferenceRequest) -> InferenceRequest:
+        """``request`` fitted to ``context_window`` (the oldest history dropped; ``tokens.py``).
 
         Raises:
-            UpstreamError: a subclass naming how the server failed.
             BadRequest: ``context_length_exceeded``, the prompt cannot fit.
         """
-        cfg = self.config
-        fitted = await fit_request(request, cfg.context_window, cfg.tokenizer)
-        messages = [_WMessage(m.role, m.content, m.name) for m in fitted.messages]
+        return await fit_request(request, self.config.context_window, self.config.tokenizer)
 
-        async def attempt(progress: Progress) -> None:
-            await self._attempt(request, messages, send, progress)
-
-        await run_reporting(
-            attempt,
-            policy=self.policy,
-            deadline=request.deadline,
-            rng=self.rng,
-            on_retry=self.on_retry,
-            on_error=self.on_error,
+    async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
+        """One ``generate`` on a pooled or new connection (see :meth:`Adapter.attempt`)."""
+        # Stream() checked that time was left; the floor keeps the budget
+        # positive should the clock have moved past the deadline since.
+        remaining = max(request.deadline - trio.current_time(), 1e-3)
+        payload = _encoder.encode(
+            _Generate(
+                id=request.request_id,
+                model=self.config.upstream_model or request.model,
+                messages=[_WMessage(m.role, m.content, m.name) for m in request.messages],
+                max_tokens=request.max_tokens,
+                timeout_ms=max(1, int(remaining * 1000)),
+            )
         )
+        ws: WebSocketConnection | None = None
+        reply = WsReplyDecoder(self.name, request.request_id)
+        try:
+            with translate_errors(self.name):
+                ws = await self._start(payload, request.deadline)
+                while not reply.ended:
+                    for delta in reply.feed(await ws.get_message()):
+                        await send.send(delta)
+        finally:
+            if ws is not None:
+                # Reused only when the reply ended in step (``done`` or an
+                # ``error`` message); cancelled or broken, the server must see the close.
+                if reply.ended and len(self._idle) < self.config.pool_size:
+                    self._idle.append(ws)
+                else:
+                    await _discard(ws)
 
     async def _connect(self, deadline: float) -> WebSocketConnection:
         nursery = self._nursery
@@ -245,93 +253,10 @@ class VllmWsAdapter(Adapter):
             raise
         return ws
 
-    async def _attempt(
-        self,
-        request: InferenceRequest,
-        messages: list[_WMessage],
-        send: trio.MemorySendChannel[Delta],
-        progress: Progress,
-    ) -> None:
-        remaining = request.deadline - trio.current_time()
-        if remaining <= 0:
-            raise UpstreamTimeout("no inference budget left for the upstream call")
-        payload = _encoder.encode(
-            _Generate(
-                id=request.request_id,
-                model=self.config.upstream_model or request.model,
-                messages=messages,
-                max_tokens=request.max_tokens,
-                timeout_ms=max(1, int(remaining * 1000)),
-            )
-        )
-        ws: WebSocketConnection | None = None
-        reusable = False
-        try:
-            with translate_errors(self.name):
-                ws = await self._start(payload, request.deadline)
-                failure = await self._relay(ws, request.request_id, send, progress)
-                reusable = True
-        finally:
-            if ws is not None:
-                if reusable and len(self._idle) < self.config.pool_size:
-                    self._idle.append(ws)
-                else:
-                    await _discard(ws)
-        if failure is not None:
-            raise failure
-
-    async def _relay(
-        self,
-        ws: WebSocketConnection,
-        request_id: str,
-        send: trio.MemorySendChannel[Delta],
-        progress: Progress,
-    ) -> UpstreamError | None:
-        """Relay one reply to its end.
-
-        Returns:
-            ``None`` when it finished, or the error an ``error`` message
-            reported (the request failed; the connection is still good).
-
-        Raises:
-            UpstreamError: the connection or the protocol broke (not reusable).
-        """
-        pieces = 0
-        while True:
-            raw = await ws.get_message()
-            msg = _decoder.decode(raw)
-            if msg.id is not None and msg.id != request_id:
-                raise UpstreamProtocolError(
-                    f"{self.name}: a message for request {msg.id!r} arrived during {request_id!r}"
-                )
-            if msg.type == "token":
-                if msg.text:
-                    pieces += 1
-                    progress.started = True
-                    await send.send(Delta(text=msg.text))
-            elif msg.type == "done":
-                u = msg.usage
-                usage = Usage(
-                    prompt_tokens=u.prompt_tokens if u else 0,
-                    completion_tokens=u.completion_tokens if u else pieces,
-                )
-                progress.started = True
-                await send.send(Delta(finish_reason=msg.finish_reason or "stop", usage=usage))
-                return None
-            elif msg.type == "error":
-                return message_error(self.name, msg.status, msg.message, msg.retry_after)
-            else:
-                raise UpstreamProtocolError(f"{self.name}: unknown message type {msg.type!r}")
-
 
 async def _discard(ws: WebSocketConnection) -> None:
     """Close a connection that will not be reused; shielded, so cancellation still closes it."""
     with trio.CancelScope(shield=True):
         with trio.move_on_after(_CLOSE_GRACE):
             await ws.aclose()
-        # trio-websocket 0.12 leaves the TCP stream open when the server closed
-        # first (the client waits for EOF, then just stops reading); close it so
-        # the socket is not left for the garbage collector.
-        stream = getattr(ws, "_stream", None)
-        if isinstance(stream, trio.abc.AsyncResource):
-            await trio.aclose_forcefully(stream)
+        await close_ws_stream(ws)
