@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import trio
 
-from aiserve_trio.adapters.base import Adapter, DeltaSink, InferenceRequest
+from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest
 from aiserve_trio.adapters.retry import Progress
 from aiserve_trio.errors import UpstreamError
 from aiserve_trio.sessions.bus import Event, Session, SessionBus, Turn
@@ -30,6 +30,8 @@ class RecordingAdapter(Adapter):
         self.requests: list[InferenceRequest] = []
         self.cancelled_at: float | None = None
         self.finished = False
+        #: Deltas the inner adapter got rid of (each send into the stage's channel returned).
+        self.produced = 0
 
     async def aopen(self, nursery: trio.Nursery) -> None:
         await self.inner.aopen(nursery)
@@ -47,11 +49,23 @@ class RecordingAdapter(Adapter):
         self.calls += 1
         self.requests.append(request)
         try:
-            await self.inner.attempt(request, send, progress)
+            await self.inner.attempt(request, _Counting(send, self), progress)
         except trio.Cancelled:
             self.cancelled_at = trio.current_time()
             raise
         self.finished = True
+
+
+class _Counting:
+    """A delta sink that counts what passed through it."""
+
+    def __init__(self, inner: DeltaSink, rec: RecordingAdapter) -> None:
+        self.inner = inner
+        self.rec = rec
+
+    async def send(self, value: Delta, /) -> None:
+        await self.inner.send(value)
+        self.rec.produced += 1
 
 
 class RecordingHook:
