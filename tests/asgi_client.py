@@ -11,9 +11,12 @@ import json
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import trio
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 Message = MutableMapping[str, Any]
 
@@ -59,6 +62,14 @@ class Response:
             for ch in obj.get("choices", []):
                 parts.append(ch.get("delta", {}).get("content") or "")
         return "".join(parts)
+
+
+class ExchangeOptions(TypedDict, total=False):
+    """The pacing keywords of :class:`Exchange`, passed through by :class:`Client`."""
+
+    body_delay: float
+    send_delay: float
+    stall_after: float
 
 
 class Exchange:
@@ -165,7 +176,7 @@ class Client:
         json_body: Any = None,
         body: bytes | list[bytes] | None = None,
         headers: dict[str, str] | None = None,
-        **options: float,
+        **options: Unpack[ExchangeOptions],
     ) -> Response:
         async with self.open(
             method, path, json_body=json_body, body=body, headers=headers, **options
@@ -174,7 +185,10 @@ class Client:
         return ex.response
 
     async def chat(
-        self, payload: Any, headers: dict[str, str] | None = None, **options: float
+        self,
+        payload: Any,
+        headers: dict[str, str] | None = None,
+        **options: Unpack[ExchangeOptions],
     ) -> Response:
         return await self.request(
             "POST", "/v1/chat/completions", json_body=payload, headers=headers, **options
@@ -189,7 +203,7 @@ class Client:
         json_body: Any = None,
         body: bytes | list[bytes] | None = None,
         headers: dict[str, str] | None = None,
-        **options: float,
+        **options: Unpack[ExchangeOptions],
     ) -> AsyncIterator[Exchange]:
         hdrs = dict(headers or {})
         if json_body is not None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import trio
 
 from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest
 from aiserve_trio.adapters.retry import Progress
 from aiserve_trio.errors import UpstreamError
+from aiserve_trio.observability.events import UpstreamHook
 from aiserve_trio.sessions.bus import Event, Session, SessionBus, Turn
 
 
@@ -68,7 +69,7 @@ class _Counting:
         self.rec.produced += 1
 
 
-class RecordingHook:
+class RecordingHook(UpstreamHook):
     """An upstream hook that records what it is told, in order."""
 
     def __init__(self) -> None:
@@ -125,5 +126,14 @@ class SlowBus(SessionBus):
     ) -> None:
         self.session.variables.update(values)
 
-    def follow(self, tenant: str, session_id: str, after: str | None) -> AsyncIterator[Event]:
+    async def follow(
+        self,
+        tenant: str,
+        session_id: str,
+        after: str | None,
+        send: trio.MemorySendChannel[Event],
+        *,
+        limit: int = 100,
+        block_ms: int = 5_000,
+    ) -> None:
         raise AssertionError("not used by these tests")

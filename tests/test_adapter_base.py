@@ -199,11 +199,14 @@ async def test_prepare_returns_the_request_unchanged_by_default() -> None:
 
 def test_build_adapter_gives_every_kind_the_hook_and_its_retry_policy() -> None:
     hook = RecordingHook()
-    retry = {"max_retries": 4, "backoff_base_ms": 50, "backoff_max_ms": 800}
-    openai = build_adapter(
-        "a", OpenAIAdapterConfig(base_url="http://x.test/v1", models=["m"], **retry), hook
+    openai_cfg = OpenAIAdapterConfig(
+        base_url="http://x.test/v1", models=["m"], max_retries=4, backoff_base_ms=50, backoff_max_ms=800
     )
-    ws = build_adapter("b", VllmWsAdapterConfig(url="ws://x.test/ws", models=["m"], **retry), hook)
+    ws_cfg = VllmWsAdapterConfig(
+        url="ws://x.test/ws", models=["m"], max_retries=4, backoff_base_ms=50, backoff_max_ms=800
+    )
+    openai = build_adapter("a", openai_cfg, hook)
+    ws = build_adapter("b", ws_cfg, hook)
     mock = build_adapter("c", MockAdapterConfig(), hook)
     for adapter in (openai, ws):
         assert adapter.policy == RetryPolicy(max_retries=4, base=0.05, cap=0.8)

@@ -9,7 +9,7 @@ after it; a broken stream ends in an error event, never a clean finish.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 import trio
@@ -49,7 +49,7 @@ def sim_addr() -> Iterator[str]:
 
 
 @pytest.fixture
-async def sim(sim_addr: str) -> AsyncIterator[str]:
+async def sim(sim_addr: str) -> str:
     await sim_reset(sim_addr)
     return sim_addr
 

@@ -55,8 +55,8 @@ def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> s
                 base = node.module or ""
             for alias in node.names:
                 resolve(base, alias.name)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
+        for sub in ast.iter_child_nodes(node):
+            visit(sub)
 
     visit(tree)
     found.discard(module)

@@ -17,7 +17,7 @@ from aiserve_trio.stages.assembler import AssemblerStateError, ResponseAssembler
 
 from .conftest import make_config
 
-TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=200)
+TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=200)
 
 
 def events(raw: bytes) -> list[tuple[str | None, str]]:

@@ -123,7 +123,7 @@ def test_without_usage_the_end_leaves_counting_to_the_caller() -> None:
 
 # --- properties ---------------------------------------------------------------------
 
-texts = st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=8), max_size=8)
+texts = st.lists(st.text(st.characters(blacklist_categories=["Cs"]), max_size=8), max_size=8)
 cuts = st.lists(st.integers(min_value=0, max_value=10_000), max_size=16)
 
 

@@ -5,7 +5,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from aiserve_trio.config import ConfigError, default_config_text, load_config, parse_config
+from aiserve_trio.config import (
+    ConfigError,
+    MockAdapterConfig,
+    default_config_text,
+    load_config,
+    parse_config,
+)
 
 from .servers import ROOT
 
@@ -34,7 +40,9 @@ def test_aiserve_config_env_names_the_file(tmp_path, monkeypatch):
     f = tmp_path / "x.toml"
     f.write_text(_with("inter_token_ms = 20", "inter_token_ms = 7"))
     monkeypatch.setenv("AISERVE_CONFIG", str(f))
-    assert load_config().adapters["mock"].inter_token_ms == 7
+    mock = load_config().adapters["mock"]
+    assert isinstance(mock, MockAdapterConfig)
+    assert mock.inter_token_ms == 7
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,16 @@ import random
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util.types import AnyValue
 
 from aiserve_trio.adapters.mock import MockAdapter
 from aiserve_trio.asgi import App
@@ -28,6 +31,22 @@ from .sim_process import run_sim
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def attrs(span: ReadableSpan) -> Mapping[str, AnyValue]:
+    """A finished span's attributes (the SDK types them as optional)."""
+    assert span.attributes is not None
+    return span.attributes
+
+
+def start(span: ReadableSpan) -> int:
+    assert span.start_time is not None
+    return span.start_time
+
+
+def end(span: ReadableSpan) -> int:
+    assert span.end_time is not None
+    return span.end_time
 
 
 def traced_app(extra: str = "") -> tuple[App, InMemorySpanExporter, RecordingAdapter]:
@@ -56,8 +75,9 @@ async def test_span_tree_anchors_and_trace_propagation(autojump_clock):
     assert root.parent is not None
     assert format(root.parent.span_id, "016x") == TRACEPARENT.split("-")[2]
     for name in ("parse", "context", "inference", "sse"):
-        assert spans[name].parent is not None
-        assert spans[name].parent.span_id == root.context.span_id
+        parent = spans[name].parent
+        assert parent is not None
+        assert parent.span_id == root.context.span_id
         assert spans[name].context.trace_id == trace_id
     # the anchors, in lifecycle order
     events = [(e.name, e.timestamp) for e in root.events]
@@ -70,8 +90,8 @@ async def test_span_tree_anchors_and_trace_propagation(autojump_clock):
     times = [t for _, t in events]
     assert times == sorted(times)
     # the stage spans sit inside the request span, in pipeline order
-    assert root.start_time <= spans["parse"].start_time <= spans["context"].start_time
-    assert spans["sse"].end_time <= root.end_time
+    assert start(root) <= start(spans["parse"]) <= start(spans["context"])
+    assert end(spans["sse"]) <= end(root)
     # the trace went upstream under the inference span
     upstream = rec.requests[0].forward_headers["traceparent"]
     assert upstream.split("-")[1] == format(trace_id, "032x")
@@ -80,7 +100,7 @@ async def test_span_tree_anchors_and_trace_propagation(autojump_clock):
     tr = r.headers["traceresponse"].split("-")
     assert tr[1] == format(trace_id, "032x")
     assert tr[2] == format(root.context.span_id, "016x")
-    assert root.attributes["aiserve.outcome"] == "ok"
+    assert attrs(root)["aiserve.outcome"] == "ok"
 
 
 async def test_a_failed_request_has_an_error_span(autojump_clock):
@@ -92,7 +112,7 @@ async def test_a_failed_request_has_an_error_span(autojump_clock):
     assert r.events()[-1] == "[DONE]"
     root = next(s for s in exporter.get_finished_spans() if s.name == "POST chat")
     assert root.status.status_code.name == "ERROR"
-    assert root.attributes["aiserve.outcome"] == "gateway_timeout"
+    assert attrs(root)["aiserve.outcome"] == "gateway_timeout"
 
 
 async def test_tracing_off_sends_no_traceresponse(autojump_clock):
@@ -204,7 +224,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
 def _exposed_names(text: str) -> set[str]:
     """Every series name /metrics declares, sampled yet or not (a labelled counter
     with no children is declared but has no sample until it first counts)."""
-    names = set()
+    names: set[str] = set()
     for line in text.splitlines():
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ", 3)
@@ -266,10 +286,13 @@ async def _scraped_names() -> set[str]:
     return _exposed_names(text)
 
 
-def _rule_file() -> dict:
+def _rule_file() -> dict[str, Any]:
     import yaml  # PyYAML comes with the test extras
 
-    return yaml.safe_load((ROOT / "configs/prometheus/aiserve-rules.yml").read_text())
+    rules: dict[str, Any] = yaml.safe_load(
+        (ROOT / "configs/prometheus/aiserve-rules.yml").read_text()
+    )
+    return rules
 
 
 async def test_dashboard_and_rules_reference_only_existing_metrics(autojump_clock):
@@ -320,10 +343,14 @@ async def test_each_upstream_attempt_is_a_span_under_inference() -> None:
     assert r.status == 200
     spans = exporter.get_finished_spans()
     inference = next(s for s in spans if s.name == "inference")
-    attempts = sorted(
-        (s for s in spans if s.name == "upstream_attempt"), key=lambda s: s.attributes["aiserve.attempt"]
-    )
-    assert [s.attributes["aiserve.attempt"] for s in attempts] == [1, 2]
+
+    def attempt_number(s: ReadableSpan) -> int:
+        n = attrs(s)["aiserve.attempt"]
+        assert isinstance(n, int)
+        return n
+
+    attempts = sorted((s for s in spans if s.name == "upstream_attempt"), key=attempt_number)
+    assert [attrs(s)["aiserve.attempt"] for s in attempts] == [1, 2]
     assert all(s.parent is not None and s.parent.span_id == inference.context.span_id for s in attempts)
-    assert attempts[0].attributes["aiserve.error_code"] == "upstream_status_error"
-    assert "aiserve.error_code" not in attempts[1].attributes
+    assert attrs(attempts[0])["aiserve.error_code"] == "upstream_status_error"
+    assert "aiserve.error_code" not in attrs(attempts[1])

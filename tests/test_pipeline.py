@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import trio
@@ -10,7 +11,7 @@ import trio
 from aiserve_trio.adapters.mock import MockAdapter
 from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig
-from aiserve_trio.sessions.bus import Session
+from aiserve_trio.sessions.bus import Session, SessionBus
 
 from .asgi_client import Client, chat_body
 from .conftest import make_config
@@ -19,7 +20,9 @@ from .fakes import RecordingAdapter, SlowBus
 WORDS_100 = " ".join(f"w{i}" for i in range(100))  # 10 ms + 99 x 5 ms = 505 ms to stream
 
 
-def recording_app(extra: str = "", bus=None, **mock: str) -> tuple[App, RecordingAdapter]:
+def recording_app(
+    extra: str = "", bus: SessionBus | None = None, **mock: str
+) -> tuple[App, RecordingAdapter]:
     cfg = make_config(extra, **mock)
     mock_cfg = cfg.adapters["mock"]
     assert isinstance(mock_cfg, MockAdapterConfig)
@@ -27,8 +30,9 @@ def recording_app(extra: str = "", bus=None, **mock: str) -> tuple[App, Recordin
     return App(cfg, adapters={"mock": rec}, bus=bus), rec
 
 
-def error_of(event: str) -> dict:
-    return json.loads(event)["error"]
+def error_of(event: str) -> dict[str, Any]:
+    error: dict[str, Any] = json.loads(event)["error"]
+    return error
 
 
 # --- the happy paths ------------------------------------------------------------

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import trio
 
-from aiserve_trio.adapters.base import Delta, InferenceRequest
+from aiserve_trio.adapters.base import DeltaSink, InferenceRequest
 from aiserve_trio.adapters.mock import MockAdapter
+from aiserve_trio.adapters.retry import Progress
 from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig, load_config
 
@@ -41,15 +42,19 @@ BANK = Path(__file__).resolve().parent.parent / "configs" / "examples" / "bank.t
 
 
 class CountingMock(MockAdapter):
-    """The mock model, counting the inference calls it gets and what it was sent."""
+    """The mock model, counting the inference calls it gets and what it was sent.
+
+    It counts tries (``stream`` is the base's, and final); the mock never retries,
+    so that is one per call.
+    """
 
     def __init__(self) -> None:
         super().__init__("mock", MockAdapterConfig(ttft_ms=10, inter_token_ms=5))
         self.calls: list[InferenceRequest] = []
 
-    async def stream(self, request: InferenceRequest, send: trio.MemorySendChannel[Delta]) -> None:
+    async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
         self.calls.append(request)
-        await super().stream(request, send)
+        await super().attempt(request, send, progress)
 
 
 async def post(app: App, text: str, path: str = ADVICE, **headers: str) -> tuple[int, str, dict]:  # type: ignore[type-arg]

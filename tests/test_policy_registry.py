@@ -47,7 +47,7 @@ def test_settings_are_decoded_at_load_into_frozen_structs() -> None:
         settings=RedactSettings(detect=("card",), tokens=Tokens(card="<c>")),
     )
     with pytest.raises(AttributeError):
-        spec.settings.region = "US"  # type: ignore[misc]
+        spec.settings.region = "US"  # type: ignore[attr-defined]
 
 
 def test_a_policy_a_route_names_gets_its_default_settings() -> None:

@@ -18,12 +18,14 @@ import httpx
 import openai
 import pytest
 import trustme
+from openai.types.chat import ChatCompletionMessageParam
 
 from .servers import hypercorn_gateway
 
 pytestmark = pytest.mark.slow
 
-CHAT = {"model": "aiserve-mock", "messages": [{"role": "user", "content": "echo: hello big world"}]}
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "echo: hello big world"}]
+CHAT: dict[str, object] = {"model": "aiserve-mock", "messages": MESSAGES}
 
 
 @pytest.fixture(scope="module")
@@ -161,13 +163,13 @@ def test_tls_example_config_is_hypercorn_toml():
 
 def test_openai_sync_client_streaming_and_not(gateway):
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="not-needed-locally", max_retries=0)
-    done = client.chat.completions.create(model="aiserve-mock", messages=CHAT["messages"])
+    done = client.chat.completions.create(model="aiserve-mock", messages=MESSAGES)
     assert done.choices[0].message.content == "hello big world"
     assert done.usage is not None
     assert done.usage.completion_tokens == 3
     stream = client.chat.completions.create(
         model="aiserve-mock",
-        messages=CHAT["messages"],
+        messages=MESSAGES,
         stream=True,
         stream_options={"include_usage": True},
     )
@@ -187,7 +189,7 @@ def test_openai_sync_client_streaming_and_not(gateway):
 def test_openai_client_sees_errors_as_api_errors(gateway):
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.NotFoundError) as info:
-        client.chat.completions.create(model="gpt-nope", messages=CHAT["messages"])
+        client.chat.completions.create(model="gpt-nope", messages=MESSAGES)
     assert info.value.body["code"] == "model_not_found"  # type: ignore[index]
 
 

@@ -44,15 +44,14 @@ def turn(i: int, request_id: str | None = None, role: str = "user") -> Turn:
     )
 
 
-def redis_bus(url: str, **kw: object) -> RedisBus:
+def redis_bus(url: str) -> RedisBus:
     cfg = SessionsConfig(
         backend="redis",
         url=url,
         key_prefix=f"t{secrets.token_hex(4)}",
         max_turns=MAX_TURNS,
         history_turns=MAX_TURNS,
-        **kw,
-    )  # type: ignore[arg-type]
+    )
     return RedisBus(cfg, Metrics())
 
 

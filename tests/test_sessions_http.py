@@ -12,6 +12,8 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
+from aiserve_trio.adapters.base import DeltaSink, InferenceRequest
+from aiserve_trio.adapters.retry import Progress
 from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
 
@@ -100,20 +102,23 @@ async def test_seed_scenario_app_then_wechat_then_ivr(app: App) -> None:
     assert all(not t.get("truncated") for t in got["turns"])
 
 
-async def test_history_reaches_the_model_as_prompt(app: App) -> None:
+async def test_history_reaches_the_model_as_prompt(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client = Client(app)
     await ask(client, "echo: first words", "app")
-    sent: list[object] = []
+    sent: list[InferenceRequest] = []
     adapter = app.routes["/v1/chat/completions"].adapter
-    inner = adapter.stream
+    inner = adapter.attempt
 
-    async def spy(request: object, send: object) -> None:
+    # The base's (final) ``stream`` hands each try the request as the model gets it.
+    async def spy(request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
         sent.append(request)
-        await inner(request, send)  # type: ignore[arg-type]
+        await inner(request, send, progress)
 
-    adapter.stream = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(adapter, "attempt", spy)
     await ask(client, "echo: second", "wechat", metadata={"loan_term": "5y"})
-    msgs = [(m.role, m.content) for m in sent[0].messages]  # type: ignore[attr-defined]
+    msgs = [(m.role, m.content) for m in sent[0].messages]
     assert msgs == [
         ("system", "Known facts about this customer:\nloan_term: 5y"),
         ("user", "echo: first words"),

@@ -1,21 +1,24 @@
 """The SSE framer and the output-filter chaining, without I/O."""
 
 import json
+from typing import Any
 
 from aiserve_trio.api import Usage
 from aiserve_trio.errors import StageDeadlineExceeded
 from aiserve_trio.http.sse import DONE
 from aiserve_trio.http.sse import ChatFramer as SSEFramer
+from aiserve_trio.policies.base import OutputFilter
 from aiserve_trio.stages.assembler import apply_filters, finish_filters
 
 
-def parse(event: bytes) -> tuple[str, dict]:
+def parse(event: bytes) -> tuple[str, dict[str, Any]]:
     text = event.decode()
     assert text.endswith("\n\n")
     id_line, data_line = text.strip("\n").split("\n")
     assert id_line.startswith("id: ")
     assert data_line.startswith("data: ")
-    return id_line[4:], json.loads(data_line[6:])
+    data: dict[str, Any] = json.loads(data_line[6:])
+    return id_line[4:], data
 
 
 def test_events_are_numbered_and_shaped_like_openai_chunks():
@@ -80,7 +83,7 @@ class HoldLastChar:
 
 
 def test_filters_chain_in_order_and_finish_flushes_every_tail():
-    filters = [HoldLastChar("b"), HoldLastChar("c")]
+    filters: list[OutputFilter] = [HoldLastChar("b"), HoldLastChar("c")]
     out = "".join(apply_filters(filters, piece) for piece in ["aa", "xa", "a"])
     out += finish_filters(filters)
     # the first filter turns every a into b; nothing reaches the second as a

@@ -107,6 +107,7 @@ def test_with_the_real_tokenizer_long_history_is_cut() -> None:
     m = [Message(role="system", content="be brief"), *history, Message(role="user", content="hi?")]
     fitted = fit_messages(m, max_tokens=100, context_window=500, count=count)
     assert fitted.trimmed > 0
+    assert fitted.prompt_tokens is not None
     assert fitted.prompt_tokens + 100 <= 500
     assert sum(count(x) for x in fitted.messages) + REPLY_PRIMING == fitted.prompt_tokens
     assert fitted.messages[0].role == "system"
