@@ -43,6 +43,11 @@ CHAT = json.dumps(
 ).encode()
 
 
+
+def _code(code: int | None) -> str:
+    """An h2 error code's name (h2 leaves it None when the frame carried none)."""
+    return "NO_CODE" if code is None else h2.errors.ErrorCodes(code).name
+
 def gateway_config(dir_: Path) -> Path:
     text = (ROOT / "src" / "aiserve_trio" / "aiserve.toml").read_text()
     for old, new in GATEWAY_TOML_EDITS.items():
@@ -158,7 +163,7 @@ def _watch(sock: socket.socket, conn: h2.connection.H2Connection, seconds: float
         try:
             for ev in conn.receive_data(data):
                 if isinstance(ev, h2.events.ConnectionTerminated):
-                    return f"GOAWAY {h2.errors.ErrorCodes(ev.error_code).name}"
+                    return f"GOAWAY {_code(ev.error_code)}"
         except h2.exceptions.ProtocolError:
             return "connection closed (protocol error)"
     return "connection left open"
@@ -268,9 +273,9 @@ def _watch_stream(sock: socket.socket, conn: h2.connection.H2Connection, seconds
             if isinstance(ev, h2.events.ResponseReceived):
                 return f"status {dict(ev.headers)[b':status'].decode()}"
             if isinstance(ev, h2.events.StreamReset):
-                return f"RST_STREAM {h2.errors.ErrorCodes(ev.error_code).name}"
+                return f"RST_STREAM {_code(ev.error_code)}"
             if isinstance(ev, h2.events.ConnectionTerminated):
-                return f"GOAWAY {h2.errors.ErrorCodes(ev.error_code).name}"
+                return f"GOAWAY {_code(ev.error_code)}"
     return "no answer"
 
 

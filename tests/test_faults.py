@@ -35,8 +35,7 @@ import statistics
 import subprocess
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ from aiserve_trio.sim.model import token_text
 from .asgi_client import Client, Response
 from .conftest import config_text
 from .redis_server import RedisServer
-from .sim_gateway import sim_reset, sim_stats, toml_value
+from .sim_gateway import running, sim_reset, sim_stats, toml_value
 from .sim_process import FAST_ARGS, run_sim
 
 pytestmark = [
@@ -115,17 +114,6 @@ default_model = "sim-model"
 on_context_timeout = "{mode}"
 """
     return App(parse_config(text, source="<fault test>"))
-
-
-@asynccontextmanager
-async def running(app: App) -> AsyncIterator[Client]:
-    """The app with its background tasks (the outbox drain), shut down at the end."""
-    async with trio.open_nursery() as nursery:
-        await app.startup(nursery)
-        try:
-            yield Client(app)
-        finally:
-            await app.shutdown()
 
 
 def expected(n: int) -> str:
