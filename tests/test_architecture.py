@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from .servers import hypercorn_gateway
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "aiserve_trio"
 
@@ -161,3 +165,13 @@ def test_nothing_points_to_documents_outside_the_repository() -> None:
             if doc in text and not (ROOT / doc).exists():
                 offenders.append(f"{name} mentions {doc}")
     assert offenders == []
+
+
+@pytest.mark.slow
+def test_the_server_log_says_whether_the_guard_is_installed() -> None:
+    with hypercorn_gateway() as (_, proc):
+        proc.terminate()
+        assert proc.stdout is not None
+        log = proc.stdout.read().decode()
+    assert "hypercorn guard: installed (hypercorn 0.18" in log
+    assert "aiserve-trio ready" in log

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import sys
 import time
 from functools import partial
 from typing import Any
@@ -157,6 +158,7 @@ class App:
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
+        _show_startup_logs()
         # The app's pools and background tasks live in this nursery: opened
         # before start-up, closed after shutdown.
         async with trio.open_nursery() as nursery:
@@ -393,6 +395,27 @@ class App:
                 seen.setdefault(model, route.adapter.name)
         data = [Model(id=m, created=created, owned_by=owner) for m, owner in seen.items()]
         return encoder.encode(ModelList(data=data))
+
+
+def _show_startup_logs() -> None:
+    """Make the gateway's INFO lines (ready, the hypercorn guard) reach stderr.
+
+    hypercorn configures only its own loggers; without this, an operator would
+    see none of the gateway's start-up lines. Logging the operator configured
+    (a level or a handler on ``aiserve_trio``) is left alone.
+    """
+    if log.level != logging.NOTSET or log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    # hypercorn's own format, so the lines read as one log.
+    handler.setFormatter(
+        logging.Formatter(
+            "%(asctime)s [%(process)d] [%(levelname)s] %(message)s", "[%Y-%m-%d %H:%M:%S %z]"
+        )
+    )
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def create_app(config: Config | None = None, **kwargs: Any) -> App:
