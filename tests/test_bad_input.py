@@ -7,7 +7,10 @@ import json
 
 import pytest
 
+from aiserve_trio.config import parse_config
+
 from .asgi_client import Client, chat_body
+from .conftest import config_text
 
 CT = {"content-type": "application/json"}
 OK_MSG = [{"role": "user", "content": "hi"}]
@@ -244,7 +247,7 @@ CASES = [
         "POST",
         "/v1/chat/completions",
         b"{}",
-        {**CT, "content-length": "1048577"},
+        {**CT, "content-length": "8388609"},
         413,
         "invalid_request_error",
         "request_too_large",
@@ -356,8 +359,10 @@ async def test_bad_request_gets_an_envelope_and_the_server_keeps_serving(
     assert ok.json()["choices"][0]["message"]["content"] == "still here"
 
 
-async def test_oversized_body_is_refused_while_reading(app, autojump_clock):
+async def test_oversized_body_is_refused_while_reading(make_app, autojump_clock):
     # No Content-Length (chunked): 20 parts of 100 kB against a 1 MiB limit.
+    text = config_text().replace("max_body_bytes = 8388608", "max_body_bytes = 1048576")
+    app = make_app(config=parse_config(text, source="<test>"))
     parts = [b"x" * 100_000] * 20
     async with Client(app).open("POST", "/v1/chat/completions", body=parts, headers=CT) as ex:
         await ex.done.wait()
@@ -375,6 +380,12 @@ async def test_multipart_text_content_is_accepted(client, autojump_clock):
     assert r.json()["choices"][0]["message"]["content"] == "x y"
 
 
-async def test_unknown_fields_are_ignored(client, autojump_clock):
-    r = await client.chat(chat_body("echo: ok", frequency_penalty=0.5, tools=[], seed=3))
+async def test_fields_the_backend_cannot_carry_are_refused_not_dropped(client, autojump_clock):
+    # The mock acts on seed and tools; it has no use for a frequency penalty,
+    # and a gateway that dropped it would change the request's meaning unsaid.
+    r = await client.chat(chat_body("echo: ok", tools=[], seed=3))
     assert r.status == 200
+    r = await client.chat(chat_body("echo: ok", frequency_penalty=0.5, seed=3))
+    assert r.status == 400
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == ("frequency_penalty", "unsupported_field")

@@ -27,15 +27,15 @@ def test_split_words_concatenates_back_exactly(text):
 
 def test_echo_is_verbatim_and_wins_over_rules():
     e = engine(("echo", "rule reply"))
-    assert e.reply(user("echo: keep  this\nexactly "), {}) == "keep  this\nexactly "
-    assert e.reply(user("echo:x"), {}) == "x"
+    assert e.reply(user("echo: keep  this\nexactly "), {}).text == "keep  this\nexactly "
+    assert e.reply(user("echo:x"), {}).text == "x"
 
 
 def test_first_matching_rule_wins_case_insensitively_with_groups_and_variables():
     e = engine((r"rate for (?P<product>\w+)", "{product} at {rate|unknown}"), ("rate", "second"))
-    assert e.reply(user("RATE FOR loans?"), {"rate": "3%"}) == "loans at 3%"
-    assert e.reply(user("rate for cars"), {}) == "cars at unknown"
-    assert e.reply(user("nothing"), {"x": "1"}) == "default 1"
+    assert e.reply(user("RATE FOR loans?"), {"rate": "3%"}).text == "loans at 3%"
+    assert e.reply(user("rate for cars"), {}).text == "cars at unknown"
+    assert e.reply(user("nothing"), {"x": "1"}).text == "default 1"
 
 
 def test_only_the_last_user_message_is_matched():
@@ -45,7 +45,7 @@ def test_only_the_last_user_message_is_matched():
         Message(role="assistant", content="M"),
         Message(role="user", content="thanks"),
     ]
-    assert e.reply(msgs, {}) == "default ?"
+    assert e.reply(msgs, {}).text == "default ?"
 
 
 def test_unknown_template_names_are_left_as_written():

@@ -237,7 +237,7 @@ async def test_session_context_reaches_the_model_when_in_time(autojump_clock):
     assert "x-aiserve-degraded" not in r.headers
     system = rec.requests[0].messages[0]
     assert system.role == "system"
-    assert "monthly_income: 9000" in system.content
+    assert "monthly_income: 9000" in system.text()
 
 
 async def test_slow_body_expires_in_the_parse_stage(autojump_clock):

@@ -84,12 +84,12 @@ async def test_card_split_over_tokens_arrives_redacted(
     # The mock streams word by word: the number arrives in four deltas.
     status, text, _ = await post(app, "echo: your card 4111 1111 1111 1111 is active", "/v1/out")
     assert status == 200
-    assert "4111" in mock.calls[0].messages[-1].content  # input left alone on this route
+    assert "4111" in mock.calls[0].messages[-1].text()  # input left alone on this route
     assert text == "your card [CARD] is active"
     assert actions(app) == {("reply_redact", "redacted"): 1.0}
     # With input redaction on, the prompt that reaches the model has no number either.
     _, text, _ = await post(app, "echo: card 4111 1111 1111 1111")
-    assert "4111" not in mock.calls[1].messages[-1].content
+    assert "4111" not in mock.calls[1].messages[-1].text()
     assert text == "card [CARD]"
     assert actions(app)[("gdpr_redact", "redacted")] == 1
 

@@ -7,8 +7,7 @@ from aiserve_trio.api import Usage
 from aiserve_trio.errors import StageDeadlineExceeded
 from aiserve_trio.http.sse import DONE
 from aiserve_trio.http.sse import ChatFramer as SSEFramer
-from aiserve_trio.policies.base import OutputFilter
-from aiserve_trio.stages.assembler import apply_filters, finish_filters
+from aiserve_trio.policies.base import OutputFilter, apply_filters, finish_filters
 
 
 def parse(event: bytes) -> tuple[str, dict[str, Any]]:

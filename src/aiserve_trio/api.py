@@ -1,8 +1,9 @@
 """OpenAI Chat Completions wire types and their reused codecs.
 
-Requests are decoded by one typed ``msgspec`` Decoder built at import; unknown
-fields are ignored (clients send many we do not use), wrong types are errors
-whose ``param`` names the field. Responses are Structs encoded by one reused
+Requests are decoded by one typed ``msgspec`` Decoder built at import, for the
+fields the gateway itself reads; the rest of the body is kept raw and relayed
+(see ``stages/parse.py``). Wrong types in the fields it reads are errors whose
+``param`` names the field. Responses are Structs encoded by one reused
 Encoder; ``omit_defaults`` keeps absent optional fields off the wire.
 """
 
@@ -17,32 +18,46 @@ from .errors import GatewayError
 # --- requests -----------------------------------------------------------------
 
 
-class ContentPart(msgspec.Struct, kw_only=True):
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(msgspec.Struct, kw_only=True):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-
-    def text(self) -> str:
-        """The message's text, with the text parts of a multi-part content joined."""
-        c = self.content
-        if c is None:
-            return ""
-        if isinstance(c, str):
-            return c
-        return "".join(p.text or "" for p in c if p.type == "text")
-
-
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
+class FunctionSpec(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    #: The function's JSON Schema, as sent (the mock fills it in; others relay it).
+    parameters: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class ToolSpec(msgspec.Struct, kw_only=True):
+    type: str = "function"
+    function: FunctionSpec | None = None
+
+
+class NamedFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True):
+    type: str = "function"
+    function: NamedFunction
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    type: str
+
+
 class ChatCompletionRequest(msgspec.Struct, kw_only=True):
-    messages: list[ChatMessage]
+    """The fields of a chat request the gateway itself reads.
+
+    Everything else in the body (and these too, as sent) reaches the backend
+    unchanged: the decoder skips what it does not name, and the parse stage
+    keeps the body's top-level fields as raw JSON (see ``stages/parse.py``).
+    ``messages`` stay raw here and are decoded one by one, keeping each
+    message's original JSON (``messages.py``).
+    """
+
+    messages: list[msgspec.Raw]
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -54,6 +69,12 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
+    seed: int | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ResponseFormat | None = None
+    reasoning_effort: str | None = None
+    logprobs: bool | None = None
 
 
 request_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -65,17 +86,36 @@ class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # UNSET fields are left out of the JSON; a value is the backend's, relayed as is.
+    prompt_tokens_details: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    completion_tokens_details: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class FunctionDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionDelta | None = None
 
 
 class ChunkDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCallChunk] | None = None
 
 
 class ChunkChoice(msgspec.Struct, kw_only=True):
     index: int
     delta: ChunkDelta
     finish_reason: str | None = None
+    logprobs: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -88,15 +128,34 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
     usage: Usage | None = None
 
 
+class FunctionCallOut(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(msgspec.Struct, kw_only=True):
+    id: str
+    type: str
+    function: FunctionCallOut
+
+
 class ResponseMessage(msgspec.Struct, kw_only=True):
     role: str
-    content: str
+    content: str | None
+    reasoning_content: str | msgspec.UnsetType = msgspec.UNSET
+    refusal: str | msgspec.UnsetType = msgspec.UNSET
+    tool_calls: list[ToolCallOut] | msgspec.UnsetType = msgspec.UNSET
+
+
+class LogprobsOut(msgspec.Struct, kw_only=True):
+    content: list[msgspec.Raw]
 
 
 class Choice(msgspec.Struct, kw_only=True):
     index: int
     message: ResponseMessage
     finish_reason: str | None
+    logprobs: LogprobsOut | msgspec.UnsetType = msgspec.UNSET
 
 
 class ChatCompletion(msgspec.Struct, kw_only=True):

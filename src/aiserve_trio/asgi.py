@@ -23,6 +23,7 @@ from .adapters import Adapter, build_adapter
 from .api import Model, ModelList, encoder
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .config import Config, load_config, route_label
+from .embeddings import Embeddings
 from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
@@ -104,15 +105,25 @@ class App:
             admission=self.gate.admission,
             hook=self.observer,
         )
+        self.embeddings = Embeddings(config, self.observer)
         self.endpoints = EndpointTable(self._endpoints(), unknown=[("/debug/", Auth.ADMIN)])
         self.ready = False
-        self._models_body = self._models_json()
+        self._models_body = self._models_json(list(self.routes.values()))
+        #: The listing for keys limited to some routes, by their route set.
+        self._models_by_key: dict[frozenset[str], bytes] = {}
 
     def _endpoints(self) -> list[Endpoint]:
         get, req = ("GET",), Admission.REQUEST
         sessions = self.sessions
         table = [
-            Endpoint(r.config.path, ("POST",), Auth.CHAT, req, partial(self._chat, r), r.label)
+            Endpoint(
+                r.config.path,
+                ("POST",),
+                Auth.CHAT,
+                req,
+                partial(self._chat if r.config.kind == "chat" else self._embed, r),
+                r.label,
+            )
             for r in self.routes.values()
         ]
         table += [
@@ -288,7 +299,16 @@ class App:
         await request.responder.complete(200, JSON_HEADERS, b'{"status":"ok"}')
 
     async def _models(self, request: Request) -> None:
-        await request.responder.complete(200, JSON_HEADERS, self._models_body)
+        """Every model of every route the caller may use."""
+        p = request.principal
+        body = self._models_body
+        if p is not None and "*" not in p.routes:
+            cached = self._models_by_key.get(p.routes)
+            if cached is None:
+                mine = [r for path, r in self.routes.items() if path in p.routes]
+                cached = self._models_by_key[p.routes] = self._models_json(mine)
+            body = cached
+        await request.responder.complete(200, JSON_HEADERS, body)
 
     async def _metrics(self, request: Request) -> None:
         await request.responder.complete(200, METRICS_HEADERS, self.metrics.render())
@@ -374,6 +394,10 @@ class App:
         outcome = await self.pipeline.run(info, request.receive, request.responder)
         await self.gate.after_chat(request.principal, outcome)
 
+    async def _embed(self, route: Route, request: Request) -> None:
+        outcome = await self.embeddings.serve(route, request)
+        await self.gate.after_chat(request.principal, outcome)
+
     def _channel(self, value: str | None) -> str:
         channels = self.config.server.channels
         if value is None:
@@ -387,10 +411,11 @@ class App:
             )
         return channel
 
-    def _models_json(self) -> bytes:
+    @staticmethod
+    def _models_json(routes: list[Route]) -> bytes:
         created = int(time.time())
         seen: dict[str, str] = {}
-        for route in self.routes.values():
+        for route in routes:
             for model in route.adapter.models:
                 seen.setdefault(model, route.adapter.name)
         data = [Model(id=m, created=created, owned_by=owner) for m, owner in seen.items()]

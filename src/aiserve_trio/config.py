@@ -117,7 +117,12 @@ class BudgetsConfig(_Section):
 
 
 class LimitsConfig(_Section):
-    max_body_bytes: int = 1_048_576
+    #: Images and audio travel inside the body as base64: room for a few.
+    max_body_bytes: int = 8_388_608
+    #: One content part (an image, audio, a file) at most.
+    max_part_bytes: int = 5_242_880
+    #: Deeper JSON is refused before any decoder recurses into it.
+    max_json_depth: int = 64
     max_messages: int = 256
     max_content_chars: int = 262_144
     max_tokens: int = 32_768
@@ -135,6 +140,8 @@ class LimitsConfig(_Section):
         _positive(
             self,
             "max_body_bytes",
+            "max_part_bytes",
+            "max_json_depth",
             "max_messages",
             "max_content_chars",
             "max_tokens",
@@ -147,11 +154,22 @@ class LimitsConfig(_Section):
             raise field_error("heartbeat_s", "must not be negative")
 
 
+class MockToolCall(_Section):
+    #: The function to call (used when the request offers a tool of that name).
+    name: str
+    #: Its arguments, JSON; ``{name}`` is filled like a reply (JSON-escaped).
+    arguments: str = "{}"
+
+
 class MockRule(_Section):
-    #: A regular expression searched (case-insensitively) in the last user message.
+    #: A regular expression searched (case-insensitively) in the last user or tool message.
     pattern: str
     #: The reply; ``{name}`` is replaced by a session variable or a named group.
     reply: str
+    #: Streamed as reasoning (``reasoning_content``) before the reply, templated alike.
+    reasoning: str = ""
+    #: Answer with this tool call instead of the reply, when the request offers the tool.
+    tool_call: MockToolCall | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -289,6 +307,8 @@ class RouteDeadline(_Section):
 class RouteConfig(_Section):
     path: str
     adapter: str
+    #: ``chat`` (Chat Completions through the pipeline) or ``embeddings``.
+    kind: Literal["chat", "embeddings"] = "chat"
     #: Metric label for the route; default derived from the path.
     name: str = ""
     #: Model used when the request names none.
@@ -572,6 +592,8 @@ def check_config(cfg: Config) -> None:
         if label in seen_labels:
             raise fail(f"{key}.name", f"{label!r} is used by an earlier route")
         seen_labels.add(label)
+        if route.kind == "embeddings" and route.policies:
+            raise fail(f"{key}.policies", "policies apply to chat routes, not to embeddings")
         for j, policy in enumerate(route.policies):
             if policy not in policy_names:
                 known = ", ".join(sorted(policy_names)) or "none"

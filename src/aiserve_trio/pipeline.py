@@ -183,6 +183,7 @@ class Pipeline:
             usage=asm.usage if asm is not None else None,
             finish_reason=asm.finish_reason if asm is not None else None,
             delivered=asm.delivered if asm is not None else "",
+            tool_calls=asm.tool_calls if asm is not None else [],
             disconnected=run.disconnected,
         )
 

@@ -29,30 +29,92 @@ from typing import Protocol, final
 import msgspec
 import trio
 
-from ..errors import UpstreamProtocolError, UpstreamTimeout
+from ..errors import BadRequest, UpstreamProtocolError, UpstreamTimeout
+from ..messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .retry import NO_RETRIES, Progress, RetryPolicy, run_with_retries
-
-
-class Message(msgspec.Struct, kw_only=True):
-    """One prompt message as the backend sees it (text only)."""
-
-    role: str
-    content: str
-    name: str | None = None
 
 
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
+    #: ``prompt_tokens_details`` / ``completion_tokens_details`` as the backend sent them.
+    prompt_details: msgspec.Raw | None = None
+    completion_details: msgspec.Raw | None = None
+
+
+class ToolCallDelta(msgspec.Struct, kw_only=True):
+    """A streamed fragment of a tool call: ``index`` says which call it continues."""
+
+    index: int
+    #: On a call's first fragment: its id, type and function name.
+    id: str | None = None
+    type: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 class Delta(msgspec.Struct, kw_only=True):
-    """A piece of the reply: text, and on the last piece the finish reason and usage."""
+    """A piece of the reply, and on the last piece the finish reason and usage.
+
+    ``text`` is the content; ``reasoning`` the reasoning text (``reasoning_content``,
+    as vLLM, DeepSeek and Qwen stream it); ``refusal`` a refusal; ``tool_calls``
+    fragments of tool calls; ``logprobs`` the choice's logprobs object as the
+    backend sent it.
+    """
 
     text: str = ""
+    reasoning: str = ""
+    refusal: str = ""
+    tool_calls: list[ToolCallDelta] | None = None
+    logprobs: msgspec.Raw | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
+
+
+__all__ = [
+    "Adapter",
+    "Capabilities",
+    "Delta",
+    "EmbeddingRequest",
+    "InferenceRequest",
+    "Message",
+    "ToolCallDelta",
+    "Usage",
+]
+
+
+class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What a backend can carry. A request needing more gets a 400 naming the field.
+
+    The core of every request (``model``, ``messages``, ``stream``,
+    ``stream_options``, ``max_tokens``, ``max_completion_tokens``, ``n``,
+    ``user``, ``metadata``) is always carried.
+    """
+
+    #: Other top-level request fields it carries; None: any field (relayed as is).
+    fields: frozenset[str] | None = None
+    #: Content part types it carries; None: any.
+    parts: frozenset[str] | None = None
+    #: It answers ``POST /v1/embeddings``.
+    embeddings: bool = False
+
+
+#: A backend that relays the whole OpenAI request as it was sent.
+EVERYTHING = Capabilities(embeddings=True)
+
+
+class EmbeddingRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """One ``/v1/embeddings`` call: the client's body as sent, and where it goes."""
+
+    request_id: str
+    #: The model the client asked for (the adapter may map it).
+    model: str
+    #: Absolute ``trio.current_time()`` by which the answer must be in.
+    deadline: float
+    #: The client's top-level fields, as sent.
+    body: dict[str, msgspec.Raw]
+    forward_headers: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class InferenceRequest(msgspec.Struct, kw_only=True):
@@ -73,6 +135,13 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     trimmed: int = 0
     #: Set by :meth:`Adapter.prepare` when fitting counted the prompt's tokens.
     prompt_tokens: int | None = None
+    #: The functions the request offers as tools, and its ``tool_choice`` (a mode,
+    #: or the name of the function it requires): for backends that act on them.
+    tool_names: list[str] = msgspec.field(default_factory=list)
+    tool_choice: str | None = None
+    #: Every other top-level field of the client's body, exactly as it was sent
+    #: (tools, response_format, seed, fields unknown today...): relayed as is.
+    extra: dict[str, msgspec.Raw] = msgspec.field(default_factory=dict)
 
 
 class DeltaSink(Protocol):
@@ -111,7 +180,11 @@ class Adapter(abc.ABC):
 
     Subclasses implement :meth:`attempt`, and may override :meth:`prepare`,
     :meth:`aopen`, :meth:`aclose` and :meth:`ready`; :meth:`stream` is final.
+    :attr:`capabilities` says what the backend can carry.
     """
+
+    #: What this backend can carry (class-wide; a backend relaying everything keeps the default).
+    capabilities: Capabilities = EVERYTHING
 
     def __init__(
         self,
@@ -197,6 +270,49 @@ class Adapter(abc.ABC):
             rng=self.rng,
             adapter=self.name,
             hook=self.hook,
+        )
+
+    @final
+    async def embed(self, request: EmbeddingRequest) -> bytes:
+        """The backend's answer to an embeddings request (its JSON body).
+
+        The same guard and retries as :meth:`stream` (a retry is always safe:
+        nothing has reached the client).
+
+        Raises:
+            UpstreamTimeout: no time is left (before any try).
+            UpstreamError: how the backend failed, after the retries.
+        """
+        if request.deadline - trio.current_time() <= 0:
+            late = UpstreamTimeout("no time left for the upstream call")
+            self.hook.failed(self.name, late)
+            raise late
+        answer = b""
+
+        async def one_try(progress: Progress) -> None:
+            nonlocal answer
+            answer = await self.embed_once(request)
+
+        await run_with_retries(
+            one_try,
+            policy=self.policy,
+            deadline=request.deadline,
+            rng=self.rng,
+            adapter=self.name,
+            hook=self.hook,
+        )
+        return answer
+
+    async def embed_once(self, request: EmbeddingRequest) -> bytes:
+        """One try at an embeddings request (backends with ``capabilities.embeddings``).
+
+        Raises:
+            BadRequest: this backend does not answer embeddings (the route checks
+                ``capabilities.embeddings`` first, so a client never gets here).
+        """
+        raise BadRequest(
+            f"the backend of this route ({self.name}) does not answer embeddings",
+            code="unsupported_endpoint",
         )
 
     @abc.abstractmethod

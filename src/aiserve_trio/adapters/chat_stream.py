@@ -1,16 +1,19 @@
 """Decoding an OpenAI chat-completions event stream (sans-IO): bytes in, deltas out.
 
 The stream is Server-Sent Events (see ``sse_parser.py``) whose ``data`` is one
-JSON chunk per event, ending with ``data: [DONE]``. A chunk carries text in
-``choices[].delta.content``, the finish reason in ``choices[].finish_reason``,
-token counts in ``usage`` (``stream_options.include_usage``), or an
-``error`` object when the backend fails after the response has started.
+JSON chunk per event, ending with ``data: [DONE]``. A chunk carries in
+``choices[].delta`` the text (``content``), reasoning (``reasoning_content``, or
+``reasoning`` as some servers name it), a ``refusal``, tool-call fragments
+(``tool_calls``); ``choices[].logprobs``; the finish reason in
+``choices[].finish_reason``; token counts in ``usage`` (with their details); or
+an ``error`` object when the backend fails after the response has started.
 
-:class:`ChatStreamDecoder` is fed each network read as it arrives and returns
-at most one delta per read: the text of every event in the read, joined. What
-arrived together is written together -- one channel hop and one client write
-per read instead of per token. No I/O happens here, so every case (splits at
-any byte, errors mid-read) is tested without a socket.
+:class:`ChatStreamDecoder` is fed each network read as it arrives. The texts of
+the events in one read are joined into one delta: what arrived together is
+written together -- one channel hop and one client write per read instead of
+per token. An event with tool-call fragments or logprobs is a delta of its own
+(in order), since those do not join. No I/O happens here, so every case
+(splits at any byte, errors mid-read) is tested without a socket.
 """
 
 from __future__ import annotations
@@ -18,24 +21,49 @@ from __future__ import annotations
 import msgspec
 
 from ..errors import UpstreamProtocolError
-from .base import Delta, Usage
+from .base import Delta, ToolCallDelta, Usage
 from .sse_parser import SSEDecodeError, SSEParser
 
 DONE = "[DONE]"
+NULL = msgspec.Raw(b"null")
+
+
+def _some(raw: msgspec.Raw) -> msgspec.Raw | None:
+    return None if raw == NULL else raw
+
+
+class _UFunction(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _UToolCall(msgspec.Struct):
+    index: int = 0
+    id: str | None = None
+    type: str | None = None
+    function: _UFunction | None = None
 
 
 class _UDelta(msgspec.Struct):
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    refusal: str | None = None
+    tool_calls: list[_UToolCall] | None = None
 
 
 class _UChoice(msgspec.Struct):
     delta: _UDelta | None = None
     finish_reason: str | None = None
+    # (msgspec takes no `Raw | None`: an absent or null value is the raw `null`.)
+    logprobs: msgspec.Raw = NULL
 
 
 class _UUsage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    prompt_tokens_details: msgspec.Raw = NULL
+    completion_tokens_details: msgspec.Raw = NULL
 
 
 class _UError(msgspec.Struct):
@@ -95,20 +123,22 @@ class ChatStreamDecoder:
         self.check()
         if self.done:
             return []  # read on to the end (the connection is reused), but ignore it
-        text: list[str] = []
+        out: list[Delta] = []
+        joined = _Joined()
         try:
             for event in self._parser.feed(data):
                 if event.data == DONE:
                     self.done = True
                     break
-                self._chunk(event.data, text)
+                self._chunk(event.data, joined, out)
         except UpstreamProtocolError as reported:
             self._error = reported
         except (SSEDecodeError, msgspec.DecodeError) as exc:
             broken = UpstreamProtocolError(f"{self.name}: the model backend sent a malformed event")
             broken.__cause__ = exc  # as `raise ... from exc` would, when check() raises it
             self._error = broken
-        return [Delta(text="".join(text))] if text else []
+        joined.flush(out)
+        return out
 
     def check(self) -> None:
         """Raise the error that broke the stream, if one did.
@@ -137,21 +167,85 @@ class ChatStreamDecoder:
             )
         return Delta(finish_reason=self.finish_reason or "stop", usage=self.usage)
 
-    def _chunk(self, data: str, text: list[str]) -> None:
+    def _chunk(self, data: str, joined: _Joined, out: list[Delta]) -> None:
         chunk = _chunk_decoder.decode(data)
         if chunk.error is not None:
             raise UpstreamProtocolError(
                 f"{self.name}: the model backend reported an error mid-stream: "
                 f"{chunk.error.message[:300]}"
             )
-        if chunk.usage is not None:
+        u = chunk.usage
+        if u is not None:
             self.usage = Usage(
-                prompt_tokens=chunk.usage.prompt_tokens,
-                completion_tokens=chunk.usage.completion_tokens,
+                prompt_tokens=u.prompt_tokens,
+                completion_tokens=u.completion_tokens,
+                prompt_details=_some(u.prompt_tokens_details),
+                completion_details=_some(u.completion_tokens_details),
             )
         for choice in chunk.choices:
-            if choice.delta is not None and choice.delta.content:
-                self.pieces += 1
-                text.append(choice.delta.content)
+            d = choice.delta
+            if d is not None:
+                if d.content or d.reasoning_content or d.reasoning or d.refusal:
+                    self.pieces += 1
+                logprobs = _some(choice.logprobs)
+                if d.tool_calls or logprobs is not None:
+                    # Fragments and logprobs do not join: what came before goes first.
+                    joined.flush(out)
+                    out.append(_alone(d, logprobs))
+                else:
+                    joined.add(d)
             if choice.finish_reason is not None:
                 self.finish_reason = choice.finish_reason
+
+
+class _Joined:
+    """The texts of the events of one read, joined into one delta."""
+
+    __slots__ = ("reasoning", "refusal", "text")
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.refusal: list[str] = []
+
+    def add(self, d: _UDelta) -> None:
+        if d.content:
+            self.text.append(d.content)
+        r = d.reasoning_content or d.reasoning
+        if r:
+            self.reasoning.append(r)
+        if d.refusal:
+            self.refusal.append(d.refusal)
+
+    def flush(self, out: list[Delta]) -> None:
+        if self.text or self.reasoning or self.refusal:
+            out.append(
+                Delta(
+                    text="".join(self.text),
+                    reasoning="".join(self.reasoning),
+                    refusal="".join(self.refusal),
+                )
+            )
+            self.text, self.reasoning, self.refusal = [], [], []
+
+
+def _alone(d: _UDelta, logprobs: msgspec.Raw | None) -> Delta:
+    calls = None
+    if d.tool_calls:
+        calls = [
+            ToolCallDelta(
+                index=c.index,
+                id=c.id,
+                type=c.type,
+                name=c.function.name if c.function is not None else None,
+                arguments=(c.function.arguments or "") if c.function is not None else "",
+            )
+            for c in d.tool_calls
+        ]
+    return Delta(
+        text=d.content or "",
+        reasoning=d.reasoning_content or d.reasoning or "",
+        refusal=d.refusal or "",
+        tool_calls=calls,
+        logprobs=logprobs,
+    )

@@ -1,12 +1,21 @@
 """The ``mock`` adapter: the embedded default model, a small rule engine.
 
 Rules (TOML, ``[[adapters.NAME.rules]]``) pair a regular expression searched in
-the last user message with a templated reply; the first match wins, else the
-default reply. ``{name}`` in a reply is a named group of the pattern or a
-session variable, ``{name|fallback}`` gives the text to use when neither is
-known. One rule is fixed and comes first: a last user message starting with
+the last user or tool message with a templated reply; the first match wins,
+else the default reply. ``{name}`` in a reply is a named group of the pattern
+or a session variable, ``{name|fallback}`` gives the text to use when neither
+is known. One rule is fixed and comes first: a last user message starting with
 ``echo:`` is streamed back verbatim (the text after the prefix), the way to try
 policies by hand.
+
+A rule may also give ``reasoning`` (streamed as ``reasoning_content`` before the
+reply) and a ``tool_call`` (a function name and templated JSON arguments): when
+the request offers a tool of that name and ``tool_choice`` is not ``"none"``,
+the reply is that tool call, streamed in fragments, with ``finish_reason:
+"tool_calls"``. A request whose ``tool_choice`` requires a tool no rule names
+gets a call of it with ``{}``. The mock carries nothing it cannot act on
+(:attr:`MockAdapter.capabilities`): images, ``response_format``, ``logprobs``...
+are refused with a 400 naming the field.
 
 Replies stream as word-sized deltas after ``ttft_ms``, one every
 ``inter_token_ms``. Token counts in ``usage`` are word-piece counts (words and
@@ -15,19 +24,32 @@ punctuation marks), not a model tokenizer's.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass
 
 import trio
 
-from ..config import MockAdapterConfig
+from ..config import MockAdapterConfig, MockToolCall
 from ..observability.events import NULL_HOOK, UpstreamHook
-from .base import Adapter, Delta, DeltaSink, InferenceRequest, Message, Usage
+from .base import (
+    Adapter,
+    Capabilities,
+    Delta,
+    DeltaSink,
+    InferenceRequest,
+    Message,
+    ToolCallDelta,
+    Usage,
+)
 from .retry import Progress
 
 ECHO_PREFIX = "echo:"
 _WORDS_RE = re.compile(r"\s*\S+|\s+$")
 _PIECES_RE = re.compile(r"\w+|[^\w\s]")
+#: Tool-call arguments go out in fragments of a few characters, as models send them.
+_ARG_PIECES = re.compile(r".{1,12}", re.DOTALL)
 _TEMPLATE_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\|([^{}]*))?\}")
 
 
@@ -57,32 +79,77 @@ def fill_template(template: str, values: dict[str, str]) -> str:
 class _Rule:
     pattern: re.Pattern[str]
     reply: str
+    reasoning: str
+    tool: MockToolCall | None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What the mock answers: text, reasoning before it, or a tool call."""
+
+    text: str
+    reasoning: str = ""
+    tool_name: str | None = None
+    arguments: str = ""
 
 
 class RuleEngine:
     """Pure reply selection: last user message + variables -> reply text."""
 
     def __init__(self, config: MockAdapterConfig) -> None:
+        flags = re.IGNORECASE | re.DOTALL
         self._rules = [
-            _Rule(re.compile(r.pattern, re.IGNORECASE | re.DOTALL), r.reply) for r in config.rules
+            _Rule(re.compile(r.pattern, flags), r.reply, r.reasoning, r.tool_call)
+            for r in config.rules
         ]
         self._default = config.default_reply
 
-    def reply(self, messages: list[Message], variables: dict[str, str]) -> str:
-        last = next((m.content for m in reversed(messages) if m.role == "user"), "")
-        if last.startswith(ECHO_PREFIX):
-            return last[len(ECHO_PREFIX) :].lstrip(" ")
+    def reply(
+        self,
+        messages: list[Message],
+        variables: dict[str, str],
+        tools: list[str] | None = None,
+        tool_choice: str | None = None,
+    ) -> Reply:
+        """The answer to ``messages``; a tool call only if ``tools`` offers it.
+
+        Args:
+            tools: the function names the request offers.
+            tool_choice: ``none``, ``auto``, ``required``, or a function's name.
+        """
+        last = next((m for m in reversed(messages) if m.role in ("user", "tool")), None)
+        text = last.text() if last is not None else ""
+        offered = [] if tool_choice == "none" else list(tools or ())
+        if tool_choice not in (None, "none", "auto", "required"):
+            offered = [t for t in offered if t == tool_choice]
+        if last is not None and last.role == "user" and text.startswith(ECHO_PREFIX):
+            return Reply(text[len(ECHO_PREFIX) :].lstrip(" "))
         for rule in self._rules:
-            m = rule.pattern.search(last)
-            if m:
-                values = dict(variables)
-                values.update({k: v for k, v in m.groupdict().items() if v is not None})
-                return fill_template(rule.reply, values)
-        return fill_template(self._default, dict(variables))
+            m = rule.pattern.search(text)
+            if not m:
+                continue
+            values = dict(variables)
+            values.update({k: v for k, v in m.groupdict().items() if v is not None})
+            reasoning = fill_template(rule.reasoning, values) if rule.reasoning else ""
+            if rule.tool is not None and rule.tool.name in offered:
+                quoted = {k: json.dumps(v)[1:-1] for k, v in values.items()}
+                args = fill_template(rule.tool.arguments, quoted)
+                return Reply("", reasoning, rule.tool.name, args)
+            return Reply(fill_template(rule.reply, values), reasoning)
+        if offered and tool_choice != "auto" and tool_choice is not None:
+            return Reply("", "", offered[0], "{}")  # a tool is required; no rule names one
+        return Reply(fill_template(self._default, dict(variables)))
 
 
 class MockAdapter(Adapter):
     """Streams the rule engine's reply with configurable pacing."""
+
+    capabilities = Capabilities(
+        fields=frozenset(
+            {"temperature", "top_p", "stop", "seed", "tools", "tool_choice", "reasoning_effort"}
+        ),
+        parts=frozenset({"text"}),
+    )
 
     def __init__(
         self, name: str, config: MockAdapterConfig, *, hook: UpstreamHook = NULL_HOOK
@@ -99,20 +166,39 @@ class MockAdapter(Adapter):
         self.engine = RuleEngine(config)
 
     async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
-        """Send the rule engine's reply word by word, after ``ttft_ms``."""
-        reply = self.engine.reply(request.messages, request.variables)
-        words = split_words(reply)
+        """Send the rule engine's reply piece by piece, after ``ttft_ms``."""
+        reply = self.engine.reply(
+            request.messages, request.variables, request.tool_names, request.tool_choice
+        )
+        pieces = [Delta(reasoning=w) for w in split_words(reply.reasoning)]
         finish = "stop"
-        if request.max_tokens is not None and len(words) > request.max_tokens:
-            words, finish = words[: request.max_tokens], "length"
-        prompt_tokens = sum(count_tokens(m.content) for m in request.messages)
+        if reply.tool_name is not None:
+            call = "call_" + hashlib.sha1(request.request_id.encode()).hexdigest()[:24]
+            first = ToolCallDelta(index=0, id=call, type="function", name=reply.tool_name)
+            pieces.append(Delta(tool_calls=[first]))
+            pieces += [
+                Delta(tool_calls=[ToolCallDelta(index=0, arguments=a)])
+                for a in _ARG_PIECES.findall(reply.arguments)
+            ]
+            finish = "tool_calls"
+        else:
+            words = split_words(reply.text)
+            if request.max_tokens is not None and len(words) > request.max_tokens:
+                words, finish = words[: request.max_tokens], "length"
+            pieces += [Delta(text=w) for w in words]
+        prompt_tokens = sum(count_tokens(m.text()) for m in request.messages)
         ttft = self.config.ttft_ms / 1000.0
         gap = self.config.inter_token_ms / 1000.0
         if ttft:
             await trio.sleep(ttft)
-        for i, word in enumerate(words):
+        for i, piece in enumerate(pieces):
             if i and gap:
                 await trio.sleep(gap)
-            await send.send(Delta(text=word))
-        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=count_tokens("".join(words)))
+            await send.send(piece)
+        produced = "".join(p.text or p.reasoning or _args(p) for p in pieces)
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=count_tokens(produced))
         await send.send(Delta(finish_reason=finish, usage=usage))
+
+
+def _args(d: Delta) -> str:
+    return "".join(c.arguments for c in d.tool_calls or ())

@@ -39,13 +39,15 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from importlib.metadata import version as _version
+from typing import Any
 
 import httpx2
 import msgspec
 import trio
 
-from ..config import ConfigError, OpenAIAdapterConfig
+from ..config import OpenAIAdapterConfig
 from ..errors import (
+    ConfigError,
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
@@ -53,12 +55,13 @@ from ..errors import (
     UpstreamTimeout,
 )
 from ..observability.events import NULL_HOOK, UpstreamHook
-from .base import Adapter, DeltaSink, InferenceRequest, Usage
+from .base import Adapter, DeltaSink, EmbeddingRequest, InferenceRequest, Usage
 from .chat_stream import ChatStreamDecoder
 from .compat import pool_connections
 from .retry import Progress, RetryPolicy
 from .sse_parser import SSEDecodeError
 from .tokens import count_prompt, fit_request
+from .wire import chat_body
 
 #: Header carrying the remaining budget upstream.
 BUDGET_HEADER = "X-Request-Timeout-Ms"
@@ -125,28 +128,6 @@ class ClientPool:
         with trio.CancelScope(shield=True):
             for client in clients:
                 await client.aclose()
-
-
-class _UMessage(msgspec.Struct, omit_defaults=True):
-    role: str
-    content: str
-    name: str | None = None
-
-
-class _UStreamOptions(msgspec.Struct):
-    include_usage: bool = True
-
-
-class _UBody(msgspec.Struct, omit_defaults=True, kw_only=True):
-    model: str
-    messages: list[_UMessage]
-    # No defaults: omit_defaults would leave them off the wire.
-    stream: bool
-    stream_options: _UStreamOptions
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: list[str] | None = None
 
 
 _encoder = msgspec.json.Encoder()
@@ -223,6 +204,7 @@ class OpenAIAdapter(Adapter):
         # Requests are built here, not by client.build_request, which re-merges
         # the base URL and the default headers on every call (~0.1 ms).
         self._url = httpx2.URL(config.base_url.rstrip("/") + "/chat/completions")
+        self._embed_url = httpx2.URL(config.base_url.rstrip("/") + "/embeddings")
         self._headers: list[tuple[bytes, bytes]] = []  # set in aopen (the API key)
 
     async def aopen(self, nursery: trio.Nursery) -> None:
@@ -294,21 +276,35 @@ class OpenAIAdapter(Adapter):
         clients = self._clients
         if clients is None:
             raise UpstreamConnectError(f"adapter {self.name} is not open")
-        cfg = self.config
-        body = _encoder.encode(
-            _UBody(
-                model=cfg.upstream_model or request.model,
-                messages=[_UMessage(m.role, m.content, m.name) for m in request.messages],
-                stream=True,
-                stream_options=_UStreamOptions(include_usage=True),
-                max_tokens=request.max_tokens,
-                temperature=request.temperature,
-                top_p=request.top_p,
-                stop=request.stop or None,
-            )
-        )
+        body = chat_body(request, self.config.upstream_model or request.model)
         with clients.lease() as client:
             await self._call(client, request, body, send)
+
+    def _request(
+        self,
+        url: httpx2.URL,
+        body: bytes,
+        deadline: float,
+        request_id: str,
+        forward: dict[str, str],
+    ) -> httpx2.Request:
+        """An upstream request with the budget, the request id and the forwarded headers."""
+        # The base class checked that time was left; the floor keeps the
+        # timeouts positive should the clock have moved past the deadline since.
+        remaining = max(deadline - trio.current_time(), 1e-3)
+        # Client timeouts never exceed the budget; the stage's cancel scope is the backstop.
+        timeout = httpx2.Timeout(
+            remaining, connect=min(self.config.connect_timeout_ms / 1000.0, remaining)
+        )
+        headers = [
+            *self._headers,
+            (_BUDGET_HEADER, b"%d" % max(1, int(remaining * 1000))),
+            (b"x-request-id", request_id.encode()),
+            *((k.encode(), v.encode()) for k, v in forward.items()),
+        ]
+        return httpx2.Request(
+            "POST", url, content=body, headers=headers, extensions={"timeout": timeout.as_dict()}
+        )
 
     async def _call(
         self,
@@ -317,25 +313,8 @@ class OpenAIAdapter(Adapter):
         body: bytes,
         send: DeltaSink,
     ) -> None:
-        # Stream() checked that time was left; the floor keeps the timeouts
-        # positive should the clock have moved past the deadline since.
-        remaining = max(request.deadline - trio.current_time(), 1e-3)
-        # Client timeouts never exceed the budget; the stage's cancel scope is the backstop.
-        timeout = httpx2.Timeout(
-            remaining, connect=min(self.config.connect_timeout_ms / 1000.0, remaining)
-        )
-        headers = [
-            *self._headers,
-            (_BUDGET_HEADER, b"%d" % max(1, int(remaining * 1000))),
-            (b"x-request-id", request.request_id.encode()),
-            *((k.encode(), v.encode()) for k, v in request.forward_headers.items()),
-        ]
-        req = httpx2.Request(
-            "POST",
-            self._url,
-            content=body,
-            headers=headers,
-            extensions={"timeout": timeout.as_dict()},
+        req = self._request(
+            self._url, body, request.deadline, request.request_id, request.forward_headers
         )
         response: httpx2.Response | None = None
         try:
@@ -350,6 +329,34 @@ class OpenAIAdapter(Adapter):
                 # stream (the backend sees the disconnect and stops generating).
                 with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
                     await response.aclose()
+
+    async def embed_once(self, request: EmbeddingRequest) -> bytes:
+        """One ``POST {base_url}/embeddings``: the client's body, the model mapped."""
+        clients = self._clients
+        if clients is None:
+            raise UpstreamConnectError(f"adapter {self.name} is not open")
+        fields: dict[str, Any] = dict(request.body)
+        if self.config.upstream_model:
+            fields["model"] = self.config.upstream_model
+        req = self._request(
+            self._embed_url,
+            _encoder.encode(fields),
+            request.deadline,
+            request.request_id,
+            request.forward_headers,
+        )
+        response: httpx2.Response | None = None
+        with clients.lease() as client:
+            try:
+                with translate_errors(self.name):
+                    response = await client.send(req, stream=True)
+                    if response.status_code != 200:
+                        await self._raise_status(response)
+                    return await response.aread()
+            finally:
+                if response is not None:
+                    with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+                        await response.aclose()
 
     async def _raise_status(self, response: httpx2.Response) -> None:
         raw = b""

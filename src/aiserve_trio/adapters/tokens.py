@@ -37,6 +37,8 @@ TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 #: Tokens priming the assistant's reply (``<|start|>assistant<|message|>``).
 REPLY_PRIMING = 3
+#: What one non-text content part counts for (a 1024x1024 image at high detail).
+PART_TOKENS = 765
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 _O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "chatgpt-4o", "o1", "o3", "o4")
 
@@ -92,10 +94,18 @@ async def load_encoding(name: str) -> Encoding:
 
 
 def _message_cost(m: Message, length: Callable[[str], int]) -> int:
-    """OpenAI's chat accounting for one message, each text measured by ``length``."""
-    n = TOKENS_PER_MESSAGE + length(m.role) + length(m.content)
+    """OpenAI's chat accounting for one message, each text measured by ``length``.
+
+    A part that is not text (an image, audio, a file) counts as
+    :data:`PART_TOKENS`: its cost depends on the model, not on its bytes.
+    """
+    n = TOKENS_PER_MESSAGE + length(m.role) + length(m.text())
     if m.name:
         n += TOKENS_PER_NAME + length(m.name)
+    for call in m.tool_calls or ():
+        n += length(call.function.name) + length(call.function.arguments)
+    if isinstance(m.content, list):
+        n += PART_TOKENS * sum(1 for p in m.content if p.type != "text")
     return n
 
 

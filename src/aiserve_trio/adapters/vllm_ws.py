@@ -30,6 +30,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import msgspec
 import trio
@@ -50,7 +51,7 @@ from ..errors import (
     UpstreamTimeout,
 )
 from ..observability.events import NULL_HOOK, UpstreamHook
-from .base import Adapter, DeltaSink, InferenceRequest
+from .base import Adapter, Capabilities, DeltaSink, InferenceRequest
 from .compat import close_ws_stream
 from .retry import Progress, RetryPolicy
 from .tokens import fit_request
@@ -61,19 +62,19 @@ _CLOSE_GRACE = 1.0
 _PROTOCOL_CLOSES = frozenset({1002, 1003, 1007, 1008, 1009})
 
 
-class _WMessage(msgspec.Struct, omit_defaults=True):
-    role: str
-    content: str
-    name: str | None = None
-
-
-class _Generate(msgspec.Struct, omit_defaults=True):
-    id: str
-    model: str
-    messages: list[_WMessage]
-    type: str = "generate"
-    max_tokens: int | None = None
-    timeout_ms: int | None = None
+#: Request fields the WebSocket protocol carries (besides the core), relayed as sent.
+WS_FIELDS = frozenset(
+    {
+        "tools",
+        "tool_choice",
+        "response_format",
+        "reasoning_effort",
+        "stop",
+        "temperature",
+        "top_p",
+        "seed",
+    }
+)
 
 
 _encoder = msgspec.json.Encoder()
@@ -114,6 +115,8 @@ def translate_errors(name: str) -> Iterator[None]:
 
 class VllmWsAdapter(Adapter):
     """Streams replies from a WebSocket model server over a small connection pool."""
+
+    capabilities = Capabilities(fields=WS_FIELDS, parts=frozenset({"text"}))
 
     def __init__(
         self,
@@ -196,15 +199,17 @@ class VllmWsAdapter(Adapter):
         # Stream() checked that time was left; the floor keeps the budget
         # positive should the clock have moved past the deadline since.
         remaining = max(request.deadline - trio.current_time(), 1e-3)
-        payload = _encoder.encode(
-            _Generate(
-                id=request.request_id,
-                model=self.config.upstream_model or request.model,
-                messages=[_WMessage(m.role, m.content, m.name) for m in request.messages],
-                max_tokens=request.max_tokens,
-                timeout_ms=max(1, int(remaining * 1000)),
-            )
-        )
+        generate: dict[str, Any] = {
+            "type": "generate",
+            "id": request.request_id,
+            "model": self.config.upstream_model or request.model,
+            "messages": [m.to_raw() for m in request.messages],
+        }
+        if request.max_tokens is not None:
+            generate["max_tokens"] = request.max_tokens
+        generate["timeout_ms"] = max(1, int(remaining * 1000))
+        generate.update((k, v) for k, v in request.extra.items() if k in WS_FIELDS)
+        payload = _encoder.encode(generate)
         ws: WebSocketConnection | None = None
         reply = WsReplyDecoder(self.name, request.request_id)
         try:

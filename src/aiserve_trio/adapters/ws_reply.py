@@ -1,10 +1,12 @@
 """Decoding a WebSocket model server's reply messages (sans-IO): messages in, deltas out.
 
 The protocol is the one :mod:`aiserve_trio.sim` documents. A request's reply is
-``token`` messages (``text``) and one ``done`` (``finish_reason``, ``usage``),
-or an ``error`` (``status``, ``message``, ``retry_after``) instead of the
-``done``. Every message may carry the request's ``id``; one for another request
-means the connection is out of step.
+``reasoning`` messages (``text``), ``token`` messages (``text``), ``tool_call``
+messages (``index``, on a call's first fragment ``call_id`` and ``name``, and
+an ``arguments`` fragment), and one ``done`` (``finish_reason``, ``usage``), or
+an ``error`` (``status``, ``message``, ``retry_after``) instead of the ``done``.
+Every message may carry the request's ``id``; one for another request means
+the connection is out of step.
 
 :class:`WsReplyDecoder` takes one message at a time and tells the caller
 whether the reply is over (:attr:`~WsReplyDecoder.ended`): after a ``done``
@@ -17,12 +19,16 @@ from __future__ import annotations
 import msgspec
 
 from ..errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError, UpstreamTimeout
-from .base import Delta, Usage
+from .base import Delta, ToolCallDelta, Usage
+
+_NULL = msgspec.Raw(b"null")
 
 
 class _WUsage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    prompt_tokens_details: msgspec.Raw = _NULL
+    completion_tokens_details: msgspec.Raw = _NULL
 
 
 class _Incoming(msgspec.Struct):
@@ -34,6 +40,10 @@ class _Incoming(msgspec.Struct):
     status: int = 0
     retry_after: float | None = None
     message: str = ""
+    index: int = 0
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 _decoder = msgspec.json.Decoder(_Incoming)
@@ -101,12 +111,32 @@ class WsReplyDecoder:
                 return []
             self.pieces += 1
             return [Delta(text=msg.text)]
+        if msg.type == "reasoning":
+            if not msg.text:
+                return []
+            self.pieces += 1
+            return [Delta(reasoning=msg.text)]
+        if msg.type == "tool_call":
+            self.pieces += 1
+            first = msg.call_id is not None
+            call = ToolCallDelta(
+                index=msg.index,
+                id=msg.call_id,
+                type="function" if first else None,
+                name=msg.name,
+                arguments=msg.arguments,
+            )
+            return [Delta(tool_calls=[call])]
         if msg.type == "done":
             self.ended = True
             u = msg.usage
             usage = Usage(
                 prompt_tokens=u.prompt_tokens if u else 0,
                 completion_tokens=u.completion_tokens if u else self.pieces,
+                prompt_details=None if u is None or u.prompt_tokens_details == _NULL
+                else u.prompt_tokens_details,
+                completion_details=None if u is None or u.completion_tokens_details == _NULL
+                else u.completion_tokens_details,
             )
             return [Delta(finish_reason=msg.finish_reason or "stop", usage=usage)]
         if msg.type == "error":

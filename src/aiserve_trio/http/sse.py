@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from ..api import ChatCompletionChunk, ChunkChoice, ChunkDelta, Usage, encoder, error_json
 from ..errors import GatewayError, Overloaded
 
@@ -45,13 +47,18 @@ class ChatFramer:
         buf += b"\n\n"
         return bytes(buf)
 
-    def _chunk(self, delta: ChunkDelta, finish: str | None = None) -> ChatCompletionChunk:
+    def _chunk(
+        self, delta: ChunkDelta, finish: str | None = None, logprobs: msgspec.Raw | None = None
+    ) -> ChatCompletionChunk:
+        choice = ChunkChoice(index=0, delta=delta, finish_reason=finish)
+        if logprobs is not None:
+            choice.logprobs = logprobs
         return ChatCompletionChunk(
             id=self._id,
             object=CHUNK,
             created=self._created,
             model=self._model,
-            choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],
+            choices=[choice],
         )
 
     def role(self) -> bytes:
@@ -60,6 +67,10 @@ class ChatFramer:
 
     def content(self, text: str) -> bytes:
         return self._event(self._chunk(ChunkDelta(content=text)))
+
+    def delta(self, delta: ChunkDelta, logprobs: msgspec.Raw | None = None) -> bytes:
+        """One chunk of the reply: any of content, reasoning, refusal, tool-call fragments."""
+        return self._event(self._chunk(delta, logprobs=logprobs))
 
     def finish(self, reason: str) -> bytes:
         return self._event(self._chunk(ChunkDelta(), reason))

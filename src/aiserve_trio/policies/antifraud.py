@@ -118,7 +118,8 @@ class AntiFraud(Policy):
         self.scope = scope
 
     def _text(self, messages: list[Message]) -> str:
-        users = [m.content for m in messages if m.role == "user"]
+        # What people and tools said: tool results can carry a scammer's words too.
+        users = [m.text() for m in messages if m.role in ("user", "tool")]
         if self.scope == "last_user":
             return users[-1] if users else ""
         return "\n".join(users)

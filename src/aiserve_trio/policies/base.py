@@ -185,3 +185,20 @@ def read_pack(ref: str, typ: type[PackT], *, policy: str, ctx: BuildContext) -> 
         raise ConfigError(f"{ctx.source}: policy {policy!r}: {why}") from exc
     source = f"{ctx.source}: policy {policy!r}: rule pack {where}"
     return decode_toml(data, typ, source=source), where
+
+
+def apply_filters(filters: list[OutputFilter], text: str) -> str:
+    """``text`` through each output filter in order."""
+    for f in filters:
+        if not text:
+            break
+        text = f.feed(text)
+    return text
+
+
+def finish_filters(filters: list[OutputFilter]) -> str:
+    """Flush the held-back tails in order, each through the filters after it."""
+    out = ""
+    for f in filters:
+        out = (f.feed(out) if out else "") + f.finish()
+    return out

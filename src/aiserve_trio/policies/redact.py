@@ -240,18 +240,10 @@ class GdprRedact(Policy):
         if not self.on_input:
             return messages
         hit = lambda _kind: ctx.record(self.name, "redacted")  # noqa: E731
-        out = []
-        for msg in messages:
-            text = self.rewriter.rewrite(msg.content, hit)
-            out.append(msg if text == msg.content else _replace_content(msg, text))
-        return out
+        return [msg.map_text(lambda text: self.rewriter.rewrite(text, hit)) for msg in messages]
 
     def output_filter(self, ctx: PolicyContext) -> OutputFilter | None:
         return _Filter(self.rewriter, self.name, ctx) if self.on_output else None
-
-
-def _replace_content(msg: Message, text: str) -> Message:
-    return msgspec.structs.replace(msg, content=text)
 
 
 class Tokens(Table, frozen=True):

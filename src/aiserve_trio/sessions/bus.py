@@ -22,6 +22,7 @@ import msgspec
 import trio
 
 from ..errors import BadRequest, Overloaded
+from ..messages import ToolCall
 
 # Re-exported: the tenant rule is shared with the config (see ``tenants``).
 from ..tenants import TENANT_RE as TENANT_RE
@@ -51,6 +52,9 @@ class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
     truncated: bool = False
     #: Notes from policies or the pipeline (e.g. ``fraud_flag``).
     flags: dict[str, str] = msgspec.field(default_factory=dict)
+    #: An assistant turn's tool calls; a tool turn's answer names its call.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 class Event(msgspec.Struct, kw_only=True):

@@ -26,10 +26,10 @@ import trio
 from ..api import encoder
 from ..errors import (
     BadRequest,
-    PayloadTooLarge,
     StageDeadlineExceeded,
     UnsupportedMediaType,
 )
+from ..http.body import read_body
 from ..http.sse import CLOSE, PING, RETRY, bus_error_event, session_event
 from ..http.types import JSON_HEADERS, SSE_HEADERS
 from .bus import (
@@ -124,19 +124,13 @@ class SessionEndpoints:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
             raise UnsupportedMediaType("the body must be application/json")
-        body = bytearray()
+        body: bytes | None = None
         with trio.move_on_after(self.call_budget) as scope:
-            while True:
-                msg = await request.receive()
-                if msg["type"] == "http.disconnect":
-                    return
-                body += msg.get("body", b"")
-                if len(body) > MAX_VARS_BODY:
-                    raise PayloadTooLarge(f"session variables exceed {MAX_VARS_BODY} bytes")
-                if not msg.get("more_body", False):
-                    break
+            body = await read_body(request.receive, MAX_VARS_BODY)
         if scope.cancelled_caught:
             raise StageDeadlineExceeded("parse", "the request body did not arrive in time")
+        if body is None:
+            return  # the client went away
         try:
             values = _vars_decoder.decode(body)
         except msgspec.ValidationError as exc:

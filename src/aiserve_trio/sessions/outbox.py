@@ -76,29 +76,38 @@ class Outbox:
 def request_turns(outcome: Outcome) -> list[Turn]:
     """The turns to store for a finished request, or ``[]`` if there is nothing to store.
 
-    Stored when the reply finished, or when something was delivered before the
-    stream was cut (then the assistant turn is ``truncated``).
+    What the request added to the conversation (a user question, or tool
+    results answering the assistant's calls), as the model saw it, and the
+    reply: its content and tool calls. Stored when the reply finished, or when
+    something was delivered before the stream was cut (then the assistant turn
+    is ``truncated``).
     """
     info, prepared = outcome.info, outcome.prepared
     if info is None or prepared is None or info.session_id is None:
         return []
     cut = outcome.cut
-    if cut and not outcome.delivered:
+    if cut and not (outcome.delivered or outcome.tool_calls):
         return []
     flags = dict(prepared.policy.flags)
     if prepared.degraded:
         flags["degraded"] = prepared.degraded
     now = time.time()
     ch, rid = outcome.channel, outcome.request_id
-    return [
+    turns = [
         Turn(
-            role="user",
-            content=prepared.user_text,
+            role=m.role,
+            content=m.text(),
             channel=ch,
             request_id=rid,
             ts=now,
             flags=flags,
-        ),
+            tool_calls=m.tool_calls,
+            tool_call_id=m.tool_call_id,
+        )
+        for m in prepared.new_turns
+        if m.role in ("user", "tool")
+    ]
+    turns.append(
         Turn(
             role="assistant",
             content=outcome.delivered,
@@ -107,8 +116,10 @@ def request_turns(outcome: Outcome) -> list[Turn]:
             ts=now,
             truncated=cut,
             flags=flags,
-        ),
-    ]
+            tool_calls=outcome.tool_calls or None,
+        )
+    )
+    return turns
 
 
 class WriteBack:

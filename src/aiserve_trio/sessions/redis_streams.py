@@ -33,6 +33,7 @@ import coredis
 import coredis.exceptions
 import msgspec
 
+from ..messages import ToolCall
 from .bus import Event, Session, SessionBus, SessionBusError, Turn
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 _FLAGS = msgspec.json.Encoder()
 _FLAGS_DEC = msgspec.json.Decoder(dict[str, str])
+_CALLS_DEC = msgspec.json.Decoder(list[ToolCall])
 
 # KEYS: turns, vars, seen. ARGV: ttl, maxlen, request_id, score, n_turns, then per
 # turn: n_fields, field, value, ... Returns the new entry ids, or {} if the
@@ -85,6 +87,10 @@ def turn_fields(turn: Turn) -> list[str]:
         out += ["truncated", "1"]
     if turn.flags:
         out += ["flags", _FLAGS.encode(turn.flags).decode()]
+    if turn.tool_calls:
+        out += ["tool_calls", _FLAGS.encode(turn.tool_calls).decode()]
+    if turn.tool_call_id is not None:
+        out += ["tool_call_id", turn.tool_call_id]
     return out
 
 
@@ -96,6 +102,7 @@ def turn_from_fields(fields: Any) -> Turn:
     """
     try:
         flags = fields.get("flags")
+        calls = fields.get("tool_calls")
         return Turn(
             role=fields["role"],
             content=fields["content"],
@@ -104,6 +111,8 @@ def turn_from_fields(fields: Any) -> Turn:
             ts=float(fields["ts"]),
             truncated=fields.get("truncated") == "1",
             flags=_FLAGS_DEC.decode(flags) if flags else {},
+            tool_calls=_CALLS_DEC.decode(calls) if calls else None,
+            tool_call_id=fields.get("tool_call_id"),
         )
     except (KeyError, ValueError, msgspec.DecodeError) as exc:
         raise SessionBusError("a session stream entry is not a turn") from exc

@@ -2,9 +2,9 @@
 
 One :class:`ResponseAssembler` per request owns everything about the reply
 that is not I/O: the output filters (which may hold back a bounded tail), the
-SSE framer, the text actually delivered, the finish reason, the usage and the
-first-token time. The sse stage is a thin loop around it, and the pipeline
-asks it for the final error event when a started stream fails.
+SSE framer, the text actually delivered, the tool calls, the finish reason,
+the usage and the first-token time. The sse stage is a thin loop around it,
+and the pipeline asks it for the final error event when a started stream fails.
 
 Its states are a table, not a forest of ``if``\\ s::
 
@@ -12,8 +12,16 @@ Its states are a table, not a forest of ``if``\\ s::
     idle|open --finish--> done
     idle|open --fail--> failed
 
-For a streamed reply, :meth:`feed` returns SSE events (the first ones led by
-the assistant-role chunk) and :meth:`finish` the filters' held-back tail, the
+Everything the model produces reaches the client, each through the output
+policies that apply to it: the content through every output filter of the
+route; the reasoning, a refusal and the string values inside tool-call
+arguments through the filters that are not about presentation (channel shaping
+changes content only), each in a chain of its own -- tool-call arguments via a
+:class:`~aiserve_trio.policies.jsonstream.JsonStringFilter`, so they stay
+valid JSON. Logprobs travel as the backend sent them.
+
+For a streamed reply, :meth:`feed` returns SSE events (the first led by the
+assistant-role chunk) and :meth:`finish` the filters' held-back tails, the
 finish event, the usage event if asked for, and ``[DONE]``. For a non-streamed
 reply, :meth:`feed` returns nothing and :meth:`finish` the whole
 ``chat.completion`` JSON body. :meth:`fail` returns the error event and
@@ -23,18 +31,38 @@ caller should answer with an HTTP error instead.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..api import ChatCompletion, Choice, ResponseMessage, encoder
+import msgspec
+
+from ..api import (
+    ChatCompletion,
+    Choice,
+    ChunkDelta,
+    FunctionCallOut,
+    FunctionDelta,
+    LogprobsOut,
+    ResponseMessage,
+    ToolCallChunk,
+    ToolCallOut,
+    encoder,
+)
 from ..api import Usage as WireUsage
 from ..errors import UpstreamProtocolError
 from ..http.sse import DONE, ChatFramer
+from ..messages import FunctionCall, ToolCall
+from ..policies.base import apply_filters, finish_filters
+from ..policies.jsonstream import JsonStringFilter
 
 if TYPE_CHECKING:
-    from ..adapters.base import Delta, Usage
+    from ..adapters.base import Delta, ToolCallDelta, Usage
     from ..errors import GatewayError
     from ..policies.base import OutputFilter
+
+FilterFactory = Callable[[], "list[OutputFilter]"]
 
 
 class State(enum.Enum):
@@ -58,31 +86,70 @@ class AssemblerStateError(RuntimeError):
     """A call the assembler's state does not allow (a bug in the caller)."""
 
 
-def apply_filters(filters: list[OutputFilter], text: str) -> str:
-    """``text`` through each output filter in order."""
-    for f in filters:
-        if not text:
-            break
-        text = f.feed(text)
-    return text
+def _no_filters() -> list[OutputFilter]:
+    return []
 
 
-def finish_filters(filters: list[OutputFilter]) -> str:
-    """Flush the held-back tails in order, each through the filters after it."""
-    out = ""
-    for f in filters:
-        out = (f.feed(out) if out else "") + f.finish()
-    return out
+class _Chain:
+    """One text stream (reasoning, refusal) through its own filters."""
+
+    __slots__ = ("filters", "parts")
+
+    def __init__(self, filters: list[OutputFilter]) -> None:
+        self.filters = filters
+        self.parts: list[str] = []
+
+    def feed(self, text: str) -> str:
+        out = apply_filters(self.filters, text) if self.filters else text
+        if out:
+            self.parts.append(out)
+        return out
+
+    def finish(self) -> str:
+        out = finish_filters(self.filters) if self.filters else ""
+        if out:
+            self.parts.append(out)
+        return out
+
+
+class _Call:
+    """One tool call being streamed: its identity, and its arguments through the filters."""
+
+    __slots__ = ("args", "id", "name", "parts", "type")
+
+    def __init__(self, args: JsonStringFilter | None) -> None:
+        self.id = ""
+        self.type = "function"
+        self.name = ""
+        self.args = args
+        self.parts: list[str] = []
+
+    def feed(self, fragment: str) -> str:
+        out = self.args.feed(fragment) if self.args is not None else fragment
+        if out:
+            self.parts.append(out)
+        return out
+
+    def finish(self) -> str:
+        out = self.args.finish() if self.args is not None else ""
+        if out:
+            self.parts.append(out)
+        return out
 
 
 class ResponseAssembler:
     """Builds one reply's bytes; see the module docstring."""
 
     __slots__ = (
+        "_calls",
         "_delivered",
         "_filters",
         "_framer",
         "_include_usage",
+        "_logprobs",
+        "_reasoning",
+        "_refusal",
+        "_side",
         "_state",
         "created",
         "finish_reason",
@@ -101,18 +168,29 @@ class ResponseAssembler:
         stream: bool,
         include_usage: bool = False,
         filters: list[OutputFilter] | None = None,
+        side_filters: FilterFactory | None = None,
     ) -> None:
+        """Args:
+        filters: the content's output filters, in policy order.
+        side_filters: makes a fresh chain of the filters that apply to
+            reasoning, refusals and tool-call arguments (one chain per text).
+        """
         self.request_id = request_id
         self.model = model
         self.created = created
         self._framer = ChatFramer(request_id, model, created) if stream else None
         self._include_usage = include_usage
         self._filters = filters or []
+        self._side = side_filters or _no_filters
         self._state = State.IDLE
         self._delivered: list[str] = []
+        self._reasoning: _Chain | None = None
+        self._refusal: _Chain | None = None
+        self._calls: dict[int, _Call] = {}
+        self._logprobs: list[msgspec.Raw] = []
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
-        #: Clock time at which the first delivered text was produced.
+        #: Clock time at which the first text of the reply was released.
         self.first_token_at: float | None = None
 
     # --- what it knows --------------------------------------------------------
@@ -127,8 +205,20 @@ class ResponseAssembler:
 
     @property
     def delivered(self) -> str:
-        """The reply text released to the client so far (after the output filters)."""
+        """The content released to the client so far (after the output filters)."""
         return "".join(self._delivered)
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The tool calls released so far, arguments as the client got them."""
+        return [
+            ToolCall(
+                id=c.id,
+                type=c.type,
+                function=FunctionCall(name=c.name, arguments="".join(c.parts)),
+            )
+            for _, c in sorted(self._calls.items())
+        ]
 
     # --- transitions ----------------------------------------------------------
 
@@ -143,19 +233,77 @@ class ResponseAssembler:
     def feed(self, delta: Delta, now: float) -> bytes:
         """Take one delta; return the bytes to send now (b"" when nothing is due)."""
         before = self._go("feed")
-        out = b""
-        if self._framer is not None and before is State.IDLE:
-            out = self._framer.role()
+        framer = self._framer
+        out = framer.role() if framer is not None and before is State.IDLE else b""
+        content = reasoning = refusal = ""
         if delta.text:
             text = apply_filters(self._filters, delta.text) if self._filters else delta.text
             if text:
-                self._release(text, now)
-                if self._framer is not None:
-                    out += self._framer.content(text)
+                self._delivered.append(text)
+                content = text
+        if delta.reasoning:
+            if self._reasoning is None:
+                self._reasoning = _Chain(self._side())
+            reasoning = self._reasoning.feed(delta.reasoning)
+        if delta.refusal:
+            if self._refusal is None:
+                self._refusal = _Chain(self._side())
+            refusal = self._refusal.feed(delta.refusal)
+        calls = self._feed_calls(delta.tool_calls) if delta.tool_calls else None
+        if (content or reasoning or refusal or calls) and self.first_token_at is None:
+            self.first_token_at = now
+        if delta.logprobs is not None and framer is None:
+            self._keep_logprobs(delta.logprobs)
+        if framer is not None and (content or reasoning or refusal or calls or delta.logprobs):
+            out += framer.delta(
+                ChunkDelta(
+                    content=content or None,
+                    reasoning_content=reasoning or None,
+                    refusal=refusal or None,
+                    tool_calls=calls,
+                ),
+                logprobs=delta.logprobs,
+            )
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
             self.usage = delta.usage or self.usage
         return out
+
+    def _feed_calls(self, fragments: list[ToolCallDelta]) -> list[ToolCallChunk] | None:
+        chunks: list[ToolCallChunk] = []
+        for frag in fragments:
+            call = self._calls.get(frag.index)
+            first = call is None
+            if call is None:
+                side = self._side()
+                # Without a filter the arguments pass as they come (and stay the
+                # backend's bytes, even when they are not valid JSON).
+                args = JsonStringFilter(self._side) if side else None
+                call = self._calls[frag.index] = _Call(args)
+            if frag.id:
+                call.id = frag.id
+            if frag.type:
+                call.type = frag.type
+            if frag.name:
+                call.name += frag.name
+            released = call.feed(frag.arguments) if frag.arguments else ""
+            if first or frag.id or frag.name or released:
+                chunks.append(
+                    ToolCallChunk(
+                        index=frag.index,
+                        id=frag.id,
+                        type=frag.type,
+                        function=FunctionDelta(
+                            name=frag.name, arguments=released if (released or first) else None
+                        ),
+                    )
+                )
+        return chunks or None
+
+    def _keep_logprobs(self, raw: msgspec.Raw) -> None:
+        # Logprobs the client cannot use are not worth failing the reply.
+        with contextlib.suppress(msgspec.DecodeError):
+            self._logprobs.extend(_logprobs_content.decode(raw).content)
 
     def finish(self, now: float) -> bytes:
         """The end of the reply: the last events and ``[DONE]``, or the JSON body.
@@ -168,30 +316,66 @@ class ResponseAssembler:
         self._go("finish")
         tail = finish_filters(self._filters) if self._filters else ""
         if tail:
-            self._release(tail, now)
+            self._delivered.append(tail)
+        reasoning = self._reasoning.finish() if self._reasoning is not None else ""
+        refusal = self._refusal.finish() if self._refusal is not None else ""
+        calls = [
+            ToolCallChunk(index=i, function=FunctionDelta(arguments=rest))
+            for i, c in sorted(self._calls.items())
+            if (rest := c.finish())
+        ]
+        if self.first_token_at is None and (tail or reasoning or refusal or calls):
+            self.first_token_at = now
         usage = self._wire_usage()
         if self._framer is None:
             if self.first_token_at is None:
                 self.first_token_at = now
-            body = ChatCompletion(
-                id=self.request_id,
-                created=self.created,
-                model=self.model,
-                choices=[
-                    Choice(
-                        index=0,
-                        message=ResponseMessage(role="assistant", content=self.delivered),
-                        finish_reason=self.finish_reason,
-                    )
-                ],
-                usage=usage,
+            return encoder.encode(self._completion(usage))
+        out = b""
+        if tail or reasoning or refusal or calls:
+            out = self._framer.delta(
+                ChunkDelta(
+                    content=tail or None,
+                    reasoning_content=reasoning or None,
+                    refusal=refusal or None,
+                    tool_calls=calls or None,
+                )
             )
-            return encoder.encode(body)
-        out = self._framer.content(tail) if tail else b""
         out += self._framer.finish(self.finish_reason)
         if self._include_usage:
             out += self._framer.usage(usage)
         return out + DONE
+
+    def _completion(self, usage: WireUsage) -> ChatCompletion:
+        assert self.finish_reason is not None
+        calls = self.tool_calls
+        message = ResponseMessage(
+            role="assistant",
+            content=self.delivered if self._delivered or not calls else None,
+        )
+        if self._reasoning is not None:
+            message.reasoning_content = "".join(self._reasoning.parts)
+        if self._refusal is not None:
+            message.refusal = "".join(self._refusal.parts)
+        if calls:
+            message.tool_calls = [
+                ToolCallOut(
+                    id=c.id,
+                    type=c.type,
+                    function=FunctionCallOut(name=c.function.name, arguments=c.function.arguments),
+                )
+                for c in calls
+            ]
+        choice = Choice(index=0, message=message, finish_reason=self.finish_reason)
+        if self._logprobs:
+            choice.logprobs = LogprobsOut(content=self._logprobs)
+        return ChatCompletion(
+            id=self.request_id,
+            created=self.created,
+            model=self.model,
+            choices=[choice],
+            usage=usage,
+        )
 
     def fail(self, err: GatewayError) -> bytes | None:
         """The error event and ``[DONE]``, or None if no stream has begun."""
@@ -200,15 +384,22 @@ class ResponseAssembler:
             return None
         return self._framer.error(err) + DONE
 
-    def _release(self, text: str, now: float) -> None:
-        self._delivered.append(text)
-        if self.first_token_at is None:
-            self.first_token_at = now
-
     def _wire_usage(self) -> WireUsage:
         u = self.usage
         prompt = u.prompt_tokens if u else 0
         completion = u.completion_tokens if u else 0
-        return WireUsage(
+        wire = WireUsage(
             prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
         )
+        if u is not None and u.prompt_details is not None:
+            wire.prompt_tokens_details = u.prompt_details
+        if u is not None and u.completion_details is not None:
+            wire.completion_tokens_details = u.completion_details
+        return wire
+
+
+class _LogprobsContent(msgspec.Struct):
+    content: list[msgspec.Raw] = msgspec.field(default_factory=list)
+
+
+_logprobs_content = msgspec.json.Decoder(_LogprobsContent)

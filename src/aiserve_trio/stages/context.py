@@ -30,8 +30,17 @@ _FORWARDED = ("traceparent", "tracestate")
 
 
 def prompt_messages(req: ParsedRequest) -> list[Message]:
-    """The request's messages as text-only prompt messages."""
-    return [Message(role=m.role, content=m.text(), name=m.name) for m in req.body.messages]
+    """The request's own messages (each still with the JSON the client sent)."""
+    return list(req.messages)
+
+
+def new_turns(messages: list[Message]) -> list[Message]:
+    """What this request adds to the conversation: the messages after the last
+    assistant message (a user question, or tool results answering its calls)."""
+    n = len(messages)
+    while n and messages[n - 1].role != "assistant":
+        n -= 1
+    return messages[n:]
 
 
 def with_session(
@@ -42,12 +51,25 @@ def with_session(
     if session.variables:
         lines = "\n".join(f"{k}: {v}" for k, v in sorted(session.variables.items()))
         prefix.append(Message(role="system", content=system_template.replace("{vars}", lines)))
-    prefix.extend(Message(role=t.role, content=t.content) for t in session.turns)
+    prefix.extend(
+        Message(
+            role=t.role,
+            content=t.content if t.content or not t.tool_calls else None,
+            tool_calls=t.tool_calls,
+            tool_call_id=t.tool_call_id,
+        )
+        for t in session.turns
+    )
     # Leading system messages of the request stay first.
     n_sys = 0
     while n_sys < len(messages) and messages[n_sys].role in ("system", "developer"):
         n_sys += 1
     return [*messages[:n_sys], *prefix, *messages[n_sys:]], dict(session.variables)
+
+
+def _tool_choice(req: ParsedRequest) -> str | None:
+    choice = req.body.tool_choice
+    return choice if isinstance(choice, str) or choice is None else choice.function.name
 
 
 class ContextStage:
@@ -131,10 +153,9 @@ class ContextStage:
             tenant=info.tenant,
             request_id=info.request_id,
         )
-        own = len(req.body.messages)
+        own = len(req.messages)
         for policy in route.policies:
             messages = policy.check_input(messages, ctx)
-        user_text = next((m.content for m in reversed(messages[-own:]) if m.role == "user"), "")
         forward = {k: info.headers[k] for k in _FORWARDED if k in info.headers}
         request = InferenceRequest(
             request_id=info.request_id,
@@ -147,6 +168,9 @@ class ContextStage:
             stop=req.stop,
             variables=variables,
             forward_headers=forward,
+            tool_names=[t.function.name for t in req.body.tools or () if t.function is not None],
+            tool_choice=_tool_choice(req),
+            extra=req.extra,
         )
         request = await route.adapter.prepare(request)
         prepared = Prepared(
@@ -155,7 +179,7 @@ class ContextStage:
             filters=[f for p in route.policies if (f := p.output_filter(ctx)) is not None],
             policy=ctx,
             degraded=degraded,
-            user_text=user_text,
+            new_turns=new_turns(messages[-own:]),
         )
         self.result = prepared
         # The sse stage's copy first: it must be there when the first delta is.

@@ -17,6 +17,7 @@ from ..observability.metrics import label_value, status_label
 if TYPE_CHECKING:
     from ..adapters.base import Usage
     from ..errors import GatewayError
+    from ..messages import ToolCall
     from ..policies.base import PolicyContext
     from .types import Prepared, RequestInfo
 
@@ -52,6 +53,8 @@ class Outcome:
     finish_reason: str | None = None
     #: The reply text actually delivered to the client.
     delivered: str = ""
+    #: The tool calls delivered, arguments as the client got them.
+    tool_calls: list[ToolCall] = field(default_factory=list)
     disconnected: bool = False
 
     @property

@@ -26,9 +26,11 @@ from ..errors import (
     Unprocessable,
     UnsupportedMediaType,
 )
+from ..messages import Message, decode_message
 from .types import ParsedRequest, RequestInfo
 
 if TYPE_CHECKING:
+    from ..adapters.base import Adapter
     from ..security.admission import Admission
 
 _PATH_RE = re.compile(r"^(?P<msg>.*) - at `\$\.?(?P<path>[^`]*)`$")
@@ -60,17 +62,65 @@ async def read_body(chunks: trio.MemoryReceiveChannel[bytes], max_bytes: int) ->
     return b"".join(parts)
 
 
+#: Top-level fields the gateway rebuilds on the way up (model mapping, session
+#: context and policies, the upstream always streams); every other field of the
+#: body travels in ``ParsedRequest.extra`` exactly as the client sent it.
+REWRITTEN = frozenset({"model", "messages", "stream"})
+#: Fields every backend carries (see ``adapters.base.Capabilities``).
+CORE_FIELDS = REWRITTEN | {
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "user",
+    "metadata",
+}
+_raw_body = msgspec.json.Decoder(dict[str, msgspec.Raw])
+#: A string (escapes included) or one bracket: what the depth bound looks at.
+_NESTING = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def check_depth(body: bytes, max_depth: int) -> None:
+    """Refuse JSON nested deeper than ``max_depth`` before any decoder recurses into it.
+
+    Raises:
+        BadRequest: ``invalid_json``, nested too deeply.
+    """
+    # Counting brackets is C-speed; only a body with many of them is scanned.
+    if body.count(b"[") + body.count(b"{") <= max_depth:
+        return
+    depth = 0
+    for m in _NESTING.finditer(body):
+        c = m.group()
+        if c in (b"[", b"{"):
+            depth += 1
+            if depth > max_depth:
+                raise BadRequest(
+                    f"the request body is nested more than {max_depth} levels deep",
+                    code="invalid_json",
+                )
+        elif c in (b"]", b"}"):
+            depth -= 1
+
+
 def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None) -> ParsedRequest:
     """Decode and validate a Chat Completions request body.
 
+    The fields the gateway reads are decoded and checked; the messages keep
+    their original JSON; every other top-level field is kept raw for the backend.
+
     Raises:
-        BadRequest: not JSON, not UTF-8, wrong types, missing or empty ``messages``.
+        BadRequest: not JSON, not UTF-8, nested too deeply, wrong types, missing
+            or empty ``messages``, a tool message without ``tool_call_id``.
+        PayloadTooLarge: a content part (an image, audio, a file) over ``max_part_bytes``.
         Unprocessable: well-formed but out of the gateway's limits.
     """
     if not body:
         raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
+    check_depth(body, limits.max_json_depth)
     try:
         req = request_decoder.decode(body)
+        top = _raw_body.decode(body)
     except msgspec.ValidationError as exc:
         msg, param = _split_path(str(exc))
         raise BadRequest(f"invalid request: {msg}", param=param, code="invalid_type") from None
@@ -85,17 +135,13 @@ def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None)
             param="messages",
             code="too_many_messages",
         )
-    for i, m in enumerate(req.messages):
-        if len(m.text()) > limits.max_content_chars:
-            raise Unprocessable(
-                f"`messages[{i}].content` is longer than {limits.max_content_chars} characters",
-                param=f"messages[{i}].content",
-                code="content_too_long",
-            )
-    if req.messages[-1].role not in _ALLOWED_ROLES_LAST:
+    messages = [decode_message(raw, i) for i, raw in enumerate(req.messages)]
+    for i, m in enumerate(messages):
+        _check_message(m, i, limits)
+    if messages[-1].role not in _ALLOWED_ROLES_LAST:
         raise Unprocessable(
             "the last message must not be from the assistant",
-            param=f"messages[{len(req.messages) - 1}].role",
+            param=f"messages[{len(messages) - 1}].role",
             code="invalid_last_role",
         )
     max_tokens = (
@@ -118,12 +164,77 @@ def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None)
         raise Unprocessable("`stop` may hold at most 4 sequences", param="stop")
     return ParsedRequest(
         body=req,
+        messages=messages,
+        extra={k: v for k, v in top.items() if k not in REWRITTEN},
         model=model,
         stream=req.stream,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         max_tokens=max_tokens,
         stop=stop,
     )
+
+
+def _check_message(m: Message, i: int, limits: LimitsConfig) -> None:
+    if len(m.text()) > limits.max_content_chars:
+        raise Unprocessable(
+            f"`messages[{i}].content` is longer than {limits.max_content_chars} characters",
+            param=f"messages[{i}].content",
+            code="content_too_long",
+        )
+    if m.role == "tool" and not m.tool_call_id:
+        raise BadRequest(
+            f"`messages[{i}]` has role `tool` but no `tool_call_id`",
+            param=f"messages[{i}].tool_call_id",
+            code="missing_required_parameter",
+        )
+    if isinstance(m.content, list):
+        for j, part in enumerate(m.content):
+            if part.raw is not None and len(part.raw) > limits.max_part_bytes:
+                raise PayloadTooLarge(
+                    f"`messages[{i}].content[{j}]` ({part.type}) is larger than "
+                    f"{limits.max_part_bytes} bytes",
+                    param=f"messages[{i}].content[{j}]",
+                    code="content_part_too_large",
+                )
+
+
+def check_capabilities(req: ParsedRequest, adapter: Adapter) -> None:
+    """Refuse what the route's backend cannot carry, naming the field: never a silent drop.
+
+    Raises:
+        BadRequest: ``unsupported_field`` / ``unsupported_content`` naming the field.
+    """
+    caps = adapter.capabilities
+    what = f"the backend of this route ({adapter.name})"
+    if caps.fields is not None:
+        for key in req.extra:
+            if key not in CORE_FIELDS and key not in caps.fields:
+                raise BadRequest(
+                    f"`{key}` cannot be carried by {what}; it is not sent anywhere",
+                    param=key,
+                    code="unsupported_field",
+                )
+        tools = "tools" in caps.fields
+        for i, m in enumerate(req.messages):
+            if not tools and (m.tool_calls or m.role == "tool"):
+                field = "tool_calls" if m.tool_calls else "role"
+                raise BadRequest(
+                    f"`messages[{i}].{field}`: tool calls cannot be carried by {what}",
+                    param=f"messages[{i}].{field}",
+                    code="unsupported_field",
+                )
+    if caps.parts is not None:
+        for i, m in enumerate(req.messages):
+            if not isinstance(m.content, list):
+                continue
+            for j, part in enumerate(m.content):
+                if part.type not in caps.parts:
+                    raise BadRequest(
+                        f"`messages[{i}].content[{j}]`: `{part.type}` parts cannot be "
+                        f"carried by {what}",
+                        param=f"messages[{i}].content[{j}]",
+                        code="unsupported_content",
+                    )
 
 
 def _split_path(msg: str) -> tuple[str, str | None]:
@@ -172,6 +283,7 @@ class ParseStage:
                 param="model",
                 code="model_not_found",
             )
+        check_capabilities(req, route.adapter)
         if req.stream and self.admission is not None:
             self.slots.enter_context(self.admission.stream())  # 503 before the head
         self.result = req

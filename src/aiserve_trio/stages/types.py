@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from ..budgets import STAGES
 from ..observability.metrics import label_value
 
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from ..budgets import Budget
     from ..config import RouteConfig
     from ..http.types import Headers
+    from ..messages import Message
     from ..observability.tracing import RequestTrace
     from ..policies.base import OutputFilter, Policy, PolicyContext
 
@@ -63,6 +66,10 @@ class ParsedRequest:
     """The parse stage's result: the body decoded and validated."""
 
     body: ChatCompletionRequest
+    #: The messages, each with its original JSON.
+    messages: list[Message]
+    #: Every top-level field but model, messages and stream, as sent.
+    extra: dict[str, msgspec.Raw]
     model: str
     stream: bool
     include_usage: bool
@@ -87,8 +94,9 @@ class Prepared:
     policy: PolicyContext
     #: ``"context"`` when the route went on without session context.
     degraded: str | None
-    #: The user's last message as the model saw it (after input policies), for the session.
-    user_text: str
+    #: What the request adds to the conversation, as the model saw it (after the
+    #: input policies): stored in the session with the reply.
+    new_turns: list[Message]
 
 
 def response_headers(info: RequestInfo, prepared: Prepared | None) -> Headers:
