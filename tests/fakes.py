@@ -27,6 +27,7 @@ class RecordingAdapter(Adapter):
             inner.name, inner.models, policy=inner.policy, hook=inner.hook, rng=inner.rng
         )
         self.inner = inner
+        self.capabilities = inner.capabilities
         self.calls = 0
         self.requests: list[InferenceRequest] = []
         self.cancelled_at: float | None = None

@@ -75,6 +75,10 @@ class Policy:
     """Base class: override one or both hooks."""
 
     name: str = ""
+    #: The output filter shapes how the content reads (channel shaping), so it
+    #: applies to the content only; other filters also see reasoning, refusals
+    #: and the string values of tool-call arguments.
+    content_only: bool = False
 
     def check_input(self, messages: list[Message], ctx: PolicyContext) -> list[Message]:
         """Return the messages to send on (rewritten or not), or raise PolicyViolation."""

@@ -275,6 +275,8 @@ DEFAULT_STYLES: dict[str, ChannelStyle] = {"ivr": SpeechStyle(), "wechat": Messa
 
 
 class ChannelShaping(Policy):
+    content_only = True
+
     """Output policy choosing a shaper by the request's channel."""
 
     def __init__(self, styles: Mapping[str, ChannelStyle]) -> None:

@@ -151,6 +151,7 @@ class ResponseAssembler:
         "_refusal",
         "_side",
         "_state",
+        "_thought",
         "created",
         "finish_reason",
         "first_token_at",
@@ -185,6 +186,8 @@ class ResponseAssembler:
         self._state = State.IDLE
         self._delivered: list[str] = []
         self._reasoning: _Chain | None = None
+        #: Every reasoning text released (chains end when the answer begins).
+        self._thought: list[str] = []
         self._refusal: _Chain | None = None
         self._calls: dict[int, _Call] = {}
         self._logprobs: list[msgspec.Raw] = []
@@ -236,6 +239,11 @@ class ResponseAssembler:
         framer = self._framer
         out = framer.role() if framer is not None and before is State.IDLE else b""
         content = reasoning = refusal = ""
+        if self._reasoning is not None and (delta.text or delta.refusal or delta.tool_calls):
+            # The answer has begun, so the reasoning is over: what its filters
+            # held back goes out now, before the answer, not with the last event.
+            reasoning = self._reasoning.finish()
+            self._reasoning = None
         if delta.text:
             text = apply_filters(self._filters, delta.text) if self._filters else delta.text
             if text:
@@ -244,12 +252,14 @@ class ResponseAssembler:
         if delta.reasoning:
             if self._reasoning is None:
                 self._reasoning = _Chain(self._side())
-            reasoning = self._reasoning.feed(delta.reasoning)
+            reasoning += self._reasoning.feed(delta.reasoning)
         if delta.refusal:
             if self._refusal is None:
                 self._refusal = _Chain(self._side())
             refusal = self._refusal.feed(delta.refusal)
         calls = self._feed_calls(delta.tool_calls) if delta.tool_calls else None
+        if reasoning:
+            self._thought.append(reasoning)
         if (content or reasoning or refusal or calls) and self.first_token_at is None:
             self.first_token_at = now
         if delta.logprobs is not None and framer is None:
@@ -318,6 +328,8 @@ class ResponseAssembler:
         if tail:
             self._delivered.append(tail)
         reasoning = self._reasoning.finish() if self._reasoning is not None else ""
+        if reasoning:
+            self._thought.append(reasoning)
         refusal = self._refusal.finish() if self._refusal is not None else ""
         calls = [
             ToolCallChunk(index=i, function=FunctionDelta(arguments=rest))
@@ -353,8 +365,8 @@ class ResponseAssembler:
             role="assistant",
             content=self.delivered if self._delivered or not calls else None,
         )
-        if self._reasoning is not None:
-            message.reasoning_content = "".join(self._reasoning.parts)
+        if self._thought:
+            message.reasoning_content = "".join(self._thought)
         if self._refusal is not None:
             message.refusal = "".join(self._refusal.parts)
         if calls:

@@ -13,13 +13,14 @@ on without session context; the response says so in ``X-Aiserve-Degraded``).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 
 from ..adapters.base import InferenceRequest, Message
 from ..errors import StageDeadlineExceeded
-from ..policies.base import PolicyContext
+from ..policies.base import OutputFilter, Policy, PolicyContext
 from ..sessions.bus import SessionBusError, check_vars
 from .types import ParsedRequest, Prepared, RequestInfo
 
@@ -65,6 +66,12 @@ def with_session(
     while n_sys < len(messages) and messages[n_sys].role in ("system", "developer"):
         n_sys += 1
     return [*messages[:n_sys], *prefix, *messages[n_sys:]], dict(session.variables)
+
+
+def _side_filters(policies: list[Policy], ctx: PolicyContext) -> list[OutputFilter]:
+    return [
+        f for p in policies if not p.content_only and (f := p.output_filter(ctx)) is not None
+    ]
 
 
 def _tool_choice(req: ParsedRequest) -> str | None:
@@ -177,6 +184,7 @@ class ContextStage:
             parsed=req,
             inference=request,
             filters=[f for p in route.policies if (f := p.output_filter(ctx)) is not None],
+            side_filters=partial(_side_filters, route.policies, ctx),
             policy=ctx,
             degraded=degraded,
             new_turns=new_turns(messages[-own:]),

@@ -58,6 +58,7 @@ class SSEStage:
             stream=parsed.stream,
             include_usage=parsed.include_usage,
             filters=prepared.filters,
+            side_filters=prepared.side_filters,
         )
         headers = response_headers(self.info, prepared)
         if not asm.stream:

@@ -12,6 +12,7 @@ the one before it found out from the value it receives.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -88,8 +89,11 @@ class Prepared:
     parsed: ParsedRequest
     #: The adapter's request: session context in, input policies applied, fitted to the window.
     inference: InferenceRequest
-    #: Per-request output filters, in policy order (the sse stage owns them from here).
+    #: Per-request output filters of the content, in policy order (the sse stage owns them).
     filters: list[OutputFilter]
+    #: Makes a fresh chain of the filters for every other text the model writes
+    #: (reasoning, refusals, tool-call argument strings): all but content-only ones.
+    side_filters: Callable[[], list[OutputFilter]]
     #: Policy notes and actions, counted when the request ends.
     policy: PolicyContext
     #: ``"context"`` when the route went on without session context.
