@@ -77,18 +77,26 @@ Budget
 
 from __future__ import annotations
 
-from .app import WS_PATH, SimApp, Stats
+from .app import SimApp
+from .core import Stats
 from .model import Fault, FaultRates, Plan, SimSettings, Timing, parse_fault, plan_reply
+from .reply import Script, script_for
+from .schema import SchemaError, instance
+from .ws import WS_PATH
 
 __all__ = [
     "WS_PATH",
     "Fault",
     "FaultRates",
     "Plan",
+    "SchemaError",
+    "Script",
     "SimApp",
     "SimSettings",
     "Stats",
     "Timing",
+    "instance",
     "parse_fault",
     "plan_reply",
+    "script_for",
 ]

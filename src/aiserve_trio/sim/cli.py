@@ -11,8 +11,9 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
-from .app import WS_PATH, SimApp
+from .app import SimApp
 from .model import FaultRates, FaultSpecError, SimSettings, Timing, parse_fault
+from .ws import WS_PATH
 
 DEFAULT_BIND = "127.0.0.1:8100"
 _T = Timing()
