@@ -16,6 +16,11 @@ HTTP (OpenAI-compatible)
     ``faults`` by kind, ``last_timeout_ms``, ``attempts`` per request key.
     ``POST /sim/reset`` zeroes them.
 
+    ``GET /sim/requests`` -- the last 50 requests received (HTTP and
+    WebSocket messages), newest last, each ``{"path", "transport": "http" |
+    "ws", "headers": {lower-case name: value}, "body": "<exactly as
+    received>"}``; ``POST /sim/reset`` clears them too.
+
 WebSocket (the ``vllm_ws`` adapter's protocol), ``ws://HOST:PORT/v1/ws``
     A connection carries one request at a time and is reused for the next.
     All messages are JSON text frames.
@@ -78,7 +83,7 @@ Budget
 from __future__ import annotations
 
 from .app import SimApp
-from .core import Stats
+from .core import RequestLog, Stats
 from .model import Fault, FaultRates, Plan, SimSettings, Timing, parse_fault, plan_reply
 from .reply import Script, script_for
 from .schema import SchemaError, instance
@@ -89,6 +94,7 @@ __all__ = [
     "Fault",
     "FaultRates",
     "Plan",
+    "RequestLog",
     "SchemaError",
     "Script",
     "SimApp",

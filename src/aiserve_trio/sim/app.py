@@ -1,8 +1,8 @@
 """The simulator's ASGI app: OpenAI HTTP (SSE and JSON) and the debug endpoints.
 
 The WebSocket protocol is served by :mod:`.ws`. See the package docstring
-(:mod:`aiserve_trio.sim`) for the wire protocols, the fault headers and
-``/sim/stats``.
+(:mod:`aiserve_trio.sim`) for the wire protocols, the fault headers,
+``/sim/stats`` and ``/sim/requests``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ def _status_code(status: int) -> str:
     return "rate_limit_exceeded" if status == 429 else "simulated_server_error"
 
 
+def _recorded(path: str) -> bool:
+    """Whether ``GET /sim/requests`` shows requests to ``path`` (not its own, nor probes)."""
+    return not path.startswith("/sim/") and path != "/healthz"
+
+
 class SimApp(SimCore):
     """ASGI app simulating an OpenAI-compatible model server and its WebSocket twin."""
 
@@ -65,6 +70,9 @@ class SimApp(SimCore):
         if path == "/sim/stats":
             await _reply(send, 200, _enc.encode(self.stats.as_dict(self.attempts())))
             return
+        if path == "/sim/requests":
+            await _reply(send, 200, _enc.encode(self.log.as_dict()))
+            return
         if path == "/sim/reset" and method == "POST":
             self.reset()
             await _reply(send, 200, b'{"status":"reset"}')
@@ -76,6 +84,8 @@ class SimApp(SimCore):
         if body is None:
             return
         headers = header_dict(scope)
+        if _recorded(path):
+            self.log.add(path, "http", headers, body)
         if path == "/v1/chat/completions" and method == "POST":
             await self._chat(headers, body, receive, send)
         elif path == "/v1/models":

@@ -1,9 +1,9 @@
-"""State shared by the sim's HTTP and WebSocket sides: counters, attempts, reply set-up."""
+"""State shared by the sim's HTTP and WebSocket sides: counters, the request log, reply set-up."""
 
 from __future__ import annotations
 
 import random
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +19,8 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 #: Request keys remembered for ``X-Sim-Fault-Times`` attempt counting.
 _MAX_KEYS = 4096
+#: Requests kept for ``GET /sim/requests``.
+LOG_SIZE = 50
 
 
 @dataclass(slots=True)
@@ -51,6 +53,39 @@ class Stats:
 
     def count_fault(self, fault: Fault) -> None:
         self.faults[fault.kind if fault.kind != "status" else str(fault.status)] += 1
+
+
+class RequestLog:
+    """The last :data:`LOG_SIZE` requests as received, for ``GET /sim/requests``.
+
+    Bodies are kept as the bytes (HTTP) or text (WebSocket) that arrived and
+    decoded only when asked for, so recording costs the hot path one append.
+    A body that is not UTF-8 shows with U+FFFD in place of the bad bytes.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, size: int = LOG_SIZE) -> None:
+        self._items: deque[tuple[str, str, dict[str, str], bytes | str]] = deque(maxlen=size)
+
+    def add(self, path: str, transport: str, headers: dict[str, str], body: bytes | str) -> None:
+        self._items.append((path, transport, headers, body))
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": [
+                {
+                    "path": path,
+                    "transport": transport,
+                    "headers": headers,
+                    "body": body if isinstance(body, str) else body.decode("utf-8", "replace"),
+                }
+                for path, transport, headers, body in self._items
+            ]
+        }
 
 
 def header_dict(scope: Scope) -> dict[str, str]:
@@ -103,6 +138,7 @@ class SimCore:
         self.settings = settings or SimSettings()
         self.rng = random.Random(self.settings.seed)
         self.stats = Stats()
+        self.log = RequestLog()
         self._attempts: OrderedDict[str, int] = OrderedDict()
         self._serial = 0
 
@@ -176,3 +212,4 @@ class SimCore:
     def reset(self) -> None:
         self.stats = Stats()
         self._attempts.clear()
+        self.log.clear()

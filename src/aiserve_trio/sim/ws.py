@@ -37,6 +37,7 @@ async def serve_websocket(sim: SimCore, scope: Scope, receive: Receive, send: Se
             text = await conn.next_text()
             if text is None:
                 return
+            sim.log.add(scope["path"], "ws", headers, text)
             if not await _request(sim, conn, text, headers):
                 return
     except Disconnected:
