@@ -16,6 +16,8 @@ import trio
 import trio.testing
 from pydantic import BaseModel
 
+from aiserve_trio.sim.embeddings import vector
+
 from .test_sim_chat import TOOL_RESULT, Weather, sim
 
 pytestmark = [
@@ -109,3 +111,11 @@ async def test_reasoning_and_logprobs(
     assert r.usage.completion_tokens_details is not None
     assert (r.usage.completion_tokens_details.reasoning_tokens or 0) > 0
 
+
+async def test_embeddings_in_the_sdks_default_base64(
+    autojump_clock: trio.testing.MockClock, client: openai.AsyncOpenAI
+) -> None:
+    r = await client.embeddings.create(model="sim-embed", input=["a", "b"], dimensions=4)
+    assert [d.index for d in r.data] == [0, 1]
+    assert r.data[0].embedding == pytest.approx(vector("a", 4), rel=1e-6)
+    assert r.usage.prompt_tokens == 2

@@ -10,6 +10,11 @@ HTTP (OpenAI-compatible)
     is set, then ``data: [DONE]``; otherwise one ``chat.completion`` JSON body
     with ``usage``. ``GET /v1/models``, ``GET /healthz``.
 
+    ``POST /v1/embeddings`` -- ``input`` a string, strings, or token arrays;
+    ``dimensions`` (default 8); ``encoding_format`` ``float`` or ``base64``.
+    OpenAI's list of ``embedding`` objects, unit vectors seeded by a hash of
+    each input; the fault headers and the budget apply as for chat.
+
     ``GET /sim/stats`` -- JSON counters: ``requests``, ``completed``,
     ``cancelled`` (the client went away mid-reply), ``expired`` (the request's
     budget ran out), ``open_streams``, ``ws_connections`` (handshakes),

@@ -1,4 +1,4 @@
-"""The simulator's ASGI app: OpenAI HTTP (SSE and JSON) and the debug endpoints.
+"""The simulator's ASGI app: OpenAI HTTP (SSE and JSON), embeddings, the debug endpoints.
 
 The WebSocket protocol is served by :mod:`.ws`. See the package docstring
 (:mod:`aiserve_trio.sim`) for the wire protocols, the fault headers,
@@ -15,8 +15,9 @@ import trio
 
 from ..adapters.tokens import encoding_name_for, get_encoding
 from .core import Done, Prepared, Receive, Scope, Send, SimCore, Stats, header_dict
-from .model import Fault, FaultSpecError, choose_fault
-from .request import chat_decoder
+from .embeddings import DEFAULT_DIMENSIONS, embeddings_body
+from .model import Fault, FaultSpecError, choose_fault, prefill_delay
+from .request import chat_decoder, embedding_inputs, embeddings_decoder
 from .schema import SchemaError
 from .wire import completion_body, reply_usage, sse_choices, sse_finish
 from .ws import WS_PATH, serve_websocket
@@ -88,6 +89,8 @@ class SimApp(SimCore):
             self.log.add(path, "http", headers, body)
         if path == "/v1/chat/completions" and method == "POST":
             await self._chat(headers, body, receive, send)
+        elif path == "/v1/embeddings" and method == "POST":
+            await self._embeddings(headers, body, receive, send)
         elif path == "/v1/models":
             data = [
                 {"id": m, "object": "model", "owned_by": "aiserve-sim"}
@@ -235,6 +238,45 @@ class SimApp(SimCore):
         done.flag = True
         self.stats.completed += 1
         await _reply(send, 200, _enc.encode(body))
+
+    # --- embeddings ------------------------------------------------------------
+
+    async def _embeddings(
+        self, headers: dict[str, str], body: bytes, receive: Receive, send: Send
+    ) -> None:
+        self.stats.requests += 1
+        try:
+            req = embeddings_decoder.decode(body)
+            inputs = embedding_inputs(req.input)
+            dims = DEFAULT_DIMENSIONS if req.dimensions is None else req.dimensions
+            if dims < 1:
+                raise ValueError("`dimensions` must be at least 1")
+            if req.encoding_format not in ("float", "base64"):
+                raise ValueError("`encoding_format` must be 'float' or 'base64'")
+            fault, timeout = self._fault_and_budget(headers)
+        except _BAD_REQUEST as exc:
+            await _reply(
+                send, 400, _error_body(str(exc), "invalid_request", "invalid_request_error")
+            )
+            return
+        if await self._status_fault(send, fault):
+            return
+        counts = [
+            len(x) if isinstance(x, list) else self.text_tokens(req.model, x) for x in inputs
+        ]
+        delay = prefill_delay(self.settings.timing, sum(counts), self.rng)
+
+        async def reply(done: Done) -> None:
+            await trio.sleep(delay)
+            if not await _body_fault(send, fault):
+                return
+            out = embeddings_body(req.model, inputs, counts, dims, req.encoding_format)
+            done.flag = True
+            self.stats.completed += 1
+            await _reply(send, 200, _enc.encode(out))
+
+        await self._serve(receive, timeout, reply)
+
 
 class _SSEWriter:
     """Frames OpenAI ``chat.completion.chunk`` events the way vLLM does."""

@@ -152,8 +152,18 @@ class WsGenerate(msgspec.Struct):
     seed: int | None = None
 
 
+class EmbeddingsRequest(msgspec.Struct):
+    """``POST /v1/embeddings``; ``input`` is checked by :func:`embedding_inputs`."""
+
+    input: str | list[Any]
+    model: str = "sim-model"
+    dimensions: int | None = None
+    encoding_format: str = "float"
+
+
 chat_decoder = msgspec.json.Decoder(SimChatRequest)
 ws_decoder = msgspec.json.Decoder(WsGenerate)
+embeddings_decoder = msgspec.json.Decoder(EmbeddingsRequest)
 
 
 def prompt_texts(messages: list[SimMessage]) -> tuple[list[str], int]:
@@ -168,3 +178,33 @@ def prompt_texts(messages: list[SimMessage]) -> tuple[list[str], int]:
         texts.append(text)
         images += m.images()
     return texts, images
+
+
+def embedding_inputs(raw: str | list[Any]) -> list[str | list[int]]:
+    """``input`` as a list of texts or token arrays.
+
+    Raises:
+        ValueError: empty, or not a string, a list of strings, a token array or
+            a list of token arrays.
+    """
+    if isinstance(raw, str):
+        return [raw]
+    if not raw:
+        raise ValueError("`input` must not be empty")
+    if all(_is_int(x) for x in raw):
+        return [list(raw)]
+    out: list[str | list[int]] = []
+    for x in raw:
+        if isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, list) and x and all(_is_int(t) for t in x):
+            out.append(list(x))
+        else:
+            raise ValueError(
+                "`input` must be a string, a list of strings, a token array or a list of them"
+            )
+    return out
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
