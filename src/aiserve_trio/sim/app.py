@@ -1,110 +1,33 @@
-"""The simulator's ASGI app: OpenAI HTTP (SSE and JSON) and the WebSocket protocol.
+"""The simulator's ASGI app: OpenAI HTTP (SSE and JSON), embeddings, the debug endpoints.
 
-See the package docstring (:mod:`aiserve_trio.sim`) for the wire protocols,
-the fault headers and ``/sim/stats``.
+The WebSocket protocol is served by :mod:`.ws`. See the package docstring
+(:mod:`aiserve_trio.sim`) for the wire protocols, the fault headers,
+``/sim/stats`` and ``/sim/requests``.
 """
 
 from __future__ import annotations
 
-import random
-from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 import trio
 
 from ..adapters.tokens import encoding_name_for, get_encoding
-from .model import Fault, FaultSpecError, Plan, SimSettings, choose_fault, plan_reply, token_text
+from .core import Done, Prepared, Receive, Scope, Send, SimCore, Stats, header_dict
+from .embeddings import DEFAULT_DIMENSIONS, embeddings_body
+from .model import Fault, FaultSpecError, choose_fault, prefill_delay
+from .request import chat_decoder, embedding_inputs, embeddings_decoder
+from .schema import SchemaError
+from .wire import completion_body, reply_usage, sse_choices, sse_finish
+from .ws import WS_PATH, serve_websocket
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-WS_PATH = "/v1/ws"
-#: Request keys remembered for ``X-Sim-Fault-Times`` attempt counting.
-_MAX_KEYS = 4096
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 MALFORMED_CHUNK = b'data: {"id": "broken", "choices": [{"delta": \n\n'
-
-
-class SimMessage(msgspec.Struct):
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-
-    def text(self) -> str:
-        c = self.content
-        if c is None:
-            return ""
-        if isinstance(c, str):
-            return c
-        return "".join(str(p.get("text") or "") for p in c)
-
-
-class StreamOptions(msgspec.Struct):
-    include_usage: bool = False
-
-
-class SimChatRequest(msgspec.Struct):
-    messages: list[SimMessage]
-    model: str = "sim-model"
-    stream: bool = False
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    stream_options: StreamOptions | None = None
-
-
-class WsGenerate(msgspec.Struct):
-    """The client's request message on the WebSocket protocol."""
-
-    id: str
-    messages: list[SimMessage]
-    type: str = "generate"
-    model: str = "sim-model"
-    max_tokens: int | None = None
-    timeout_ms: int | None = None
-    fault: str | None = None
-    fault_times: int | None = None
-
-
-_chat_decoder = msgspec.json.Decoder(SimChatRequest)
-_ws_decoder = msgspec.json.Decoder(WsGenerate)
+#: What a bad request is answered with 400 for (its body, a fault header, a schema).
+_BAD_REQUEST = (msgspec.DecodeError, FaultSpecError, SchemaError, ValueError)
 _enc = msgspec.json.Encoder()
-
-
-@dataclass(slots=True)
-class Stats:
-    """Counters served at ``GET /sim/stats``."""
-
-    requests: int = 0
-    completed: int = 0
-    #: The client went away (HTTP disconnect, WebSocket closed) mid-reply.
-    cancelled: int = 0
-    #: The upstream budget (``X-Request-Timeout-Ms`` / ``timeout_ms``) ran out.
-    expired: int = 0
-    open_streams: int = 0
-    ws_connections: int = 0
-    faults: Counter[str] = field(default_factory=Counter)
-    last_timeout_ms: int | None = None
-
-    def as_dict(self, attempts: dict[str, int]) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "completed": self.completed,
-            "cancelled": self.cancelled,
-            "expired": self.expired,
-            "open_streams": self.open_streams,
-            "ws_connections": self.ws_connections,
-            "faults": dict(self.faults),
-            "last_timeout_ms": self.last_timeout_ms,
-            "attempts": attempts,
-        }
-
-
-class _Disconnected(Exception):
-    """The peer went away while a reply was being generated."""
 
 
 def _error_body(message: str, code: str, type_: str = "server_error") -> bytes:
@@ -115,40 +38,13 @@ def _status_code(status: int) -> str:
     return "rate_limit_exceeded" if status == 429 else "simulated_server_error"
 
 
-class SimApp:
+def _recorded(path: str) -> bool:
+    """Whether ``GET /sim/requests`` shows requests to ``path`` (not its own, nor probes)."""
+    return not path.startswith("/sim/") and path != "/healthz"
+
+
+class SimApp(SimCore):
     """ASGI app simulating an OpenAI-compatible model server and its WebSocket twin."""
-
-    def __init__(self, settings: SimSettings | None = None) -> None:
-        self.settings = settings or SimSettings()
-        self.rng = random.Random(self.settings.seed)
-        self.stats = Stats()
-        self._attempts: OrderedDict[str, int] = OrderedDict()
-        self._serial = 0
-
-    # --- shared ----------------------------------------------------------------
-
-    def _attempt(self, key: str | None) -> int:
-        """Count an attempt of request ``key`` (1-based); unkeyed requests are always 1."""
-        if not key:
-            return 1
-        n = self._attempts.pop(key, 0) + 1
-        self._attempts[key] = n
-        while len(self._attempts) > _MAX_KEYS:
-            self._attempts.popitem(last=False)
-        return n
-
-    def _prompt_tokens(self, model: str, messages: list[SimMessage]) -> int:
-        enc = get_encoding(encoding_name_for(model))
-        return sum(3 + len(enc.encode_ordinary(m.text())) for m in messages) + 3
-
-    def _plan(self, model: str, messages: list[SimMessage], max_tokens: int | None) -> Plan:
-        return plan_reply(
-            self.settings.timing, self._prompt_tokens(model, messages), max_tokens, self.rng
-        )
-
-    def reset(self) -> None:
-        self.stats = Stats()
-        self._attempts.clear()
 
     # --- ASGI ------------------------------------------------------------------
 
@@ -157,7 +53,7 @@ class SimApp:
         if kind == "http":
             await self._http(scope, receive, send)
         elif kind == "websocket":
-            await self._websocket(scope, receive, send)
+            await serve_websocket(self, scope, receive, send)
         elif kind == "lifespan":
             while True:
                 msg = await receive()
@@ -172,81 +68,85 @@ class SimApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
-        if path == "/v1/chat/completions" and method == "POST":
-            await self._chat(scope, receive, send)
-        elif path == "/sim/stats":
-            await _reply(send, 200, _enc.encode(self.stats.as_dict(dict(self._attempts))))
-        elif path == "/sim/reset" and method == "POST":
+        if path == "/sim/stats":
+            await _reply(send, 200, _enc.encode(self.stats.as_dict(self.attempts())))
+            return
+        if path == "/sim/requests":
+            await _reply(send, 200, _enc.encode(self.log.as_dict()))
+            return
+        if path == "/sim/reset" and method == "POST":
             self.reset()
             await _reply(send, 200, b'{"status":"reset"}')
+            return
+        if path == "/healthz":
+            await _reply(send, 200, b'{"status":"ok"}')
+            return
+        body = await _read_body(receive)
+        if body is None:
+            return
+        headers = header_dict(scope)
+        if _recorded(path):
+            self.log.add(path, "http", headers, body)
+        if path == "/v1/chat/completions" and method == "POST":
+            await self._chat(headers, body, receive, send)
+        elif path == "/v1/embeddings" and method == "POST":
+            await self._embeddings(headers, body, receive, send)
         elif path == "/v1/models":
             data = [
                 {"id": m, "object": "model", "owned_by": "aiserve-sim"}
                 for m in self.settings.models
             ]
             await _reply(send, 200, _enc.encode({"object": "list", "data": data}))
-        elif path == "/healthz":
-            await _reply(send, 200, b'{"status":"ok"}')
         else:
             await _reply(send, 404, _error_body(f"no route {method} {path}", "unknown_url"))
 
-    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        body = bytearray()
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            body += msg.get("body", b"")
-            if not msg.get("more_body", False):
-                break
-        self.stats.requests += 1
-        self._serial += 1
-        try:
-            req = _chat_decoder.decode(body)
-            times_raw = headers.get("x-sim-fault-times")
-            times = int(times_raw) if times_raw is not None else None
-            attempt = self._attempt(headers.get("x-request-id"))
-            fault = choose_fault(
-                self.settings, headers.get("x-sim-fault"), times, attempt, self.rng
-            )
-            timeout = _timeout(headers.get("x-request-timeout-ms"))
-        except (msgspec.DecodeError, FaultSpecError, ValueError) as exc:
-            await _reply(
-                send, 400, _error_body(str(exc), "invalid_request", "invalid_request_error")
-            )
-            return
+    # --- shared by the model endpoints ----------------------------------------
+
+    def _fault_and_budget(self, headers: dict[str, str]) -> tuple[Fault | None, float | None]:
+        """The fault (``X-Sim-Fault*``) and budget (``X-Request-Timeout-Ms``) of one request.
+
+        Raises:
+            FaultSpecError, ValueError: a header the sim cannot read.
+        """
+        times_raw = headers.get("x-sim-fault-times")
+        times = int(times_raw) if times_raw is not None else None
+        attempt = self.attempt(headers.get("x-request-id"))
+        fault = choose_fault(self.settings, headers.get("x-sim-fault"), times, attempt, self.rng)
+        timeout = _timeout(headers.get("x-request-timeout-ms"))
         if timeout is not None:
             self.stats.last_timeout_ms = round(timeout * 1000)
-        if fault is not None:
-            self.stats.faults[fault.kind if fault.kind != "status" else str(fault.status)] += 1
-            if fault.kind == "status":
-                extra = []
-                if fault.retry_after is not None:
-                    extra.append((b"retry-after", _secs(fault.retry_after)))
-                msg_ = f"simulated {fault.status}"
-                await _reply(
-                    send, fault.status, _error_body(msg_, _status_code(fault.status)), extra
-                )
-                return
-        max_tokens = req.max_completion_tokens or req.max_tokens
-        plan = self._plan(req.model, req.messages, max_tokens)
-        prompt = self._prompt_tokens(req.model, req.messages)
-        cid = f"chatcmpl-sim-{self._serial}"
-        done = _Done()
-        writer = _SSEWriter(send, cid, req.model, done) if req.stream else None
+        return fault, timeout
+
+    async def _status_fault(self, send: Send, fault: Fault | None) -> bool:
+        """Count ``fault``; answer it if it is a status fault (then return True)."""
+        if fault is None:
+            return False
+        self.stats.count_fault(fault)
+        if fault.kind != "status":
+            return False
+        extra = []
+        if fault.retry_after is not None:
+            extra.append((b"retry-after", _secs(fault.retry_after)))
+        body = _error_body(f"simulated {fault.status}", _status_code(fault.status))
+        await _reply(send, fault.status, body, extra)
+        return True
+
+    async def _serve(
+        self,
+        receive: Receive,
+        budget: float | None,
+        reply: Callable[[Done], Awaitable[None]],
+    ) -> None:
+        """Run ``reply`` bounded by ``budget`` seconds, cancelled if the client disconnects."""
+        done = Done()
         self.stats.open_streams += 1
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
                     _watch_disconnect, receive, nursery.cancel_scope, self.stats, done
                 )
-                with trio.move_on_after(timeout if timeout is not None else float("inf")) as ts:
-                    if writer is not None:
-                        usage = req.stream_options is not None and req.stream_options.include_usage
-                        await self._stream_sse(writer, plan, fault, prompt, usage)
-                    else:
-                        await self._json(send, cid, req.model, plan, fault, prompt, done)
+                with trio.move_on_after(budget if budget is not None else float("inf")) as ts:
+                    await reply(done)
                 if ts.cancelled_caught and not done.cancelled:
                     done.flag = True  # one outcome per reply: the watcher must not count it
                     self.stats.expired += 1
@@ -254,233 +154,134 @@ class SimApp:
         finally:
             self.stats.open_streams -= 1
 
-    async def _stream_sse(
-        self, w: _SSEWriter, plan: Plan, fault: Fault | None, prompt: int, usage: bool
+    # --- chat completions --------------------------------------------------------
+
+    async def _chat(
+        self, headers: dict[str, str], body: bytes, receive: Receive, send: Send
     ) -> None:
+        self.stats.requests += 1
+        try:
+            req = chat_decoder.decode(body)
+            fault, timeout = self._fault_and_budget(headers)
+            decided = self.decide(
+                req.model,
+                req.messages,
+                tools=req.tools,
+                tool_choice=req.tool_choice,
+                response_format=req.response_format,
+                reasoning_effort=req.reasoning_effort,
+            )
+        except _BAD_REQUEST as exc:
+            await _reply(
+                send, 400, _error_body(str(exc), "invalid_request", "invalid_request_error")
+            )
+            return
+        if await self._status_fault(send, fault):
+            return
+        # Timing is drawn after the fault (and not for a status fault), as it always
+        # was, so a seeded run with fault rates replays the same.
+        ready = self.prepare(decided, req.max_completion_tokens or req.max_tokens)
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        cid = f"chatcmpl-sim-{ready.serial}"
+        if req.stream:
+            usage = req.stream_options is not None and req.stream_options.include_usage
+
+            async def reply(done: Done) -> None:
+                w = _SSEWriter(send, cid, req.model, done)
+                await self._stream_sse(w, ready, fault, top, usage)
+
+        else:
+
+            async def reply(done: Done) -> None:
+                await self._json(send, cid, req.model, ready, fault, top, done)
+
+        await self._serve(receive, timeout, reply)
+
+    async def _stream_sse(
+        self, w: _SSEWriter, ready: Prepared, fault: Fault | None, top: int | None, usage: bool
+    ) -> None:
+        plan, script = ready.plan, ready.script
         await w.start()
         await trio.sleep(plan.ttft)
-        for i in range(plan.tokens):
-            if i:
-                await trio.sleep(plan.gaps[i - 1])
-            if fault is not None and i == fault.after:
+        for k in range(plan.tokens):
+            if k:
+                await trio.sleep(plan.gaps[k - 1])
+            if fault is not None and k == fault.after:
                 if fault.kind == "stall":
                     await trio.sleep_forever()
                 if fault.kind == "drop":
                     return  # leaving mid-body makes hypercorn close the connection
                 if fault.kind == "malformed":
                     await w.raw(MALFORMED_CHUNK)
-            await w.token(i)
+            await w.raw(b"".join(w.event(c) for c in sse_choices(script, k, top)))
         # Counted before the last write: the client may hang up as soon as it has it.
         self.stats.completed += 1
-        await w.finish(plan.finish_reason, prompt, plan.tokens if usage else None)
+        out = w.event(sse_finish(script, plan))
+        if usage:
+            out += w.event(None, usage=reply_usage(plan, ready.prompt_tokens))
+        await w.finish(out + b"data: [DONE]\n\n")
 
     async def _json(
         self,
         send: Send,
         cid: str,
         model: str,
-        plan: Plan,
+        ready: Prepared,
         fault: Fault | None,
-        prompt: int,
-        done: _Done,
+        top: int | None,
+        done: Done,
     ) -> None:
-        await trio.sleep(plan.total)
-        if fault is not None and fault.kind == "stall":
-            await trio.sleep_forever()
-        if fault is not None and fault.kind == "drop":
+        await trio.sleep(ready.plan.total)
+        if not await _body_fault(send, fault):
             return
-        if fault is not None and fault.kind == "malformed":
-            await _reply(send, 200, MALFORMED_CHUNK)
-            return
-        text = "".join(token_text(i) for i in range(plan.tokens))
-        body = {
-            "id": cid,
-            "object": "chat.completion",
-            "created": 0,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": plan.finish_reason,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": plan.tokens,
-                "total_tokens": prompt + plan.tokens,
-            },
-        }
+        body = completion_body(cid, model, ready.script, ready.plan, ready.prompt_tokens, top)
         done.flag = True
         self.stats.completed += 1
         await _reply(send, 200, _enc.encode(body))
 
-    # --- WebSocket ---------------------------------------------------------------
+    # --- embeddings ------------------------------------------------------------
 
-    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        msg = await receive()  # websocket.connect
-        if msg["type"] != "websocket.connect":
-            return
-        if scope["path"] != WS_PATH:
-            await send({"type": "websocket.close", "code": 1008, "reason": "unknown path"})
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        await send({"type": "websocket.accept"})
-        self.stats.ws_connections += 1
-        conn = _WsConn(send, receive)
-        try:
-            while True:
-                text = await conn.next_text()
-                if text is None:
-                    return
-                if not await self._ws_request(conn, text, headers):
-                    return
-        except _Disconnected:
-            return
-
-    async def _ws_request(self, conn: _WsConn, text: str, headers: dict[str, str]) -> bool:
-        """Serve one ``generate`` message; return whether the connection stays open."""
-        try:
-            req = _ws_decoder.decode(text)
-            if req.type != "generate":
-                raise ValueError(f"unknown message type {req.type!r}")
-            spec = req.fault if req.fault is not None else headers.get("x-sim-fault")
-            times_raw = headers.get("x-sim-fault-times")
-            times = (
-                req.fault_times
-                if req.fault_times is not None
-                else (int(times_raw) if times_raw is not None else None)
-            )
-            fault = choose_fault(self.settings, spec, times, self._attempt(req.id), self.rng)
-        except (msgspec.DecodeError, FaultSpecError, ValueError) as exc:
-            # Not our protocol: policy violation, and the connection is closed.
-            await conn.send({"type": "error", "id": None, "status": 400, "message": str(exc)})
-            await conn.close(1008, "bad request message")
-            return False
+    async def _embeddings(
+        self, headers: dict[str, str], body: bytes, receive: Receive, send: Send
+    ) -> None:
         self.stats.requests += 1
-        if req.timeout_ms is not None:
-            self.stats.last_timeout_ms = req.timeout_ms
-        if fault is not None:
-            self.stats.faults[fault.kind if fault.kind != "status" else str(fault.status)] += 1
-            if fault.kind == "status":
-                await conn.send(
-                    {
-                        "type": "error",
-                        "id": req.id,
-                        "status": fault.status,
-                        "retry_after": fault.retry_after,
-                        "message": f"simulated {fault.status}",
-                    }
-                )
-                return True
-        plan = self._plan(req.model, req.messages, req.max_tokens)
-        prompt = self._prompt_tokens(req.model, req.messages)
-        timeout = req.timeout_ms / 1000 if req.timeout_ms is not None else float("inf")
-        self.stats.open_streams += 1
         try:
-            async with trio.open_nursery() as nursery:
-                # The client may close mid-reply; a reader notices it while we sleep.
-                done = _Done()
-                nursery.start_soon(conn.watch_close, nursery.cancel_scope, self.stats, done)
-                with trio.move_on_after(timeout) as ts:
-                    keep = await self._ws_tokens(conn, req.id, plan, fault, prompt, done)
-                if ts.cancelled_caught and not done.cancelled:
-                    done.flag = True
-                    self.stats.expired += 1
-                    await conn.send(
-                        {
-                            "type": "error",
-                            "id": req.id,
-                            "status": 504,
-                            "message": "the request's timeout_ms ran out",
-                        }
-                    )
-                    keep = True
-                nursery.cancel_scope.cancel(reason="reply finished")
-        finally:
-            self.stats.open_streams -= 1
-        if conn.closed:
-            raise _Disconnected
-        return keep
+            req = embeddings_decoder.decode(body)
+            inputs = embedding_inputs(req.input)
+            dims = DEFAULT_DIMENSIONS if req.dimensions is None else req.dimensions
+            if dims < 1:
+                raise ValueError("`dimensions` must be at least 1")
+            if req.encoding_format not in ("float", "base64"):
+                raise ValueError("`encoding_format` must be 'float' or 'base64'")
+            fault, timeout = self._fault_and_budget(headers)
+        except _BAD_REQUEST as exc:
+            await _reply(
+                send, 400, _error_body(str(exc), "invalid_request", "invalid_request_error")
+            )
+            return
+        if await self._status_fault(send, fault):
+            return
+        counts = [
+            len(x) if isinstance(x, list) else self.text_tokens(req.model, x) for x in inputs
+        ]
+        delay = prefill_delay(self.settings.timing, sum(counts), self.rng)
 
-    async def _ws_tokens(
-        self, conn: _WsConn, rid: str, plan: Plan, fault: Fault | None, prompt: int, done: _Done
-    ) -> bool:
-        await trio.sleep(plan.ttft)
-        for i in range(plan.tokens):
-            if i:
-                await trio.sleep(plan.gaps[i - 1])
-            if fault is not None and i == fault.after:
-                if fault.kind == "stall":
-                    await trio.sleep_forever()
-                if fault.kind == "drop":
-                    await conn.close(1011, "simulated drop")
-                    return False
-                if fault.kind == "malformed":
-                    await conn.send_raw('{"type": "token", "id": ')
-            await conn.send({"type": "token", "id": rid, "index": i, "text": token_text(i)})
-        usage = {"prompt_tokens": prompt, "completion_tokens": plan.tokens}
-        done.flag = True
-        self.stats.completed += 1
-        await conn.send(
-            {"type": "done", "id": rid, "finish_reason": plan.finish_reason, "usage": usage}
-        )
-        return True
-
-
-class _WsConn:
-    """One accepted WebSocket: sends JSON, and has one reader at a time."""
-
-    def __init__(self, send: Send, receive: Receive) -> None:
-        self._send = send
-        self._receive = receive
-        self.closed = False
-        self._inbox: list[str] = []
-
-    async def next_text(self) -> str | None:
-        if self._inbox:
-            return self._inbox.pop(0)
-        while True:
-            msg = await self._receive()
-            if msg["type"] == "websocket.disconnect":
-                self.closed = True
-                return None
-            if msg["type"] == "websocket.receive":
-                return str(msg.get("text") or (msg.get("bytes") or b"").decode("utf-8", "replace"))
-
-    async def watch_close(self, scope: trio.CancelScope, stats: Stats, done: _Done) -> None:
-        """While a reply is generated: queue messages, and cancel it if the peer goes."""
-        while True:
-            msg = await self._receive()
-            if msg["type"] == "websocket.disconnect":
-                self.closed = True
-                if not done.flag:
-                    done.cancelled = True
-                    stats.cancelled += 1
-                    scope.cancel(reason="client closed the WebSocket")
+        async def reply(done: Done) -> None:
+            await trio.sleep(delay)
+            if not await _body_fault(send, fault):
                 return
-            if msg["type"] == "websocket.receive":
-                text = msg.get("text")
-                if text is not None:
-                    self._inbox.append(text)
+            out = embeddings_body(req.model, inputs, counts, dims, req.encoding_format)
+            done.flag = True
+            self.stats.completed += 1
+            await _reply(send, 200, _enc.encode(out))
 
-    async def send(self, obj: dict[str, Any]) -> None:
-        await self.send_raw(_enc.encode(obj).decode())
-
-    async def send_raw(self, text: str) -> None:
-        if not self.closed:
-            await self._send({"type": "websocket.send", "text": text})
-
-    async def close(self, code: int, reason: str) -> None:
-        if not self.closed:
-            self.closed = True
-            await self._send({"type": "websocket.close", "code": code, "reason": reason})
+        await self._serve(receive, timeout, reply)
 
 
 class _SSEWriter:
     """Frames OpenAI ``chat.completion.chunk`` events the way vLLM does."""
 
-    def __init__(self, send: Send, cid: str, model: str, done: _Done) -> None:
+    def __init__(self, send: Send, cid: str, model: str, done: Done) -> None:
         self._send = send
         self._done = done
         self._head = {"id": cid, "object": "chat.completion.chunk", "created": 0, "model": model}
@@ -491,41 +292,44 @@ class _SSEWriter:
     async def raw(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
-    def _event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+    def event(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
+        """One ``data:`` event with ``choice`` (``None``: ``choices: []``, as usage chunks have)."""
+        choices = [choice] if choice is not None else []
         return b"data: " + _enc.encode({**self._head, "choices": choices, **extra}) + b"\n\n"
 
-    async def token(self, i: int) -> None:
-        delta: dict[str, Any] = {"content": token_text(i)}
-        if i == 0:
-            delta["role"] = "assistant"
-        await self.raw(self._event([{"index": 0, "delta": delta, "finish_reason": None}]))
-
-    async def finish(self, reason: str, prompt: int, completion: int | None) -> None:
-        out = self._event([{"index": 0, "delta": {}, "finish_reason": reason}])
-        if completion is not None:
-            usage = {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            }
-            out += self._event([], usage=usage)
-        out += b"data: [DONE]\n\n"
+    async def finish(self, data: bytes) -> None:
         self._done.flag = True
-        await self._send({"type": "http.response.body", "body": out, "more_body": False})
+        await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
 
-class _Done:
-    """Set just before the last byte of a reply is sent (a disconnect after it is normal)."""
+async def _body_fault(send: Send, fault: Fault | None) -> bool:
+    """Act out a stall / drop / malformed fault of a JSON reply; False: nothing more to send."""
+    if fault is None:
+        return True
+    if fault.kind == "stall":
+        await trio.sleep_forever()
+    if fault.kind == "drop":
+        return False  # no response at all: hypercorn answers 500 or closes
+    if fault.kind == "malformed":
+        await _reply(send, 200, MALFORMED_CHUNK)
+        return False
+    return True
 
-    __slots__ = ("cancelled", "flag")
 
-    def __init__(self) -> None:
-        self.flag = False
-        self.cancelled = False
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or ``None`` when the client went away first."""
+    body = bytearray()
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return None
+        body += msg.get("body", b"")
+        if not msg.get("more_body", False):
+            return bytes(body)
 
 
 async def _watch_disconnect(
-    receive: Receive, scope: trio.CancelScope, stats: Stats, done: _Done
+    receive: Receive, scope: trio.CancelScope, stats: Stats, done: Done
 ) -> None:
     while True:
         msg = await receive()
@@ -556,3 +360,6 @@ def _timeout(raw: str | None) -> float | None:
 
 def _secs(value: float) -> bytes:
     return (str(int(value)) if value == int(value) else f"{value:g}").encode()
+
+
+__all__ = ["MALFORMED_CHUNK", "WS_PATH", "SimApp"]

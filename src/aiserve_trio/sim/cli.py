@@ -11,8 +11,9 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
-from .app import WS_PATH, SimApp
+from .app import SimApp
 from .model import FaultRates, FaultSpecError, SimSettings, Timing, parse_fault
+from .ws import WS_PATH
 
 DEFAULT_BIND = "127.0.0.1:8100"
 _T = Timing()
@@ -22,7 +23,13 @@ _R = FaultRates()
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="aiserve-sim",
-        description="Simulated OpenAI-compatible (HTTP SSE/JSON) and WebSocket model backend.",
+        description="Simulated OpenAI-compatible (HTTP SSE/JSON) and WebSocket model backend: "
+        "chat completions with tools, structured output, reasoning, logprobs and images; "
+        "embeddings.",
+        epilog="Endpoints: POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models, "
+        f"WebSocket {WS_PATH}; GET /sim/stats, GET /sim/requests (the last requests as "
+        "received), POST /sim/reset. Per request: X-Sim-Fault, X-Sim-Fault-Times, "
+        "X-Request-Timeout-Ms. The protocols: pydoc aiserve_trio.sim",
     )
     p.add_argument("--bind", default=DEFAULT_BIND, help=f"host:port (default {DEFAULT_BIND})")
     p.add_argument("--model", action="append", dest="models", help="served model name (repeat)")

@@ -36,15 +36,24 @@ class Timing:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """When each token of one reply is due, in seconds after the request started."""
+    """When each output token of one reply is due, in seconds after the request started.
+
+    The first ``reasoning`` tokens are the reasoning; the rest are the visible
+    reply (content or a tool call's arguments).
+    """
 
     ttft: float
     gaps: list[float]
     finish_reason: str
+    reasoning: int = 0
 
     @property
     def tokens(self) -> int:
         return len(self.gaps) + 1
+
+    @property
+    def visible(self) -> int:
+        return self.tokens - self.reasoning
 
     @property
     def total(self) -> float:
@@ -55,25 +64,49 @@ def _normal(rng: random.Random, mean: float, std: float) -> float:
     return rng.gauss(mean, std) if std > 0 else mean
 
 
+def prefill_delay(timing: Timing, prompt_tokens: int, rng: random.Random) -> float:
+    """Seconds until the first token: overhead + prompt tokens x per-token prefill, plus noise."""
+    ttft_ms = timing.prefill_overhead_ms + prompt_tokens * timing.prefill_per_token_ms
+    return max(0.0, _normal(rng, ttft_ms, timing.ttft_std_ms)) / 1000.0
+
+
 def plan_reply(
-    timing: Timing, prompt_tokens: int, max_tokens: int | None, rng: random.Random
+    timing: Timing,
+    prompt_tokens: int,
+    max_tokens: int | None,
+    rng: random.Random,
+    *,
+    length: int | None = None,
+    at_least: int = 1,
+    reasoning: int = 0,
 ) -> Plan:
     """Plan one reply.
 
     TTFT = overhead + prompt tokens x per-token prefill (plus noise); then
-    (tokens - 1) gaps of the inter-token latency (each with noise). The length
-    is ``max_tokens`` when given (finish ``length``), else drawn from the
-    configured distribution (finish ``stop``). Noise never makes a time negative.
+    (tokens - 1) gaps of the inter-token latency (each with noise). Noise never
+    makes a time negative.
+
+    The visible length of free text is ``max_tokens`` when given (finish
+    ``length``), else drawn from the configured distribution, but at least
+    ``at_least`` (finish ``stop``). A reply with a natural ``length`` (JSON, a
+    tool call's arguments) has that many tokens, cut to ``max_tokens`` (then
+    finish ``length``). ``reasoning`` tokens come first and are not bounded by
+    ``max_tokens``.
     """
-    ttft_ms = timing.prefill_overhead_ms + prompt_tokens * timing.prefill_per_token_ms
-    ttft = max(0.0, _normal(rng, ttft_ms, timing.ttft_std_ms)) / 1000.0
-    if max_tokens is not None:
+    ttft = prefill_delay(timing, prompt_tokens, rng)
+    if length is not None:
+        n = max(1, length if max_tokens is None else min(length, max_tokens))
+        finish = "length" if max_tokens is not None and max_tokens < length else "stop"
+    elif max_tokens is not None:
         n, finish = max(1, max_tokens), "length"
     else:
         drawn = _normal(rng, timing.output_tokens_mean, timing.output_tokens_std)
-        n, finish = max(1, round(drawn)), "stop"
-    gaps = [max(0.0, _normal(rng, timing.itl_ms, timing.itl_std_ms)) / 1000.0 for _ in range(n - 1)]
-    return Plan(ttft=ttft, gaps=gaps, finish_reason=finish)
+        n, finish = max(1, at_least, round(drawn)), "stop"
+    gaps = [
+        max(0.0, _normal(rng, timing.itl_ms, timing.itl_std_ms)) / 1000.0
+        for _ in range(reasoning + n - 1)
+    ]
+    return Plan(ttft=ttft, gaps=gaps, finish_reason=finish, reasoning=reasoning)
 
 
 def token_text(i: int) -> str:
