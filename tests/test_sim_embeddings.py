@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from aiserve_trio.sim import SimApp, SimSettings, Timing
-from aiserve_trio.sim.embeddings import vector
+from aiserve_trio.vectors import vector
 
 from .asgi_client import Client, Response
 

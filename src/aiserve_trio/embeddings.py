@@ -29,16 +29,9 @@ from .observability.metrics import status_label
 from .stages.outcome import Outcome
 from .stages.parse import check_content_type, check_depth
 from .stages.types import Route
+from .vectors import embedding_inputs
 
 _raw_body = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_INPUTS = (
-    msgspec.json.Decoder(str),
-    msgspec.json.Decoder(list[str]),
-    msgspec.json.Decoder(list[int]),
-    msgspec.json.Decoder(list[list[int]]),
-)
-
-
 class _Counted(msgspec.Struct):
     prompt_tokens: int = 0
 
@@ -58,19 +51,10 @@ def check_input(raw: msgspec.Raw | None) -> None:
     """
     if raw is None:
         raise BadRequest("`input` is required", param="input", code="missing_required_parameter")
-    for decoder in _INPUTS:
-        try:
-            value = decoder.decode(raw)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            continue
-        if not value:
-            break
-        return
-    raise BadRequest(
-        "`input` must be a non-empty string, list of strings, or list of token arrays",
-        param="input",
-        code="invalid_type",
-    )
+    try:
+        embedding_inputs(msgspec.json.decode(raw))
+    except (ValueError, TypeError, msgspec.DecodeError) as exc:
+        raise BadRequest(str(exc), param="input", code="invalid_type") from None
 
 
 class Embeddings:

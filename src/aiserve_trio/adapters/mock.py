@@ -28,16 +28,21 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
+import msgspec
 import trio
 
 from ..config import MockAdapterConfig, MockToolCall
+from ..errors import BadRequest
 from ..observability.events import NULL_HOOK, UpstreamHook
+from ..vectors import DEFAULT_DIMENSIONS, embedding_inputs, embeddings_body
 from .base import (
     Adapter,
     Capabilities,
     Delta,
     DeltaSink,
+    EmbeddingRequest,
     InferenceRequest,
     Message,
     ToolCallDelta,
@@ -149,6 +154,7 @@ class MockAdapter(Adapter):
             {"temperature", "top_p", "stop", "seed", "tools", "tool_choice", "reasoning_effort"}
         ),
         parts=frozenset({"text"}),
+        embeddings=True,
     )
 
     def __init__(
@@ -198,6 +204,43 @@ class MockAdapter(Adapter):
         produced = "".join(p.text or p.reasoning or _args(p) for p in pieces)
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=count_tokens(produced))
         await send.send(Delta(finish_reason=finish, usage=usage))
+
+
+    async def embed_once(self, request: EmbeddingRequest) -> bytes:
+        """Deterministic unit vectors (``vectors.py``): the same text, the same vector.
+
+        Raises:
+            BadRequest: ``input``, ``dimensions`` or ``encoding_format`` is not usable.
+        """
+        try:
+            body = _embed_decoder.decode(_embed_encoder.encode(request.body))
+        except msgspec.ValidationError as exc:
+            raise BadRequest(f"invalid request: {exc}", code="invalid_type") from None
+        try:
+            inputs = embedding_inputs(body.input)
+        except (ValueError, TypeError) as exc:
+            raise BadRequest(str(exc), param="input", code="invalid_type") from None
+        if body.dimensions < 1:
+            raise BadRequest("`dimensions` must be at least 1", param="dimensions")
+        if body.encoding_format not in ("float", "base64"):
+            raise BadRequest(
+                "`encoding_format` must be 'float' or 'base64'", param="encoding_format"
+            )
+        counts = [count_tokens(x) if isinstance(x, str) else len(x) for x in inputs]
+        if self.config.ttft_ms:
+            await trio.sleep(self.config.ttft_ms / 1000.0)
+        out = embeddings_body(request.model, inputs, counts, body.dimensions, body.encoding_format)
+        return _embed_encoder.encode(out)
+
+
+class _EmbeddingsBody(msgspec.Struct):
+    input: Any
+    dimensions: int = DEFAULT_DIMENSIONS
+    encoding_format: str = "float"
+
+
+_embed_decoder = msgspec.json.Decoder(_EmbeddingsBody)
+_embed_encoder = msgspec.json.Encoder()
 
 
 def _args(d: Delta) -> str:

@@ -14,8 +14,8 @@ import msgspec
 import trio
 
 from ..adapters.tokens import encoding_name_for, get_encoding
+from ..vectors import DEFAULT_DIMENSIONS, embeddings_body
 from .core import Done, Prepared, Receive, Scope, Send, SimCore, Stats, header_dict
-from .embeddings import DEFAULT_DIMENSIONS, embeddings_body
 from .model import Fault, FaultSpecError, choose_fault, prefill_delay
 from .request import chat_decoder, embedding_inputs, embeddings_decoder
 from .schema import SchemaError

@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from ..vectors import embedding_inputs as embedding_inputs
+
 #: What one image part costs in prompt tokens (OpenAI's low-detail base cost).
 IMAGE_TOKENS = 85
 
@@ -178,33 +180,3 @@ def prompt_texts(messages: list[SimMessage]) -> tuple[list[str], int]:
         texts.append(text)
         images += m.images()
     return texts, images
-
-
-def embedding_inputs(raw: str | list[Any]) -> list[str | list[int]]:
-    """``input`` as a list of texts or token arrays.
-
-    Raises:
-        ValueError: empty, or not a string, a list of strings, a token array or
-            a list of token arrays.
-    """
-    if isinstance(raw, str):
-        return [raw]
-    if not raw:
-        raise ValueError("`input` must not be empty")
-    if all(_is_int(x) for x in raw):
-        return [list(raw)]
-    out: list[str | list[int]] = []
-    for x in raw:
-        if isinstance(x, str):
-            out.append(x)
-        elif isinstance(x, list) and x and all(_is_int(t) for t in x):
-            out.append(list(x))
-        else:
-            raise ValueError(
-                "`input` must be a string, a list of strings, a token array or a list of them"
-            )
-    return out
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)

@@ -1,4 +1,4 @@
-"""Embedding vectors for ``POST /v1/embeddings`` (pure).
+"""Deterministic embedding vectors (pure): what aiserve-sim and the mock model answer.
 
 Each input gets a unit vector drawn from a generator seeded by a hash of the
 input, so the same text always embeds the same (in every process, whatever
@@ -54,3 +54,33 @@ def embeddings_body(
         "model": model,
         "usage": {"prompt_tokens": n, "total_tokens": n},
     }
+
+
+def embedding_inputs(raw: str | list[Any]) -> list[str | list[int]]:
+    """``input`` as a list of texts or token arrays.
+
+    Raises:
+        ValueError: empty, or not a string, a list of strings, a token array or
+            a list of token arrays.
+    """
+    if isinstance(raw, str):
+        return [raw]
+    if not raw:
+        raise ValueError("`input` must not be empty")
+    if all(_is_int(x) for x in raw):
+        return [list(raw)]
+    out: list[str | list[int]] = []
+    for x in raw:
+        if isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, list) and x and all(_is_int(t) for t in x):
+            out.append(list(x))
+        else:
+            raise ValueError(
+                "`input` must be a string, a list of strings, a token array or a list of them"
+            )
+    return out
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
