@@ -92,6 +92,11 @@ _CLOSED = {_S.KSTRING: _S.COLON, _S.VSTRING: _S.AFTER}
 _WS = frozenset(" \t\r\n")
 _SCALAR = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ+-.")
 _PLAIN = re.compile(r'[^"\\]+')
+#: A whole escape, decided without more text (a high surrogate only with its low one).
+_WHOLE = re.compile(
+    r'\\(?:["\\/bfnrt]|u(?![dD][89abAB])[0-9a-fA-F]{4}'
+    r"|u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
 _HEX = "0123456789abcdefABCDEF"
 _SIMPLE = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 #: What each character of a low-surrogate escape may be.
@@ -123,7 +128,7 @@ def _unescape(esc: str) -> tuple[str, int] | None:
     if esc[1] != "u":
         raise ValueError(esc)
     digits = esc[2:6]
-    if not all(c in _HEX for c in digits):
+    if digits.strip(_HEX):
         raise ValueError(esc)
     if len(digits) < 4:
         return None
@@ -172,14 +177,20 @@ class JsonStringFilter:
     def feed(self, fragment: str) -> str:
         """Take more JSON text; return what can be emitted now."""
         out: list[str] = []
-        text, i = fragment, 0
+        self._read(fragment, out)
+        if self._state in _CLOSED:
+            self._flush(out)
+        return "".join(out)
+
+    def _read(self, text: str, out: list[str]) -> None:
+        i = 0
         while i < len(text):
             state = self._state
             if state is _S.BROKEN:
                 out.append(text[i:])
                 break
             if state in _CLOSED:
-                text, i = self._string(text, i, out)
+                i = self._string(text, i, out)
                 continue
             c = text[i]
             key = _cls(c, self._stack[-1] if self._stack else "")
@@ -199,9 +210,6 @@ class JsonStringFilter:
             self._state = nxt
             out.append(c)
             i += 1
-        if self._state in _CLOSED:
-            self._flush(out)
-        return "".join(out)
 
     def finish(self) -> str:
         """The end of the text: what is still held (only a truncated string holds text)."""
@@ -212,8 +220,8 @@ class JsonStringFilter:
         self._state, self._esc = _S.BROKEN, ""
         return "".join(out)
 
-    def _string(self, text: str, i: int, out: list[str]) -> tuple[str, int]:
-        """Read string content at ``text[i]``; return the text and position to go on from."""
+    def _string(self, text: str, i: int, out: list[str]) -> int:
+        """Read string content at ``text[i]``; return the position to go on from."""
         c = text[i]
         if self._esc:
             self._esc += c
@@ -223,27 +231,32 @@ class JsonStringFilter:
                 self._close(out)
                 out.append(self._esc)
                 self._esc, self._state = "", _S.BROKEN
-                return text, i + 1
+                return i + 1
             if got is None:
-                return text, i + 1
+                return i + 1
             ch, n = got
             self._pieces.append((ch, self._esc[:n]))
             rest, self._esc = self._esc[n:], ""
-            if rest:  # after a lone high surrogate: read what followed it again
-                return rest + text[i + 1 :], 0
-            return text, i + 1
+            self._read(rest, out)  # after a lone high surrogate: what followed it
+            return i + 1
         if c == "\\":
-            self._esc = c
-            return text, i + 1
+            whole = _WHOLE.match(text, i)
+            if whole is None:  # gather it character by character
+                self._esc = c
+                return i + 1
+            got = _unescape(whole.group())
+            assert got is not None
+            self._pieces.append((got[0], whole.group()))
+            return whole.end()
         if c == '"':
             self._close(out)
             out.append(c)
             self._state = _CLOSED[self._state]
-            return text, i + 1
+            return i + 1
         m = _PLAIN.match(text, i)
         assert m is not None
         self._pieces.append((m.group(), m.group()))
-        return text, m.end()
+        return m.end()
 
     def _flush(self, out: list[str]) -> None:
         """Send the pieces read so far: a key's as they are, a value's through the chain."""
@@ -267,7 +280,7 @@ class JsonStringFilter:
         i, pending = 0, self._pending
         while self._same and i < len(text) and pending:
             decoded, raw = pending[0]
-            k = _common(text, i, decoded)
+            k = len(decoded) if text.startswith(decoded, i) else _common(text, i, decoded)
             if k == len(decoded):
                 out.append(raw)
                 pending.popleft()
