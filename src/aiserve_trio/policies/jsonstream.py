@@ -20,9 +20,10 @@ and in an array to a value::
     OBJECT --}{--> AFTER         ARRAY --][--> AFTER         whitespace: no change
 
 Inside a string, runs without ``"`` or ``\\`` are content as they are; an
-escape is gathered until it is decided (``\\uD83D`` waits for a low surrogate,
-so a pair split anywhere decodes to one character). Each content piece is kept
-as ``(decoded, raw)``.
+escape is decoded at once when the fragment holds all of it, else gathered
+until it is decided (``\\uD83D`` waits for a low surrogate, so a pair split
+anywhere decodes to one character). Each content piece is kept as
+``(decoded, raw)``; a value's pieces go to its chain at the end of each feed.
 
 Escaping: while the chain's output equals its input so far, the original
 spelling (``raw``) of the released text is emitted, so an unchanged string
@@ -156,7 +157,7 @@ def _escape(text: str) -> str:
 
 
 class JsonStringFilter:
-    """Sans-IO: JSON text in (``feed``), the same JSON with string values filtered out.
+    """Sans-IO: JSON text in, the same JSON out with each string value run through filters.
 
     ``make_filters()`` gives a fresh chain per string value. ``max_holdback`` is
     the holdback of one chain (made once, here, to measure it) plus
@@ -183,6 +184,7 @@ class JsonStringFilter:
         return "".join(out)
 
     def _read(self, text: str, out: list[str]) -> None:
+        """Run the state machine over ``text``: structure to ``out``, content to pieces."""
         i = 0
         while i < len(text):
             state = self._state
