@@ -53,8 +53,7 @@ import re
 from collections import deque
 from collections.abc import Callable
 
-from ..stages.assembler import apply_filters, finish_filters
-from .base import OutputFilter
+from .base import OutputFilter, apply_filters, finish_filters
 
 
 class _S(enum.Enum):
