@@ -22,6 +22,8 @@ from opentelemetry.util.types import AnyValue
 from aiserve_trio.adapters.mock import MockAdapter
 from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig
+from aiserve_trio.observability.metrics import Metrics
+from aiserve_trio.observability.sched import SchedulerLag
 
 from .asgi_client import Client, chat_body
 from .conftest import make_config
@@ -261,6 +263,10 @@ _FUNCS = {
     "labels",
     "all",
     "e",
+    "or",
+    "on",
+    "group_left",
+    "max",
 }
 
 
@@ -313,6 +319,114 @@ async def test_dashboard_and_rules_reference_only_existing_metrics(autojump_cloc
                 missing.append((expr, name))
     assert missing == []
     assert len(dashboard["panels"]) >= 8
+
+
+RULES_TEST = ROOT / "configs/prometheus/aiserve-rules.test.yml"
+#: Labels a scrape adds, and the bucket label of a histogram.
+_SCRAPE_LABELS = {"job", "instance"}
+
+
+def _rules_test() -> dict[str, Any]:
+    import yaml
+
+    loaded: dict[str, Any] = yaml.safe_load(RULES_TEST.read_text())
+    return loaded
+
+
+def _series_labels(selector: str) -> tuple[str, set[str]]:
+    """``name{a="x", b="y"}`` -> (name, {a, b})."""
+    name, _, rest = selector.partition("{")
+    return name.strip(), set(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"', rest))
+
+
+def _exported_labels() -> dict[str, set[str]]:
+    """Every series name the gateway exports, with its label names."""
+    metrics = Metrics()
+    metrics.registry.register(SchedulerLag())
+    found: dict[str, set[str]] = {}
+    wrappers = [v for v in vars(metrics).values() if hasattr(v, "_labelnames")]
+    wrappers += list(metrics.baseline.values())
+    for metric in wrappers:
+        labels = set(metric._labelnames)
+        if metric._type == "counter":
+            found[metric._name + "_total"] = labels
+        elif metric._type == "histogram":
+            found[metric._name + "_bucket"] = labels | {"le"}
+            found[metric._name + "_count"] = found[metric._name + "_sum"] = labels
+        else:
+            found[metric._name] = labels
+    for family in SchedulerLag().collect():
+        for sample in family.samples:
+            found[sample.name] = set(sample.labels)
+    return found
+
+
+def test_rule_tests_use_the_labels_the_gateway_exports():
+    # promtool catches a rule that does not fit its input series; this catches
+    # input series that do not fit what /metrics really says.
+    exported = _exported_labels()
+    wrong = []
+    for test in _rules_test()["tests"]:
+        for series in test["input_series"]:
+            name, labels = _series_labels(series["series"])
+            if name not in exported or labels - _SCRAPE_LABELS != exported[name]:
+                wrong.append((name, sorted(labels), sorted(exported.get(name, {"<not exported>"}))))
+    assert wrong == []
+
+
+def test_every_rule_and_alert_has_a_promtool_test():
+    groups = _rule_file()["groups"]
+    records = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+    alerts = {r["alert"] for g in groups for r in g["rules"] if "alert" in r}
+    tests = _rules_test()["tests"]
+    tested_exprs = " ".join(t["expr"] for test in tests for t in test.get("promql_expr_test", []))
+    tested_records = {name for name in records if re.search(re.escape(name) + r"\b", tested_exprs)}
+    firing = {
+        t["alertname"] for test in tests for t in test.get("alert_rule_test", []) if t["exp_alerts"]
+    }
+    assert records - tested_records == set()
+    assert alerts - firing == set()
+
+
+@pytest.mark.slow
+def test_promtool_rule_unit_tests_pass():
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool (Debian package prometheus) must be installed"
+    out = subprocess.run(
+        [promtool, "test", "rules", RULES_TEST.name],
+        cwd=RULES_TEST.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
+
+
+def test_the_sla_table_is_per_model():
+    # Every column of the table reads a series with a model label: a recorded one
+    # (its labels as the promtool tests expect them) or one the gateway exports.
+    labels = {name: set(ls) for name, ls in _exported_labels().items()}
+    for test in _rules_test()["tests"]:
+        for t in test.get("promql_expr_test", []):
+            recorded = re.search(r"aiserve:[a-z0-9_:]+", t["expr"])
+            if recorded is None:
+                continue
+            for sample in t["exp_samples"]:
+                labels.setdefault(recorded[0], set()).update(_series_labels(sample["labels"])[1])
+    dashboard = json.loads((ROOT / "configs/grafana/aiserve-dashboard.json").read_text())
+    (table,) = [p for p in dashboard["panels"] if p["title"].startswith("SLA per model")]
+    exprs = [t["expr"] for t in table["targets"]]
+    refs = {name for expr in exprs for name in _metric_refs(expr)}
+    assert {name for name in refs if "model" not in labels.get(name, set())} == set()
+    for wanted in (
+        "aiserve:request_duration_seconds:p95",
+        "aiserve:request_error_ratio:rate5m",
+        "aiserve:tokens_per_request:avg5m",
+        "aiserve:ttft_seconds:p95",
+    ):
+        assert wanted in refs
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@ Serve it with hypercorn's Trio worker::
 
 ``app`` is built on first access from ``$AISERVE_CONFIG`` or the embedded
 default config; a bad config raises :class:`ConfigError` there, so the server
-does not start.
+does not start: under the hypercorn binary it says so in one line on stderr
+and exits non-zero (:mod:`.startup`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from .asgi import App, create_app
 from .config import Config, load_config
 from .errors import ConfigError
+from .startup import hypercorn_process, refuse_to_start
 
 try:
     __version__ = _version("aiserve-trio")
@@ -33,8 +35,11 @@ class _DeferredApp:
     """The ASGI app hypercorn imports as ``aiserve_trio:app``.
 
     The config is loaded on the first ASGI call (lifespan start-up), not at
-    import, so importing the package has no side effects; a bad config fails
-    start-up with the ConfigError's message and the server does not start.
+    import, so importing the package has no side effects. A bad config fails
+    start-up: in a hypercorn process, with one line on stderr and a non-zero
+    exit status of the hypercorn binary (see :mod:`.startup` for why the ASGI
+    way, ``lifespan.startup.failed``, gives neither there); elsewhere with
+    ``lifespan.startup.failed`` and the ConfigError's message.
     """
 
     def __init__(self) -> None:
@@ -50,6 +55,9 @@ class _DeferredApp:
             try:
                 self.get()
             except ConfigError as exc:
+                role = hypercorn_process()
+                if role is not None:
+                    refuse_to_start(str(exc), role)
                 await receive()
                 await send({"type": "lifespan.startup.failed", "message": str(exc)})
                 return

@@ -25,6 +25,7 @@ from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .config import Config, load_config, route_label
 from .embeddings import Embeddings
 from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
+from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
 from .http.sse import shutdown_event
@@ -106,7 +107,10 @@ class App:
             hook=self.observer,
         )
         self.embeddings = Embeddings(config, self.observer)
-        self.endpoints = EndpointTable(self._endpoints(), unknown=[("/debug/", Auth.ADMIN)])
+        table = self._endpoints()
+        self.endpoints = EndpointTable(table, unknown=[("/debug/", Auth.ADMIN)])
+        methods = {m for ep in table for m in ep.methods}
+        self.cors = Cors(config.cors, methods) if config.cors is not None else None
         self.ready = False
         self._models_body = self._models_json(list(self.routes.values()))
         #: The listing for keys limited to some routes, by their route set.
@@ -273,10 +277,20 @@ class App:
         # of a cancel scope around every write.
         chat = endpoint.auth is Auth.CHAT
         write_timeout = None if chat else self.config.limits.write_timeout_ms / 1000.0
-        responder = Responder(send, write_timeout)
+        hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        cors = self.cors
+        extra = cors.response_headers(hdrs.get("origin")) if cors is not None else None
+        responder = Responder(send, write_timeout, extra)
+        if cors is not None and cors.is_preflight(scope["method"], hdrs):
+            # Before the gate: a browser sends no key with a preflight.
+            try:
+                await responder.start(204, cors.preflight(hdrs))
+                await responder.body(b"", more=False)
+            except GatewayError as err:
+                await responder.error(err)
+            return
         try:
             with self.gate.admit(endpoint):  # a fast 503 before any body is read
-                hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
                 request = Request(
                     scope, scope["method"], path, hdrs, receive, responder, arrival, params
                 )

@@ -20,10 +20,13 @@ class Responder:
     is given up on (:class:`WriteTimeout`). Chat streams pass None and are
     watched instead by the sse stage's keep-alive task, which reads
     ``writing_since`` (cheaper than a scope per token). Writes are serialised,
-    so a heartbeat may go out between the stage's writes.
+    so a heartbeat may go out between the stage's writes. ``headers`` go into
+    every head this responder sends, whoever starts it (the CORS headers,
+    computed once per request).
     """
 
     __slots__ = (
+        "_headers",
         "_lock",
         "_send",
         "finished",
@@ -33,8 +36,11 @@ class Responder:
         "writing_since",
     )
 
-    def __init__(self, send: Send, write_timeout: float | None = None) -> None:
+    def __init__(
+        self, send: Send, write_timeout: float | None = None, headers: Headers | None = None
+    ) -> None:
         self._send = send
+        self._headers = headers
         self._lock = trio.StrictFIFOLock()
         self.started = False
         self.finished = False
@@ -67,6 +73,8 @@ class Responder:
             self._lock.release()
 
     async def start(self, status: int, headers: Headers) -> None:
+        if self._headers:
+            headers = [*headers, *self._headers]
         self.started = True
         await self._write({"type": "http.response.start", "status": status, "headers": headers})
 

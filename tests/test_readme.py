@@ -1,0 +1,94 @@
+"""The README's shell instructions, run as written against real processes.
+
+Each test finds a ``sh`` block of README.md by what it is about, starts the
+servers the block starts (hypercorn, aiserve-sim) on free ports, and runs its
+``curl`` commands through bash with only the addresses replaced.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .servers import ROOT, hypercorn_gateway
+from .sim_process import FAST_ARGS, run_sim
+
+pytestmark = pytest.mark.slow
+
+README = (ROOT / "README.md").read_text()
+GATEWAY = "http://127.0.0.1:8000"
+SIM = "http://127.0.0.1:8100"
+
+
+def sh_block(*needles: str) -> list[str]:
+    """The commands of the README's ``sh`` block that has every needle (continuations joined)."""
+    blocks = [b for b in re.findall(r"```sh\n(.*?)```", README, re.S) if all(n in b for n in needles)]
+    assert len(blocks) == 1, f"one README sh block should have {needles}, found {len(blocks)}"
+    return [line.strip() for line in blocks[0].replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def run(command: str, **addresses: str) -> str:
+    for old, new in addresses.items():
+        command = command.replace({"gateway": GATEWAY, "sim": SIM}[old], new)
+    out = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 0, (command, out.stdout, out.stderr)
+    return out.stdout
+
+
+def test_bank_policy_actions_can_be_seen_with_the_readme_keys():
+    commands = sh_block("configs/examples/bank.toml", "/metrics")
+    assert "AISERVE_CONFIG=configs/examples/bank.toml" in commands[0]
+    curls = [c for c in commands if c.startswith("curl")]
+    with hypercorn_gateway(ROOT / "configs/examples/bank.toml") as (base, _):
+        outputs = [run(c, gateway=base) for c in curls]
+    assert "[CARD]" in outputs[0]
+    assert "4111" not in outputs[0]
+    assert '"type":"authentication_error"' not in "".join(outputs)
+    assert 'policy_actions_total{action="redacted",policy="gdpr_redact"}' in outputs[-1]
+
+
+def test_faults_reach_the_gateway_as_the_readme_says(tmp_path: Path):
+    commands = sh_block("aiserve-sim --fault")
+    (sim_command,) = [c for c in commands if "aiserve-sim" in c]
+    sim_args = shlex.split(sim_command, comments=True)[1:]
+    config = (ROOT / "configs/examples/sim-openai.toml").read_text()
+    with run_sim([*sim_args, *FAST_ARGS]) as addr:
+        cfg = tmp_path / "sim-openai.toml"
+        cfg.write_text(config.replace("127.0.0.1:8100", addr))
+        with hypercorn_gateway(cfg) as (base, _):
+            outputs = [
+                run(c, gateway=base, sim=f"http://{addr}")
+                for c in commands
+                if c.startswith("curl")
+            ]
+    assert outputs[0].startswith("HTTP/1.1 502")
+    assert '"type":"upstream_error"' in outputs[0]
+    assert '"faults":{"503":3}' in outputs[-1]
+
+
+def test_x_sim_fault_sent_to_the_gateway_changes_nothing(tmp_path: Path):
+    # What the README says: the header is the simulator's, the gateway does not pass it on.
+    config = (ROOT / "configs/examples/sim-openai.toml").read_text()
+    with run_sim() as addr:
+        cfg = tmp_path / "sim-openai.toml"
+        cfg.write_text(config.replace("127.0.0.1:8100", addr))
+        with hypercorn_gateway(cfg) as (base, _):
+            out = run(
+                f"curl -sS -i {base}/v1/chat/completions -H 'content-type: application/json'"
+                " -H 'X-Sim-Fault: 503' -d '{\"model\": \"sim-model\", \"messages\":"
+                " [{\"role\": \"user\", \"content\": \"hi\"}]}'"
+            )
+            stats = run(f"curl -s http://{addr}/sim/stats")
+    assert out.startswith("HTTP/1.1 200")
+    assert '"faults":{}' in stats
+    assert "The gateway does not pass a client's `X-Sim-Fault` on" in " ".join(README.split())
