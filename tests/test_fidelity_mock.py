@@ -7,10 +7,10 @@ from typing import Any
 
 from aiserve_trio.adapters.mock import MockAdapter
 from aiserve_trio.asgi import App
-from aiserve_trio.config import MockAdapterConfig
+from aiserve_trio.config import MockAdapterConfig, parse_config
 
 from .asgi_client import Client, Response
-from .conftest import make_config
+from .conftest import config_text, make_config
 from .fakes import RecordingAdapter
 
 AGENT = r"""
@@ -216,3 +216,51 @@ async def test_an_oversized_part_is_a_413_naming_it(make_app: Any, autojump_cloc
         "messages[0].content[0]",
         "content_part_too_large",
     )
+
+
+PROTECTED = """
+[sessions]
+backend = "memory"
+clear_vars = ["loan_term"]
+
+[[routes]]
+path = "/v1/protected"
+adapter = "mock"
+policies = ["gdpr-redact"]
+"""
+
+
+async def test_session_variables_are_redacted_like_the_messages(make_app: Any, autojump_clock: Any) -> None:
+
+
+    text = config_text().replace('[sessions]\nbackend = "memory"\n', "")
+    app = App(parse_config(text + PROTECTED, source="<test>"))
+    client = Client(app)
+    sid = {"X-Session-Id": "s-vars"}
+    secrets_ = {
+        "iban": "GB82 WEST 1234 5698 7654 32",
+        "resident_id": "11010519491231002X",
+        "phone": "+86 138 0013 8000",
+        "loan_term": "20 years, call +86 138 0013 8000",
+    }
+    r = await client.request(
+        "POST",
+        "/v1/protected",
+        json_body={"model": "aiserve-mock", "messages": [user("echo: hi")], "metadata": secrets_},
+        headers=sid,
+    )
+    assert r.status == 200
+    r = await client.request(
+        "PUT",
+        "/v1/sessions/s-vars/vars",
+        json_body={"email": "ann@example.com"},
+        headers=sid,
+    )
+    assert r.status == 200
+    stored = (await client.request("GET", "/v1/sessions/s-vars")).json()["variables"]
+    assert stored["iban"] == "[IBAN]"
+    assert stored["resident_id"] == "[ID]"
+    assert "13800138000" not in stored["phone"].replace(" ", "")
+    assert stored["email"] == "[EMAIL]"
+    # Allowlisted by name in [sessions] clear_vars: kept as sent (and visible in the config).
+    assert stored["loan_term"] == secrets_["loan_term"]

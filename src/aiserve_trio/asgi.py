@@ -13,6 +13,7 @@ import logging
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -36,6 +37,7 @@ from .observability.observer import RequestObserver
 from .observability.sched import SchedulerLag
 from .observability.tracing import Tracing, configure_otlp
 from .pipeline import Pipeline
+from .policies.base import Policy, PolicyContext, redact_values
 from .policies.registry import build_policies
 from .security import edge
 from .security.gate import Gate
@@ -87,7 +89,6 @@ class App:
         #: Set when shutdown begins: live session event streams end cleanly.
         self.closing = trio.Event()
         self.gate = Gate(config)
-        self.sessions = SessionEndpoints(config, self.bus, self.closing, self._session_tenant)
         self._background: trio.CancelScope | None = None
         self.routes: dict[str, Route] = {
             rc.path: Route(
@@ -99,6 +100,9 @@ class App:
             )
             for rc in config.routes
         }
+        self.sessions = SessionEndpoints(
+            config, self.bus, self.closing, self._session_tenant, self._vars_redactor()
+        )
         self.pipeline = Pipeline(
             config,
             self.bus,
@@ -346,6 +350,20 @@ class App:
         if problems:
             raise Overloaded("not ready: " + "; ".join(problems), code="not_ready")
         await request.responder.complete(200, JSON_HEADERS, b'{"status":"ready"}')
+
+    def _vars_redactor(self) -> Callable[[dict[str, str]], dict[str, str]] | None:
+        """What ``PUT /v1/sessions/{id}/vars`` applies: the data protection of every
+        chat route, since every route reads the same sessions."""
+        policies = [p for r in self.routes.values() for p in r.policies]
+        if not any(type(p).redact_text is not Policy.redact_text for p in policies):
+            return None
+        clear = frozenset(self.config.sessions.clear_vars)
+
+        def redact(values: dict[str, str]) -> dict[str, str]:
+            ctx = PolicyContext(route="sessions", channel="api", tenant="", request_id="")
+            return redact_values(values, policies, ctx, clear)
+
+        return redact
 
     def _session_tenant(self, request: Request) -> str:
         return self.gate.tenant(request.principal, self.config.server.default_tenant)

@@ -250,6 +250,9 @@ AdapterConfig = MockAdapterConfig | OpenAIAdapterConfig | VllmWsAdapterConfig
 
 class SessionsConfig(_Section):
     backend: Literal["memory", "redis"] = "memory"
+    #: Session variables kept in clear although a route (or the session endpoints)
+    #: redacts what is written to the session: templates that need the value.
+    clear_vars: list[str] = msgspec.field(default_factory=list)
     #: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://h:p,h:p``,
     #: ``redis+sentinel://h:p,h:p/service[/db]``.
     url: str = "redis://127.0.0.1:6379/0"

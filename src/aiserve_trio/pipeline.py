@@ -110,6 +110,7 @@ class Pipeline:
         self.writeback = writeback
         self.admission = admission
         self.hook = hook
+        self._clear_vars = frozenset(config.sessions.clear_vars)
 
     async def run(self, info: RequestInfo, receive: Receive, responder: Responder) -> Outcome:
         """Serve one chat request, report it, and write its turns to the session bus.
@@ -135,7 +136,14 @@ class Pipeline:
         sc = cfg.sessions
         parse = ParseStage(info, body_recv, req_send, cfg.limits, self.admission, slots)
         context = ContextStage(
-            info, req_recv, inf_send, plan_send, self.bus, sc.system_template, sc.history_turns
+            info,
+            req_recv,
+            inf_send,
+            plan_send,
+            self.bus,
+            sc.system_template,
+            sc.history_turns,
+            self._clear_vars,
         )
         inference = InferenceStage(info, inf_recv, delta_send)
         sse = SSEStage(info, delta_recv, plan_recv, responder, cfg.limits)

@@ -19,7 +19,7 @@ and the config can import it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -87,6 +87,13 @@ class Policy:
     def output_filter(self, ctx: PolicyContext) -> OutputFilter | None:
         """A fresh filter for one reply, or None if this policy does not touch output."""
         return None
+
+    def redact_text(self, text: str, ctx: PolicyContext) -> str:
+        """``text`` with what this policy protects taken out (session variables use it).
+
+        Default: unchanged -- only data-protection policies take anything out.
+        """
+        return text
 
 
 # --- settings and rule packs: Structs decoded once, at config load -----------------
@@ -205,4 +212,17 @@ def finish_filters(filters: list[OutputFilter]) -> str:
     out = ""
     for f in filters:
         out = (f.feed(out) if out else "") + f.finish()
+    return out
+
+
+def redact_values(
+    values: dict[str, str], policies: list[Policy], ctx: PolicyContext, clear: Collection[str]
+) -> dict[str, str]:
+    """``values`` with every policy's :meth:`Policy.redact_text` applied, but to ``clear`` names."""
+    out = {}
+    for name, value in values.items():
+        if name not in clear:
+            for policy in policies:
+                value = policy.redact_text(value, ctx)
+        out[name] = value
     return out

@@ -245,6 +245,10 @@ class GdprRedact(Policy):
     def output_filter(self, ctx: PolicyContext) -> OutputFilter | None:
         return _Filter(self.rewriter, self.name, ctx) if self.on_output else None
 
+    def redact_text(self, text: str, ctx: PolicyContext) -> str:
+        # Whatever `input`/`output` say: data written to the session is stored data.
+        return self.rewriter.rewrite(text, lambda _kind: ctx.record(self.name, "redacted"))
+
 
 class Tokens(Table, frozen=True):
     """What each kind of personal data becomes (``[policies.gdpr-redact.tokens]``)."""

@@ -95,7 +95,14 @@ class SessionEndpoints:
         bus: SessionBus,
         closing: trio.Event,
         tenant: Callable[[Request], str],
+        redact: Callable[[dict[str, str]], dict[str, str]] | None = None,
     ) -> None:
+        """Args:
+        tenant: the tenant a request acts for.
+        redact: applied to variables before they are stored (the data
+            protection of the routes that share the sessions).
+        """
+        self.redact = redact
         self.config = config
         self.bus = bus
         self.closing = closing
@@ -138,6 +145,8 @@ class SessionEndpoints:
         except msgspec.DecodeError:
             raise BadRequest("the body is not valid JSON", param="body") from None
         check_vars(values, "body")
+        if self.redact is not None:
+            values = self.redact(values)
         await self._bounded(lambda: self.bus.set_vars(tenant, sid, values, self.ttl))
         out = VarsUpdated(id=sid, updated=sorted(values))
         await request.responder.complete(200, JSON_HEADERS, encoder.encode(out))

@@ -20,7 +20,7 @@ import trio
 
 from ..adapters.base import InferenceRequest, Message
 from ..errors import StageDeadlineExceeded
-from ..policies.base import OutputFilter, Policy, PolicyContext
+from ..policies.base import OutputFilter, Policy, PolicyContext, redact_values
 from ..sessions.bus import SessionBusError, check_vars
 from .types import ParsedRequest, Prepared, RequestInfo
 
@@ -93,8 +93,12 @@ class ContextStage:
         bus: SessionBus | None,
         system_template: str,
         history_turns: int,
+        clear_vars: frozenset[str] = frozenset(),
     ) -> None:
         self.info = info
+        self.clear_vars = clear_vars
+        #: The request's ``metadata`` as stored (redacted where the route redacts).
+        self.metadata: dict[str, str] | None = None
         self.to_inference = to_inference
         self.to_sse = to_sse
         self.bus = bus
@@ -113,9 +117,20 @@ class ContextStage:
         PolicyViolation: an input policy blocked the request.
         """
         info = self.info
+        route = info.route
+        self.policy = PolicyContext(
+            route=route.label,
+            channel=info.channel,
+            tenant=info.tenant,
+            request_id=info.request_id,
+        )
         metadata = req.body.metadata
         if metadata:
             check_vars(metadata, "metadata")
+            # Stored data is protected data: what the route's policies take out
+            # of messages they take out of variables too (unless allowlisted).
+            metadata = redact_values(metadata, route.policies, self.policy, self.clear_vars)
+        self.metadata = metadata
         bus, sid = self.bus, info.session_id
         if bus is None or sid is None:
             await self._hand_on(req, prompt_messages(req), {}, None)
@@ -152,14 +167,10 @@ class ContextStage:
     ) -> None:
         info = self.info
         route = info.route
-        if req.body.metadata:
-            variables = {**variables, **req.body.metadata}
-        ctx = self.policy = PolicyContext(
-            route=route.label,
-            channel=info.channel,
-            tenant=info.tenant,
-            request_id=info.request_id,
-        )
+        if self.metadata:
+            variables = {**variables, **self.metadata}
+        ctx = self.policy
+        assert ctx is not None  # run() made it
         own = len(req.messages)
         for policy in route.policies:
             messages = policy.check_input(messages, ctx)
