@@ -42,7 +42,7 @@ def stream(
 
 def test_one_read_is_one_delta_and_the_end_carries_finish_and_usage() -> None:
     d = ChatStreamDecoder("up")
-    assert d.feed(stream(["Hel", "lo"])) == [Delta(text="Hello")]
+    assert d.feed(stream(["Hel", "lo"])) == [Delta(text="Hello", tokens=2)]
     d.check()
     assert d.end() == Delta(finish_reason="stop", usage=Usage(prompt_tokens=5, completion_tokens=2))
     assert d.pieces == 2

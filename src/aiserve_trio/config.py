@@ -129,6 +129,8 @@ class LimitsConfig(_Section):
     #: Per worker: requests in flight and open event streams; beyond, a fast 503.
     max_inflight: int = 1_024
     max_streams: int = 512
+    #: Open streams one tenant may hold in a worker (0: no cap); beyond, 429.
+    tenant_max_streams: int = 0
     #: A client that accepts no byte of a write for this long is dropped.
     write_timeout_ms: int = 10_000
     #: ``: ping`` comments on a stream idle this long (0: none).
@@ -322,6 +324,14 @@ class RouteConfig(_Section):
     deadline: RouteDeadline = msgspec.field(default_factory=RouteDeadline)
     on_context_timeout: Literal["fail", "degrade"] = "fail"
     tenant: str | None = None
+    #: Caps on one reply. ``max_tokens``: the most a client may ask for, and what
+    #: is sent upstream when it asks for nothing (the reply then ends with
+    #: ``finish_reason: "length"``); ``max_reply_bytes``: content, reasoning and
+    #: tool-call bytes delivered; ``max_stream_s``: seconds from the first byte.
+    #: Beyond the last two the stream ends with an error event naming the cap.
+    max_tokens: int | None = None
+    max_reply_bytes: int | None = None
+    max_stream_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -330,6 +340,10 @@ class RouteConfig(_Section):
         if not _LABEL_RE.match(label):
             raise field_error("name", f"must match {_LABEL_RE.pattern}, got {label!r}")
         _positive(self, "context_ttl")
+        for key in ("max_tokens", "max_reply_bytes", "max_stream_s"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise field_error(key, "must be positive")
         if self.tenant is not None:
             _tenant("tenant", self.tenant)
 

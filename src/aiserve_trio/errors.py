@@ -134,6 +134,15 @@ class Overloaded(GatewayError):
     default_code = "overloaded"
 
 
+class ReplyCapExceeded(GatewayError):
+    """A reply passed one of its route's caps (``max_reply_bytes``, ``max_stream_s``);
+    ``code`` and ``param`` name the cap. The upstream is stopped."""
+
+    status = 502
+    type = "server_error"
+    default_code = "reply_cap_exceeded"
+
+
 class StageDeadlineExceeded(GatewayError):
     """A pipeline stage did not finish by its cut point; ``param`` names the stage."""
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import trio
 
 from .adapters.base import Delta
-from .errors import BodyReadTimeout, GatewayError, InternalError
+from .errors import BodyReadTimeout, GatewayError, InternalError, ReplyCapExceeded
 from .http.sse import DONE, ChatFramer
 from .observability.events import NULL_HOOK, Hook
 from .stages.context import ContextStage
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from .security.admission import Admission
     from .sessions.bus import SessionBus
     from .sessions.outbox import WriteBack
+    from .stages.assembler import ResponseAssembler
 
 log = logging.getLogger("aiserve_trio.pipeline")
 _ORDER = {name: i for i, name in enumerate(STAGES)}
@@ -60,7 +61,9 @@ class _Stage(Protocol[_In]):
     #: Channels the stage owns: closed when it ends, whatever happened.
     owned: tuple[Any, ...]
 
-    async def run(self, item: _In, /) -> None: ...
+    async def run(self, item: _In, /) -> bool | None:
+        """Do the stage's work; True: the reply is complete, stop the other stages."""
+        ...
 
     async def expired(self, item: _In, /) -> None: ...
 
@@ -68,9 +71,18 @@ class _Stage(Protocol[_In]):
 class _Run:
     """What the shells and the watcher of one request found out (read after they join)."""
 
-    __slots__ = ("disconnect_stage", "disconnected", "error", "error_stage", "started", "times")
+    __slots__ = (
+        "capped",
+        "disconnect_stage",
+        "disconnected",
+        "error",
+        "error_stage",
+        "started",
+        "times",
+    )
 
     def __init__(self) -> None:
+        self.capped = False
         self.error: GatewayError | None = None
         self.error_stage: str | None = None
         self.disconnected = False
@@ -192,6 +204,7 @@ class Pipeline:
             finish_reason=asm.finish_reason if asm is not None else None,
             delivered=asm.delivered if asm is not None else "",
             tool_calls=asm.tool_calls if asm is not None else [],
+            capped=_cap_of(run.error, asm),
             disconnected=run.disconnected,
         )
 
@@ -217,7 +230,10 @@ class Pipeline:
                     except trio.EndOfChannel:
                         return  # an earlier stage failed and says why
                 started = run.started[name] = trio.current_time()
-                await stage.run(item)
+                if await stage.run(item):
+                    # A cap ended the reply: the upstream call has nothing left to give.
+                    run.capped = True
+                    cancel.cancel(reason=f"{name} ended the reply")
             # Expired while waiting for its input: the stage before it reports.
             if scope.cancelled_caught and started is not None:
                 expired = True
@@ -301,3 +317,10 @@ class Pipeline:
                 if tail is None:  # the head went out without a framed event
                     tail = ChatFramer(info.request_id, "", info.created).error(err) + DONE
                 await responder.body(tail, more=False)
+
+
+def _cap_of(error: GatewayError | None, asm: ResponseAssembler | None) -> str | None:
+    """The cap that ended the reply, if one did."""
+    if isinstance(error, ReplyCapExceeded):
+        return error.code
+    return asm.capped if asm is not None else None

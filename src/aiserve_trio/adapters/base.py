@@ -70,6 +70,8 @@ class Delta(msgspec.Struct, kw_only=True):
     logprobs: msgspec.Raw | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
+    #: Upstream events (about one token each) this delta joins, for the token cap.
+    tokens: int = 1
 
 
 __all__ = [

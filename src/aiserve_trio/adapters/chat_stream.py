@@ -201,17 +201,20 @@ class ChatStreamDecoder:
 class _Joined:
     """The texts of the events of one read, joined into one delta."""
 
-    __slots__ = ("reasoning", "refusal", "text")
+    __slots__ = ("events", "reasoning", "refusal", "text")
 
     def __init__(self) -> None:
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.refusal: list[str] = []
+        self.events = 0
 
     def add(self, d: _UDelta) -> None:
+        r = d.reasoning_content or d.reasoning
+        if d.content or r or d.refusal:
+            self.events += 1
         if d.content:
             self.text.append(d.content)
-        r = d.reasoning_content or d.reasoning
         if r:
             self.reasoning.append(r)
         if d.refusal:
@@ -224,9 +227,10 @@ class _Joined:
                     text="".join(self.text),
                     reasoning="".join(self.reasoning),
                     refusal="".join(self.refusal),
+                    tokens=self.events,
                 )
             )
-            self.text, self.reasoning, self.refusal = [], [], []
+        self.text, self.reasoning, self.refusal, self.events = [], [], [], 0
 
 
 def _alone(d: _UDelta, logprobs: msgspec.Raw | None) -> Delta:

@@ -135,6 +135,12 @@ class Metrics:
             "Session turn writes waiting in the in-process outbox for the bus to return.",
             registry=r,
         )
+        self.caps = Counter(
+            "aiserve_reply_caps",
+            "Replies a route's cap ended early (max_tokens, max_reply_bytes, max_stream_s).",
+            ["route", "cap"],
+            registry=r,
+        )
         self.session_outbox_dropped = Counter(
             "aiserve_session_outbox_dropped",
             "Session turn writes dropped because the outbox was full.",

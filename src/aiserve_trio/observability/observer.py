@@ -115,6 +115,8 @@ class RequestObserver:
                 self._child(m.policy_actions, label_value(policy), action).inc()
         if outcome.disconnected:
             m.disconnects.labels(outcome.error_stage or "parse").inc()
+        if outcome.capped is not None:
+            m.caps.labels(route, outcome.capped).inc()
         if outcome.first_token_at is not None:
             ttft = outcome.first_token_at - outcome.arrival
             m.ttft.labels(route).observe(ttft)

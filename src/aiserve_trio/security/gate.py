@@ -54,7 +54,9 @@ class Gate:
 
     def __init__(self, config: Config) -> None:
         lim = config.limits
-        self.admission = Admission(lim.max_inflight, lim.max_streams)
+        self.admission = Admission(
+            lim.max_inflight, lim.max_streams, tenant_max_streams=lim.tenant_max_streams
+        )
         auth = config.auth
         self.enabled = auth is not None and auth.enabled
         self.metrics_open = auth is None or auth.metrics == "open"

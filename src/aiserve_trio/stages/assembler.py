@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ..adapters.base import Usage
 from ..api import (
     ChatCompletion,
     Choice,
@@ -51,14 +52,14 @@ from ..api import (
     encoder,
 )
 from ..api import Usage as WireUsage
-from ..errors import UpstreamProtocolError
+from ..errors import ReplyCapExceeded, UpstreamProtocolError
 from ..http.sse import DONE, ChatFramer
 from ..messages import FunctionCall, ToolCall
 from ..policies.base import apply_filters, finish_filters
 from ..policies.jsonstream import JsonStringFilter
 
 if TYPE_CHECKING:
-    from ..adapters.base import Delta, ToolCallDelta, Usage
+    from ..adapters.base import Delta, ToolCallDelta
     from ..errors import GatewayError
     from ..policies.base import OutputFilter
 
@@ -141,17 +142,22 @@ class ResponseAssembler:
     """Builds one reply's bytes; see the module docstring."""
 
     __slots__ = (
+        "_bytes",
         "_calls",
         "_delivered",
         "_filters",
         "_framer",
         "_include_usage",
         "_logprobs",
+        "_max_bytes",
+        "_max_tokens",
         "_reasoning",
         "_refusal",
         "_side",
         "_state",
         "_thought",
+        "_tokens",
+        "capped",
         "created",
         "finish_reason",
         "first_token_at",
@@ -170,12 +176,23 @@ class ResponseAssembler:
         include_usage: bool = False,
         filters: list[OutputFilter] | None = None,
         side_filters: FilterFactory | None = None,
+        max_tokens: int | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         """Args:
         filters: the content's output filters, in policy order.
         side_filters: makes a fresh chain of the filters that apply to
             reasoning, refusals and tool-call arguments (one chain per text).
+        max_tokens: the reply ends (``finish_reason: "length"``, :attr:`capped`)
+            before a delta would take it past this many upstream tokens.
+        max_bytes: :meth:`feed` raises once more bytes than this were released.
         """
+        self._max_tokens = max_tokens
+        self._max_bytes = max_bytes
+        self._tokens = 0
+        self._bytes = 0
+        #: The cap that ended the reply early, if one did (``max_tokens``).
+        self.capped: str | None = None
         self.request_id = request_id
         self.model = model
         self.created = created
@@ -234,9 +251,22 @@ class ResponseAssembler:
         return before
 
     def feed(self, delta: Delta, now: float) -> bytes:
-        """Take one delta; return the bytes to send now (b"" when nothing is due)."""
+        """Take one delta; return the bytes to send now (b"" when nothing is due).
+
+        Raises:
+            ReplyCapExceeded: more than ``max_bytes`` have been released.
+        """
         before = self._go("feed")
         framer = self._framer
+        produced = delta.text or delta.reasoning or delta.refusal or delta.tool_calls
+        if produced and self._max_tokens is not None:
+            if self._tokens + delta.tokens > self._max_tokens:
+                # The backend did not stop at the limit it was sent: stop here.
+                self.capped = "max_tokens"
+                self.finish_reason = "length"
+                self.usage = Usage(prompt_tokens=0, completion_tokens=self._tokens)
+                return framer.role() if framer is not None and before is State.IDLE else b""
+            self._tokens += delta.tokens
         out = framer.role() if framer is not None and before is State.IDLE else b""
         content = reasoning = refusal = ""
         if self._reasoning is not None and (delta.text or delta.refusal or delta.tool_calls):
@@ -260,6 +290,17 @@ class ResponseAssembler:
         calls = self._feed_calls(delta.tool_calls) if delta.tool_calls else None
         if reasoning:
             self._thought.append(reasoning)
+        if self._max_bytes is not None:
+            self._bytes += len(content.encode()) + len(reasoning.encode()) + len(refusal.encode())
+            for c in calls or ():
+                if c.function is not None and c.function.arguments:
+                    self._bytes += len(c.function.arguments.encode())
+            if self._bytes > self._max_bytes:
+                raise ReplyCapExceeded(
+                    f"the reply passed the route's limit of {self._max_bytes} bytes",
+                    param="max_reply_bytes",
+                    code="max_reply_bytes",
+                )
         if (content or reasoning or refusal or calls) and self.first_token_at is None:
             self.first_token_at = now
         if delta.logprobs is not None and framer is None:
@@ -274,7 +315,7 @@ class ResponseAssembler:
                 ),
                 logprobs=delta.logprobs,
             )
-        if delta.finish_reason is not None:
+        if delta.finish_reason is not None and self.capped is None:
             self.finish_reason = delta.finish_reason
             self.usage = delta.usage or self.usage
         return out

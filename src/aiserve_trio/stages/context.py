@@ -74,6 +74,13 @@ def _side_filters(policies: list[Policy], ctx: PolicyContext) -> list[OutputFilt
     ]
 
 
+def _token_limit(asked: int | None, cap: int | None) -> int | None:
+    """The route's cap when the client asks for more or for nothing (then it goes upstream)."""
+    if cap is None:
+        return asked
+    return cap if asked is None else min(asked, cap)
+
+
 def _tool_choice(req: ParsedRequest) -> str | None:
     choice = req.body.tool_choice
     return choice if isinstance(choice, str) or choice is None else choice.function.name
@@ -180,7 +187,7 @@ class ContextStage:
             model=req.model,
             messages=messages,
             deadline=info.budget.inference_end,
-            max_tokens=req.max_tokens,
+            max_tokens=_token_limit(req.max_tokens, route.config.max_tokens),
             temperature=req.body.temperature,
             top_p=req.body.top_p,
             stop=req.stop,

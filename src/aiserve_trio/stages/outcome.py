@@ -56,6 +56,9 @@ class Outcome:
     #: The tool calls delivered, arguments as the client got them.
     tool_calls: list[ToolCall] = field(default_factory=list)
     disconnected: bool = False
+    #: The cap that ended the reply early (``max_tokens``, ``max_reply_bytes``,
+    #: ``max_stream_s``), if one did.
+    capped: str | None = None
 
     @property
     def ok(self) -> bool:

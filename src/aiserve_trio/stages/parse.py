@@ -285,7 +285,8 @@ class ParseStage:
             )
         check_capabilities(req, route.adapter)
         if req.stream and self.admission is not None:
-            self.slots.enter_context(self.admission.stream())  # 503 before the head
+            # 503 (429 for the tenant's cap) before the head.
+            self.slots.enter_context(self.admission.stream(self.info.tenant))
         self.result = req
         await self.out.send(req)
 

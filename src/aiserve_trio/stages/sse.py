@@ -17,10 +17,10 @@ import trio
 
 from ..adapters.base import Delta
 from ..config import LimitsConfig
-from ..errors import GatewayError, StageDeadlineExceeded, WriteTimeout
+from ..errors import GatewayError, ReplyCapExceeded, StageDeadlineExceeded, WriteTimeout
 from ..http.responder import Responder
 from ..http.sse import PING
-from ..http.types import JSON_HEADERS, SSE_HEADERS
+from ..http.types import JSON_HEADERS, SSE_HEADERS, Headers
 from .assembler import ResponseAssembler
 from .types import Prepared, RequestInfo, response_headers
 
@@ -46,11 +46,18 @@ class SSEStage:
         self.assembler: ResponseAssembler | None = None
         self._stalled = False
 
-    async def run(self, first: Delta) -> None:
-        """Raises: WriteTimeout (the client stopped reading), UpstreamProtocolError."""
+    async def run(self, first: Delta) -> bool:
+        """Write the reply; True when it ended before the upstream did (a cap).
+
+        Raises:
+            WriteTimeout: the client stopped reading.
+            ReplyCapExceeded: the reply passed ``max_reply_bytes`` or ``max_stream_s``.
+            UpstreamProtocolError: the upstream's reply did not finish.
+        """
         # The context stage sent this before the inference stage had its input.
         prepared = self.plan.receive_nowait()
         parsed = prepared.parsed
+        route = self.info.route.config
         asm = self.assembler = ResponseAssembler(
             self.info.request_id,
             parsed.model,
@@ -59,17 +66,38 @@ class SSEStage:
             include_usage=parsed.include_usage,
             filters=prepared.filters,
             side_filters=prepared.side_filters,
+            max_tokens=prepared.inference.max_tokens,
+            max_bytes=route.max_reply_bytes,
         )
         headers = response_headers(self.info, prepared)
-        if not asm.stream:
-            asm.feed(first, trio.current_time())
-            async for delta in self.inbox:
-                asm.feed(delta, trio.current_time())
-            if asm.finish_reason is None:
-                return  # the inference stage failed and says why
-            body = asm.finish(trio.current_time())
-            await self.responder.complete(200, [*JSON_HEADERS, *headers], body)
-            return
+        limit = math.inf if route.max_stream_s is None else trio.current_time() + route.max_stream_s
+        with trio.move_on_at(limit) as capped:
+            if not asm.stream:
+                await self._whole(asm, first, headers)
+            else:
+                await self._streamed(asm, first, headers)
+        if capped.cancelled_caught:
+            raise ReplyCapExceeded(
+                f"the reply passed the route's limit of {route.max_stream_s} s",
+                param="max_stream_s",
+                code="max_stream_s",
+            )
+        return asm.capped is not None
+
+    async def _whole(self, asm: ResponseAssembler, first: Delta, headers: Headers) -> None:
+        asm.feed(first, trio.current_time())
+        while asm.capped is None:
+            try:
+                delta = await self.inbox.receive()
+            except trio.EndOfChannel:
+                break
+            asm.feed(delta, trio.current_time())
+        if asm.finish_reason is None:
+            return  # the inference stage failed and says why
+        body = asm.finish(trio.current_time())
+        await self.responder.complete(200, [*JSON_HEADERS, *headers], body)
+
+    async def _streamed(self, asm: ResponseAssembler, first: Delta, headers: Headers) -> None:
         error: GatewayError | None = None
         async with trio.open_nursery() as nursery:
             await self.responder.start(200, [*SSE_HEADERS, *headers])
@@ -104,6 +132,8 @@ class SSEStage:
             if out and asm.finish_reason is None:
                 await self.responder.body(out)
                 out = b""
+            if asm.capped is not None:
+                break  # the reply is over, whatever the upstream still sends
             try:
                 batch = [await deltas.receive()]
             except trio.EndOfChannel:
