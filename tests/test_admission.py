@@ -13,7 +13,7 @@ import trio.testing
 
 from aiserve_trio.errors import Overloaded
 from aiserve_trio.http.sse import shutdown_event
-from aiserve_trio.security.admission import Admission
+from aiserve_trio.security.admission import Admission, BodyPace
 
 from .asgi_client import Client, chat_body
 from .authcfg import OFF, auth_app
@@ -146,3 +146,95 @@ def test_shutdown_event_frames() -> None:
     assert json.loads(first.removeprefix("data: "))["error"]["code"] == "shutting_down"
     assert done == "data: [DONE]"
     assert shutdown_event(session_stream=True).startswith(b"event: close")
+
+
+# --- slow uploads ---------------------------------------------------------------------
+
+
+def test_body_pace_bounds_pause_total_and_rate() -> None:
+    pace = BodyPace(100.0, idle=5.0, total=30.0, min_rate=16)
+    # At the start: the grace second of the rate floor is the nearest bound.
+    assert pace.deadline(100.0) == (101.0, "the request body arrived slower than 16 B/s")
+    pace.add(160)  # 160 B buy 10 s at 16 B/s; the pause bound is nearer then
+    assert pace.deadline(102.0) == (107.0, "the request body stopped arriving")
+    pace.add(10_000)
+    assert pace.deadline(128.0) == (130.0, "the request body took longer than 30 s")
+    assert BodyPace(0.0, idle=5.0, total=30.0, min_rate=0).deadline(0.0)[0] == 5.0
+
+
+async def test_a_dribbled_body_is_refused_within_about_a_second(autojump_clock: Any) -> None:
+    client = Client(app())
+    raw = json.dumps(chat_body()).encode()
+    t0 = trio.current_time()
+    r = await client.request(
+        "POST",
+        "/v1/chat/completions",
+        body=[raw[i : i + 1] for i in range(len(raw))],
+        body_delay=1.0,  # a byte a second: under every pause limit, never done
+        headers={"content-type": "application/json"},
+    )
+    assert (r.status, r.json()["error"]["code"]) == (408, "body_read_timeout")
+    assert "slower than 16 B/s" in r.json()["error"]["message"]
+    assert trio.current_time() - t0 < 2.5
+
+
+async def test_slow_uploads_cannot_take_every_slot(autojump_clock: Any) -> None:
+    # 8 slots in flight, at most 2 of them for bodies still arriving.
+    a = app(max_inflight="8", max_receiving="2", body_min_rate="0", body_read_timeout_ms="60000",
+            body_total_timeout_ms="60000")
+    client = Client(a)
+    raw = json.dumps(chat_body()).encode()
+    statuses: list[int] = []
+
+    async def slow() -> None:
+        r = await client.request(
+            "POST",
+            "/v1/chat/completions",
+            body=[raw[:5], raw[5:]],
+            body_delay=5.0,
+            headers={"content-type": "application/json"},
+        )
+        statuses.append(r.status)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(slow)
+        await trio.testing.wait_all_tasks_blocked()
+        assert a.gate.admission.receiving == 2
+        # Four uploads were refused at once; two hold their share...
+        assert sorted(statuses) == [503] * 4
+        # ...and a client whose body comes at once is served meanwhile.
+        ok = await client.chat(chat_body("echo: still served"))
+        assert ok.status == 200
+    assert sorted(statuses) == [200, 200, 503, 503, 503, 503]
+    assert a.gate.admission.receiving == 0
+
+
+async def test_one_client_address_holds_at_most_its_share(autojump_clock: Any) -> None:
+    a = app(max_per_client="2", ttft_ms="1000")
+    client = Client(a)
+    async with client.open("POST", "/v1/chat/completions", json_body=chat_body()) as one, \
+            client.open("POST", "/v1/chat/completions", json_body=chat_body()) as two:
+        await trio.testing.wait_all_tasks_blocked()
+        third = await client.chat(chat_body())
+        assert (third.status, third.json()["error"]["code"]) == (429, "too_many_connections")
+        # Probes are not counted; other addresses are not affected.
+        assert (await client.request("GET", "/healthz")).status == 200
+    assert one.response.status == two.response.status == 200
+    assert a.gate.admission.by_client == {}
+
+
+async def test_behind_a_trusted_proxy_the_header_names_the_client(autojump_clock: Any) -> None:
+    a = app(max_per_client="1", ttft_ms="1000", client_address_header='"x-forwarded-for"')
+    client = Client(a)
+    fwd = {"x-forwarded-for": "203.0.113.7, 10.0.0.1"}
+    async with client.open(
+        "POST", "/v1/chat/completions", json_body=chat_body(), headers=fwd
+    ) as first:
+        await trio.testing.wait_all_tasks_blocked()
+        assert a.gate.admission.by_client == {"10.0.0.1": 1}
+        same = await client.chat(chat_body(), headers=fwd)
+        assert same.status == 429
+        other = await client.chat(chat_body(), headers={"x-forwarded-for": "10.0.0.2"})
+        assert other.status == 200  # same socket address, another client behind the proxy
+    assert first.response.status == 200

@@ -294,7 +294,8 @@ class App:
                 await responder.error(err)
             return
         try:
-            with self.gate.admit(endpoint):  # a fast 503 before any body is read
+            # A fast 503 (429) before any body is read.
+            with self.gate.admit(endpoint, scope, hdrs):
                 request = Request(
                     scope, scope["method"], path, hdrs, receive, responder, arrival, params
                 )

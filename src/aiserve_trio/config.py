@@ -135,8 +135,20 @@ class LimitsConfig(_Section):
     write_timeout_ms: int = 10_000
     #: ``: ping`` comments on a stream idle this long (0: none).
     heartbeat_s: float = 15.0
-    #: The body must keep arriving: at most this long between two of its chunks.
+    #: The body must keep arriving: at most this long between two of its chunks,
+    #: at most ``body_total_timeout_ms`` in all, and, after its first second, at
+    #: ``body_min_rate`` bytes per second or faster (0: no rate floor); else 408.
     body_read_timeout_ms: int = 5_000
+    body_total_timeout_ms: int = 30_000
+    body_min_rate: int = 16
+    #: In-flight slots for requests whose body is still arriving (0: a quarter of
+    #: ``max_inflight``): slow uploads cannot take every slot.
+    max_receiving: int = 0
+    #: Requests in flight from one client address (0: no cap); beyond, 429.
+    max_per_client: int = 0
+    #: The header a trusted proxy puts the client's address in (e.g.
+    #: ``x-forwarded-for``, its last entry); empty: the connection's address.
+    client_address_header: str = ""
 
     def __post_init__(self) -> None:
         _positive(
@@ -151,7 +163,11 @@ class LimitsConfig(_Section):
             "max_streams",
             "write_timeout_ms",
             "body_read_timeout_ms",
+            "body_total_timeout_ms",
         )
+        for key in ("body_min_rate", "max_receiving", "max_per_client"):
+            if getattr(self, key) < 0:
+                raise field_error(key, "must not be negative")
         if self.heartbeat_s < 0:
             raise field_error("heartbeat_s", "must not be negative")
 

@@ -34,6 +34,7 @@ from .adapters.base import Delta
 from .errors import BodyReadTimeout, GatewayError, InternalError, ReplyCapExceeded
 from .http.sse import DONE, ChatFramer
 from .observability.events import NULL_HOOK, Hook
+from .security.admission import BodyPace
 from .stages.context import ContextStage
 from .stages.inference import InferenceStage
 from .stages.outcome import Outcome, status_of
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from .config import Config
     from .http.responder import Responder
     from .http.types import Receive
-    from .security.admission import Admission
+    from .security.admission import Admission, BodySlot
     from .sessions.bus import SessionBus
     from .sessions.outbox import WriteBack
     from .stages.assembler import ResponseAssembler
@@ -129,7 +130,9 @@ class Pipeline:
 
         Never raises a GatewayError: it is written instead.
         """
-        with ExitStack() as slots:  # the open-stream slot, if the parse stage took one
+        # The slots a request takes as it goes (a body still arriving, an open
+        # stream), all given back when it ends.
+        with ExitStack() as slots:
             outcome = await self._run(info, receive, responder, slots)
         self.hook.request_complete(outcome)
         if self.writeback is not None and info.session_id is not None:
@@ -163,7 +166,13 @@ class Pipeline:
         try:
             async with trio.open_nursery() as request_nursery:
                 request_nursery.start_soon(
-                    self._watch, run, receive, body_send, responder, request_nursery.cancel_scope
+                    self._watch,
+                    run,
+                    receive,
+                    body_send,
+                    responder,
+                    request_nursery.cancel_scope,
+                    slots,
                 )
                 async with trio.open_nursery() as stages:
                     cancel = stages.cancel_scope
@@ -256,16 +265,31 @@ class Pipeline:
         body: trio.MemorySendChannel[bytes],
         responder: Responder,
         request_scope: trio.CancelScope,
+        slots: ExitStack,
     ) -> None:
-        """Own ``receive()``: forward the body, then wait for a disconnect."""
-        idle = self.config.limits.body_read_timeout_ms / 1000.0
+        """Own ``receive()``: forward the body, then wait for a disconnect.
+
+        A body that does not come in one piece takes one of the worker's slots
+        for bodies arriving (``limits.max_receiving``) until it is in: slow
+        uploads get their own, smaller share of the in-flight slots, and a
+        request whose body came at once never needs one.
+        """
+        slot: BodySlot | None = None
+        lim = self.config.limits
+        pace = BodyPace(
+            trio.current_time(),
+            idle=lim.body_read_timeout_ms / 1000.0,
+            total=lim.body_total_timeout_ms / 1000.0,
+            min_rate=lim.body_min_rate,
+        )
         async with body:
             while True:
-                with trio.move_on_after(idle) as wait:
+                limit, why = pace.deadline(trio.current_time())
+                with trio.move_on_at(limit) as wait:
                     msg = await receive()
                 if wait.cancelled_caught:  # a slowloris body: refuse it, free the slot
-                    if run.fail("parse", BodyReadTimeout("the request body stopped arriving")):
-                        request_scope.cancel(reason="request body stalled")
+                    if run.fail("parse", BodyReadTimeout(why)):
+                        request_scope.cancel(reason="request body too slow")
                     return
                 kind = msg["type"]
                 if kind == "http.disconnect":
@@ -274,6 +298,14 @@ class Pipeline:
                 if kind != "http.request":
                     continue
                 chunk = msg.get("body", b"")
+                pace.add(len(chunk))
+                if slot is None and msg.get("more_body", False) and self.admission is not None:
+                    try:
+                        slot = slots.enter_context(self.admission.body())
+                    except GatewayError as err:
+                        if run.fail("parse", err):
+                            request_scope.cancel(reason="too many bodies arriving")
+                        return
                 if chunk:
                     try:
                         await body.send(chunk)
@@ -283,6 +315,8 @@ class Pipeline:
                         return
                 if not msg.get("more_body", False):
                     break
+        if slot is not None:
+            slot.release()  # the body is in: the slot goes to the next upload
         while True:
             msg = await receive()
             if msg["type"] == "http.disconnect":

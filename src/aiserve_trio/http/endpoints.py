@@ -68,6 +68,7 @@ class Request:
     principal: Principal | None = None
 
 
+
 Handler = Callable[[Request], Awaitable[None]]
 
 

@@ -18,10 +18,14 @@ class Admission:
     """Counts requests in flight and open streams in one worker."""
 
     __slots__ = (
+        "by_client",
         "by_tenant",
         "inflight",
         "max_inflight",
+        "max_per_client",
+        "max_receiving",
         "max_streams",
+        "receiving",
         "retry_after_s",
         "shed",
         "streams",
@@ -35,8 +39,16 @@ class Admission:
         retry_after_s: int = 1,
         *,
         tenant_max_streams: int = 0,
+        max_receiving: int = 0,
+        max_per_client: int = 0,
     ) -> None:
         self.max_inflight = max_inflight
+        #: Slots for requests still receiving their body (0: a quarter of max_inflight).
+        self.max_receiving = max_receiving or max(1, max_inflight // 4)
+        #: Requests in flight per client address (0: no cap).
+        self.max_per_client = max_per_client
+        self.receiving = 0
+        self.by_client: dict[str, int] = {}
         self.max_streams = max_streams
         self.retry_after_s = retry_after_s
         #: Open streams one tenant may hold (0: no cap).
@@ -69,6 +81,45 @@ class Admission:
             yield
         finally:
             self.inflight -= 1
+
+    @contextmanager
+    def client(self, address: str | None) -> Iterator[None]:
+        """Hold one of ``address``'s in-flight slots for the block.
+
+        Raises:
+            RateLimited: the address has ``max_per_client`` requests in flight.
+        """
+        if address is None or not self.max_per_client:
+            yield
+            return
+        held = self.by_client.get(address, 0)
+        if held >= self.max_per_client:
+            self.shed += 1
+            raise RateLimited(
+                f"this client address has {held} requests in flight, its limit",
+                code="too_many_connections",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
+        self.by_client[address] = held + 1
+        try:
+            yield
+        finally:
+            left = self.by_client[address] - 1
+            if left:
+                self.by_client[address] = left
+            else:
+                del self.by_client[address]
+
+    def body(self) -> BodySlot:
+        """A slot for a request whose body is still arriving; release it when it has.
+
+        Raises:
+            Overloaded: ``max_receiving`` bodies are arriving already.
+        """
+        if self.receiving >= self.max_receiving:
+            raise self._refuse("request bodies arriving", self.max_receiving)
+        self.receiving += 1
+        return BodySlot(self)
 
     def open_stream(self, tenant: str | None = None) -> None:
         """Take a stream slot (and one of ``tenant``'s); pair with :meth:`close_stream`.
@@ -108,3 +159,60 @@ class Admission:
             yield
         finally:
             self.close_stream(tenant)
+
+
+class BodySlot:
+    """One request's place among the bodies arriving; :meth:`release` is idempotent."""
+
+    __slots__ = ("_admission",)
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission: Admission | None = admission
+
+    def release(self) -> None:
+        if self._admission is not None:
+            self._admission.receiving -= 1
+            self._admission = None
+
+    def __enter__(self) -> BodySlot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class BodyPace:
+    """How long a request body may take (sans-IO): it must keep arriving.
+
+    Three rules, each its own bound on when the next chunk must be in: the
+    pause between two chunks (``idle``), the whole body (``total``), and a
+    floor on the rate -- after a grace second, at least ``min_rate`` bytes per
+    second on average (0: none). A client that dribbles a byte a second holds a
+    slot for about a second, not for minutes.
+    """
+
+    __slots__ = ("grace", "idle", "min_rate", "received", "start", "total")
+
+    def __init__(
+        self, start: float, *, idle: float, total: float, min_rate: int, grace: float = 1.0
+    ) -> None:
+        self.start = start
+        self.idle = idle
+        self.total = total
+        self.min_rate = min_rate
+        self.grace = grace
+        self.received = 0
+
+    def add(self, n: int) -> None:
+        self.received += n
+
+    def deadline(self, now: float) -> tuple[float, str]:
+        """When the next chunk must have arrived, and what to say if it has not."""
+        bounds = [
+            (now + self.idle, "the request body stopped arriving"),
+            (self.start + self.total, f"the request body took longer than {self.total:g} s"),
+        ]
+        if self.min_rate:
+            floor = self.start + max(self.grace, self.received / self.min_rate)
+            bounds.append((floor, f"the request body arrived slower than {self.min_rate} B/s"))
+        return min(bounds)

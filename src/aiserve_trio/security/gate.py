@@ -18,6 +18,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
@@ -28,7 +29,7 @@ from ..api import encoder
 from ..errors import Forbidden, Unauthorized
 from ..http.endpoints import Admission as Admit
 from ..http.endpoints import Auth, Endpoint, Request
-from ..http.types import JSON_HEADERS
+from ..http.types import JSON_HEADERS, Scope
 from ..sessions.bus import check_session_id
 from .admission import Admission
 from .auth import KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
@@ -55,8 +56,13 @@ class Gate:
     def __init__(self, config: Config) -> None:
         lim = config.limits
         self.admission = Admission(
-            lim.max_inflight, lim.max_streams, tenant_max_streams=lim.tenant_max_streams
+            lim.max_inflight,
+            lim.max_streams,
+            tenant_max_streams=lim.tenant_max_streams,
+            max_receiving=lim.max_receiving,
+            max_per_client=lim.max_per_client,
         )
+        self._address_header = lim.client_address_header.lower()
         auth = config.auth
         self.enabled = auth is not None and auth.enabled
         self.metrics_open = auth is None or auth.metrics == "open"
@@ -112,15 +118,29 @@ class Gate:
         if not self.shared_secret:
             log.warning("stream tokens use a per-worker secret: set the token secret env var")
 
-    def admit(self, endpoint: Endpoint) -> contextlib.AbstractContextManager[None]:
-        """Hold the in-flight slot ``endpoint`` takes for the block (probes take none).
+    @contextlib.contextmanager
+    def admit(self, endpoint: Endpoint, scope: Scope, headers: dict[str, str]) -> Iterator[None]:
+        """Hold the slots ``endpoint`` takes for the block (probes take none):
+        an in-flight slot and one of the client address's.
 
         Raises:
             Overloaded: the worker is at ``limits.max_inflight``.
+            RateLimited: the client address is at ``limits.max_per_client``.
         """
         if endpoint.admission is Admit.NONE:
-            return contextlib.nullcontext()
-        return self.admission.request()
+            yield
+            return
+        adm = self.admission
+        with adm.request(), adm.client(self.client_address(scope, headers)):
+            yield
+
+    def client_address(self, scope: Scope, headers: dict[str, str]) -> str | None:
+        """Who the request comes from: the trusted proxy's header, or the connection's peer."""
+        if self._address_header:
+            value = headers.get(self._address_header)
+            return value.rsplit(",", 1)[-1].strip() if value else None
+        client = scope.get("client")
+        return str(client[0]) if client else None
 
     def stream_slot(self, endpoint: Endpoint) -> contextlib.AbstractContextManager[None]:
         """Hold an open-stream slot for endpoints that are streams by nature (session events).
