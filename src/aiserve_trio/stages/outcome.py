@@ -53,6 +53,12 @@ class Outcome:
     #: The reply text actually delivered to the client.
     delivered: str = ""
     disconnected: bool = False
+    #: Writes to the client (ASGI sends, each at least one socket write) and body bytes.
+    client_writes: int = 0
+    client_bytes: int = 0
+    #: Chunks read from the upstream (handed to the adapter's decoder) and their bytes.
+    upstream_reads: int = 0
+    upstream_bytes: int = 0
 
     @property
     def ok(self) -> bool:
