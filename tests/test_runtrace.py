@@ -36,7 +36,11 @@ from .trace_events import check_trace_events
 REQ = "chatcmpl-1"
 INF = TaskLabel(REQ, "chat", "inference")
 SSE = TaskLabel(REQ, "chat", "sse")
-NAMES = {1: "hypercorn.app", 2: "aiserve_trio.pipeline.Pipeline._stage", 3: "aiserve_trio.pipeline.Pipeline._stage"}
+STAGE_TASK = "aiserve_trio.pipeline.Pipeline._stage"
+# Task keys (the tracer uses id(task)).
+REQ_T, INF_T, SSE_T, OTHER_T, MODELS_T = 101, 102, 103, 104, 105
+LIVE = {REQ_T: ("hypercorn.app", TaskLabel(REQ, "chat")), INF_T: (STAGE_TASK, INF), SSE_T: (STAGE_TASK, SSE),
+        OTHER_T: (STAGE_TASK, TaskLabel("chatcmpl-2", "chat", "parse")), MODELS_T: ("m", TaskLabel(None, "models"))}
 
 
 def by(events: list[dict[str, Any]], **match: Any) -> list[dict[str, Any]]:
@@ -48,19 +52,20 @@ def by(events: list[dict[str, Any]], **match: Any) -> list[dict[str, Any]]:
 
 def test_records_become_trace_events_with_delays_and_wakers() -> None:
     records = [
-        (SPAWN, 1.000, 1),
-        (SCHED, 1.000, 1, WOKEN_BY_LOOP),
-        (STEP, 1.001, 1.002, 1, TaskLabel(None, "chat")),
-        (IO_WAIT, 1.002, 1.010, 0.5),
-        (SCHED, 1.009, 2, WOKEN_BY_IO),  # its socket was ready
-        (STEP, 1.012, 1.062, 2, INF),  # a 50 ms step, 3 ms after it became runnable
-        (SCHED, 1.050, 3, 2),  # woken by the inference task (a delta sent)
-        (STEP, 1.070, 1.071, 3, SSE),
-        (SCHED, 1.090, 2, WOKEN_BY_LOOP),
-        (STEP, 1.091, 1.092, 2, INF),
-        (EXIT, 1.100, 3, SSE),
+        (SPAWN, REQ_T, 1.000),
+        (SCHED, REQ_T, 1.000, WOKEN_BY_LOOP),
+        (STEP, REQ_T, 1.001, 1.002),
+        (IO_WAIT, 0, 1.002, 1.010, 0.5),
+        (SCHED, INF_T, 1.009, WOKEN_BY_IO),  # its socket was ready
+        (STEP, INF_T, 1.012, 1.062),  # a 50 ms step, 3 ms after it became runnable
+        (SCHED, SSE_T, 1.050, INF_T),  # woken by the inference task (a delta sent)
+        (STEP, SSE_T, 1.070, 1.071),
+        (SCHED, INF_T, 1.090, WOKEN_BY_LOOP),
+        (STEP, INF_T, 1.091, 1.092),
+        (EXIT, SSE_T, 1.100, STAGE_TASK, SSE),
     ]
-    doc = build_trace(records, NAMES, started=1.0, ended=2.0, dropped=5, max_events=11, pid=42)
+    live = {k: v for k, v in LIVE.items() if k != SSE_T}  # the sse task has exited
+    doc = build_trace(records, live, started=1.0, ended=2.0, dropped=5, max_events=11, pid=42)
     assert check_trace_events(doc) == []
     events = doc["traceEvents"]
     assert doc["otherData"]["events_dropped"] == 5
@@ -68,6 +73,7 @@ def test_records_become_trace_events_with_delays_and_wakers() -> None:
     assert doc["otherData"]["seconds"] == pytest.approx(1.0)
     assert {e["pid"] for e in events} == {42}
 
+    # tracks are numbered in order of first appearance: req 1, inf 2, sse 3
     first, second = by(events, ph="X", tid=2)
     assert first["name"] == "inference"
     assert first["ts"] == pytest.approx(12_000)
@@ -98,34 +104,33 @@ def test_records_become_trace_events_with_delays_and_wakers() -> None:
 
 
 def test_tracks_are_named_after_request_and_stage_and_kept_together() -> None:
-    other = TaskLabel("chatcmpl-2", "chat", "parse")
     records = [
-        (STEP, 1.0, 1.001, 3, SSE),
-        (STEP, 1.002, 1.003, 4, other),
-        (STEP, 1.004, 1.005, 2, INF),
-        (STEP, 1.006, 1.007, 1, TaskLabel(None, "models")),
+        (STEP, SSE_T, 1.0, 1.001),  # tid 1
+        (STEP, OTHER_T, 1.002, 1.003),  # tid 2
+        (STEP, INF_T, 1.004, 1.005),  # tid 3
+        (STEP, MODELS_T, 1.006, 1.007),  # tid 4
     ]
-    doc = build_trace(records, {**NAMES, 4: "x"}, started=1.0)
+    doc = build_trace(records, LIVE, started=1.0)
     names = {e["tid"]: e["args"]["name"] for e in by(doc["traceEvents"], name="thread_name")}
-    assert names[2] == f"{REQ} inference"
-    assert names[3] == f"{REQ} sse"
-    assert names[1] == "models [1]"
+    assert names[3] == f"{REQ} inference"
+    assert names[1] == f"{REQ} sse"
+    assert names[4] == "models [4]"
     assert names[0].startswith("run loop")
     order = {e["tid"]: e["args"]["sort_index"] for e in by(doc["traceEvents"], name="thread_sort_index")}
     # chatcmpl-1 appeared first: its inference track, then its sse track, then chatcmpl-2.
-    assert order[0] < order[2] < order[3] < order[4]
+    assert order[0] < order[3] < order[1] < order[2]
 
 
-def test_a_task_that_gets_a_stage_keeps_the_stage_name() -> None:
-    # A stage task's first step starts before the shell labels it; later steps have the label.
+def test_a_reused_task_id_after_an_exit_is_another_task() -> None:
     records = [
-        (STEP, 1.0, 1.001, 2, TaskLabel(REQ, "chat")),
-        (STEP, 1.002, 1.003, 2, INF),
-        (STEP, 1.004, 1.005, 2, TaskLabel(REQ, "chat")),  # e.g. read in a finally
+        (STEP, SSE_T, 1.0, 1.001),
+        (EXIT, SSE_T, 1.002, STAGE_TASK, SSE),
+        (STEP, SSE_T, 1.003, 1.004),  # id(task) reused by a new task, still alive at the end
     ]
-    doc = build_trace(records, NAMES, started=1.0)
-    (track,) = [e for e in by(doc["traceEvents"], name="thread_name") if e["tid"] == 2]
-    assert track["args"]["name"] == f"{REQ} inference"
+    doc = build_trace(records, {SSE_T: ("later", TaskLabel("chatcmpl-9", "chat", "parse"))}, started=1.0)
+    first, second = by(doc["traceEvents"], ph="X")
+    assert (first["tid"], first["name"], first["args"]["request_id"]) == (1, "sse", REQ)
+    assert (second["tid"], second["name"], second["args"]["request_id"]) == (2, "parse", "chatcmpl-9")
 
 
 def test_an_empty_trace_is_still_a_trace() -> None:
@@ -201,7 +206,7 @@ async def test_a_blocking_stage_shows_as_a_long_step_with_its_request_id(
     with pytest.raises(KeyError):  # really gone
         trio.lowlevel.remove_instrument(tracer)
 
-    doc = build_trace(tracer.records, tracer.names, started=tracer.started, ended=tracer.ended)
+    doc = build_trace(tracer.records, tracer.live_tasks(), started=tracer.started, ended=tracer.ended)
     assert check_trace_events(doc) == []
     steps = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
     mine = [e for e in steps if e["args"].get("request_id") == request_id]
@@ -246,7 +251,7 @@ async def test_beyond_the_cap_events_are_counted_not_kept(
     (tracer,) = traced
     assert len(tracer.records) == 300
     assert tracer.dropped > 0
-    doc = build_trace(tracer.records, tracer.names, started=tracer.started,
+    doc = build_trace(tracer.records, tracer.live_tasks(), started=tracer.started,
                       dropped=tracer.dropped, max_events=300)
     assert doc["otherData"]["events_dropped"] == tracer.dropped
     assert check_trace_events(doc) == []

@@ -29,8 +29,16 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
-from ..errors import BadRequest, Conflict, Forbidden
-from .profile import FORMATS, HTML_CSP, Format, profile_worker, render
+from ..errors import BadRequest, Conflict, Forbidden, Overloaded
+from .profile import (
+    FORMATS,
+    HTML_CSP,
+    Format,
+    ProfilerBusy,
+    ProfilerUnavailable,
+    profile_worker,
+    render,
+)
 from .runtrace import DEFAULT_MAX_EVENTS, build_trace, trace_run
 
 if TYPE_CHECKING:
@@ -78,6 +86,10 @@ class DebugEndpoints:
         self._profiling = True
         try:
             session = await _unless_disconnected(request, profile_worker(seconds))
+        except ProfilerBusy as exc:  # another profiler holds SIGPROF in this process
+            raise Conflict(str(exc), code="profile_in_progress") from exc
+        except ProfilerUnavailable as exc:
+            raise Overloaded(str(exc), code="profile_unavailable") from exc
         finally:
             self._profiling = False
         if session is None:
@@ -109,11 +121,12 @@ class DebugEndpoints:
             self._tracing = False
         if tracer is None:
             return
+        live = tracer.live_tasks()  # from the tasks' contexts, on the Trio thread
 
         def encode() -> bytes:
             doc = build_trace(
                 tracer.records,
-                tracer.names,
+                live,
                 started=tracer.started,
                 ended=tracer.ended,
                 dropped=tracer.dropped,

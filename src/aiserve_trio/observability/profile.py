@@ -1,34 +1,43 @@
 """A sampling CPU profile of the worker it runs in, taken while the worker keeps serving.
 
-pyinstrument samples the Trio thread's stack (at most once per ``interval``,
-from a C profile hook) without stopping the run loop. Its own async mode
-profiles only the task that started it -- here the debug request, asleep --
-so it runs with ``async_mode="disabled"`` and sees every task's steps and the
-run loop's waits. What makes the stacks Trio-aware is one synthetic frame
-inserted where the run loop steps a task: ``[stage sse]``, ``[route models]``
-or ``[task <name>]``, read from the task's :data:`~.annotate.TASK_LABEL`. The
-flame graph then splits the worker's time first by stage, across requests,
-and shows the run loop's own work (scheduling, ``epoll``) beside it.
+The sampler is a timer signal, as Go's pprof does it: ``setitimer(ITIMER_PROF)``
+sends ``SIGPROF`` every ``interval`` of the process's CPU time, and the Python
+handler -- run by the interpreter on the main thread, which is the Trio thread
+under hypercorn -- records the stack it interrupted. Nothing runs between
+samples, so the cost is the samples (about 10 us each) and not, as with a
+profile hook on every call and return (pyinstrument's own ``Profiler``), a
+share of every call: that halved the gateway's throughput (bench/results).
 
-Only the Trio thread is sampled: work in ``trio.to_thread`` workers (key
-verification) is not in the profile.
+What makes the stacks Trio-aware is one synthetic frame inserted where the run
+loop steps a task: ``[stage sse]``, ``[route models]`` or ``[task <name>]``,
+read from the running task's :data:`~.annotate.TASK_LABEL`. The flame graph
+then splits the worker's CPU time first by stage, across requests, and shows
+the run loop's own work (scheduling, ``epoll``) beside it.
 
-Rendering happens off the event loop (``trio.to_thread``), so a large profile
-does not stall the worker it describes. The HTML page is pyinstrument's
-self-contained one (its script and styles inline) with its one network load,
-a web font stylesheet, removed, and a Content-Security-Policy that forbids
-any other (:data:`HTML_CSP`).
+pyinstrument renders the result (its ``Session`` and renderers): speedscope
+JSON, or its HTML flame graph. Rendering happens off the event loop
+(``trio.to_thread``), so a large profile does not stall the worker it describes.
+The HTML page is self-contained (script and styles inline) except for one web
+font stylesheet it would fetch from a CDN; that load is removed and a
+Content-Security-Policy forbids any other (:data:`HTML_CSP`).
+
+Limits: CPU time of every thread drives the timer, but only the main thread's
+stack is recorded (work in ``trio.to_thread`` workers shows as whatever the
+main thread was doing); a worker whose Trio loop is not on the main thread
+cannot be profiled this way (signals are delivered to the main thread).
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import sys
+import threading
+import time
 import types
 from typing import Any, Literal
 
 import trio
-from pyinstrument import Profiler
 from pyinstrument.renderers import HTMLRenderer, SpeedscopeRenderer
 from pyinstrument.session import Session
 
@@ -36,41 +45,121 @@ from .annotate import TASK_LABEL
 
 Format = Literal["speedscope", "html"]
 FORMATS: tuple[Format, ...] = ("speedscope", "html")
-#: pyinstrument's default: a sample at most every millisecond.
+#: A sample per millisecond of CPU time.
 DEFAULT_INTERVAL = 0.001
-#: For the HTML page's response: inline script and styles, data: images, nothing fetched.
+#: For the HTML page's response: inline script and styles, data: URLs, nothing fetched.
 HTML_CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline' data:; "
     "img-src data:; font-src data:; base-uri 'none'; form-action 'none'"
 )
-#: The run loop's function that steps a task: the task's frames sit right above it.
-_STEP_FRAME = "unrolled_run\x00"
+# The run loop's function that steps a task: the task's frames sit right above it.
+_STEP_FUNCTION = "unrolled_run"
 _TRIO_RUN_FILE = "_core/_run.py"
 # pyinstrument's page loads its web fonts from a CDN; the system fonts do as well.
 _WEB_FONT = re.compile(r"https://fonts\.googleapis\.com/css[^\"'`]*")
 
+Stack = tuple[types.CodeType, ...]
 
-class TaskProfiler(Profiler):
-    """pyinstrument's profiler, every sample marked with the task it was taken in.
 
-    Overrides pyinstrument's sample callback (``_sampler_saw_call_stack``, a
-    private method: pyinstrument is pinned to 5.x in pyproject.toml, and the
-    tests check the marker frames are there).
+class ProfilerBusy(Exception):
+    """``SIGPROF`` already has a handler (another profiler in this process)."""
+
+
+class ProfilerUnavailable(Exception):
+    """Not on the main thread: the signal handler cannot be installed from here."""
+
+
+class SignalSampler:
+    """Samples the main thread's stack on ``SIGPROF``; see the module docstring.
+
+    Samples are counted by (stack of code objects, task marker): memory grows
+    with the number of distinct stacks, not with the length of the profile.
     """
 
     def __init__(self, interval: float = DEFAULT_INTERVAL) -> None:
-        super().__init__(interval=interval, async_mode="disabled")
+        self.interval = interval
+        self.counts: dict[tuple[Stack, str | None], int] = {}
+        self.samples = 0
+        self._previous: Any = signal.SIG_DFL
+        self._wall0 = self._cpu0 = 0.0
+        self.running = False
 
-    def _sampler_saw_call_stack(
-        self, call_stack: list[str], time_since_last_sample: float, async_state: Any
-    ) -> None:
-        marker = _task_marker()
-        if marker is not None:
-            for i, frame in enumerate(call_stack):
-                if frame.startswith(_STEP_FRAME) and _TRIO_RUN_FILE in frame:
-                    call_stack = [*call_stack[: i + 1], marker, *call_stack[i + 1 :]]
-                    break
-        super()._sampler_saw_call_stack(call_stack, time_since_last_sample, async_state)
+    def _sample(self, signum: int, frame: types.FrameType | None) -> None:
+        codes = []
+        while frame is not None:
+            codes.append(frame.f_code)
+            frame = frame.f_back
+        key = (tuple(codes), _task_marker())
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.samples += 1
+
+    def start(self) -> None:
+        """Install the handler and start the timer.
+
+        Raises:
+            ProfilerUnavailable: not called on the main thread.
+            ProfilerBusy: ``SIGPROF`` is taken.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            raise ProfilerUnavailable("profiling needs the worker's main thread")
+        if signal.getsignal(signal.SIGPROF) not in (signal.SIG_DFL, signal.SIG_IGN, None):
+            raise ProfilerBusy("SIGPROF already has a handler in this process")
+        self._previous = signal.signal(signal.SIGPROF, self._sample)
+        self._wall0, self._cpu0 = time.time(), time.process_time()
+        signal.setitimer(signal.ITIMER_PROF, self.interval, self.interval)
+        self.running = True
+
+    def stop(self) -> Session:
+        """Stop the timer, restore the handler, and return the samples as a pyinstrument session."""
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        signal.signal(signal.SIGPROF, self._previous or signal.SIG_DFL)
+        self.running = False
+        return self.session(time.time() - self._wall0, time.process_time() - self._cpu0)
+
+    def session(self, wall: float, cpu: float) -> Session:
+        """The samples so far as a pyinstrument :class:`Session`.
+
+        Each sample weighs an equal share of the CPU time measured: the kernel
+        delivers the timer at most once per scheduler tick, so the samples are
+        fewer than ``cpu / interval`` and ``interval`` would undercount.
+        """
+        weight = cpu / self.samples if self.samples else self.interval
+        idents: dict[types.CodeType, str] = {}
+        records: list[tuple[list[str], float]] = []
+        for (codes, marker), n in self.counts.items():
+            stack = []
+            for code in reversed(codes):  # root first
+                ident = idents.get(code)
+                if ident is None:
+                    ident = idents[code] = _identifier(code)
+                stack.append(ident)
+                if marker is not None and code.co_name == _STEP_FUNCTION and (
+                    code.co_filename.replace("\\", "/").endswith(_TRIO_RUN_FILE)
+                ):
+                    stack.append(marker)
+            records.append((stack, n * weight))
+        return Session(
+            frame_records=records,
+            start_time=self._wall0,
+            duration=wall,
+            min_interval=self.interval,
+            max_interval=self.interval,
+            sample_count=self.samples,
+            # The stem every stack shares is trimmed from the tree down to this frame.
+            start_call_stack=records[0][0][:1] if records else [],
+            target_description=f"aiserve-trio worker: {self.samples} samples, "
+            f"{cpu:.2f} s CPU in {wall:.1f} s",
+            cpu_time=cpu,
+            sys_path=sys.path,
+            sys_prefixes=Session.current_sys_prefixes(),
+        )
+
+
+def _identifier(code: types.CodeType) -> str:
+    """pyinstrument's frame identifier: function, file, first line; the class as an attribute."""
+    ident = f"{code.co_name}\x00{code.co_filename}\x00{code.co_firstlineno}"
+    owner, _, _ = code.co_qualname.rpartition(".")
+    return f"{ident}\x01c{owner}" if owner else ident
 
 
 def _task_marker() -> str | None:
@@ -86,26 +175,21 @@ def _task_marker() -> str | None:
         what = f"stage {label.stage}"
     else:
         what = f"route {label.route}"
-    # pyinstrument's frame identifier: function, file, line.
     return f"[{what}]\x00<trio task>\x000"
 
 
-def _root_frame() -> types.FrameType:
-    """The outermost frame of this thread: the profile's tree starts there."""
-    frame = sys._getframe()
-    while frame.f_back is not None:
-        frame = frame.f_back
-    return frame
-
-
 async def profile_worker(seconds: float, interval: float = DEFAULT_INTERVAL) -> Session:
-    """Sample this worker's Trio thread for ``seconds``; the profiler stops also when cancelled."""
-    profiler = TaskProfiler(interval)
-    profiler.start(caller_frame=_root_frame(), target_description=f"worker, {seconds:g} s")
+    """Sample this worker for ``seconds``; the timer stops also when cancelled.
+
+    Raises:
+        ProfilerUnavailable, ProfilerBusy: see :meth:`SignalSampler.start`.
+    """
+    sampler = SignalSampler(interval)
+    sampler.start()
     try:
         await trio.sleep(seconds)
     finally:
-        session = profiler.stop()
+        session = sampler.stop()
     return session
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import trio
@@ -42,98 +42,117 @@ from .annotate import TASK_LABEL, TaskLabel
 #: Events kept by default; each is a small tuple while recording and ~150 bytes of JSON.
 DEFAULT_MAX_EVENTS = 200_000
 
-# Record kinds (the first item of each record tuple).
-STEP = 0  # (STEP, t0, t1, tid, label)
-SCHED = 1  # (SCHED, t, tid, waker)  waker: a tid, WOKEN_BY_IO, or WOKEN_BY_LOOP
-SPAWN = 2  # (SPAWN, t, tid)
-EXIT = 3  # (EXIT, t, tid, label)
-IO_WAIT = 4  # (IO_WAIT, t0, t1, timeout)
+# Record kinds (the first item of each record tuple); the second is the task's key.
+STEP = 0  # (STEP, key, t0, t1)
+SCHED = 1  # (SCHED, key, t, waker)  waker: a task's key, WOKEN_BY_IO or WOKEN_BY_LOOP
+SPAWN = 2  # (SPAWN, key, t)
+EXIT = 3  # (EXIT, key, t, name, label)
+IO_WAIT = 4  # (IO_WAIT, 0, t0, t1, timeout)
 
 #: ``waker`` of a task scheduled while the run loop processed I/O readiness.
 WOKEN_BY_IO = -1
-#: ``waker`` of a task scheduled by the run loop itself (timers, deadlines, spawns).
+#: ``waker`` of a task scheduled by the run loop itself (a timer, a deadline, a spawn).
 WOKEN_BY_LOOP = 0
 #: The run loop's own track (its I/O waits).
 LOOP_TID = 0
 
 Record = tuple[Any, ...]
+#: A task's name and label.
+TaskInfo = tuple[str, TaskLabel | None]
 
 _STAGE_ORDER = {"parse": 0, "context": 1, "inference": 2, "sse": 3}
+_now = time.perf_counter
 
 
 class RunTracer(trio.abc.Instrument):
     """Records what the run loop does, as tuples; see the module docstring.
 
-    Trio runs one task step at a time on one thread, so a step's start and the
-    current waker are single attributes, not maps. Task objects are mapped to
-    small integers (``tid``) on first sight; a task's mapping is dropped when it
-    exits, so a long trace does not keep finished tasks alive.
+    Every callback runs on every task step, so each does the least it can: read
+    the clock and append a tuple of numbers. A task is keyed by ``id(task)``,
+    not held: tuples of numbers only are untracked by Python's cyclic garbage
+    collector, while tuples holding tasks made every collection walk the whole
+    trace (it tripled the cost of a callback). A task's name and label are read
+    when it exits (into its EXIT record; a stage task's label is set at its start
+    and then stays) or, for tasks still alive, when the trace ends
+    (:meth:`live_tasks`). An id can be reused once its task is gone; the EXIT
+    record tells the builder that the key's next task is another one.
+    Trio runs one step at a time on one thread, so a step's start and the task
+    running now are single attributes, not maps.
     """
 
-    def __init__(
-        self, max_events: int = DEFAULT_MAX_EVENTS, clock: Callable[[], float] = time.perf_counter
-    ) -> None:
+    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS) -> None:
         self.max_events = max_events
-        self.clock = clock
         self.records: list[Record] = []
         self.dropped = 0
-        #: Task name by tid.
-        self.names: dict[int, str] = {}
-        self._tids: dict[trio.lowlevel.Task, int] = {}
-        self._next_tid = LOOP_TID + 1
-        self.started = clock()
+        self.started = _now()
         self.ended: float | None = None
+        #: Tasks seen and not exited, by key (to name them at the end).
+        self._live: dict[int, trio.lowlevel.Task] = {}
         # The step that installs the instrument is under way: it ends with the
         # first after_task_step, which then records only its part since now.
         self._step_t0 = self.started
         self._io_t0 = self.started
-        #: Who is running now: a task's tid, WOKEN_BY_IO during the I/O wait, else the loop.
+        #: The key of the task running now, WOKEN_BY_IO during the I/O wait, else WOKEN_BY_LOOP.
         self._current = WOKEN_BY_LOOP
+        try:  # made in a task step (trace_run's): that step is the first to end
+            task = trio.lowlevel.current_task()
+        except RuntimeError:
+            return
+        self._current = id(task)
+        self._live[self._current] = task
 
-    def _tid(self, task: trio.lowlevel.Task) -> int:
-        tid = self._tids.get(task)
-        if tid is None:
-            tid = self._tids[task] = self._next_tid
-            self._next_tid += 1
-            self.names[tid] = task.name
-        return tid
+    def live_tasks(self) -> dict[int, TaskInfo]:
+        """Name and label of the tasks seen and still alive (on the Trio thread, at the end)."""
+        return {key: (t.name, t.context.get(TASK_LABEL)) for key, t in self._live.items()}
 
-    def _add(self, record: Record) -> None:
+    # --- trio.abc.Instrument (the hot path) ------------------------------------------
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        key = id(task)
+        self._live[key] = task
         if len(self.records) < self.max_events:
-            self.records.append(record)
+            self.records.append((SPAWN, key, _now()))
         else:
             self.dropped += 1
 
-    # --- trio.abc.Instrument -------------------------------------------------------
-
-    def task_spawned(self, task: trio.lowlevel.Task) -> None:
-        self._add((SPAWN, self.clock(), self._tid(task)))
-
     def task_scheduled(self, task: trio.lowlevel.Task) -> None:
-        self._add((SCHED, self.clock(), self._tid(task), self._current))
+        if len(self.records) < self.max_events:
+            self.records.append((SCHED, id(task), _now(), self._current))
+        else:
+            self.dropped += 1
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self._current = self._tid(task)
-        self._step_t0 = self.clock()
+        key = self._current = id(task)
+        if key not in self._live:  # a task spawned before the trace started
+            self._live[key] = task
+        self._step_t0 = _now()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
-        t1 = self.clock()
+        t1 = _now()
+        if len(self.records) < self.max_events:
+            self.records.append((STEP, self._current, self._step_t0, t1))
+        else:
+            self.dropped += 1
         self._current = WOKEN_BY_LOOP
-        # The label is read after the step: a step that set it (a stage starting)
-        # is then already shown as that stage.
-        self._add((STEP, self._step_t0, t1, self._tid(task), task.context.get(TASK_LABEL)))
 
     def task_exited(self, task: trio.lowlevel.Task) -> None:
-        self._add((EXIT, self.clock(), self._tid(task), task.context.get(TASK_LABEL)))
-        self._tids.pop(task, None)
+        key = id(task)
+        self._live.pop(key, None)
+        if len(self.records) < self.max_events:
+            self.records.append((EXIT, key, _now(), task.name, task.context.get(TASK_LABEL)))
+        else:
+            self.dropped += 1
 
     def before_io_wait(self, timeout: float) -> None:
         self._current = WOKEN_BY_IO
-        self._io_t0 = self.clock()
+        self._io_t0 = _now()
 
     def after_io_wait(self, timeout: float) -> None:
         self._current = WOKEN_BY_LOOP
-        self._add((IO_WAIT, self._io_t0, self.clock(), timeout))
+        if len(self.records) < self.max_events:
+            self.records.append((IO_WAIT, 0, self._io_t0, _now(), timeout))
+        else:
+            self.dropped += 1
 
 
 async def trace_run(seconds: float, max_events: int = DEFAULT_MAX_EVENTS) -> RunTracer:
@@ -146,7 +165,7 @@ async def trace_run(seconds: float, max_events: int = DEFAULT_MAX_EVENTS) -> Run
     try:
         await trio.sleep(seconds)
     finally:
-        tracer.ended = tracer.clock()
+        tracer.ended = _now()
         # KeyError: Trio already removed it because a callback raised (and logged why).
         with contextlib.suppress(KeyError):
             trio.lowlevel.remove_instrument(tracer)
@@ -173,19 +192,6 @@ def _label_args(label: TaskLabel | None) -> dict[str, str]:
     return args
 
 
-def _best(old: TaskLabel | None, new: TaskLabel | None) -> TaskLabel | None:
-    """The more telling of two labels of one task (a stage over a request over a route)."""
-    if new is None:
-        return old
-    if old is None:
-        return new
-    return new if _rank(new) >= _rank(old) else old
-
-
-def _rank(label: TaskLabel) -> tuple[bool, bool]:
-    return (label.stage is not None, label.request_id is not None)
-
-
 def _track_name(tid: int, name: str, label: TaskLabel | None) -> str:
     if label is None:
         return f"{name} [{tid}]"
@@ -195,7 +201,7 @@ def _track_name(tid: int, name: str, label: TaskLabel | None) -> str:
 
 def build_trace(
     records: Iterable[Record],
-    names: Mapping[int, str],
+    live: Mapping[int, TaskInfo],
     *,
     started: float,
     ended: float | None = None,
@@ -207,63 +213,65 @@ def build_trace(
 
     Args:
         records: as :attr:`RunTracer.records`, in the order they were made.
-        names: task name by tid.
+        live: name and label of the tasks that had not exited when recording
+            stopped (:meth:`RunTracer.live_tasks`); the others' are in their EXIT records.
         started: the clock reading the timestamps count from.
         ended: when recording stopped (for the metadata).
         dropped: records refused beyond ``max_events``.
         pid: the worker's process id (default: this process).
     """
     pid = os.getpid() if pid is None else pid
+    records = list(records)
+    # Pass 1: a track (tid) per task -- a key's next task after its EXIT is another
+    # one -- and each task's name and label, known only at its exit or at the end.
+    generation: dict[int, int] = {}
+    tids: dict[tuple[int, int], int] = {}
+    info: dict[int, TaskInfo] = {}
+
+    def tid_of(key: int) -> int:
+        k = (key, generation.get(key, 0))
+        tid = tids.get(k)
+        if tid is None:
+            tid = tids[k] = len(tids) + LOOP_TID + 1
+        return tid
+
+    rec_tids: list[int] = []
+    wakers: dict[int, int] = {}  # index of a SCHED record -> its waker's tid
+    for i, rec in enumerate(records):
+        kind = rec[0]
+        if kind == IO_WAIT:
+            rec_tids.append(LOOP_TID)
+            continue
+        tid = tid_of(rec[1])
+        rec_tids.append(tid)
+        if kind == SCHED and rec[3] not in (WOKEN_BY_IO, WOKEN_BY_LOOP):
+            wakers[i] = tid_of(rec[3])
+        elif kind == EXIT:
+            info[tid] = (rec[3], rec[4])
+            generation[rec[1]] = generation.get(rec[1], 0) + 1
+    for (key, gen), tid in tids.items():
+        if tid not in info:
+            current = gen == generation.get(key, 0)
+            info[tid] = live.get(key, ("?", None)) if current else ("?", None)
+
+    def waker_name(i: int, waker: int) -> str:
+        if waker == WOKEN_BY_IO:
+            return "io"
+        if waker == WOKEN_BY_LOOP:
+            return "run loop"
+        wtid = wakers[i]
+        return _track_name(wtid, *info[wtid])
+
+    # Pass 2: the events.
     events: list[dict[str, Any]] = []
-    labels: dict[int, TaskLabel | None] = {}
-    scheduled: dict[int, tuple[float, int]] = {}  # tid -> (when, waker) since its last step
+    scheduled: dict[int, tuple[float, str]] = {}  # tid -> (when, woken by) since its last step
     last_end: dict[int, float] = {}
     seen: dict[int, float] = {}  # tid -> first timestamp
-    for rec in records:
+    for i, rec in enumerate(records):
         kind = rec[0]
-        if kind == STEP:
-            _, t0, t1, tid, label = rec
-            labels[tid] = _best(labels.get(tid), label)
-            seen.setdefault(tid, t0)
-            args: dict[str, Any] = {**_label_args(label), "task": names.get(tid, "?")}
-            sched = scheduled.pop(tid, None)
-            if sched is not None:
-                when, waker = sched
-                args["runnable_us"] = _us(t0, when)
-                args["woken_by"] = _waker(waker, names, labels)
-                if tid in last_end:
-                    args["blocked_us"] = _us(when, last_end[tid])
-            last_end[tid] = t1
-            name = (label.stage or label.route) if label is not None else None
-            events.append(
-                {
-                    "name": name or names.get(tid, "task"),
-                    "cat": "step",
-                    "ph": "X",
-                    "ts": _us(t0, started),
-                    "dur": _us(t1, t0),
-                    "pid": pid,
-                    "tid": tid,
-                    "args": args,
-                }
-            )
-        elif kind == SCHED:
-            _, t, tid, waker = rec
-            scheduled[tid] = (t, waker)
-            seen.setdefault(tid, t)
-            events.append(_instant("scheduled", "sched", t, started, pid, tid,
-                                   {"woken_by": _waker(waker, names, labels)}))
-        elif kind == SPAWN:
-            _, t, tid = rec
-            seen.setdefault(tid, t)
-            events.append(_instant("spawned", "task", t, started, pid, tid, {}))
-        elif kind == EXIT:
-            _, t, tid, label = rec
-            labels[tid] = _best(labels.get(tid), label)
-            seen.setdefault(tid, t)
-            events.append(_instant("exited", "task", t, started, pid, tid, _label_args(label)))
-        elif kind == IO_WAIT:
-            _, t0, t1, timeout = rec
+        tid = rec_tids[i]
+        if kind == IO_WAIT:
+            _, _, t0, t1, timeout = rec
             events.append(
                 {
                     "name": "io_wait",
@@ -276,10 +284,45 @@ def build_trace(
                     "args": {"timeout_ms": round(timeout * 1000, 3)},
                 }
             )
+            continue
+        seen.setdefault(tid, rec[2])
+        name, label = info[tid]
+        if kind == STEP:
+            _, _, t0, t1 = rec
+            args: dict[str, Any] = {**_label_args(label), "task": name}
+            sched = scheduled.pop(tid, None)
+            if sched is not None:
+                when, woken_by = sched
+                args["runnable_us"] = _us(t0, when)
+                args["woken_by"] = woken_by
+                if tid in last_end:
+                    args["blocked_us"] = _us(when, last_end[tid])
+            last_end[tid] = t1
+            events.append(
+                {
+                    "name": (label.stage or label.route or name) if label is not None else name,
+                    "cat": "step",
+                    "ph": "X",
+                    "ts": _us(t0, started),
+                    "dur": _us(t1, t0),
+                    "pid": pid,
+                    "tid": tid,
+                    "args": args,
+                }
+            )
+        elif kind == SCHED:
+            woken_by = waker_name(i, rec[3])
+            scheduled[tid] = (rec[2], woken_by)
+            events.append(
+                _instant("scheduled", "sched", rec[2], started, pid, tid, {"woken_by": woken_by})
+            )
+        elif kind == SPAWN:
+            events.append(_instant("spawned", "task", rec[2], started, pid, tid, {}))
+        elif kind == EXIT:
+            events.append(_instant("exited", "task", rec[2], started, pid, tid, {}))
     events.sort(key=lambda e: e["ts"])
-    meta = _metadata(pid, names, labels, seen)
     return {
-        "traceEvents": meta + events,
+        "traceEvents": _metadata(pid, info, seen) + events,
         "displayTimeUnit": "ms",
         "otherData": {
             "source": "aiserve-trio /debug/trace",
@@ -293,14 +336,6 @@ def build_trace(
     }
 
 
-def _waker(waker: int, names: Mapping[int, str], labels: Mapping[int, TaskLabel | None]) -> str:
-    if waker == WOKEN_BY_IO:
-        return "io"
-    if waker == WOKEN_BY_LOOP:
-        return "run loop"
-    return _track_name(waker, names.get(waker, "?"), labels.get(waker))
-
-
 def _instant(
     name: str, cat: str, t: float, started: float, pid: int, tid: int, args: dict[str, Any]
 ) -> dict[str, Any]:
@@ -310,10 +345,7 @@ def _instant(
 
 
 def _metadata(
-    pid: int,
-    names: Mapping[int, str],
-    labels: Mapping[int, TaskLabel | None],
-    seen: Mapping[int, float],
+    pid: int, info: Mapping[int, TaskInfo], seen: Mapping[int, float]
 ) -> list[dict[str, Any]]:
     """Process and track names, and an order that puts one request's tasks together."""
     meta: list[dict[str, Any]] = [
@@ -326,20 +358,21 @@ def _metadata(
     ]
     first_of_request: dict[str, float] = {}
     for tid, t in seen.items():
-        label = labels.get(tid)
+        label = info[tid][1]
         if label is not None and label.request_id is not None:
             rid = label.request_id
             first_of_request[rid] = min(first_of_request.get(rid, t), t)
 
     def key(tid: int) -> tuple[float, int, int]:
-        label = labels.get(tid)
+        label = info[tid][1]
         if label is None or label.request_id is None:
-            return (seen[tid], -1, tid)
-        return (first_of_request[label.request_id], _STAGE_ORDER.get(label.stage or "", -1), tid)
+            return (seen.get(tid, 0.0), -1, tid)
+        order = _STAGE_ORDER.get(label.stage or "", -1)
+        return (first_of_request.get(label.request_id, 0.0), order, tid)
 
     for index, tid in enumerate(sorted(seen, key=key), start=1):
         meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                     "args": {"name": _track_name(tid, names.get(tid, "?"), labels.get(tid))}})
+                     "args": {"name": _track_name(tid, *info[tid])}})
         meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                      "args": {"sort_index": index}})
     return meta
