@@ -29,6 +29,7 @@ cannot be profiled this way (signals are delivered to the main thread).
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import sys
@@ -198,8 +199,13 @@ def render(session: Session, fmt: Format) -> bytes:
     if fmt == "speedscope":
         # Every frame: speedscope's own views zoom into small ones (pyinstrument
         # would drop frames under 1 % of the total).
-        doc: str = SpeedscopeRenderer(processor_options={"filter_threshold": 0}).render(session)
-        return doc.encode()
+        text: str = SpeedscopeRenderer(processor_options={"filter_threshold": 0}).render(session)
+        doc = json.loads(text)
+        # pyinstrument ends the profile at the wall-clock duration; the samples add up
+        # to CPU time, and speedscope would draw the difference as empty time.
+        for profile in doc["profiles"]:
+            profile["endValue"] = max((e["at"] for e in profile["events"]), default=0.0)
+        return json.dumps(doc).encode()
     # resample_interval=0: no resampling, and no message printed to stderr.
     page: str = HTMLRenderer(resample_interval=0).render(session)
     return offline_html(page).encode()
