@@ -87,6 +87,7 @@ class App:
         #: Set when shutdown begins: live session event streams end cleanly.
         self.closing = trio.Event()
         self.gate = Gate(config)
+        self.debug = DebugEndpoints(auth_enabled=self.gate.enabled)
         self.sessions = SessionEndpoints(config, self.bus, self.closing, self._session_tenant)
         self._background: trio.CancelScope | None = None
         self.routes: dict[str, Route] = {
@@ -106,7 +107,6 @@ class App:
             admission=self.gate.admission,
             hook=self.observer,
         )
-        self.debug = DebugEndpoints(auth_enabled=self.gate.enabled)
         self.endpoints = EndpointTable(self._endpoints(), unknown=[("/debug/", Auth.ADMIN)])
         self.ready = False
         self._models_body = self._models_json()
