@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs; load average before {load_before}, after {load_after}.",
         "",
         "- **none**: nothing running.",
-        "- **profile**: `GET /debug/profile?seconds=N` (pyinstrument, 1 ms interval) for the whole wrk run.",
+        "- **profile**: `GET /debug/profile?seconds=N` (the SIGPROF sampler, 1 ms of CPU time, at most one sample per kernel tick) for the whole wrk run.",
         "- **trace**: `GET /debug/trace?seconds=N` (the run-loop instrument, default cap of "
         "200,000 events) for the whole wrk run.",
         "",
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{p['rps']:.0f} req/s{delta}, p50 {p['p50_ms']:.2f} / p99 {p['p99_ms']:.2f} ms"
                          + (f", {p['errors']} errors" if p["errors"] else ""))
         lines.append(f"| {tag} | " + " | ".join(cells) + " |")
-    traces = [p for tags in results["trace"].values() for p in tags if "trace_events" in p]
+    traces = [tags[0] for tags in results["trace"].values() if "trace_events" in tags[0]]
     if traces:
         lines += [
             "",
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 for p in traces[: len(POINTS)]
             ) + " (first round).",
         ]
-    profiles = [p for tags in results["profile"].values() for p in tags if "debug_bytes" in p]
+    profiles = [tags[0] for tags in results["profile"].values() if "debug_bytes" in tags[0]]
     if profiles:
         lines += [
             "",
