@@ -87,7 +87,6 @@ class App:
         #: Set when shutdown begins: live session event streams end cleanly.
         self.closing = trio.Event()
         self.gate = Gate(config)
-        self.debug = DebugEndpoints(auth_enabled=self.gate.enabled)
         self.sessions = SessionEndpoints(config, self.bus, self.closing, self._session_tenant)
         self._background: trio.CancelScope | None = None
         self.routes: dict[str, Route] = {
@@ -145,9 +144,10 @@ class App:
             ),
         ]
         # Profiles and run traces of this worker (admin; loopback only when auth is off).
+        debug = DebugEndpoints(auth_enabled=self.gate.enabled)
         table += [
-            Endpoint("/debug/profile", get, Auth.ADMIN, req, self.debug.profile, "debug_profile"),
-            Endpoint("/debug/trace", get, Auth.ADMIN, req, self.debug.trace, "debug_trace"),
+            Endpoint("/debug/profile", get, Auth.ADMIN, req, debug.profile, "debug_profile"),
+            Endpoint("/debug/trace", get, Auth.ADMIN, req, debug.trace, "debug_trace"),
         ]
         if self.config.observability.debug_requests:
             table.append(
