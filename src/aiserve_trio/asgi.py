@@ -31,7 +31,9 @@ from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
 from .http.sse import shutdown_event
 from .http.types import JSON_HEADERS, METRICS_HEADERS, Receive, Scope, Send
+from .observability.annotate import TASK_LABEL, TaskLabel
 from .observability.baseline import BaselineMonitor
+from .observability.debug import DebugEndpoints
 from .observability.metrics import Metrics, status_label
 from .observability.observer import RequestObserver
 from .observability.sched import SchedulerLag
@@ -160,6 +162,12 @@ class App:
                 "stream_token",
             ),
         ]
+        # Profiles and run traces of this worker (admin; loopback only when auth is off).
+        debug = DebugEndpoints(auth_enabled=self.gate.enabled)
+        table += [
+            Endpoint("/debug/profile", get, Auth.ADMIN, req, debug.profile, "debug_profile"),
+            Endpoint("/debug/trace", get, Auth.ADMIN, req, debug.trace, "debug_trace"),
+        ]
         if self.config.observability.debug_requests:
             table.append(
                 Endpoint("/debug/requests/recent", get, Auth.ADMIN, req, self._recent, "debug")
@@ -277,6 +285,8 @@ class App:
         arrival = trio.current_time()  # the deadline counts from here, auth included
         path: str = scope["path"]
         endpoint, params = self.endpoints.resolve(scope["method"], path)
+        # For /debug/trace and /debug/profile: what this task serves (its own context copy).
+        TASK_LABEL.set(TaskLabel(None, endpoint.name))
         # Chat streams are watched by the sse stage's keep-alive task instead
         # of a cancel scope around every write.
         chat = endpoint.auth is Auth.CHAT

@@ -92,6 +92,14 @@ class MethodNotAllowed(GatewayError):
     default_code = "method_not_allowed"
 
 
+class Conflict(GatewayError):
+    """The request conflicts with one already under way (e.g. a second profile of a worker)."""
+
+    status = 409
+    type = "invalid_request_error"
+    default_code = "conflict"
+
+
 class PayloadTooLarge(GatewayError):
     """The request body is larger than ``limits.max_body_bytes``."""
 

@@ -33,6 +33,7 @@ import trio
 from .adapters.base import Delta
 from .errors import BodyReadTimeout, GatewayError, InternalError, ReplyCapExceeded
 from .http.sse import DONE, ChatFramer
+from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
 from .observability.events import NULL_HOOK, Hook
 from .security.admission import BodyPace
 from .stages.context import ContextStage
@@ -163,6 +164,11 @@ class Pipeline:
         inference = InferenceStage(info, inf_recv, delta_send)
         sse = SSEStage(info, delta_recv, plan_recv, responder, cfg.limits)
         run = _Run()
+        # Annotations for /debug/trace and the request's I/O counts; the stage
+        # tasks inherit both (the counter object itself is shared).
+        TASK_LABEL.set(TaskLabel(info.request_id, info.route.label))
+        upstream = UpstreamReads()
+        UPSTREAM_IO.set(upstream)
         try:
             async with trio.open_nursery() as request_nursery:
                 request_nursery.start_soon(
@@ -215,6 +221,10 @@ class Pipeline:
             tool_calls=asm.tool_calls if asm is not None else [],
             capped=_cap_of(run.error, asm),
             disconnected=run.disconnected,
+            client_writes=responder.writes,
+            client_bytes=responder.bytes_written,
+            upstream_reads=upstream.reads,
+            upstream_bytes=upstream.bytes,
         )
 
     async def _stage(
@@ -227,6 +237,7 @@ class Pipeline:
         """The one shell every stage runs in (see the module docstring)."""
         name = stage.name
         hook = self.hook
+        TASK_LABEL.set(TaskLabel(stage.info.request_id, stage.info.route.label, name))
         hook.stage_started(name)
         started: float | None = None
         expired = False

@@ -54,6 +54,7 @@ from ..errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
+from ..observability.annotate import upstream_read
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .base import Adapter, DeltaSink, EmbeddingRequest, InferenceRequest, Usage
 from .chat_stream import ChatStreamDecoder
@@ -379,6 +380,7 @@ class OpenAIAdapter(Adapter):
         decoder = ChatStreamDecoder(self.name)
         async with contextlib.aclosing(response.aiter_bytes()) as body:
             async for raw in body:
+                upstream_read(len(raw))
                 for delta in decoder.feed(raw):
                     await send.send(delta)
                 decoder.check()  # after the text that came before a bad event

@@ -29,10 +29,12 @@ class Responder:
         "_headers",
         "_lock",
         "_send",
+        "bytes_written",
         "finished",
         "last_write",
         "started",
         "write_timeout",
+        "writes",
         "writing_since",
     )
 
@@ -49,6 +51,9 @@ class Responder:
         self.last_write = 0.0
         #: When the write under way started; None when none is.
         self.writing_since: float | None = None
+        #: ASGI sends (each is at least one socket write by the server) and body bytes sent.
+        self.writes = 0
+        self.bytes_written = 0
 
     async def _write(self, message: dict[str, Any]) -> None:
         # Uncontended (the common case) the lock costs no checkpoint; the
@@ -59,6 +64,7 @@ class Responder:
             await self._lock.acquire()
         try:
             self.writing_since = trio.current_time()
+            self.writes += 1
             if self.write_timeout is None:
                 await self._send(message)
             else:
@@ -81,6 +87,7 @@ class Responder:
     async def body(self, data: bytes, *, more: bool = True) -> None:
         if not more:
             self.finished = True
+        self.bytes_written += len(data)
         await self._write({"type": "http.response.body", "body": data, "more_body": more})
 
     async def ping(self, comment: bytes) -> None:

@@ -39,6 +39,11 @@ class RecentRequest(msgspec.Struct, kw_only=True):
     stages_ms: dict[str, float]
     trace_id: str | None = None
     error_stage: str | None = None
+    #: Writes to the client (ASGI sends) and body bytes; upstream reads and bytes.
+    client_writes: int = 0
+    client_bytes: int = 0
+    upstream_reads: int = 0
+    upstream_bytes: int = 0
 
 
 class RecentList(msgspec.Struct, kw_only=True):
@@ -153,6 +158,10 @@ class RequestObserver:
         if outcome.usage is not None:
             attrs["prompt_tokens"] = outcome.usage.prompt_tokens
             attrs["completion_tokens"] = outcome.usage.completion_tokens
+        attrs["client_writes"] = outcome.client_writes
+        attrs["client_bytes"] = outcome.client_bytes
+        attrs["upstream_reads"] = outcome.upstream_reads
+        attrs["upstream_bytes"] = outcome.upstream_bytes
         error = outcome.error.message if outcome.error is not None else None
         outcome.info.trace.finish(
             stages=stages,
@@ -180,6 +189,10 @@ class RequestObserver:
                 },
                 trace_id=outcome.info.trace.trace_id if outcome.info is not None else None,
                 error_stage=outcome.error_stage,
+                client_writes=outcome.client_writes,
+                client_bytes=outcome.client_bytes,
+                upstream_reads=outcome.upstream_reads,
+                upstream_bytes=outcome.upstream_bytes,
             )
         )
 

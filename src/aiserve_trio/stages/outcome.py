@@ -59,6 +59,12 @@ class Outcome:
     #: The cap that ended the reply early (``max_tokens``, ``max_reply_bytes``,
     #: ``max_stream_s``), if one did.
     capped: str | None = None
+    #: Writes to the client (ASGI sends, each at least one socket write) and body bytes.
+    client_writes: int = 0
+    client_bytes: int = 0
+    #: Chunks read from the upstream (handed to the adapter's decoder) and their bytes.
+    upstream_reads: int = 0
+    upstream_bytes: int = 0
 
     @property
     def ok(self) -> bool:
