@@ -29,15 +29,16 @@ ends it (:func:`refuse_to_start`):
    hypercorn nor multiprocessing print anything more, and "Running on" is
    never logged.
 
-A parent ended that way runs no clean-up, and the one it would have run is
-unlinking the named semaphores of its ``shutdown_event`` (which its workers
-receive, pickled, in their Process's kwargs); its resource tracker would do it
-instead, with a warning on stderr. So the worker unlinks them first, and the
-first ``sem_unlink`` doubles as the claim to report: the other workers read
-the same file and fail the same way, and one whose unlink finds the semaphore
-gone stays quiet and waits for the parent to go before it exits (had it exited
-first, the parent would terminate the reporting worker). The operator reads
-the line once.
+With several workers, every one of them reads the same bad file: the first
+to claim the report (an exclusive lock file named after the parent) ends its
+sibling workers at once (SIGKILL: one still starting up would otherwise die
+printing a traceback), and the others stay quiet. A parent ended by a signal
+runs no clean-up, and the one it would have run is unlinking the named
+semaphores of its ``shutdown_event`` (which its workers receive, pickled, in
+their Process's kwargs); its resource tracker would do it instead, with a
+warning on stderr. So the reporting worker unlinks them first -- after its
+siblings are gone, since one still unpickling them would fail. The operator
+reads the line once.
 
 A signal to PID 1 of a container is dropped by the kernel unless PID 1 handles
 it: run hypercorn under an init (``docker run --init``) for the status to reach
@@ -48,15 +49,17 @@ server) nothing here runs: the app answers ``lifespan.startup.failed``.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 import time
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 from multiprocessing import resource_tracker, synchronize
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any, Literal, NoReturn
 
 #: sysexits.h: configuration error.
@@ -101,15 +104,54 @@ def refuse_to_start(message: str, role: Literal["worker", "server"]) -> NoReturn
         os._exit(EX_CONFIG)
     if os.getppid() != parent.pid:
         os._exit(EX_CONFIG)  # re-parented: another worker has reported and ended it
-    semaphores = _parent_semaphores()
-    if semaphores and not _unlink(semaphores[0]):
+    claim = _claim(parent.pid)
+    if claim is None:
         _wait_for_new_parent(parent.pid, QUIET_WAIT_S)  # another worker reports
         os._exit(EX_CONFIG)
+    for pid in _sibling_workers(parent.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.unlink(claim)  # it decided between the siblings, who are gone now
     _say(line)
-    for name in semaphores[1:]:
+    for name in _parent_semaphores():
         _unlink(name)
     os.kill(parent.pid, PARENT_SIGNAL)
     os._exit(EX_CONFIG)
+
+
+def _claim(parent: int) -> str | None:
+    """Claim the report for the workers of ``parent``: the lock file's path, or None."""
+    try:
+        started = Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = "0"
+    path = os.path.join(tempfile.gettempdir(), f"aiserve-trio-refuse-{parent}-{started}")
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return None
+    return path
+
+
+def _sibling_workers(parent: int) -> list[int]:
+    """The other hypercorn workers of ``parent`` (its spawned children, not its
+    resource tracker), from /proc; empty where /proc cannot tell."""
+    me = os.getpid()
+    try:
+        children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    except OSError:
+        return []
+    out = []
+    for child in children:
+        pid = int(child)
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if pid != me and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            out.append(pid)
+    return out
 
 
 def _say(line: str) -> None:
