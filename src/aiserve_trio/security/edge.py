@@ -12,11 +12,14 @@ hypercorn 0.18 has two failure modes we measured (see docs/architecture.md):
 :func:`install` patches three methods, keeping hypercorn's own code: the
 connection runner contains any exception to its connection (logged, the
 connection closed), and the HTTP/2 protocol meters control frames per
-connection with a token bucket (:class:`FloodMeter`, sans-IO) -- a client over
-budget gets ``GOAWAY(ENHANCE_YOUR_CALM)`` and is disconnected, as Envoy and
-nginx do. The patch reaches into hypercorn's internals, so it is applied only to
-the hypercorn versions it was written for (:data:`SUPPORTED`), and the log says
-whether it was. Importing this module changes nothing; installing twice is harmless.
+connection with a token bucket (:class:`FloodMeter`, sans-IO) and counts the
+streams its client resets before they are answered (:class:`ResetMeter`, the
+rapid-reset rule of Envoy) -- a client over either gets
+``GOAWAY(ENHANCE_YOUR_CALM)`` and is disconnected, as Envoy and nginx do, and
+no ASGI task is started for anything else it sent. The patch reaches into
+hypercorn's internals, so it is applied only to the hypercorn versions it was
+written for (:data:`SUPPORTED`), and the log says whether it was. Importing this
+module changes nothing; installing twice is harmless.
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ log = logging.getLogger("aiserve_trio.edge")
 #: Control frames a connection may send in a burst, and per second after it.
 FLOOD_BURST = 1_000
 FLOOD_RATE = 200.0
+#: A connection that opened more than this many streams is closed once more than
+#: RESET_MAX_RATIO of them were reset by its client before the server answered
+#: (Envoy: 500 streams, 50 %; fewer here, as each stream that gets that far costs
+#: a Python task, and an attacker is caught after one or two reads).
+RESET_MIN_STREAMS = 100
+RESET_MAX_RATIO = 0.5
 #: hypercorn versions (major, minor) whose internals the patch was written against.
 SUPPORTED = ((0, 18),)
 _installed = False
@@ -62,6 +71,61 @@ class FloodMeter:
         self._at = now
         self._level -= frames
         return self._level >= 0
+
+
+class ResetMeter:
+    """Streams one connection opened, and how many its client reset early (sans-IO).
+
+    Rapid reset (CVE-2023-44487) opens streams and resets them at once: each costs
+    the server a stream and an app task, the client nothing, and the resets keep
+    it under any limit on concurrent streams. A client reset before the server
+    answered is *premature*; a connection whose streams are mostly that is closed.
+    """
+
+    __slots__ = ("max_ratio", "min_streams", "premature", "streams")
+
+    def __init__(
+        self, min_streams: int = RESET_MIN_STREAMS, max_ratio: float = RESET_MAX_RATIO
+    ) -> None:
+        self.min_streams = min_streams
+        self.max_ratio = max_ratio
+        self.streams = 0
+        self.premature = 0
+
+    def count(self, opened: int, premature: int) -> bool:
+        """Add ``opened`` streams and ``premature`` resets; False once the connection is
+        over the rule (more than ``min_streams`` streams, more than ``max_ratio`` reset early)."""
+        self.streams += opened
+        self.premature += premature
+        return not (
+            self.streams > self.min_streams and self.premature > self.max_ratio * self.streams
+        )
+
+
+def early_resets(events: list[Any], unanswered: Callable[[int], bool]) -> tuple[int, int, set[int]]:
+    """Streams ``events`` open, resets by the client before an answer, streams both opened
+    and reset in ``events``.
+
+    Args:
+        events: what h2 made of one read.
+        unanswered: whether an already open stream has not been answered yet.
+    Returns:
+        (streams opened, premature resets, the ids of streams opened and reset in
+        ``events``: the client cancelled them before the server even saw them).
+    """
+    opened: set[int] = set()
+    cancelled: set[int] = set()
+    premature = 0
+    for e in events:
+        if isinstance(e, ev.RequestReceived):
+            opened.add(e.stream_id)
+        elif isinstance(e, ev.StreamReset) and e.remote_reset:
+            if e.stream_id in opened:
+                cancelled.add(e.stream_id)
+                premature += 1
+            elif unanswered(e.stream_id):
+                premature += 1
+    return len(opened), premature, cancelled
 
 
 def control_frames(events: list[Any]) -> int:
@@ -123,30 +187,58 @@ def install() -> str:
                 raise rest from None
 
     async def calm_down(self: Any, why: str) -> None:
+        self._aiserve_closed = True
         log.warning("HTTP/2 client %s disconnected: %s", getattr(self, "client", "?"), why)
         self.connection.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         await self._flush()
         await self.send(Closed())
 
+    def unanswered(self: Any, stream_id: int) -> bool:
+        # hypercorn's stream is in state REQUEST (HANDSHAKE for a WebSocket) until
+        # the app sends the response head; a stream it no longer holds is done.
+        stream = self.streams.get(stream_id)
+        state = getattr(stream, "state", None)
+        return getattr(state, "name", "") in ("REQUEST", "HANDSHAKE")
+
     async def handle_events(self: Any, events: list[Any]) -> None:
+        if getattr(self, "_aiserve_closed", False):
+            return  # condemned: nothing it sent reaches hypercorn (no stream, no app task)
         meter: FloodMeter | None = self.__dict__.get("_aiserve_meter")
+        resets: ResetMeter | None = self.__dict__.get("_aiserve_resets")
         now = trio.current_time()
         if meter is None:
             meter = self.__dict__["_aiserve_meter"] = FloodMeter(now)
-        if getattr(self, "_aiserve_closed", False):
-            return
+        if resets is None:
+            resets = self.__dict__["_aiserve_resets"] = ResetMeter()
         if not meter.spend(now, control_frames(events)):
-            self._aiserve_closed = True
             await calm_down(self, "control-frame flood")
             return
+        opened, premature, cancelled = early_resets(events, lambda sid: unanswered(self, sid))
+        if not resets.count(opened, premature):
+            why = f"rapid reset ({resets.premature} of {resets.streams} streams reset unanswered)"
+            await calm_down(self, why)
+            return
+        if cancelled:
+            events = skip_streams(self, events, cancelled)
         await original_events(self, events)
+
+    def skip_streams(self: Any, events: list[Any], cancelled: set[int]) -> list[Any]:
+        # Streams the client opened and reset within one read: hypercorn would start
+        # an app task for each only to cancel it. Their body bytes still count
+        # against the connection's flow-control window, so they are acknowledged.
+        kept = []
+        for e in events:
+            if getattr(e, "stream_id", None) not in cancelled:
+                kept.append(e)
+            elif isinstance(e, ev.DataReceived):
+                self.connection.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+        return kept
 
     async def handle(self: Any, event: Any) -> None:
         try:
             await original_handle(self, event)
         except priority.PriorityError as exc:
             if not getattr(self, "_aiserve_closed", False):
-                self._aiserve_closed = True
                 await calm_down(self, f"priority tree refused it ({type(exc).__name__})")
 
     TCPServer.run = run  # type: ignore[method-assign]
