@@ -34,7 +34,7 @@ import h2.errors
 import h2.events as ev
 import priority.priority as priority
 import trio
-from hypercorn.events import Closed
+from hypercorn.events import Closed, RawData
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.trio.tcp_server import TCPServer
 
@@ -49,6 +49,9 @@ FLOOD_RATE = 200.0
 #: a Python task, and an attacker is caught after one or two reads).
 RESET_MIN_STREAMS = 100
 RESET_MAX_RATIO = 0.5
+#: Bytes of one read handed to h2 at a time, the meters judging between slices
+#: (a few hundred small frames; a 16 KiB DATA frame arrives in four).
+FEED_SLICE = 4096
 #: hypercorn versions (major, minor) whose internals the patch was written against.
 SUPPORTED = ((0, 18),)
 _installed = False
@@ -201,8 +204,6 @@ def install() -> str:
         return getattr(state, "name", "") in ("REQUEST", "HANDSHAKE")
 
     async def handle_events(self: Any, events: list[Any]) -> None:
-        if getattr(self, "_aiserve_closed", False):
-            return  # condemned: nothing it sent reaches hypercorn (no stream, no app task)
         meter: FloodMeter | None = self.__dict__.get("_aiserve_meter")
         resets: ResetMeter | None = self.__dict__.get("_aiserve_resets")
         now = trio.current_time()
@@ -235,6 +236,20 @@ def install() -> str:
         return kept
 
     async def handle(self: Any, event: Any) -> None:
+        if not isinstance(event, RawData):
+            await guarded_handle(self, event)
+            return
+        # hypercorn reads up to 64 KiB, and h2 parses all of it before the meters see
+        # one event: some 2,000 rapid-reset streams or 4,000 SETTINGS frames. In
+        # slices the meters judge every few hundred frames, and what follows a
+        # verdict is dropped unparsed.
+        data = event.data
+        for at in range(0, max(len(data), 1), FEED_SLICE):  # b"" (EOF) still goes through
+            if getattr(self, "_aiserve_closed", False) or self.closed:
+                return
+            await guarded_handle(self, RawData(data=data[at : at + FEED_SLICE]))
+
+    async def guarded_handle(self: Any, event: Any) -> None:
         try:
             await original_handle(self, event)
         except priority.PriorityError as exc:
