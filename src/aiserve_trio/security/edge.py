@@ -10,21 +10,31 @@ hypercorn 0.18 has two failure modes we measured (see docs/architecture.md):
   server work per frame with no limit, starving well-behaved clients.
 
 :func:`install` patches three methods, keeping hypercorn's own code: the
-connection runner contains any exception to its connection (logged, the
-connection closed), and the HTTP/2 protocol meters control frames per
-connection with a token bucket (:class:`FloodMeter`, sans-IO) and counts the
-streams its client resets before they are answered (:class:`ResetMeter`, the
-rapid-reset rule of Envoy) -- a client over either gets
-``GOAWAY(ENHANCE_YOUR_CALM)`` and is disconnected, as Envoy and nginx do, and
-no ASGI task is started for anything else it sent. The patch reaches into
-hypercorn's internals, so it is applied only to the hypercorn versions it was
-written for (:data:`SUPPORTED`), and the log says whether it was. Importing this
-module changes nothing; installing twice is harmless.
+connection runner refuses addresses in the penalty box and contains any
+exception to its connection (logged, the connection closed), and the HTTP/2
+protocol meters control frames per connection with a token bucket
+(:class:`FloodMeter`, sans-IO) and counts the streams its client resets before
+they are answered (:class:`ResetMeter`, the rapid-reset rule of Envoy) -- a
+client over either gets ``GOAWAY(ENHANCE_YOUR_CALM)`` and is disconnected, as
+Envoy and nginx do, and no ASGI task is started for anything else it sent. Its
+address then goes into the worker's :class:`PenaltyBox` (sans-IO): its new
+connections are reset at accept for a while, so reconnecting costs the attacker
+its work and the server next to nothing. Settings are keys of hypercorn's TOML
+(:class:`EdgeSettings`). The patch reaches into hypercorn's internals, so it is
+applied only to the hypercorn versions it was written for (:data:`SUPPORTED`),
+and the log says whether it was. Importing this module changes nothing;
+installing twice is harmless.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import ipaddress
 import logging
+import socket
+import struct
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
@@ -55,6 +65,10 @@ FEED_SLICE = 4096
 #: hypercorn versions (major, minor) whose internals the patch was written against.
 SUPPORTED = ((0, 18),)
 _installed = False
+#: This worker's settings (read from hypercorn's config at its first connection) and
+#: penalty box (None when turned off).
+_settings: EdgeSettings | None = None
+_box: PenaltyBox | None = None
 
 
 class FloodMeter:
@@ -131,6 +145,144 @@ def early_resets(events: list[Any], unanswered: Callable[[int], bool]) -> tuple[
     return len(opened), premature, cancelled
 
 
+class PenaltyBox:
+    """Peer addresses that misbehaved lately, refused at accept for a growing time (sans-IO).
+
+    An attacker whose connection was closed reconnects at once, and each new
+    connection costs the server its set-up and TLS handshake and h2 preface, then
+    the frames the meters let through before their verdict. Refused at accept, a
+    reconnect costs the server an accept and a close; the attacker loses what it
+    sent. The first penalty lasts ``first`` seconds, each next offence doubles it
+    up to ``longest``; an address that kept out of trouble for ``longest`` after
+    its last penalty ended starts over. At most ``capacity`` addresses are kept,
+    the one punished least recently going first, so memory stays bounded when
+    many addresses misbehave (they then get shorter memories, not more memory).
+    """
+
+    __slots__ = ("_peers", "capacity", "first", "longest", "refused")
+
+    def __init__(self, first: float, longest: float, capacity: int) -> None:
+        self.first = first
+        self.longest = longest
+        self.capacity = capacity
+        #: peer -> (offences, refused until): least recently punished first.
+        self._peers: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        #: Connections refused so far (for the log).
+        self.refused = 0
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def punish(self, peer: str, now: float) -> float:
+        """Record an offence by ``peer``; returns how long it is refused from ``now``."""
+        offences, until = self._peers.pop(peer, (0, now))
+        if now - until > self.longest:
+            offences = 0  # forgiven
+        offences = min(offences + 1, 64)  # 2**63 times any penalty is past ``longest``
+        penalty = min(self.longest, self.first * 2.0 ** (offences - 1))
+        self._peers[peer] = (offences, now + penalty)
+        while len(self._peers) > self.capacity:
+            self._peers.popitem(last=False)
+        return penalty
+
+    def refuses(self, peer: str, now: float) -> bool:
+        """Whether a connection from ``peer`` is refused at ``now`` (counted if so)."""
+        entry = self._peers.get(peer)
+        if entry is None or now >= entry[1]:
+            return False
+        self.refused += 1
+        return True
+
+
+def peer_key(host: str) -> str:
+    """The address a penalty applies to: the IPv4 address, or the IPv6 /64.
+
+    One IPv6 host usually holds a whole /64 and could take a new address for each
+    connection; an IPv4 address mapped into IPv6 is the IPv4 address.
+    """
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+    return str(ip)
+
+
+@dataclasses.dataclass(frozen=True)
+class EdgeSettings:
+    """The guard's settings, keys of hypercorn's TOML (``aiserve_`` + the field name).
+
+    hypercorn keeps keys it does not know as attributes of its config, which the
+    guard reads in the worker (see configs/hypercorn.toml).
+    """
+
+    #: The first penalty of a misbehaving address, in seconds; 0 turns the box off
+    #: (behind a proxy every client has the proxy's address).
+    penalty_first_s: float = 1.0
+    #: The longest penalty: each offence doubles the last one up to this.
+    penalty_max_s: float = 60.0
+    #: Addresses remembered at most (a few hundred bytes each).
+    penalty_peers: int = 4096
+    #: :class:`ResetMeter`'s rule.
+    h2_reset_min_streams: int = RESET_MIN_STREAMS
+    h2_reset_max_ratio: float = RESET_MAX_RATIO
+
+
+def edge_settings(config: object) -> tuple[EdgeSettings, list[str]]:
+    """:class:`EdgeSettings` from hypercorn's ``config``, and what was wrong in it.
+
+    A value of the wrong type or out of range is named in the problems and left at
+    its default (the defaults are the protective ones).
+    """
+    checks: dict[str, tuple[type, Callable[[Any], bool], str]] = {
+        "penalty_first_s": (float, lambda v: v >= 0, "a number of seconds >= 0"),
+        "penalty_max_s": (float, lambda v: v > 0, "a number of seconds > 0"),
+        "penalty_peers": (int, lambda v: v >= 1, "an integer >= 1"),
+        "h2_reset_min_streams": (int, lambda v: v >= 1, "an integer >= 1"),
+        "h2_reset_max_ratio": (float, lambda v: 0 < v <= 1, "a fraction in (0, 1]"),
+    }
+    values: dict[str, Any] = {}
+    problems = []
+    for name, (kind, ok, want) in checks.items():
+        key = f"aiserve_{name}"
+        if not hasattr(config, key):
+            continue
+        value = getattr(config, key)
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if kind is int and not isinstance(value, int):
+            numeric = False
+        if numeric and ok(value):
+            values[name] = kind(value)
+        else:
+            problems.append(f"{key} = {value!r}: must be {want}; using the default")
+    settings = EdgeSettings(**values)
+    if settings.penalty_max_s < settings.penalty_first_s:
+        problems.append(
+            f"aiserve_penalty_max_s = {settings.penalty_max_s} is below aiserve_penalty_first_s"
+            f" = {settings.penalty_first_s}; using {settings.penalty_first_s}"
+        )
+        settings = dataclasses.replace(settings, penalty_max_s=settings.penalty_first_s)
+    return settings, problems
+
+
+def configure(config: object) -> EdgeSettings:
+    """This worker's settings and penalty box, made from hypercorn's config once."""
+    global _settings, _box
+    if _settings is None:
+        settings, problems = edge_settings(config)
+        for problem in problems:
+            log.error("hypercorn config: %s", problem)
+        if settings.penalty_first_s > 0:
+            _box = PenaltyBox(
+                settings.penalty_first_s, settings.penalty_max_s, settings.penalty_peers
+            )
+        _settings = settings
+    return _settings
+
+
 def control_frames(events: list[Any]) -> int:
     """How many of h2's ``events`` are control frames a flood is made of."""
     n = 0
@@ -175,8 +327,31 @@ def install() -> str:
     original_events: Callable[[Any, list[Any]], Awaitable[None]] = H2Protocol._handle_events
     original_handle: Callable[[Any, Any], Awaitable[None]] = H2Protocol.handle
 
+    async def refused(self: Any) -> bool:
+        # Before TLS and before h2: a refusal must cost less than what it saves.
+        box = _box
+        transport = getattr(self.stream, "transport_stream", self.stream)  # TLS: the TCP below
+        sock = transport.socket
+        if box is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        try:
+            host = sock.getpeername()[0]
+        except OSError:
+            return False  # already gone: hypercorn's own code deals with it
+        if not box.refuses(peer_key(host), trio.current_time()):
+            return False
+        with contextlib.suppress(OSError):
+            # A reset, not a FIN: no TIME_WAIT kept here for it, and the client's
+            # next write fails at once.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await transport.aclose()
+        return True
+
     async def run(self: Any) -> None:
         try:
+            configure(self.config)
+            if await refused(self):
+                return
             await original_run(self)
         except Exception:
             # One connection's failure must not end the worker and, through
@@ -191,7 +366,12 @@ def install() -> str:
 
     async def calm_down(self: Any, why: str) -> None:
         self._aiserve_closed = True
-        log.warning("HTTP/2 client %s disconnected: %s", getattr(self, "client", "?"), why)
+        client = getattr(self, "client", None)
+        box = _box
+        if box is not None and client:
+            penalty = box.punish(peer_key(client[0]), trio.current_time())
+            why += f"; its address is refused for {penalty:g} s ({box.refused} refused so far)"
+        log.warning("HTTP/2 client %s disconnected: %s", client, why)
         self.connection.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         await self._flush()
         await self.send(Closed())
@@ -210,7 +390,10 @@ def install() -> str:
         if meter is None:
             meter = self.__dict__["_aiserve_meter"] = FloodMeter(now)
         if resets is None:
-            resets = self.__dict__["_aiserve_resets"] = ResetMeter()
+            settings = configure(self.config)
+            resets = self.__dict__["_aiserve_resets"] = ResetMeter(
+                settings.h2_reset_min_streams, settings.h2_reset_max_ratio
+            )
         if not meter.spend(now, control_frames(events)):
             await calm_down(self, "control-frame flood")
             return
