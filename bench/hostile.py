@@ -293,6 +293,10 @@ def _flood(port: int, seconds: float, max_frames: int, frame: Callable[..., None
     while time.monotonic() < end and sent < max_frames:
         try:
             sock = connect(port)
+        except ConnectionResetError:
+            # The server accepted and reset it before connect() returned here.
+            endings["refused at accept"] += 1
+            continue
         except OSError:
             endings["refused at connect"] += 1
             time.sleep(0.01)
