@@ -2,20 +2,35 @@
 
 Each attack runs for a bounded time and frame count while a polite HTTP/1.1
 client keeps asking for chat completions; we record what the server did to the
-attacker, the polite client's latency, and the worker's RSS before and after.
+attacker, the polite client's throughput and latency (against a no-attack
+baseline run the same way), and the worker's RSS before and after.
 
     .venv/bin/python -m bench.hostile            # writes bench/results/hostile.md
 
 tests/test_hostile.py runs the same attacks with assertions.
+
+The attacker runs in its own process (``python -m bench.hostile --attack ...``):
+as a thread next to the polite client it would hold the GIL the polite client
+needs, and slow it down with no help from the server. On a machine with two CPUs
+or more, the server's worker is pinned to the first and the attacker and the
+polite client to the others, so what the polite client loses is what the server
+lost. Each attack connects from its own loopback address (127.0.0.N), as an
+attacker elsewhere would: the server's penalty box remembers misbehaving
+addresses, and must neither punish the polite client (127.0.0.1) for it nor
+carry one attack's penalty into the next.
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
 import contextlib
 import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -41,12 +56,36 @@ GATEWAY_TOML_EDITS = {
 CHAT = json.dumps(
     {"model": "aiserve-mock", "messages": [{"role": "user", "content": "hello"}]}
 ).encode()
-
+#: The address attacks connect from (set per attack process by ``--source``).
+SOURCE = "127.0.0.1"
+#: How long each flood lasts (seconds), and the baseline measured the same way.
+FLOOD_SECONDS = 3.0
 
 
 def _code(code: int | None) -> str:
     """An h2 error code's name (h2 leaves it None when the frame carried none)."""
     return "NO_CODE" if code is None else h2.errors.ErrorCodes(code).name
+
+
+def cpu_split() -> tuple[set[int], set[int]] | None:
+    """(the server's CPUs, the clients' CPUs), or None on a one-CPU machine."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return {cpus[0]}, set(cpus[1:])
+
+
+def pin_clients() -> None:
+    """Pin the calling thread (Linux: sched_setaffinity(0) is per thread) to the clients' CPUs."""
+    split = cpu_split()
+    if split is not None:
+        os.sched_setaffinity(0, split[1])
+
+
+def connect(port: int) -> socket.socket:
+    """A connection to the server from this attack's own loopback address."""
+    return socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(SOURCE, 0))
+
 
 def gateway_config(dir_: Path) -> Path:
     text = (ROOT / "src" / "aiserve_trio" / "aiserve.toml").read_text()
@@ -91,9 +130,12 @@ class Polite:
     port: int
     latencies: list[float] = field(default_factory=list)
     failures: int = 0
+    started: float = 0.0
+    stopped: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
+        pin_clients()
         while not self._stop.is_set():
             t0 = time.perf_counter()
             try:
@@ -112,20 +154,36 @@ class Polite:
     @contextlib.contextmanager
     def during(self) -> Iterator[Polite]:
         t = threading.Thread(target=self.run, daemon=True)
+        self.started = time.perf_counter()
         t.start()
         try:
             yield self
         finally:
             self._stop.set()
+            self.stopped = time.perf_counter()
             t.join(10)
+
+    @property
+    def rate(self) -> float:
+        """Answers per second over the time it ran."""
+        return len(self.latencies) / max(self.stopped - self.started, 1e-9)
+
+    @property
+    def p99(self) -> float:
+        """The 99th-percentile latency in seconds (inf without answers)."""
+        if not self.latencies:
+            return float("inf")
+        lat = sorted(self.latencies)
+        return lat[min(len(lat) - 1, int(len(lat) * 0.99))]
 
     def summary(self) -> str:
         if not self.latencies:
             return f"0 answers, {self.failures} failures"
-        lat = sorted(self.latencies)
-        p50 = statistics.median(lat) * 1000
-        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
-        return f"{len(lat)} answers, {self.failures} failures, p50 {p50:.0f} ms, p99 {p99:.0f} ms"
+        p50 = statistics.median(self.latencies) * 1000
+        return (
+            f"{len(self.latencies)} answers ({self.rate:.1f}/s), {self.failures} failures,"
+            f" p50 {p50:.0f} ms, p99 {self.p99 * 1000:.0f} ms"
+        )
 
 
 # --- attacks: each returns what the server did ------------------------------------------
@@ -134,7 +192,7 @@ class Polite:
 def _h2(
     port: int, settings: dict[int, int] | None = None
 ) -> tuple[socket.socket, h2.connection.H2Connection]:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock = connect(port)
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     if settings:
@@ -169,53 +227,139 @@ def _watch(sock: socket.socket, conn: h2.connection.H2Connection, seconds: float
     return "connection left open"
 
 
+class _Peek:
+    """What the server has sent on one flood connection so far, read without blocking."""
+
+    def __init__(self, sock: socket.socket, conn: h2.connection.H2Connection) -> None:
+        self.sock = sock
+        self.conn = conn
+        self.got = 0
+        self.ending = ""
+
+    def poll(self) -> str:
+        """How the connection ended ("" while it is open)."""
+        timeout = self.sock.gettimeout()
+        # A socket with a timeout waits for data before it reads, MSG_DONTWAIT or not.
+        self.sock.settimeout(0.0)
+        try:
+            self._read()
+        finally:
+            self.sock.settimeout(timeout)
+        return self.ending
+
+    def _read(self) -> None:
+        while not self.ending:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                self.closed()
+                break
+            if not data:
+                self.closed()
+                break
+            self.got += len(data)
+            try:
+                for ev in self.conn.receive_data(data):
+                    if isinstance(ev, h2.events.ConnectionTerminated):
+                        self.ending = f"GOAWAY {_code(ev.error_code)}"
+            except h2.exceptions.ProtocolError:
+                self.closed()
+
+    def closed(self) -> None:
+        """The server closed or reset it: before sending a byte means refused at accept."""
+        if not self.ending:
+            self.ending = "connection closed" if self.got else "refused at accept"
+
+
+def flood_over() -> None:
+    """Tell :func:`run_attack` the flood has stopped: the watch that may follow is not timed."""
+    if _in_attack_process:
+        print("stop", flush=True)
+
+
+_in_attack_process = False
+
+
 def _flood(port: int, seconds: float, max_frames: int, frame: Callable[..., None]) -> str:
-    sock, conn = _h2(port)
+    """Frames in batches of 100 for ``seconds`` or ``max_frames``, reconnecting when closed.
+
+    Returns how the connections ended (counted) and how many frames were sent.
+    """
     end = time.monotonic() + seconds
     sent = 0
-    outcome = ""
-    try:
-        while time.monotonic() < end and sent < max_frames:
-            for _ in range(100):
-                frame(conn, sent)
-                sent += 1
+    endings: collections.Counter[str] = collections.Counter()
+    while time.monotonic() < end and sent < max_frames:
+        try:
+            sock = connect(port)
+        except ConnectionResetError:
+            # The server accepted and reset it before connect() returned here.
+            endings["refused at accept"] += 1
+            continue
+        except OSError:
+            endings["refused at connect"] += 1
+            time.sleep(0.01)
+            continue
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        peek = _Peek(sock, conn)
+        try:
             try:
                 sock.sendall(conn.data_to_send())
             except OSError:
-                outcome = "connection closed"
-                break
-        outcome = outcome or _watch(sock, conn, 2.0)
-    except h2.exceptions.ProtocolError:
-        outcome = "connection closed"
-    finally:
-        sock.close()
-    return f"{outcome} after {sent} frames"
+                peek.closed()
+            while time.monotonic() < end and sent < max_frames and not peek.poll():
+                for _ in range(100):
+                    frame(conn, sent)
+                    sent += 1
+                try:
+                    sock.sendall(conn.data_to_send())
+                except OSError:
+                    peek.poll()
+                    peek.closed()
+            if not peek.ending:
+                flood_over()
+                # The last connection, still open: see what the server does about it.
+                watched = _watch(sock, conn, 2.0)
+                peek.ending = (
+                    "refused at accept" if "reset" in watched and not peek.got else watched
+                )
+        except h2.exceptions.ProtocolError:
+            peek.closed()
+        finally:
+            sock.close()
+        endings[peek.ending] += 1
+    flood_over()
+    how = ", ".join(f"{n} {what}" for what, n in endings.most_common())
+    n = sum(endings.values())
+    return f"{n} connection{'s' if n > 1 else ''} ({how}) after {sent} frames"
 
 
-def rapid_reset(port: int, seconds: float = 2.0) -> str:
+def rapid_reset(port: int, seconds: float = FLOOD_SECONDS) -> str:
     def frame(conn: h2.connection.H2Connection, i: int) -> None:
         sid = conn.get_next_available_stream_id()
         conn.send_headers(sid, _headers(), end_stream=True)
         conn.reset_stream(sid)
 
-    return _flood(port, seconds, 50_000, frame)
+    return _flood(port, seconds, 1_000_000, frame)
 
 
-def settings_flood(port: int, seconds: float = 2.0) -> str:
+def settings_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
     def frame(conn: h2.connection.H2Connection, i: int) -> None:
         conn.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100 + i % 7})
 
-    return _flood(port, seconds, 50_000, frame)
+    return _flood(port, seconds, 1_000_000, frame)
 
 
-def ping_flood(port: int, seconds: float = 2.0) -> str:
+def ping_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
     def frame(conn: h2.connection.H2Connection, i: int) -> None:
         conn.ping(i.to_bytes(8, "big"))
 
-    return _flood(port, seconds, 50_000, frame)
+    return _flood(port, seconds, 1_000_000, frame)
 
 
-def priority_flood(port: int, seconds: float = 2.0) -> str:
+def priority_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
     """PRIORITY frames for 1,500 idle streams: hypercorn's priority tree holds at most
     1,000 and raised TooManyStreamsError out of the worker (docs/architecture.md)."""
 
@@ -324,7 +468,7 @@ def one_byte_window(port: int, seconds: float = 4.0) -> str:
 def _raw(
     port: int, payload: bytes, seconds: float, trickle: float = 0.0, prefix: bytes = b""
 ) -> str:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock = connect(port)
     sock.settimeout(0.2)
     t0 = time.monotonic()
     buf = b""
@@ -402,7 +546,15 @@ def smuggling_te_te(port: int) -> str:
     return _raw(port, req, 4.0)
 
 
+def no_attack(port: int) -> str:
+    """The baseline: the polite client alone, as long as a flood lasts."""
+    time.sleep(FLOOD_SECONDS)
+    return "nothing (the polite client alone)"
+
+
+BASELINE = "no attack (baseline)"
 ATTACKS: dict[str, Callable[[int], str]] = {
+    BASELINE: no_attack,
     "h2 rapid reset (HEADERS + RST_STREAM)": rapid_reset,
     "h2 SETTINGS flood": settings_flood,
     "h2 PING flood": ping_flood,
@@ -416,6 +568,8 @@ ATTACKS: dict[str, Callable[[int], str]] = {
     "h1 smuggling CL + TE": smuggling_cl_te,
     "h1 smuggling TE + TE": smuggling_te_te,
 }
+#: The polite client is measured for at least this long, even when an attack ends sooner.
+MIN_WINDOW = 1.0
 
 
 @dataclass
@@ -426,24 +580,67 @@ class Row:
     rss_before: float
     rss_after: float
     up: bool
+    #: The 1-minute load average when the attack ended (the whole machine's).
+    load: float
+
+
+_sources = iter(f"127.0.0.{n}" for n in range(10, 255))
 
 
 def run_attack(name: str, port: int, pid: int) -> tuple[Row, Polite]:
+    """``name`` from its own process and loopback address while the polite client runs."""
     before = rss_mb(pid)
     polite = Polite(port)
-    with polite.during():
-        time.sleep(0.2)
-        outcome = ATTACKS[name](port)
-        time.sleep(0.3)
+    cmd = [sys.executable, "-m", "bench.hostile", "--attack", name, "--port", str(port)]
+    child = subprocess.Popen(
+        [*cmd, "--source", next(_sources)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    try:
+        # The polite client is timed from when the attacker has started, not from
+        # when its interpreter began importing.
+        if child.stdout.readline().strip() != "go":
+            raise RuntimeError(f"the attacker for {name!r} did not start")
+        t0 = time.monotonic()
+        with polite.during():
+            line = child.stdout.readline()
+            time.sleep(max(0.0, MIN_WINDOW - (time.monotonic() - t0)))
+        while line.strip() == "stop":  # the flood is over; its outcome follows
+            line = child.stdout.readline()
+        outcome = str(json.loads(line)["outcome"]) if line else "the attacker failed"
+    finally:
+        child.stdout.close()
+        child.wait(30)
     up = alive(pid)
-    return Row(name, outcome, polite.summary(), before, rss_mb(pid) if up else 0.0, up), polite
+    return (
+        Row(
+            name,
+            outcome,
+            polite.summary(),
+            before,
+            rss_mb(pid) if up else 0.0,
+            up,
+            os.getloadavg()[0],
+        ),
+        polite,
+    )
+
+
+def attack_process(name: str, port: int, source: str) -> None:
+    """The attacker's side of :func:`run_attack` (``--attack``): "go", then the outcome as JSON."""
+    global SOURCE, _in_attack_process
+    SOURCE, _in_attack_process = source, True
+    pin_clients()
+    print("go", flush=True)
+    print(json.dumps({"outcome": ATTACKS[name](port)}), flush=True)
 
 
 @contextlib.contextmanager
 def gateway() -> Iterator[tuple[int, int, Path]]:
-    """A real hypercorn + gateway on a free port: (port, worker pid, error log path)."""
-    import sys
+    """A real hypercorn + gateway on a free port: (port, worker pid, error log path).
 
+    The worker is pinned to the server's CPU (see :func:`cpu_split`).
+    """
     sys.path.insert(0, str(ROOT))
     from tests.servers import hypercorn_gateway
 
@@ -453,29 +650,55 @@ def gateway() -> Iterator[tuple[int, int, Path]]:
         args = ["--access-logfile", os.devnull, "--error-logfile", str(errlog)]
         with hypercorn_gateway(cfg, extra_args=args) as (base, proc):
             port = int(base.rsplit(":", 1)[1])
-            yield port, worker_pid(proc.pid), errlog
+            pid = worker_pid(proc.pid)
+            split = cpu_split()
+            if split is not None:
+                os.sched_setaffinity(pid, split[0])
+            yield port, pid, errlog
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--attack", help="run one attack (the attacker process of run_attack)")
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--source", default="127.0.0.1")
+    args = ap.parse_args()
+    if args.attack:
+        attack_process(args.attack, args.port, args.source)
+        return
+    load_before = os.getloadavg()
     rows = []
     with gateway() as (port, pid, _):
         for name in ATTACKS:
             row, _ = run_attack(name, port, pid)
             rows.append(row)
             print(row)
+    load_after = os.getloadavg()
+    split = cpu_split()
+    pinning = (
+        f"server worker on CPU {sorted(split[0])}, attacker and polite client on CPU"
+        f" {sorted(split[1])}"
+        if split
+        else "one CPU, nothing pinned"
+    )
     out = ROOT / "bench" / "results" / "hostile.md"
     lines = [
         "# Hostile clients against hypercorn + aiserve_trio (one worker, loopback)",
         "",
-        "`.venv/bin/python -m bench.hostile`; each attack bounded to a few seconds while a",
-        "polite HTTP/1.1 client sends non-streaming chat requests on fresh connections.",
+        "`.venv/bin/python -m bench.hostile`; each attack bounded to a few seconds (floods:",
+        f"{FLOOD_SECONDS:.0f} s, in batches of 100 frames, reconnecting when closed) from its own process",
+        "and loopback address, while a polite HTTP/1.1 client sends non-streaming chat requests",
+        "on fresh connections (20 ms apart) from 127.0.0.1. The first row is the polite client",
+        f"alone for {FLOOD_SECONDS:.0f} s. {os.cpu_count()} CPUs: {pinning}.",
+        f"Load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)};"
+        f" after: {', '.join(f'{x:.2f}' for x in load_after)}.",
         "",
-        "| attack | what the server did | polite client during it | worker RSS before -> after | server up |",
-        "|---|---|---|---|---|",
+        "| attack | what the server did | polite client during it | worker RSS before -> after | server up | load (1 min) |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r.attack} | {r.outcome} | {r.polite} | {r.rss_before:.0f} -> {r.rss_after:.0f} MB | {'yes' if r.up else 'NO'} |"
+            f"| {r.attack} | {r.outcome} | {r.polite} | {r.rss_before:.0f} -> {r.rss_after:.0f} MB | {'yes' if r.up else 'NO'} | {r.load:.2f} |"
         )
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")

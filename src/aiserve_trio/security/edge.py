@@ -10,18 +10,31 @@ hypercorn 0.18 has two failure modes we measured (see docs/architecture.md):
   server work per frame with no limit, starving well-behaved clients.
 
 :func:`install` patches three methods, keeping hypercorn's own code: the
-connection runner contains any exception to its connection (logged, the
-connection closed), and the HTTP/2 protocol meters control frames per
-connection with a token bucket (:class:`FloodMeter`, sans-IO) -- a client over
-budget gets ``GOAWAY(ENHANCE_YOUR_CALM)`` and is disconnected, as Envoy and
-nginx do. The patch reaches into hypercorn's internals, so it is applied only to
-the hypercorn versions it was written for (:data:`SUPPORTED`), and the log says
-whether it was. Importing this module changes nothing; installing twice is harmless.
+connection runner refuses addresses in the penalty box and contains any
+exception to its connection (logged, the connection closed), and the HTTP/2
+protocol meters control frames per connection with a token bucket
+(:class:`FloodMeter`, sans-IO) and counts the streams its client resets before
+they are answered (:class:`ResetMeter`, the rapid-reset rule of Envoy) -- a
+client over either gets ``GOAWAY(ENHANCE_YOUR_CALM)`` and is disconnected, as
+Envoy and nginx do, and no ASGI task is started for anything else it sent. Its
+address then goes into the worker's :class:`PenaltyBox` (sans-IO): its new
+connections are reset at accept for a while, so reconnecting costs the attacker
+its work and the server next to nothing. Settings are keys of hypercorn's TOML
+(:class:`EdgeSettings`). The patch reaches into hypercorn's internals, so it is
+applied only to the hypercorn versions it was written for (:data:`SUPPORTED`),
+and the log says whether it was. Importing this module changes nothing;
+installing twice is harmless.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import ipaddress
 import logging
+import socket
+import struct
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
@@ -31,7 +44,7 @@ import h2.errors
 import h2.events as ev
 import priority.priority as priority
 import trio
-from hypercorn.events import Closed
+from hypercorn.events import Closed, RawData
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.trio.tcp_server import TCPServer
 
@@ -40,9 +53,22 @@ log = logging.getLogger("aiserve_trio.edge")
 #: Control frames a connection may send in a burst, and per second after it.
 FLOOD_BURST = 1_000
 FLOOD_RATE = 200.0
+#: A connection that opened more than this many streams is closed once more than
+#: RESET_MAX_RATIO of them were reset by its client before the server answered
+#: (Envoy: 500 streams, 50 %; fewer here, as each stream that gets that far costs
+#: a Python task, and an attacker is caught after one or two reads).
+RESET_MIN_STREAMS = 100
+RESET_MAX_RATIO = 0.5
+#: Bytes of one read handed to h2 at a time, the meters judging between slices
+#: (a few hundred small frames; a 16 KiB DATA frame arrives in four).
+FEED_SLICE = 4096
 #: hypercorn versions (major, minor) whose internals the patch was written against.
 SUPPORTED = ((0, 18),)
 _installed = False
+#: This worker's settings (read from hypercorn's config at its first connection) and
+#: penalty box (None when turned off).
+_settings: EdgeSettings | None = None
+_box: PenaltyBox | None = None
 
 
 class FloodMeter:
@@ -62,6 +88,199 @@ class FloodMeter:
         self._at = now
         self._level -= frames
         return self._level >= 0
+
+
+class ResetMeter:
+    """Streams one connection opened, and how many its client reset early (sans-IO).
+
+    Rapid reset (CVE-2023-44487) opens streams and resets them at once: each costs
+    the server a stream and an app task, the client nothing, and the resets keep
+    it under any limit on concurrent streams. A client reset before the server
+    answered is *premature*; a connection whose streams are mostly that is closed.
+    """
+
+    __slots__ = ("max_ratio", "min_streams", "premature", "streams")
+
+    def __init__(
+        self, min_streams: int = RESET_MIN_STREAMS, max_ratio: float = RESET_MAX_RATIO
+    ) -> None:
+        self.min_streams = min_streams
+        self.max_ratio = max_ratio
+        self.streams = 0
+        self.premature = 0
+
+    def count(self, opened: int, premature: int) -> bool:
+        """Add ``opened`` streams and ``premature`` resets; False once the connection is
+        over the rule (more than ``min_streams`` streams, more than ``max_ratio`` reset early)."""
+        self.streams += opened
+        self.premature += premature
+        return not (
+            self.streams > self.min_streams and self.premature > self.max_ratio * self.streams
+        )
+
+
+def early_resets(events: list[Any], unanswered: Callable[[int], bool]) -> tuple[int, int, set[int]]:
+    """Streams ``events`` open, resets by the client before an answer, streams both opened
+    and reset in ``events``.
+
+    Args:
+        events: what h2 made of one read.
+        unanswered: whether an already open stream has not been answered yet.
+    Returns:
+        (streams opened, premature resets, the ids of streams opened and reset in
+        ``events``: the client cancelled them before the server even saw them).
+    """
+    opened: set[int] = set()
+    cancelled: set[int] = set()
+    premature = 0
+    for e in events:
+        if isinstance(e, ev.RequestReceived):
+            opened.add(e.stream_id)
+        elif isinstance(e, ev.StreamReset) and e.remote_reset:
+            if e.stream_id in opened:
+                cancelled.add(e.stream_id)
+                premature += 1
+            elif unanswered(e.stream_id):
+                premature += 1
+    return len(opened), premature, cancelled
+
+
+class PenaltyBox:
+    """Peer addresses that misbehaved lately, refused at accept for a growing time (sans-IO).
+
+    An attacker whose connection was closed reconnects at once, and each new
+    connection costs the server its set-up and TLS handshake and h2 preface, then
+    the frames the meters let through before their verdict. Refused at accept, a
+    reconnect costs the server an accept and a close; the attacker loses what it
+    sent. The first penalty lasts ``first`` seconds, each next offence doubles it
+    up to ``longest``; an address that kept out of trouble for ``longest`` after
+    its last penalty ended starts over. At most ``capacity`` addresses are kept,
+    the one punished least recently going first, so memory stays bounded when
+    many addresses misbehave (they then get shorter memories, not more memory).
+    """
+
+    __slots__ = ("_peers", "capacity", "first", "longest", "refused")
+
+    def __init__(self, first: float, longest: float, capacity: int) -> None:
+        self.first = first
+        self.longest = longest
+        self.capacity = capacity
+        #: peer -> (offences, refused until): least recently punished first.
+        self._peers: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        #: Connections refused so far (for the log).
+        self.refused = 0
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def punish(self, peer: str, now: float) -> float:
+        """Record an offence by ``peer``; returns how long it is refused from ``now``."""
+        offences, until = self._peers.pop(peer, (0, now))
+        if now - until > self.longest:
+            offences = 0  # forgiven
+        offences = min(offences + 1, 64)  # 2**63 times any penalty is past ``longest``
+        penalty = min(self.longest, self.first * 2.0 ** (offences - 1))
+        self._peers[peer] = (offences, now + penalty)
+        while len(self._peers) > self.capacity:
+            self._peers.popitem(last=False)
+        return penalty
+
+    def refuses(self, peer: str, now: float) -> bool:
+        """Whether a connection from ``peer`` is refused at ``now`` (counted if so)."""
+        entry = self._peers.get(peer)
+        if entry is None or now >= entry[1]:
+            return False
+        self.refused += 1
+        return True
+
+
+def peer_key(host: str) -> str:
+    """The address a penalty applies to: the IPv4 address, or the IPv6 /64.
+
+    One IPv6 host usually holds a whole /64 and could take a new address for each
+    connection; an IPv4 address mapped into IPv6 is the IPv4 address.
+    """
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+    return str(ip)
+
+
+@dataclasses.dataclass(frozen=True)
+class EdgeSettings:
+    """The guard's settings, keys of hypercorn's TOML (``aiserve_`` + the field name).
+
+    hypercorn keeps keys it does not know as attributes of its config, which the
+    guard reads in the worker (see configs/hypercorn.toml).
+    """
+
+    #: The first penalty of a misbehaving address, in seconds; 0 turns the box off
+    #: (behind a proxy every client has the proxy's address).
+    penalty_first_s: float = 1.0
+    #: The longest penalty: each offence doubles the last one up to this.
+    penalty_max_s: float = 60.0
+    #: Addresses remembered at most (a few hundred bytes each).
+    penalty_peers: int = 4096
+    #: :class:`ResetMeter`'s rule.
+    h2_reset_min_streams: int = RESET_MIN_STREAMS
+    h2_reset_max_ratio: float = RESET_MAX_RATIO
+
+
+def edge_settings(config: object) -> tuple[EdgeSettings, list[str]]:
+    """:class:`EdgeSettings` from hypercorn's ``config``, and what was wrong in it.
+
+    A value of the wrong type or out of range is named in the problems and left at
+    its default (the defaults are the protective ones).
+    """
+    checks: dict[str, tuple[type, Callable[[Any], bool], str]] = {
+        "penalty_first_s": (float, lambda v: v >= 0, "a number of seconds >= 0"),
+        "penalty_max_s": (float, lambda v: v > 0, "a number of seconds > 0"),
+        "penalty_peers": (int, lambda v: v >= 1, "an integer >= 1"),
+        "h2_reset_min_streams": (int, lambda v: v >= 1, "an integer >= 1"),
+        "h2_reset_max_ratio": (float, lambda v: 0 < v <= 1, "a fraction in (0, 1]"),
+    }
+    values: dict[str, Any] = {}
+    problems = []
+    for name, (kind, ok, want) in checks.items():
+        key = f"aiserve_{name}"
+        if not hasattr(config, key):
+            continue
+        value = getattr(config, key)
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if kind is int and not isinstance(value, int):
+            numeric = False
+        if numeric and ok(value):
+            values[name] = kind(value)
+        else:
+            problems.append(f"{key} = {value!r}: must be {want}; using the default")
+    settings = EdgeSettings(**values)
+    if settings.penalty_max_s < settings.penalty_first_s:
+        problems.append(
+            f"aiserve_penalty_max_s = {settings.penalty_max_s} is below aiserve_penalty_first_s"
+            f" = {settings.penalty_first_s}; using {settings.penalty_first_s}"
+        )
+        settings = dataclasses.replace(settings, penalty_max_s=settings.penalty_first_s)
+    return settings, problems
+
+
+def configure(config: object) -> EdgeSettings:
+    """This worker's settings and penalty box, made from hypercorn's config once."""
+    global _settings, _box
+    if _settings is None:
+        settings, problems = edge_settings(config)
+        for problem in problems:
+            log.error("hypercorn config: %s", problem)
+        if settings.penalty_first_s > 0:
+            _box = PenaltyBox(
+                settings.penalty_first_s, settings.penalty_max_s, settings.penalty_peers
+            )
+        _settings = settings
+    return _settings
 
 
 def control_frames(events: list[Any]) -> int:
@@ -108,8 +327,31 @@ def install() -> str:
     original_events: Callable[[Any, list[Any]], Awaitable[None]] = H2Protocol._handle_events
     original_handle: Callable[[Any, Any], Awaitable[None]] = H2Protocol.handle
 
+    async def refused(self: Any) -> bool:
+        # Before TLS and before h2: a refusal must cost less than what it saves.
+        box = _box
+        transport = getattr(self.stream, "transport_stream", self.stream)  # TLS: the TCP below
+        sock = transport.socket
+        if box is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        try:
+            host = sock.getpeername()[0]
+        except OSError:
+            return False  # already gone: hypercorn's own code deals with it
+        if not box.refuses(peer_key(host), trio.current_time()):
+            return False
+        with contextlib.suppress(OSError):
+            # A reset, not a FIN: no TIME_WAIT kept here for it, and the client's
+            # next write fails at once.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await transport.aclose()
+        return True
+
     async def run(self: Any) -> None:
         try:
+            configure(self.config)
+            if await refused(self):
+                return
             await original_run(self)
         except Exception:
             # One connection's failure must not end the worker and, through
@@ -123,30 +365,78 @@ def install() -> str:
                 raise rest from None
 
     async def calm_down(self: Any, why: str) -> None:
-        log.warning("HTTP/2 client %s disconnected: %s", getattr(self, "client", "?"), why)
+        self._aiserve_closed = True
+        client = getattr(self, "client", None)
+        box = _box
+        if box is not None and client:
+            penalty = box.punish(peer_key(client[0]), trio.current_time())
+            why += f"; its address is refused for {penalty:g} s ({box.refused} refused so far)"
+        log.warning("HTTP/2 client %s disconnected: %s", client, why)
         self.connection.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         await self._flush()
         await self.send(Closed())
 
+    def unanswered(self: Any, stream_id: int) -> bool:
+        # hypercorn's stream is in state REQUEST (HANDSHAKE for a WebSocket) until
+        # the app sends the response head; a stream it no longer holds is done.
+        stream = self.streams.get(stream_id)
+        state = getattr(stream, "state", None)
+        return getattr(state, "name", "") in ("REQUEST", "HANDSHAKE")
+
     async def handle_events(self: Any, events: list[Any]) -> None:
         meter: FloodMeter | None = self.__dict__.get("_aiserve_meter")
+        resets: ResetMeter | None = self.__dict__.get("_aiserve_resets")
         now = trio.current_time()
         if meter is None:
             meter = self.__dict__["_aiserve_meter"] = FloodMeter(now)
-        if getattr(self, "_aiserve_closed", False):
-            return
+        if resets is None:
+            settings = configure(self.config)
+            resets = self.__dict__["_aiserve_resets"] = ResetMeter(
+                settings.h2_reset_min_streams, settings.h2_reset_max_ratio
+            )
         if not meter.spend(now, control_frames(events)):
-            self._aiserve_closed = True
             await calm_down(self, "control-frame flood")
             return
+        opened, premature, cancelled = early_resets(events, lambda sid: unanswered(self, sid))
+        if not resets.count(opened, premature):
+            why = f"rapid reset ({resets.premature} of {resets.streams} streams reset unanswered)"
+            await calm_down(self, why)
+            return
+        if cancelled:
+            events = skip_streams(self, events, cancelled)
         await original_events(self, events)
 
+    def skip_streams(self: Any, events: list[Any], cancelled: set[int]) -> list[Any]:
+        # Streams the client opened and reset within one read: hypercorn would start
+        # an app task for each only to cancel it. Their body bytes still count
+        # against the connection's flow-control window, so they are acknowledged.
+        kept = []
+        for e in events:
+            if getattr(e, "stream_id", None) not in cancelled:
+                kept.append(e)
+            elif isinstance(e, ev.DataReceived):
+                self.connection.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+        return kept
+
     async def handle(self: Any, event: Any) -> None:
+        if not isinstance(event, RawData):
+            await guarded_handle(self, event)
+            return
+        # hypercorn reads up to 64 KiB, and h2 parses all of it before the meters see
+        # one event: some 2,000 rapid-reset streams or 4,000 SETTINGS frames. In
+        # slices the meters judge every few hundred frames, and what follows a
+        # verdict is dropped unparsed.
+        data = event.data
+        for at in range(0, max(len(data), 1), FEED_SLICE):  # b"" (EOF) still goes through
+            if getattr(self, "_aiserve_closed", False) or self.closed:
+                return
+            await guarded_handle(self, RawData(data=data[at : at + FEED_SLICE]))
+
+    async def guarded_handle(self: Any, event: Any) -> None:
         try:
             await original_handle(self, event)
         except priority.PriorityError as exc:
             if not getattr(self, "_aiserve_closed", False):
-                self._aiserve_closed = True
                 await calm_down(self, f"priority tree refused it ({type(exc).__name__})")
 
     TCPServer.run = run  # type: ignore[method-assign]
