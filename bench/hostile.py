@@ -523,6 +523,54 @@ def slowloris_body(port: int) -> str:
     return _raw(port, b"{" + b" " * 40, 4.0, trickle=1.5, prefix=head)
 
 
+def slow_uploads(port: int, count: int = 1100, seconds: float = 6.0) -> str:
+    """1,100 connections, each sending a chat body at one byte a second (more than
+    ``max_inflight``): the rate floor and the share of slots for bodies arriving
+    must keep the polite client served."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, count + 256) if hard != resource.RLIM_INFINITY else count + 256
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n{"
+    )
+    socks: list[socket.socket] = []
+    for _ in range(count):
+        try:
+            sock = connect(port)
+            sock.setblocking(False)
+            sock.send(head)
+            socks.append(sock)
+        except OSError:
+            break
+    opened = len(socks)
+    statuses: dict[str, int] = {}
+    t0 = time.monotonic()
+    while socks and time.monotonic() - t0 < seconds:
+        for sock in list(socks):
+            try:
+                got = sock.recv(4096)
+            except BlockingIOError:
+                with contextlib.suppress(OSError):
+                    sock.send(b" ")
+                continue
+            except OSError:
+                got = b""
+            if got.startswith(b"HTTP/1.1 "):
+                code = got.split(b" ")[1].decode()
+                statuses[code] = statuses.get(code, 0) + 1
+            socks.remove(sock)
+            sock.close()
+        time.sleep(1.0)
+    for sock in socks:
+        sock.close()
+    seen = ", ".join(f"{n} x {code}" for code, n in sorted(statuses.items())) or "no answer"
+    return f"{opened} slow bodies opened: {seen} within {time.monotonic() - t0:.1f} s; {len(socks)} still open"
+
+
 def pipelined_garbage(port: int) -> str:
     ok = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     return _raw(port, ok + b"\x00\xff GARBAGE \r\n\r\n" + ok, 3.0)
@@ -564,6 +612,7 @@ ATTACKS: dict[str, Callable[[int], str]] = {
     "h2 1-byte flow-control window reader": one_byte_window,
     "h1 slowloris headers": slowloris_headers,
     "h1 slowloris body": slowloris_body,
+    "h1 1,100 uploads at 1 byte/s": slow_uploads,
     "h1 pipelined garbage": pipelined_garbage,
     "h1 smuggling CL + TE": smuggling_cl_te,
     "h1 smuggling TE + TE": smuggling_te_te,
