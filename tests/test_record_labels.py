@@ -40,7 +40,7 @@ TABLE: list[tuple[str, dict[str, Any], dict[str, str]]] = [
     ),
     (
         "the assistant's SQL does not",
-        body(user("write me a query"), {"role": "assistant", "content": "SELECT 1"}),
+        body(user("write a query"), {"role": "assistant", "content": "SELECT 1"}, user("and?")),
         {},
     ),
     (

@@ -37,6 +37,7 @@ from .observability.sched import SchedulerLag
 from .observability.tracing import Tracing, configure_otlp
 from .pipeline import Pipeline
 from .policies.registry import build_policies
+from .record.recorder import build_recorder
 from .security import edge
 from .security.gate import Gate
 from .sessions import build_bus
@@ -99,6 +100,9 @@ class App:
             )
             for rc in config.routes
         }
+        #: ``[record]``: finished requests go to it through the observer.
+        self.recorder = build_recorder(config, self.routes, self.metrics)
+        self.observer.recorder = self.recorder
         self.pipeline = Pipeline(
             config,
             self.bus,
@@ -204,6 +208,9 @@ class App:
             await adapter.aopen(nursery)
         await self.bus.aopen()
         await self.gate.aopen()
+        if self.recorder is not None:
+            # Outside the background scope: shutdown lets it write what is queued.
+            await nursery.start(self.recorder.run)
         await nursery.start(self._run_background)
         self.ready = True
         log.info(
@@ -260,6 +267,8 @@ class App:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(2.0):
                 await self.writeback.flush()
+            if self.recorder is not None:
+                await self.recorder.aclose()
             for adapter in self.adapters.values():
                 await adapter.aclose()
             await self.gate.aclose()
