@@ -18,6 +18,7 @@ from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, parse_config
 from aiserve_trio.record.line import hash_session
 from aiserve_trio.record.recorder import Chunk, Rotation
+from aiserve_trio.record.schema import decoder
 
 from .asgi_client import Client, chat_body
 from .authcfg import KEY_A, auth_toml
@@ -82,6 +83,10 @@ async def test_recorded_lines_carry_the_labels_the_rules_say(tmp_path: Path, aut
     lines = await record(tmp_path, *(b for _, b, _ in TABLE if "messages" in b))
     expected = [labels for _, b, labels in TABLE if "messages" in b]
     assert [line["labels"] for line in lines] == expected
+    # What aiserve-replay reads back.
+    records = [decoder.decode(x) for x in raw_text(tmp_path).splitlines()]
+    assert [r.labels for r in records] == expected
+    assert all(r.has_body for r in records)
 
 
 async def test_a_line_holds_route_body_headers_and_outcome(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
@@ -194,6 +199,7 @@ async def test_requests_that_never_got_a_body_are_recorded_without_one(tmp_path:
     assert line["body"] is None
     assert line["labels"] == {}
     assert line["outcome"]["status"] == "bad_request"
+    assert not decoder.decode(raw_text(tmp_path)).has_body
 
 
 async def test_only_the_routes_asked_for_are_recorded_and_sample_zero_records_none(

@@ -33,6 +33,7 @@ from ..policies.redact import GdprRedact
 from .labels import LabelRules
 from .schema import (
     CHANNEL_HEADER,
+    NO_BODY,
     SESSION_HEADER,
     TIMEOUT_HEADER,
     Record,
@@ -110,7 +111,7 @@ class LineBuilder:
             started=self.started,
             offset=round(outcome.arrival - self.clock_start, 6),
             route=path,
-            body=msgspec.Raw(body) if body is not None else None,
+            body=msgspec.Raw(body) if body is not None else NO_BODY,
             headers=headers,
             labels=labels,
             outcome=recorded_outcome(outcome),

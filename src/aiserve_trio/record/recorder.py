@@ -145,6 +145,9 @@ class ThreadDisk:
         self.directory = directory
         self._file: IO[bytes] | None = None
 
+    def __str__(self) -> str:
+        return str(self.directory)
+
     async def prepare(self) -> None:
         await trio.to_thread.run_sync(lambda: self.directory.mkdir(parents=True, exist_ok=True))
 
@@ -186,6 +189,7 @@ class Recorder:
         disk: Disk,
         rng: random.Random | None = None,
         started: float | None = None,
+        note: str = "",
     ) -> None:
         """Args:
         settings: ``[record]``.
@@ -195,6 +199,7 @@ class Recorder:
         disk: where the files go.
         rng: the sampling draw (tests seed it).
         started: Unix time in the files' names (default: now).
+        note: said in the log line when recording starts.
         """
         self.settings = settings
         self.builder = builder
@@ -211,6 +216,7 @@ class Recorder:
         self._running = False
         self._done = trio.Event()
         self._disk_failing = False
+        self._note = note
 
     # --- the request path -----------------------------------------------------
 
@@ -244,6 +250,14 @@ class Recorder:
         self.builder.started = time.time()
         self.builder.clock_start = trio.current_time()
         self._running = True
+        log.info(
+            "recording %s of routes %s to %s%s%s",
+            f"{self._sample:.0%}",
+            ", ".join(sorted(self.routes.values())),
+            self.disk,
+            "" if self.builder.redactor is not None else " (NOT redacted: redact = false)",
+            f"; {self._note}" if self._note else "",
+        )
         task_status.started()
         try:
             await self._loop()
@@ -341,14 +355,12 @@ def build_recorder(cfg: Config, routes: Mapping[str, Route], metrics: Metrics) -
     paths = set(rec.routes) or {p for p, r in routes.items() if r.config.kind == "chat"}
     recorded = {r.label: p for p, r in routes.items() if p in paths}
     key_text = os.environ.get(rec.session_key_env)
-    if key_text:
-        key = key_text.encode()
-    else:
-        key = secrets.token_bytes(32)
-        log.info(
-            "recording: %s is not set; session ids are hashed with a key of this worker only",
-            rec.session_key_env,
-        )
+    key = key_text.encode() if key_text else secrets.token_bytes(32)
+    keyed = (
+        f"session ids hashed with ${rec.session_key_env}"
+        if key_text
+        else f"${rec.session_key_env} unset: session ids hashed with a key of this worker only"
+    )
     builder = LineBuilder(
         LabelRules(rec.labels, rec.metadata_labels),
         redactor=build_policies(["gdpr-redact"], cfg)[0] if rec.redact else None,
@@ -357,12 +369,5 @@ def build_recorder(cfg: Config, routes: Mapping[str, Route], metrics: Metrics) -
         clock_start=0.0,
     )
     directory = Path(cfg.base_dir) / rec.path
-    recorder = Recorder(rec, builder, metrics, recorded, disk=ThreadDisk(directory))
-    log.info(
-        "recording %s of routes %s to %s%s",
-        f"{rec.sample:.0%}",
-        ", ".join(sorted(recorded.values())),
-        directory,
-        "" if rec.redact else " (not redacted: redact = false)",
-    )
-    return recorder
+    disk = ThreadDisk(directory)
+    return Recorder(rec, builder, metrics, recorded, disk=disk, note=keyed)

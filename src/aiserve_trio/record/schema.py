@@ -30,6 +30,8 @@ CHANNEL_HEADER = "x-channel"
 SESSION_HEADER = "x-session-id"
 TIMEOUT_HEADER = "x-request-timeout-ms"
 HEADERS = (CHANNEL_HEADER, SESSION_HEADER, TIMEOUT_HEADER)
+#: ``body`` of a request that never got past its policies.
+NO_BODY = msgspec.Raw(b"null")
 
 
 class RecordedOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -56,10 +58,16 @@ class Record(msgspec.Struct, kw_only=True):
     started: float
     offset: float
     route: str
-    body: msgspec.Raw | None
+    #: The body's JSON, or ``null`` (:data:`NO_BODY`). A Raw, not ``Raw | None``:
+    #: msgspec decodes a Raw only where the type is exactly Raw.
+    body: msgspec.Raw
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     outcome: RecordedOutcome | None = None
+
+    @property
+    def has_body(self) -> bool:
+        return bytes(self.body).strip() != b"null"
 
     @property
     def at(self) -> float:
