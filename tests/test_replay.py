@@ -184,13 +184,15 @@ def test_errors(status: int, body: bytes, stream: bool, error: str | None) -> No
     assert t.finish(0.2).error == error
 
 
-def test_a_non_streamed_reply_is_first_seen_with_its_body() -> None:
+def test_a_non_streamed_reply_has_a_total_but_no_first_token() -> None:
     t = StreamTimer(0, 0, scheduled=1.0, stream=False)
     t.head(200)
     t.feed(b'{"choices":[{"message":', 1.4)
     t.feed(b'{"content":"hi"}}]}', 1.5)
-    r = t.finish(1.5)
-    assert r.ttft == pytest.approx(0.4)
+    r = t.finish(1.6)
+    assert r.error is None
+    assert r.ttft is None
+    assert r.total == pytest.approx(0.6)
     assert r.gaps == []
 
 
@@ -319,6 +321,8 @@ def test_requests_go_to_the_route_with_the_recorded_headers_only() -> None:
     assert headers["x-request-timeout-ms"] == "800"
     assert "cookie" not in headers
     assert "authorization" not in dict(request_headers(rec, None))
+    assert "x-session-id" in headers
+    assert "x-session-id" not in dict(request_headers(rec, None, sessions=False))
 
 
 # --- the runner on the virtual clock -----------------------------------------------------

@@ -11,7 +11,10 @@ Pacing: the recorded timing divided by ``--speed`` (default), or ``--rate`` requ
 per second, or ``--concurrency`` workers back to back. ``--weights`` oversamples
 classes (``weights.py``); ``--duration`` and ``--max-requests`` bound the run (with
 neither, every record once). A progress line on stderr shows live req/s and errors
-(redrawn on a terminal, every 10 s otherwise). The report goes to ``REPORT.json``
+(redrawn on a terminal, every 10 s otherwise). Each request carries its recorded
+channel, timeout and hashed session id (``--no-sessions`` leaves the id out: a
+target with sessions would otherwise build the conversations' history again, as
+production did, and prompts grow with it). The report goes to ``REPORT.json``
 and ``REPORT.md``; with ``--compare`` the differences are printed and the exit
 status is 1 when a P99 regressed beyond ``--max-regression`` (``stats.py``).
 
@@ -121,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-requests", type=int, default=20,
         help="a label group is gated with at least this many requests in both (default 20)",
     )
+    p.add_argument(
+        "--no-sessions", action="store_true",
+        help="leave out the recorded (hashed) session ids: no history builds up on the target",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     return p
 
@@ -217,6 +224,7 @@ async def replay(
     request_timeout: float,
     max_inflight: int,
     progress_out: TextIO | None,
+    sessions: bool = True,
     transport: httpx2.AsyncBaseTransport | None = None,
 ) -> tuple[list[Result], float]:
     """Send the replay; the results and how long it took (seconds)."""
@@ -225,6 +233,7 @@ async def replay(
         target,
         api_key=key,
         max_connections=pace.concurrency or max_inflight,
+        sessions=sessions,
         transport=transport,
     )
     streams = _streams(recording)
@@ -313,6 +322,7 @@ def _main(
             request_timeout=args.timeout,
             max_inflight=args.max_inflight,
             progress_out=None if args.quiet else sys.stderr,
+            sessions=not args.no_sessions,
             transport=transport,
         )
     )

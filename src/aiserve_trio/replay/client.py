@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import httpx2
 import trio
 
-from ..record.schema import HEADERS, Record
+from ..record.schema import HEADERS, SESSION_HEADER, Record
 from .schedule import Slot
 from .timing import StreamTimer
 
@@ -29,10 +29,17 @@ def request_url(target: str, route: str) -> str:
     return target.rstrip("/") + route
 
 
-def request_headers(record: Record, api_key: str | None) -> list[tuple[str, str]]:
-    """The recorded headers that a record may carry, the content type and the key."""
+def request_headers(
+    record: Record, api_key: str | None, *, sessions: bool = True
+) -> list[tuple[str, str]]:
+    """The recorded headers that a record may carry, the content type and the key.
+
+    ``sessions``: send the (hashed) session id, so a target with sessions builds
+    the conversations' history again as the recording goes on.
+    """
+    keep = HEADERS if sessions else tuple(h for h in HEADERS if h != SESSION_HEADER)
     headers = [("content-type", "application/json"), ("user-agent", _USER_AGENT)]
-    headers += [(k, v) for k, v in record.headers.items() if k in HEADERS]
+    headers += [(k, v) for k, v in record.headers.items() if k in keep]
     if api_key:
         headers.append(("authorization", f"Bearer {api_key}"))
     return headers
@@ -48,11 +55,13 @@ class HttpSender:
         *,
         api_key: str | None,
         max_connections: int,
+        sessions: bool = True,
         transport: httpx2.AsyncBaseTransport | None = None,
     ) -> None:
         self.records = records
         self.target = target
         self.api_key = api_key
+        self.sessions = sessions
         limits = httpx2.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
@@ -65,7 +74,7 @@ class HttpSender:
         record = self.records[slot.record]
         url = request_url(self.target, record.route)
         body = bytes(record.body)
-        headers = request_headers(record, self.api_key)
+        headers = request_headers(record, self.api_key, sessions=self.sessions)
         async with self.client.stream("POST", url, content=body, headers=headers) as response:
             timer.head(response.status_code)
             async for chunk in response.aiter_bytes():

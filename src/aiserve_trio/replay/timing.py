@@ -4,8 +4,8 @@
 chunk of the body with the time it came -- and gives a :class:`Result`:
 
 - TTFT: the scheduled start to the first chunk carrying a token (content,
-  reasoning, a refusal or a tool call), or for a non-streamed reply the first
-  byte of its body (the whole answer is the first thing the client sees);
+  reasoning, a refusal or a tool call); none for a non-streamed reply, whose
+  first byte comes with its last (it would put whole answers among first tokens);
 - the gaps between successive chunks that carry tokens (several events read
   together arrived together: one chunk, no gap);
 - the total: the scheduled start to the end of the body;
@@ -93,8 +93,6 @@ class StreamTimer:
             return
         r = self.result
         if not self.stream or r.status != 200:
-            if r.ttft is None and r.status == 200:
-                r.ttft = now - r.scheduled
             self._body += data
             return
         self._buffer += data
