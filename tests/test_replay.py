@@ -325,6 +325,21 @@ def test_requests_go_to_the_route_with_the_recorded_headers_only() -> None:
     assert "x-session-id" not in dict(request_headers(rec, None, sessions=False))
 
 
+def test_the_checked_in_sample_is_what_its_script_makes_and_spans_the_classes() -> None:
+    from bench.make_sample_recording import COUNT, OUT, RATE, SEED, as_lines, generate
+
+    from aiserve_trio.record.labels import LabelRules
+    from aiserve_trio.record.settings import default_rules
+
+    assert OUT.read_bytes() == as_lines(generate(COUNT, RATE, SEED))
+    rec = read_recording([OUT])
+    assert 300 <= len(rec.records) <= COUNT
+    rules = LabelRules(default_rules(), ["intent"])
+    assert all(r.labels == rules.labels(json.loads(bytes(r.body))) for r in rec.records)
+    groups = Counter(g for r in rec.records for g in (r.labels or {"unlabelled": "true"}))
+    assert min(groups.values()) >= 40, groups
+
+
 # --- the runner on the virtual clock -----------------------------------------------------
 
 
