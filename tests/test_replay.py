@@ -461,10 +461,12 @@ def test_the_cli_replays_reports_and_sends_the_key(tmp_path: Path, monkeypatch: 
     rec = write_recording(tmp_path / "r.jsonl")
     monkeypatch.setenv("REPLAY_KEY", "aik_test_secret")
     target = SseTransport()
-    code, out = cli([str(rec), "--target", "http://gw", "--rate", "500", "--api-key-env", "REPLAY_KEY", "--report", str(tmp_path / "rep")], target)
+    code, out = cli([str(rec), "--target", "http://gw", "--rate", "500", "--api-key-env", "REPLAY_KEY", "--warmup", "3", "--report", str(tmp_path / "rep")], target)
     assert code == 0
-    assert len(target.requests) == 12
-    first = target.requests[0]
+    # Three warm-up requests, then the twelve the report counts.
+    assert len(target.requests) == 3 + 12
+    assert [json.loads(r.content)["messages"][0]["content"] for r in target.requests[:4]] == ["q0", "q1", "q2", "q0"]
+    first = target.requests[3]
     assert str(first.url) == "http://gw/v1/chat/completions"
     assert first.headers["authorization"] == "Bearer aik_test_secret"
     assert json.loads(first.content)["messages"][0]["content"] == "q0"

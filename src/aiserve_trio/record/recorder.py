@@ -368,6 +368,6 @@ def build_recorder(cfg: Config, routes: Mapping[str, Route], metrics: Metrics) -
         started=0.0,  # both set when the writer starts
         clock_start=0.0,
     )
-    directory = Path(cfg.base_dir) / rec.path
+    directory = Path(os.path.normpath(Path(cfg.base_dir) / rec.path))
     disk = ThreadDisk(directory)
     return Recorder(rec, builder, metrics, recorded, disk=disk, note=keyed)

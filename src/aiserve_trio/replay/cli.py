@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a label group is gated with at least this many requests in both (default 20)",
     )
     p.add_argument(
+        "--warmup", type=int, default=0,
+        help="send this many records first, one at a time, and leave them out of the report "
+        "(a cold target's first requests are not its latency)",
+    )
+    p.add_argument(
         "--no-sessions", action="store_true",
         help="leave out the recorded (hashed) session ids: no history builds up on the target",
     )
@@ -224,6 +229,7 @@ async def replay(
     request_timeout: float,
     max_inflight: int,
     progress_out: TextIO | None,
+    warmup: int = 0,
     sessions: bool = True,
     transport: httpx2.AsyncBaseTransport | None = None,
 ) -> tuple[list[Result], float]:
@@ -239,6 +245,15 @@ async def replay(
     streams = _streams(recording)
     progress = Progress()
     try:
+        if warmup:
+            count = len(recording.records)
+            await run(
+                plan(unpaced(), in_order(count), max_requests=warmup),
+                sender,
+                streams=streams.__getitem__,
+                concurrency=1,
+                request_timeout=request_timeout,
+            )
         async with trio.open_nursery() as nursery:
             if progress_out is not None:
                 tty = progress_out.isatty()
@@ -322,6 +337,7 @@ def _main(
             request_timeout=args.timeout,
             max_inflight=args.max_inflight,
             progress_out=None if args.quiet else sys.stderr,
+            warmup=args.warmup,
             sessions=not args.no_sessions,
             transport=transport,
         )
