@@ -4,6 +4,7 @@ what it never holds, a full buffer, disk errors, rotation, shutdown."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,7 +18,7 @@ import trio.testing
 from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, parse_config
 from aiserve_trio.record.line import hash_session
-from aiserve_trio.record.recorder import Chunk, Rotation
+from aiserve_trio.record.recorder import Chunk, Rotation, ThreadDisk
 from aiserve_trio.record.schema import decoder
 
 from .asgi_client import Client, chat_body
@@ -398,3 +399,49 @@ async def test_an_idle_file_is_closed_when_its_time_is_up(
         assert len(disk.closed) == 1  # closed with no new record to trigger it
         await client.chat(chat_body("b"))
     assert len(disk.files) == 2
+
+
+class HungFile:
+    """A file whose write never returns (a stale network mount)."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    def write(self, data: bytes) -> int:
+        self.release.wait(30)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.slow
+async def test_a_hung_disk_does_not_hold_the_apps_exit(tmp_path: Path) -> None:
+    # Real time, a real disk thread: the write blocks inside the thread, where no
+    # cancel scope reaches. Shutdown gives the writer its grace, then leaves it.
+    app = App(record_config(tmp_path))
+    assert app.recorder is not None
+    app.recorder.grace = 0.2
+    disk = app.recorder.disk
+    assert isinstance(disk, ThreadDisk)
+    release = threading.Event()
+    real_open = disk.open
+
+    async def open_hung(name: str) -> None:
+        await real_open(name)
+        assert disk._file is not None
+        disk._file.close()
+        disk._file = HungFile(release)  # type: ignore[assignment]
+
+    disk.open = open_hung  # type: ignore[method-assign]
+    t0 = trio.current_time()
+    try:
+        async with serving(app, as_lifespan=True) as client:
+            await client.chat(chat_body("x", stream=False))
+            await trio.sleep(0.1)  # the writer is now stuck in its thread
+    finally:
+        release.set()
+    assert trio.current_time() - t0 < 3.0

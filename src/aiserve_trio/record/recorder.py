@@ -168,12 +168,15 @@ class ThreadDisk:
             # recording is a sample of traffic, not a ledger.
             f.flush()
 
-        await trio.to_thread.run_sync(write)
+        # Abandoned if cancelled (only at shutdown, after the grace): a hung disk
+        # (a stale NFS mount) must not hold the app's exit. The thread finishes or
+        # dies with the process; the recording has ended either way.
+        await trio.to_thread.run_sync(write, abandon_on_cancel=True)
 
     async def close(self) -> None:
         f, self._file = self._file, None
         if f is not None:
-            await trio.to_thread.run_sync(f.close)
+            await trio.to_thread.run_sync(f.close, abandon_on_cancel=True)
 
 
 class Recorder:
@@ -217,6 +220,8 @@ class Recorder:
         self._done = trio.Event()
         self._disk_failing = False
         self._note = note
+        #: Seconds the writer gets at shutdown (and to close its file) before it is left.
+        self.grace = CLOSE_GRACE
 
     # --- the request path -----------------------------------------------------
 
@@ -262,7 +267,7 @@ class Recorder:
         try:
             await self._loop()
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
+            with trio.CancelScope(shield=True), trio.move_on_after(self.grace):
                 try:
                     await self.disk.close()
                 except OSError as exc:
@@ -331,12 +336,12 @@ class Recorder:
         except OSError as exc:
             log.warning("recording: closing the file failed: %s", exc)
 
-    async def aclose(self, grace: float = CLOSE_GRACE) -> None:
-        """Stop taking records and let the writer write what is queued (at most ``grace`` s)."""
+    async def aclose(self) -> None:
+        """Stop taking records and let the writer write what is queued (at most :attr:`grace`)."""
         self._outbox.close()
         if not self._running:
             return
-        with trio.CancelScope(shield=True), trio.move_on_after(grace):
+        with trio.CancelScope(shield=True), trio.move_on_after(self.grace):
             await self._done.wait()
 
 
