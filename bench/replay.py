@@ -82,8 +82,8 @@ def main() -> None:
     with systems.sim(SIM_ARGS) as sim, systems.gateway(
         "aiserve-replay-bench", {"/v1/chat/completions": sim.base}, auth=auth
     ) as gw:
-        common = [rel, "--target", gw.base, "--speed", f"{args.speed:g}"]
-        direct = [rel, "--target", sim.base, "--speed", f"{args.speed:g}"]
+        common = [rel, "--target", gw.base, "--speed", f"{args.speed:g}", "--warmup", "10"]
+        direct = [rel, "--target", sim.base, "--speed", f"{args.speed:g}", "--warmup", "10"]
         runs = [
             ("direct", [*direct, "--report", str(out_dir / "replay-direct")]),
             ("baseline", [*common, "--report", str(out_dir / "replay-baseline")]),
