@@ -315,14 +315,14 @@ def test_requests_go_to_the_route_with_the_recorded_headers_only() -> None:
     assert request_url("http://h:1", rec.route) == "http://h:1/v1/chat/completions"
     assert request_url("http://h:1/", rec.route) == "http://h:1/v1/chat/completions"
     assert request_url("http://h:1/v1/other", rec.route) == "http://h:1/v1/other"
-    headers = dict(request_headers(rec, "aik_x"))
+    headers = dict(request_headers(rec, "aik_x", sessions=True))
     assert headers["authorization"] == "Bearer aik_x"
     assert headers["x-channel"] == "app"
     assert headers["x-request-timeout-ms"] == "800"
     assert "cookie" not in headers
     assert "authorization" not in dict(request_headers(rec, None))
     assert "x-session-id" in headers
-    assert "x-session-id" not in dict(request_headers(rec, None, sessions=False))
+    assert "x-session-id" not in dict(request_headers(rec, None))
 
 
 def test_the_checked_in_sample_is_what_its_script_makes_and_spans_the_classes() -> None:
@@ -505,6 +505,20 @@ def test_the_cli_gate_exit_status(tmp_path: Path) -> None:
     code, out = cli([*args, "--compare", baseline("slow.json", 100.0)], SseTransport())
     assert code == 0
     assert "PASS" in out
+
+
+def test_session_ids_are_sent_only_when_asked(tmp_path: Path) -> None:
+    raw = msgspec.Raw(b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}')
+    rec = Record(started=0, offset=0, route="/v1/chat/completions", body=raw, headers={"x-session-id": "ab12", "x-channel": "app"})
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(encoder.encode(rec) + b"\n")
+    for extra, expected in (([], None), (["--sessions"], "ab12")):
+        target = SseTransport()
+        code, _ = cli([str(path), "--target", "http://gw", "--report", str(tmp_path / "x"), *extra], target)
+        assert code == 0
+        (request,) = target.requests
+        assert request.headers.get("x-session-id") == expected
+        assert request.headers["x-channel"] == "app"
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,11 @@ per second, or ``--concurrency`` workers back to back. ``--weights`` oversamples
 classes (``weights.py``); ``--duration`` and ``--max-requests`` bound the run (with
 neither, every record once). A progress line on stderr shows live req/s and errors
 (redrawn on a terminal, every 10 s otherwise). Each request carries its recorded
-channel, timeout and hashed session id (``--no-sessions`` leaves the id out: a
-target with sessions would otherwise build the conversations' history again, as
-production did, and prompts grow with it). The report goes to ``REPORT.json``
+channel and timeout; with ``--sessions`` also its hashed session id, so a target
+with sessions builds the conversations' history again as production did. Not by
+default: that history stays on the target, so a second replay against the same
+target would send longer prompts than the first, and a gate would compare unlike
+runs. The report goes to ``REPORT.json``
 and ``REPORT.md``; with ``--compare`` the differences are printed and the exit
 status is 1 when a P99 regressed beyond ``--max-regression`` (``stats.py``).
 
@@ -130,8 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(a cold target's first requests are not its latency)",
     )
     p.add_argument(
-        "--no-sessions", action="store_true",
-        help="leave out the recorded (hashed) session ids: no history builds up on the target",
+        "--sessions", action="store_true",
+        help="send the recorded (hashed) session ids: the target builds the conversations' "
+        "history again (do not replay twice against the same target then)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     return p
@@ -230,7 +233,7 @@ async def replay(
     max_inflight: int,
     progress_out: TextIO | None,
     warmup: int = 0,
-    sessions: bool = True,
+    sessions: bool = False,
     transport: httpx2.AsyncBaseTransport | None = None,
 ) -> tuple[list[Result], float]:
     """Send the replay; the results and how long it took (seconds)."""
@@ -338,7 +341,7 @@ def _main(
             max_inflight=args.max_inflight,
             progress_out=None if args.quiet else sys.stderr,
             warmup=args.warmup,
-            sessions=not args.no_sessions,
+            sessions=args.sessions,
             transport=transport,
         )
     )

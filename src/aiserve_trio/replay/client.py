@@ -30,7 +30,7 @@ def request_url(target: str, route: str) -> str:
 
 
 def request_headers(
-    record: Record, api_key: str | None, *, sessions: bool = True
+    record: Record, api_key: str | None, *, sessions: bool = False
 ) -> list[tuple[str, str]]:
     """The recorded headers that a record may carry, the content type and the key.
 
@@ -55,7 +55,7 @@ class HttpSender:
         *,
         api_key: str | None,
         max_connections: int,
-        sessions: bool = True,
+        sessions: bool = False,
         transport: httpx2.AsyncBaseTransport | None = None,
     ) -> None:
         self.records = records
