@@ -11,6 +11,9 @@ and the reply is exactly ``max_tokens`` long) and the gateway under hypercorn
    ``--max-regression`` for this setup has to allow;
 3. ``weighted``: the design's weights (``intent=sql:3.2,complexity=high:2.8,has_tools:4.0``)
    at the same arrival times: the mix moves to the expensive classes.
+4. ``sessions``: (1) with ``--sessions``: the recorded session ids sent, so the gateway
+   puts each conversation's history in front of its next request (last, so that no
+   earlier run left history behind).
 
 Writes ``bench/results/<date>/replay.md`` (the commands, each report's table, the
 comparison) and the three JSON reports next to it.
@@ -23,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from . import systems
@@ -39,6 +44,15 @@ SIM_ARGS = [
     "--prefill-overhead-ms", "20", "--prefill-per-token-ms", "0.2", "--ttft-std-ms", "3",
     "--itl-ms", "25", "--itl-std-ms", "2",
 ]
+
+
+def scheduler_lag(base: str, key: str | None) -> tuple[float, float]:
+    """``trio_scheduler_lag_seconds`` (sum, count) of the gateway: how late its event loop
+    ran tasks, which other processes on the machine make worse."""
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    text = urllib.request.urlopen(urllib.request.Request(base + "/metrics", headers=headers)).read()
+    found = dict(re.findall(rb"^trio_scheduler_lag_seconds_(sum|count) (\S+)$", text, re.M))
+    return float(found.get(b"sum", 0)), float(found.get(b"count", 0))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -101,17 +115,26 @@ def main() -> None:
                     "--report", str(out_dir / "replay-weighted"),
                 ],
             ),
+            ("sessions", [*common, "--sessions", "--report", str(out_dir / "replay-sessions")]),
         ]
         worker = gw.worker_pid()
         for name, run_args in runs:
             print(f"bench.replay: {name} ...", file=sys.stderr)
             cpu0, t0 = cpu_seconds(worker), time.monotonic()
+            lag0 = scheduler_lag(gw.base, key)
             code, text = replay(run_args, None if name == "direct" else key)
             busy = (cpu_seconds(worker) - cpu0) / (time.monotonic() - t0)
+            lag1 = scheduler_lag(gw.base, key)
+            lag_ms = 1000 * (lag1[0] - lag0[0]) / max(lag1[1] - lag0[1], 1)
             table = text.split("| group |", 1)[1] if "| group |" in text else text
             section = [f"## {name}", ""]
             if name != "direct":
-                section += [f"Gateway worker CPU while it ran: {busy:.0%} of one core.", ""]
+                section += [
+                    f"Gateway worker CPU while it ran: {busy:.0%} of one core; mean scheduler "
+                    f"lag {lag_ms:.1f} ms (`trio_scheduler_lag_seconds`, load average "
+                    f"{os.getloadavg()[0]:.1f}).",
+                    "",
+                ]
             section.append("| group |" + table.split("\nreport:", 1)[0].rstrip())
             if "compared with" in text:
                 cmp = text.split("compared with", 1)[1]
