@@ -41,6 +41,7 @@ from .observability.tracing import Tracing, configure_otlp
 from .pipeline import Pipeline
 from .policies.base import Policy, PolicyContext, redact_values
 from .policies.registry import build_policies
+from .record.recorder import build_recorder
 from .security import edge
 from .security.gate import Gate
 from .sessions import build_bus
@@ -105,6 +106,9 @@ class App:
         self.sessions = SessionEndpoints(
             config, self.bus, self.closing, self._session_tenant, self._vars_redactor()
         )
+        #: ``[record]``: finished requests go to it through the observer.
+        self.recorder = build_recorder(config, self.routes, self.metrics)
+        self.observer.recorder = self.recorder
         self.pipeline = Pipeline(
             config,
             self.bus,
@@ -216,6 +220,9 @@ class App:
             await adapter.aopen(nursery)
         await self.bus.aopen()
         await self.gate.aopen()
+        if self.recorder is not None:
+            # Outside the background scope: shutdown lets it write what is queued.
+            await nursery.start(self.recorder.run)
         await nursery.start(self._run_background)
         self.ready = True
         log.info(
@@ -272,6 +279,8 @@ class App:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(2.0):
                 await self.writeback.flush()
+            if self.recorder is not None:
+                await self.recorder.aclose()
             for adapter in self.adapters.values():
                 await adapter.aclose()
             await self.gate.aclose()

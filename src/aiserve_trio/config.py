@@ -30,6 +30,7 @@ from .decoding import decode_toml, field_error
 from .errors import ConfigError as ConfigError
 from .policies.base import PolicySpec
 from .policies.registry import build_policies, decode_policies, known_policies
+from .record.settings import RecordConfig, check_record
 from .security.auth import check_hash
 from .tenants import check_tenant
 
@@ -533,6 +534,8 @@ class Config(_Section):
     auth: AuthConfig | None = None
     #: Browsers on other origins: off unless ``[cors]`` is there.
     cors: CorsConfig | None = None
+    #: Traffic recording for ``aiserve-replay`` (off unless ``enabled``; record/settings.py).
+    record: RecordConfig = msgspec.field(default_factory=RecordConfig)
     #: Where the config came from, and the folder relative paths in it start from
     #: (both set by the loader; values written in the TOML are replaced).
     source: str = "<memory>"
@@ -645,7 +648,8 @@ def check_config(cfg: Config) -> None:
     Routes name configured adapters and known policies, paths and labels are
     unique, route deadlines leave the reserve; auth is configured, its keys are
     unique and name configured routes and channels; a Redis rate limiter has a
-    Redis session backend; ``[cors]`` allows any origin only with auth off.
+    Redis session backend; ``[cors]`` allows any origin only with auth off;
+    ``[record] routes`` are chat routes.
     Every policy a route names is built once, so a bad setting or rule pack is
     refused here rather than when the app starts.
 
@@ -713,4 +717,6 @@ def check_config(cfg: Config) -> None:
             if ms is not None and ms <= reserve_ms:
                 why = f"must exceed deadline.reserve_ms ({reserve_ms})"
                 raise fail(f"{key}.deadline.{field}", why)
+    if (problem := check_record(cfg)) is not None:
+        raise fail(*problem)
     build_policies(list(dict.fromkeys(n for r in cfg.routes for n in r.policies)), cfg)

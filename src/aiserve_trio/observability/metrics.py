@@ -146,6 +146,18 @@ class Metrics:
             "Session turn writes dropped because the outbox was full.",
             registry=r,
         )
+        self.records_written = Counter(
+            "aiserve_records_written",
+            "Requests written to the traffic recording ([record]).",
+            registry=r,
+        )
+        self.record_dropped = Counter(
+            "aiserve_record_dropped",
+            "Requests the recording dropped: its buffer was full (the disk is slow), "
+            "writing failed, or the request could not be recorded.",
+            ["reason"],
+            registry=r,
+        )
         for stage in STAGES:
             self.task_count.labels(stage)
             self.stage_latency.labels(stage)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 
     from ..errors import UpstreamError
     from ..stages.outcome import Outcome
+
+
+class RecordSink(Protocol):
+    """Takes finished requests for the traffic recording (``record.recorder.Recorder``)."""
+
+    def offer(self, outcome: Outcome) -> None:
+        """Queue ``outcome`` if it is to be recorded; never blocks."""
+        ...
 
 
 class RecentRequest(msgspec.Struct, kw_only=True):
@@ -70,6 +78,8 @@ class RequestObserver:
         self._tasks = {s: m.task_count.labels(s) for s in STAGES}
         self._latency = {s: m.stage_latency.labels(s) for s in STAGES}
         self._children: dict[tuple[Any, ...], Any] = {}
+        #: The traffic recording, when ``[record]`` is on (set by the app).
+        self.recorder: RecordSink | None = None
 
     def _child(self, metric: Counter, *values: str) -> Any:
         key = (metric, *values)
@@ -143,6 +153,8 @@ class RequestObserver:
             self._trace(outcome)
         if self.keep_recent:
             self._remember(outcome)
+        if self.recorder is not None:
+            self.recorder.offer(outcome)
 
     @staticmethod
     def _trace(outcome: Outcome) -> None:

@@ -1,0 +1,179 @@
+"""A finished request's :class:`~aiserve_trio.stages.outcome.Outcome` as one recorded line.
+
+No I/O: the recorder's writer task calls :meth:`LineBuilder.line` off the
+request path. What goes in (``schema.py`` has the format):
+
+- the body **after the route's input policies**, rebuilt from ``outcome.prepared``
+  like ``adapters/wire.py:chat_body`` rebuilds the upstream body, never from the
+  client's bytes: the client's own messages as the policies left them (the
+  session history and variables the gateway put in front stay out -- a replay
+  sends the hashed session id, so a gateway with sessions rebuilds that context),
+  the model and ``stream`` as asked, and every other top-level field as sent;
+- redaction on top (``settings.py``): the messages through the default
+  ``gdpr-redact`` when the route has no input-side ``gdpr-redact``, and the string
+  values of the other fields always, unless ``redact = false``;
+- three headers: the channel, the session id as an HMAC (a session's requests stay
+  together; the id cannot be read back or confirmed without the key), the timeout;
+- the labels of ``labels.py``, computed on the recorded body;
+- the outcome: status, TTFT, total time, tokens, stage times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..messages import Message, map_json_strings
+from ..policies.base import Policy, PolicyContext
+from ..policies.redact import GdprRedact
+from .labels import LabelRules
+from .schema import (
+    CHANNEL_HEADER,
+    NO_BODY,
+    SESSION_HEADER,
+    TIMEOUT_HEADER,
+    Record,
+    RecordedOutcome,
+    encoder,
+)
+
+if TYPE_CHECKING:
+    from ..stages.outcome import Outcome
+    from ..stages.types import Prepared, Route
+
+_any = msgspec.json.Decoder()
+
+
+def route_redacts_input(route: Route) -> bool:
+    """The route's own policies already redact personal data in the messages."""
+    return any(isinstance(p, GdprRedact) and p.on_input for p in route.policies)
+
+
+def hash_session(key: bytes, session_id: str) -> str:
+    """The session id as it is recorded: 32 hex digits of HMAC-SHA256 (a valid session id)."""
+    return hmac.new(key, session_id.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+class LineBuilder:
+    """Builds recorded lines; one per recorder."""
+
+    def __init__(
+        self,
+        rules: LabelRules,
+        *,
+        redactor: Policy | None,
+        session_key: bytes,
+        started: float,
+        clock_start: float,
+    ) -> None:
+        """Args:
+        rules: the label rules.
+        redactor: the default ``gdpr-redact`` policy; None when ``redact = false``.
+        session_key: the HMAC key session ids are hashed with.
+        started: Unix time the recording began (every line's ``started``).
+        clock_start: ``trio.current_time()`` at that moment (arrivals are on that clock).
+        """
+        self.rules = rules
+        self.redactor = redactor
+        self.session_key = session_key
+        self.started = started
+        self.clock_start = clock_start
+
+    def line(self, outcome: Outcome, path: str) -> bytes:
+        """The JSON line (with its newline) of ``outcome``, a request to route ``path``."""
+        return encoder.encode(self.record(outcome, path)) + b"\n"
+
+    def record(self, outcome: Outcome, path: str) -> Record:
+        info = outcome.info
+        body: bytes | None = None
+        labels: dict[str, str] = {}
+        if outcome.prepared is not None and info is not None:
+            body = self.body(outcome.prepared, info.route)
+            decoded = _any.decode(body)
+            labels = self.rules.labels(decoded if isinstance(decoded, Mapping) else {})
+        headers: dict[str, str] = {}
+        if info is not None:
+            headers[CHANNEL_HEADER] = info.channel
+            if info.session_id is not None:
+                headers[SESSION_HEADER] = hash_session(self.session_key, info.session_id)
+            timeout = info.headers.get(TIMEOUT_HEADER)
+            if timeout is not None and timeout.strip().isdigit():
+                headers[TIMEOUT_HEADER] = timeout.strip()
+        return Record(
+            started=self.started,
+            offset=round(outcome.arrival - self.clock_start, 6),
+            route=path,
+            body=msgspec.Raw(body) if body is not None else NO_BODY,
+            headers=headers,
+            labels=labels,
+            outcome=recorded_outcome(outcome),
+        )
+
+    def body(self, prepared: Prepared, route: Route) -> bytes:
+        """The request body as recorded (see the module docstring)."""
+        inference = prepared.inference
+        # The client's messages carry their JSON; what the gateway made (session
+        # history, the variables' system prompt) does not.
+        messages = [m for m in inference.messages if m.raw is not None]
+        redactor = self.redactor
+        if redactor is not None and not route_redacts_input(route):
+            messages = redactor.check_input(messages, _context(route))
+        out: dict[str, Any] = {
+            "model": prepared.parsed.model,
+            "messages": [m.to_raw() for m in messages],
+            "stream": prepared.parsed.stream,
+        }
+        scrub = self._scrub(route) if redactor is not None else None
+        for key, raw in inference.extra.items():
+            out[key] = _scrubbed(raw, scrub) if scrub is not None else raw
+        return encoder.encode(out)
+
+    def _scrub(self, route: Route) -> Callable[[str], str]:
+        redactor = self.redactor
+        assert redactor is not None
+        ctx = _context(route)
+
+        def scrub(text: str) -> str:
+            # Through the policy's own interface, so any redaction policy would do.
+            return redactor.check_input([Message(role="user", content=text)], ctx)[0].text()
+
+        return scrub
+
+
+def _context(route: Route) -> PolicyContext:
+    # The actions the redactor records here are not the request's: not counted.
+    return PolicyContext(route=route.label, channel="", tenant="", request_id="")
+
+
+def _scrubbed(raw: msgspec.Raw, scrub: Callable[[str], str]) -> msgspec.Raw:
+    text = bytes(raw).decode()
+    new = map_json_strings(text, scrub)
+    return raw if new == text else msgspec.Raw(new.encode())
+
+
+def recorded_outcome(outcome: Outcome) -> RecordedOutcome:
+    """What a record keeps of how the request ended."""
+    arrival = outcome.arrival
+    usage = outcome.usage
+    error = outcome.error
+    return RecordedOutcome(
+        status=outcome.status,
+        total_ms=_ms(outcome.ended - arrival),
+        ttft_ms=(
+            _ms(outcome.first_token_at - arrival) if outcome.first_token_at is not None else None
+        ),
+        prompt_tokens=usage.prompt_tokens if usage is not None else None,
+        completion_tokens=usage.completion_tokens if usage is not None else None,
+        stages_ms={name: _ms(t1 - t0) for name, (t0, t1) in outcome.stages.items()},
+        finish_reason=outcome.finish_reason,
+        error=(error.code or type(error).__name__) if error is not None else None,
+        error_stage=outcome.error_stage if outcome.status != "ok" else None,
+    )

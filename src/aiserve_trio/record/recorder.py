@@ -1,0 +1,378 @@
+"""The recorder: a bounded queue filled by the request path, a writer task, rotating files.
+
+The request path pays for one ``send_nowait``: :meth:`Recorder.offer` (called by
+the observer with each finished request) keeps the routes and the sample
+fraction ``[record]`` asks for and puts the :class:`~aiserve_trio.stages.outcome.Outcome`
+into a Trio memory channel of ``buffer`` places. When the channel is full -- the
+disk is slower than the traffic -- the record is dropped and counted
+(``aiserve_record_dropped_total{reason="buffer_full"}``); a request never waits
+for the disk.
+
+:meth:`Recorder.run`, in the app's lifetime nursery, takes what is queued in
+batches, builds the lines (``line.py``; CPU, so a checkpoint after each) and
+writes them through a :class:`Disk`: the real one does its file I/O in
+``trio.to_thread.run_sync``. Files rotate by size and by age
+(:class:`Rotation`, pure), are named
+``rec-<UTC start>-<pid>-<seq>.jsonl`` (several workers can share the directory),
+and a disk error drops that batch (counted, logged) without stopping the
+gateway. At shutdown :meth:`Recorder.aclose` closes the queue and gives the
+writer a moment to write what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Protocol
+
+import trio
+
+from ..policies.registry import build_policies
+from ..stages.outcome import Outcome
+from .labels import LabelRules
+from .line import LineBuilder
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..observability.metrics import Metrics
+    from ..stages.types import Route
+    from .settings import RecordConfig
+
+log = logging.getLogger("aiserve_trio.record")
+
+#: Records taken off the queue per write: bounds a batch's memory and the time
+#: the writer holds the event loop between checkpoints.
+MAX_BATCH = 256
+#: ``reason`` values of ``aiserve_record_dropped_total``.
+DROP_REASONS = ("buffer_full", "disk_error", "unrecordable")
+#: Seconds the writer gets at shutdown to write what is queued.
+CLOSE_GRACE = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Lines for one file: ``seq`` is the file's number; ``new_file``: start it first."""
+
+    seq: int
+    new_file: bool
+    data: bytes
+    lines: int
+
+
+class Rotation:
+    """Which file each line goes to (pure: no I/O, the clock is passed in)."""
+
+    def __init__(self, max_bytes: int, max_age: float) -> None:
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self.seq = 0
+        self.size = 0
+        #: When the current file was started (clock seconds); None: no file open.
+        self.opened_at: float | None = None
+
+    def deadline(self) -> float:
+        """When the current file must be closed (``inf`` when none is open)."""
+        return math.inf if self.opened_at is None else self.opened_at + self.max_age
+
+    def close(self) -> None:
+        """The current file is closed (its time is up, or writing to it failed)."""
+        self.opened_at = None
+        self.size = 0
+
+    def plan(self, lines: list[bytes], now: float) -> list[Chunk]:
+        """Split ``lines`` into the files they go to, starting new ones as needed.
+
+        A file is started when none is open, when the current one is ``max_age``
+        old, or when the next line would take it past ``max_bytes`` (a line larger
+        than ``max_bytes`` gets a file of its own rather than being cut).
+        """
+        chunks: list[Chunk] = []
+        pending: list[bytes] = []
+        new_file = False
+
+        def flush() -> None:
+            if pending:
+                chunks.append(Chunk(self.seq, new_file, b"".join(pending), len(pending)))
+                pending.clear()
+
+        if self.opened_at is not None and now >= self.deadline():
+            self.close()
+        for line in lines:
+            full = self.size + len(line) > self.max_bytes
+            if self.opened_at is None or full:
+                flush()
+                self.seq += 1
+                self.size = 0
+                self.opened_at = now
+                new_file = True
+            pending.append(line)
+            self.size += len(line)
+        flush()
+        return chunks
+
+
+class Disk(Protocol):
+    """Where the writer's files go; one file is open at a time."""
+
+    async def prepare(self) -> None:
+        """Make sure the files can be written (e.g. create the directory)."""
+        ...
+
+    async def open(self, name: str) -> None:
+        """Close the current file, if any, and start ``name``."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Append ``data`` to the current file."""
+        ...
+
+    async def close(self) -> None:
+        """Close the current file, if any."""
+        ...
+
+
+class ThreadDisk:
+    """Files in a directory, every blocking call in a worker thread."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._file: IO[bytes] | None = None
+
+    def __str__(self) -> str:
+        return str(self.directory)
+
+    async def prepare(self) -> None:
+        await trio.to_thread.run_sync(lambda: self.directory.mkdir(parents=True, exist_ok=True))
+
+    async def open(self, name: str) -> None:
+        await self.close()
+        path = self.directory / name
+        self._file = await trio.to_thread.run_sync(path.open, "ab")
+
+    async def write(self, data: bytes) -> None:
+        f = self._file
+        if f is None:
+            raise OSError("no recording file is open")
+
+        def write() -> None:
+            f.write(data)
+            # Flushed per batch: a line is whole on disk once its batch is written,
+            # so a crash loses at most the batch in flight. Not fsynced: a
+            # recording is a sample of traffic, not a ledger.
+            f.flush()
+
+        # Abandoned if cancelled (only at shutdown, after the grace): a hung disk
+        # (a stale NFS mount) must not hold the app's exit. The thread finishes or
+        # dies with the process; the recording has ended either way.
+        await trio.to_thread.run_sync(write, abandon_on_cancel=True)
+
+    async def close(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            await trio.to_thread.run_sync(f.close, abandon_on_cancel=True)
+
+
+class Recorder:
+    """Records finished chat requests (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: RecordConfig,
+        builder: LineBuilder,
+        metrics: Metrics,
+        routes: Mapping[str, str],
+        *,
+        disk: Disk,
+        rng: random.Random | None = None,
+        started: float | None = None,
+        note: str = "",
+    ) -> None:
+        """Args:
+        settings: ``[record]``.
+        builder: makes the lines; its ``clock_start`` is set when :meth:`run` starts.
+        metrics: where written and dropped records are counted.
+        routes: the routes recorded, label -> path.
+        disk: where the files go.
+        rng: the sampling draw (tests seed it).
+        started: Unix time in the files' names (default: now).
+        note: said in the log line when recording starts.
+        """
+        self.settings = settings
+        self.builder = builder
+        self.routes = dict(routes)
+        self.disk = disk
+        self._rng = rng or random.Random()
+        self._sample = settings.sample
+        self._outbox, self._inbox = trio.open_memory_channel[Outcome](settings.buffer)
+        self._rotation = Rotation(settings.rotate_bytes, settings.rotate_s)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started or time.time()))
+        self._prefix = f"rec-{stamp}-{os.getpid()}"
+        self._written = metrics.records_written
+        self._dropped = {r: metrics.record_dropped.labels(r) for r in DROP_REASONS}
+        self._running = False
+        self._done = trio.Event()
+        self._disk_failing = False
+        self._note = note
+        #: Seconds the writer gets at shutdown (and to close its file) before it is left.
+        self.grace = CLOSE_GRACE
+
+    # --- the request path -----------------------------------------------------
+
+    def offer(self, outcome: Outcome) -> None:
+        """Queue ``outcome`` for the writer if its route is recorded and it is sampled.
+
+        Never blocks: a full queue drops the record and counts it.
+        """
+        if outcome.route not in self.routes:
+            return
+        if self._sample < 1.0 and self._rng.random() >= self._sample:
+            return
+        try:
+            self._outbox.send_nowait(outcome)
+        except trio.WouldBlock:
+            self._dropped["buffer_full"].inc()
+        except trio.ClosedResourceError:
+            pass  # shutting down: the recording has ended
+
+    # --- the writer -----------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write queued records until :meth:`aclose` (or cancellation).
+
+        Raises:
+            OSError: the directory cannot be created (before ``task_status.started``,
+                so that the app does not start recording into nothing).
+        """
+        await self.disk.prepare()
+        # The recording starts now: every line's offset counts from here.
+        self.builder.started = time.time()
+        self.builder.clock_start = trio.current_time()
+        self._running = True
+        log.info(
+            "recording %s of routes %s to %s%s%s",
+            f"{self._sample:.0%}",
+            ", ".join(sorted(self.routes.values())),
+            self.disk,
+            "" if self.builder.redactor is not None else " (NOT redacted: redact = false)",
+            f"; {self._note}" if self._note else "",
+        )
+        task_status.started()
+        try:
+            await self._loop()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(self.grace):
+                try:
+                    await self.disk.close()
+                except OSError as exc:
+                    log.warning("recording: closing the file failed: %s", exc)
+            self._done.set()
+
+    async def _loop(self) -> None:
+        while True:
+            first: Outcome | None = None
+            with trio.move_on_at(self._rotation.deadline()):
+                try:
+                    first = await self._inbox.receive()
+                except trio.EndOfChannel:
+                    return
+            if first is None:  # the current file is as old as files get
+                self._rotation.close()
+                await self._close_file()
+                continue
+            batch = [first]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._inbox.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            await self._write(await self._lines(batch))
+
+    async def _lines(self, batch: list[Outcome]) -> list[bytes]:
+        lines = []
+        for outcome in batch:
+            try:
+                lines.append(self.builder.line(outcome, self.routes[outcome.route]))
+            except Exception:
+                # A request the builder cannot record must not stop the recording.
+                log.exception("recording: request %s could not be recorded", outcome.request_id)
+                self._dropped["unrecordable"].inc()
+            # Redaction is CPU: let the requests in flight run between records.
+            await trio.lowlevel.checkpoint()
+        return lines
+
+    async def _write(self, lines: list[bytes]) -> None:
+        chunks = self._rotation.plan(lines, trio.current_time())
+        done = 0
+        try:
+            for chunk in chunks:
+                if chunk.new_file:
+                    await self.disk.open(f"{self._prefix}-{chunk.seq:05d}.jsonl")
+                await self.disk.write(chunk.data)
+                done += chunk.lines
+                self._written.inc(chunk.lines)
+        except OSError as exc:
+            lost = sum(c.lines for c in chunks) - done
+            self._dropped["disk_error"].inc(lost)
+            if not self._disk_failing:  # once per run of failures, not per batch
+                log.warning("recording: writing failed, %d records dropped: %s", lost, exc)
+            self._disk_failing = True
+            self._rotation.close()
+            await self._close_file()
+        else:
+            if self._disk_failing:
+                log.info("recording: writing works again")
+            self._disk_failing = False
+
+    async def _close_file(self) -> None:
+        try:
+            await self.disk.close()
+        except OSError as exc:
+            log.warning("recording: closing the file failed: %s", exc)
+
+    async def aclose(self) -> None:
+        """Stop taking records and let the writer write what is queued (at most :attr:`grace`)."""
+        self._outbox.close()
+        if not self._running:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(self.grace):
+            await self._done.wait()
+
+
+def build_recorder(cfg: Config, routes: Mapping[str, Route], metrics: Metrics) -> Recorder | None:
+    """The recorder ``[record]`` asks for (None when it is off).
+
+    Args:
+        routes: the app's routes by path.
+
+    Raises:
+        ConfigError: the default ``gdpr-redact`` cannot be built.
+    """
+    rec = cfg.record
+    if not rec.enabled:
+        return None
+    paths = set(rec.routes) or {p for p, r in routes.items() if r.config.kind == "chat"}
+    recorded = {r.label: p for p, r in routes.items() if p in paths}
+    key_text = os.environ.get(rec.session_key_env)
+    key = key_text.encode() if key_text else secrets.token_bytes(32)
+    keyed = (
+        f"session ids hashed with ${rec.session_key_env}"
+        if key_text
+        else f"${rec.session_key_env} unset: session ids hashed with a key of this worker only"
+    )
+    builder = LineBuilder(
+        LabelRules(rec.labels, rec.metadata_labels),
+        redactor=build_policies(["gdpr-redact"], cfg)[0] if rec.redact else None,
+        session_key=key,
+        started=0.0,  # both set when the writer starts
+        clock_start=0.0,
+    )
+    directory = Path(os.path.normpath(Path(cfg.base_dir) / rec.path))
+    disk = ThreadDisk(directory)
+    return Recorder(rec, builder, metrics, recorded, disk=disk, note=keyed)

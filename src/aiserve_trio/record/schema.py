@@ -1,0 +1,79 @@
+"""One recorded request: the JSON line the recorder writes and ``aiserve-replay`` reads.
+
+::
+
+    {"v":1,"started":1764547200.0,"offset":12.345,"route":"/v1/chat/completions",
+     "body":{"model":"aiserve-mock","messages":[...],"stream":true,...},
+     "headers":{"x-channel":"app","x-session-id":"3f5a...","x-request-timeout-ms":"8000"},
+     "labels":{"intent":"sql","has_tools":"true"},
+     "outcome":{"status":"ok","ttft_ms":61.2,"total_ms":240.8,"prompt_tokens":42,
+                "completion_tokens":17,"stages_ms":{"parse":0.2,...}}}
+
+``started`` is when the recording began (Unix seconds; one value for every line a
+worker writes, also across its rotated files) and ``offset`` the request's arrival
+in seconds after it, so lines of several files and workers merge onto one time
+line. ``body`` is the request as the model's side saw it -- after the route's input
+policies and the recording's redaction, without the session context the gateway
+added -- or null when the request never got that far (refused, blocked).
+
+Leaf module (msgspec only): the replay tool imports it without the gateway.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+VERSION = 1
+
+#: The request headers a record keeps (never ``Authorization``, never cookies).
+CHANNEL_HEADER = "x-channel"
+SESSION_HEADER = "x-session-id"
+TIMEOUT_HEADER = "x-request-timeout-ms"
+HEADERS = (CHANNEL_HEADER, SESSION_HEADER, TIMEOUT_HEADER)
+#: ``body`` of a request that never got past its policies.
+NO_BODY = msgspec.Raw(b"null")
+
+
+class RecordedOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How the request ended when it was recorded."""
+
+    #: ``ok``, ``client_closed``, or the HTTP status's name (``gateway_timeout``...).
+    status: str
+    total_ms: float
+    ttft_ms: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    #: Milliseconds each stage worked (from getting its input to its end).
+    stages_ms: dict[str, float] = msgspec.field(default_factory=dict)
+    finish_reason: str | None = None
+    #: The error's code and the stage it came from, when it failed.
+    error: str | None = None
+    error_stage: str | None = None
+
+
+class Record(msgspec.Struct, kw_only=True):
+    """One line of a recording (see the module docstring)."""
+
+    v: int = VERSION
+    started: float
+    offset: float
+    route: str
+    #: The body's JSON, or ``null`` (:data:`NO_BODY`). A Raw, not ``Raw | None``:
+    #: msgspec decodes a Raw only where the type is exactly Raw.
+    body: msgspec.Raw
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    outcome: RecordedOutcome | None = None
+
+    @property
+    def has_body(self) -> bool:
+        return bytes(self.body).strip() != b"null"
+
+    @property
+    def at(self) -> float:
+        """Arrival, in Unix seconds."""
+        return self.started + self.offset
+
+
+encoder = msgspec.json.Encoder()
+decoder = msgspec.json.Decoder(Record)
