@@ -37,11 +37,6 @@ path = "/v1/ws"
 name = "ws"
 adapter = "ws"
 
-[[routes]]
-path = "/v1/embeddings"
-kind = "embeddings"
-adapter = "up"
-
 # Where the openai SDK finds the sim through the gateway (base_url = GATEWAY/sdk/v1)
 [[routes]]
 path = "/sdk/v1/chat/completions"

@@ -280,7 +280,7 @@ def test_embeddings_relay_the_clients_body(stack: tuple[str, str]) -> None:
     base, sim = stack
     body = b'{"model": "sim-model", "input": ["one", "two"], "dimensions": 4, "user": "u1"}'
     with httpx.Client(timeout=30) as http:
-        r = http.post(f"{base}/v1/embeddings", content=body, headers={"content-type": "application/json"})
+        r = http.post(f"{base}/sdk/v1/embeddings", content=body, headers={"content-type": "application/json"})
         got = last_upstream(http, sim)
     assert r.status_code == 200, r.text
     assert [len(d["embedding"]) for d in r.json()["data"]] == [4, 4]
