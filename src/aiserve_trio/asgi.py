@@ -13,13 +13,15 @@ import logging
 import secrets
 import sys
 import time
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 import trio
 from opentelemetry.trace import TracerProvider
 
-from .adapters import Adapter, build_adapter
+from .adapters import Adapter, build_adapters
+from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .config import Config, load_config, route_label
@@ -73,8 +75,8 @@ class App:
         self.config = config
         self.metrics = Metrics()
         self._init_observability(tracer_provider)
-        built = {n: build_adapter(n, c, self.observer) for n, c in config.adapters.items()}
-        self.adapters: dict[str, Adapter] = {**built, **(adapters or {})}
+        self.adapters: dict[str, Adapter] = build_adapters(config.adapters, self.observer, adapters)
+        self.metrics.watch_deployments(self._deployment_states)
         self.bus: SessionBus = bus if bus is not None else build_bus(config, self.metrics)
         sc = config.sessions
         self.writeback = WriteBack(
@@ -230,6 +232,14 @@ class App:
         self.sched_lag = SchedulerLag(ob.lag_interval_ms / 1000.0) if ob.scheduler_lag else None
         if self.sched_lag is not None:
             self.metrics.registry.register(self.sched_lag)
+
+    def _deployment_states(self) -> Iterator[tuple[str, str, int]]:
+        """(group, deployment, state) of every group, at scrape time."""
+        now = trio.current_time()
+        for adapter in self.adapters.values():
+            if isinstance(adapter, GroupAdapter):
+                for deployment, state in adapter.states(now):
+                    yield adapter.name, deployment, state
 
     async def _baseline_loop(self) -> None:
         """Close a baseline window every ``baseline_window_s`` and publish it."""

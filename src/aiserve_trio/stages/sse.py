@@ -60,7 +60,7 @@ class SSEStage:
             filters=prepared.filters,
             side_filters=prepared.side_filters,
         )
-        headers = response_headers(self.info, prepared)
+        headers = response_headers(self.info, prepared, first.served)
         if not asm.stream:
             asm.feed(first, trio.current_time())
             async for delta in self.inbox:
