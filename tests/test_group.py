@@ -330,6 +330,16 @@ async def test_a_hedge_that_fails_leaves_the_first_try_running(autojump_clock: A
     assert len(b.calls) == 1
 
 
+async def test_one_hedge_per_request(autojump_clock: Any) -> None:
+    # The hedge fails at once; the first try goes on alone, and no third one starts
+    # until it ends.
+    a, b, c = Fake("a", Script(ttft=1.0)), Fake("b", Script(ttft=None)), Fake("c")
+    g = group(a, b, c, hedge=True, balance="lowest_ttft", priors={"a": 0.2, "b": 0.3, "c": 0.4})
+    deltas, _ = await serve(g, budget=3.0)
+    assert text(deltas) == "a0 a1 a2 "
+    assert (len(b.calls), len(c.calls)) == (1, 0)
+
+
 # --- health on the clock ---------------------------------------------------------------------
 
 
@@ -379,6 +389,34 @@ async def test_active_probe_ejects_and_readmits(autojump_clock: Any) -> None:
         assert dict(g.states(trio.current_time()))["a"] == State.HEALTHY
         assert a.calls == []  # probes only, no request
         nursery.cancel_scope.cancel()
+
+
+async def test_a_cancelled_trial_lets_the_next_request_try(autojump_clock: Any) -> None:
+    a, b = Fake("a", Script(ttft=None)), Fake("b")
+    g = group(a, b, consecutive_failures=1, balance="lowest_ttft", priors={"a": 0.05, "b": 0.1})
+    await serve(g)
+    await trio.sleep(5.0)
+    a.scripts = [Script(ttft=2.0)]
+    with trio.move_on_after(0.5):  # the client leaves during a's trial
+        await serve(g, budget=10.0)
+    assert len(a.calls) == 2
+    a.scripts = [Script()]
+    deltas, _ = await serve(g)
+    assert text(deltas) == "a0 a1 a2 "  # a new trial, not "trial still out"
+
+
+async def test_a_fallback_that_cannot_carry_the_request_is_skipped(autojump_clock: Any) -> None:
+    a = Fake("a", Script(ttft=None))
+    plain = Fake("plain")
+    plain.capabilities = Capabilities(fields=frozenset(), parts=frozenset({"text"}))
+    last = Fake("last")
+    g = group(a, fallbacks=(plain, last))
+    req = msgspec.structs.replace(request(1.0), extra={"tools": msgspec.Raw(b"[]")})
+    send, recv = trio.open_memory_channel[Delta](100)
+    async with send:
+        await g.stream(req, send)
+    assert text([d async for d in recv]) == "last0 last1 last2 "
+    assert plain.calls == []
 
 
 async def test_nothing_available_is_a_503(autojump_clock: Any) -> None:

@@ -232,7 +232,9 @@ class _TrySink:
                 race.wake()
                 value = GroupAdapter.stamp(value, t.member, t.trimmed)
             else:
-                await trio.sleep_forever()  # lost the race: cancelled at once
+                # Lost the race: the winner cancelled this try's scope, so this
+                # raises Cancelled at once and the token never reaches the client.
+                await trio.sleep_forever()
         if value.finish_reason is not None:
             self.finished = True
         await self._out.send(value)
