@@ -388,7 +388,7 @@ async def test_active_probe_ejects_and_readmits(autojump_clock: Any) -> None:
         await trio.sleep(2.0)
         assert dict(g.states(trio.current_time()))["a"] == State.HEALTHY
         assert a.calls == []  # probes only, no request
-        nursery.cancel_scope.cancel()
+        await g.aclose()  # ends the probe: the nursery can close
 
 
 async def test_a_cancelled_trial_lets_the_next_request_try(autojump_clock: Any) -> None:

@@ -271,6 +271,7 @@ class GroupAdapter(Adapter):
         for m in members:
             self.health.add(m.name, m.prior_ttft, counted=m.fallback == 0)
         self.outstanding = dict.fromkeys((m.name for m in members), 0)
+        self._probes: trio.CancelScope | None = None
         # The route refuses what the group's own deployments cannot carry;
         # a fallback that carries less is skipped for such a request.
         self.capabilities = _common([m.adapter.capabilities for m in self.deployments])
@@ -280,20 +281,28 @@ class GroupAdapter(Adapter):
     async def aopen(self, nursery: trio.Nursery) -> None:
         """Start the active probe if ``probe_interval_ms`` is set (members open themselves)."""
         if self.config.probe_interval_ms > 0:
-            nursery.start_soon(self._probe_loop)
+            await nursery.start(self._probe_loop)
+
+    async def aclose(self) -> None:
+        """Stop the probe (the members close themselves)."""
+        if self._probes is not None:
+            self._probes.cancel(reason="adapter closed")
 
     async def ready(self) -> bool:
         """Ready while some deployment or fallback may take a request."""
         now = trio.current_time()
         return any(self.health.available(m.name, now) for m in self.members)
 
-    async def _probe_loop(self) -> None:
+    async def _probe_loop(self, *, task_status: trio.TaskStatus[None]) -> None:
         every = self.config.probe_interval_ms / 1000.0
-        while True:
-            await trio.sleep(every)
-            async with trio.open_nursery() as probes:
-                for m in self.deployments:
-                    probes.start_soon(self._probe, m)
+        # Its own scope: aclose ends it, whoever owns the nursery it runs in.
+        with trio.CancelScope() as self._probes:
+            task_status.started()
+            while True:
+                await trio.sleep(every)
+                async with trio.open_nursery() as probes:
+                    for m in self.deployments:
+                        probes.start_soon(self._probe, m)
 
     async def _probe(self, member: Member) -> None:
         ok = False
