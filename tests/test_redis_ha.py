@@ -143,7 +143,7 @@ async def run_through(app: App, fault: Any, *, workers: int = 6, seconds: float 
         switched = await trio.to_thread.run_sync(fault)
     # Every delivered turn is written once the bus answers again (the outbox drains).
     with trio.fail_after(15):
-        while len(app.writeback.outbox):
+        while len(app.writeback.outbox):  # noqa: ASYNC110 - the outbox has no event to wait on
             await trio.sleep(0.05)
     stored: dict[str, int] = {}
     for sid in {s for _, s, _, _ in seen}:

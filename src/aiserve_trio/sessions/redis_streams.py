@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 
 import coredis
 import coredis.exceptions
-from coredis.connection import TCPLocation
 import msgspec
+from coredis.connection import TCPLocation
 
 from ..messages import ToolCall
 from .bus import Event, Session, SessionBus, SessionBusError, Turn
