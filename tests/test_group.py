@@ -584,3 +584,27 @@ def test_metrics_render_outside_trio_still_works() -> None:
     app = _app()
     assert b"aiserve_upstream_deployment_state" in app.metrics.render()
 
+
+
+async def test_each_try_is_a_span_naming_its_deployment(autojump_clock: Any) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = App(
+        make_config(GROUP_TOML),
+        adapters={"a": Fake("a", Script(ttft=None)), "b": Fake("b")},
+        tracer_provider=provider,
+    )
+    g = app.adapters["pool"]
+    assert isinstance(g, GroupAdapter)
+    g.rng = random.Random(1)  # least_outstanding, a tie: this seed puts a first
+    r = await Client(app).request("POST", "/v1/pool", json_body=chat_body("hi", model="pooled"))
+    assert r.headers["x-aiserve-deployment"] == "b"
+    tries = [dict(s.attributes or {}) for s in exporter.get_finished_spans() if s.name == "upstream_attempt"]
+    assert [(t["aiserve.adapter"], t["aiserve.attempt"]) for t in tries] == [("a", 1), ("b", 2)]
+    assert tries[0]["aiserve.error_code"] == "upstream_connect_error"
+    assert "aiserve.error_code" not in tries[1]

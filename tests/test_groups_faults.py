@@ -272,3 +272,18 @@ def report_row() -> Iterator[Any]:
         with open(path, "a") as f:
             for fault, seen in rows:
                 f.write(f"| {fault} | {seen} |\n")
+
+
+async def test_the_openai_probe_is_get_models() -> None:
+    from aiserve_trio.adapters.openai import OpenAIAdapter
+
+    with sims(STREAMING) as (a,):
+        app = ha_app(a.addr, "127.0.0.1:9")  # b: nothing listens there
+        with trio.fail_after(10):
+            async with running(app):
+                sim_a, sim_b = app.adapters["sim_a"], app.adapters["sim_b"]
+                assert isinstance(sim_a, OpenAIAdapter)
+                assert await sim_a.probe()
+                assert not await sim_b.probe()
+                a.kill()
+                assert not await sim_a.probe()

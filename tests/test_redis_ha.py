@@ -203,3 +203,22 @@ async def test_sentinel_primary_killed_in_the_middle_of_a_run(redis_sentinel: Se
     # served without context meanwhile, and the other one refused with 503/504.
     assert counts["degraded"] > 0
     assert counts["ok"] > 0
+
+
+async def test_the_gateways_rate_limit_on_a_cluster(redis_cluster: Cluster) -> None:
+    from .authcfg import KEY_A, auth_toml, bearer
+
+    text = config_text().replace("[auth]\nenabled = false\n", auth_toml(rpm=3, extra='ratelimit_backend = "redis"'))
+    text = text.replace(
+        _SESSIONS,
+        f'[sessions]\nbackend = "redis"\nurl = "{redis_cluster.url}"\nkey_prefix = "rl{secrets.token_hex(4)}"',
+    )
+    # Two workers (apps) share the key's buckets through the cluster.
+    one = App(parse_config(text, source="<test>"))
+    two = App(parse_config(text, source="<test>"))
+    async with running(one), running(two):
+        statuses = []
+        for app in (one, two, one, two, one):
+            r = await Client(app).chat(chat_body(), bearer(KEY_A, **{"x-channel": "app"}))
+            statuses.append(r.status)
+    assert statuses == [200, 200, 200, 429, 429]
