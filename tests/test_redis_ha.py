@@ -222,3 +222,46 @@ async def test_the_gateways_rate_limit_on_a_cluster(redis_cluster: Cluster) -> N
             r = await Client(app).chat(chat_body(), bearer(KEY_A, **{"x-channel": "app"}))
             statuses.append(r.status)
     assert statuses == [200, 200, 200, 429, 429]
+
+
+async def test_rate_limiter_through_a_cluster_failover(redis_cluster: Cluster) -> None:
+    prefix = f"rl{secrets.token_hex(4)}"
+    one, two = RedisLimiter(redis_cluster.url, prefix), RedisLimiter(redis_cluster.url, prefix)
+    await one.aopen()
+    await two.aopen()
+    try:
+        busy = key(rpm=100_000, key_id="busy")
+        admitted = 0
+        slowest = 0.0
+
+        async def hammer(lim: RedisLimiter, until: float) -> None:
+            nonlocal admitted, slowest
+            while trio.current_time() < until:
+                t0 = trio.current_time()
+                await lim.admit(busy)  # fails open while the master moves: never raises
+                slowest = max(slowest, trio.current_time() - t0)
+                admitted += 1
+                await trio.sleep(0.005)
+
+        victim = f"{prefix}:rl:{{busy}}:req"
+        async with trio.open_nursery() as n:
+            until = trio.current_time() + 3.0
+            n.start_soon(hammer, one, until)
+            n.start_soon(hammer, two, until)
+            await trio.sleep(0.5)
+            await trio.to_thread.run_sync(redis_cluster.failover, victim)
+        assert admitted > 100
+        assert slowest <= 1.2  # a call waits at most its 1 s bound, then lets the request go
+        # After the failover the buckets count exactly again: the same slot, on its new master.
+        p = key(rpm=10, key_id="after")
+        assert redis_cluster.master_of(f"{prefix}:rl:{{after}}:req") in redis_cluster.masters()
+        refused = 0
+        for i in range(30):
+            try:
+                await (one if i % 2 else two).admit(p)
+            except RateLimited:
+                refused += 1
+        assert refused == 20
+    finally:
+        await two.aclose()
+        await one.aclose()
