@@ -43,6 +43,7 @@ pytestmark = [
 ]
 
 TENANT = "default"
+
 FAIL, DEGRADE = "/v1/fail", "/v1/degrade"
 _SESSIONS = '[sessions]\nbackend = "memory"'
 
@@ -205,25 +206,6 @@ async def test_sentinel_primary_killed_in_the_middle_of_a_run(redis_sentinel: Se
     assert counts["ok"] > 0
 
 
-async def test_the_gateways_rate_limit_on_a_cluster(redis_cluster: Cluster) -> None:
-    from .authcfg import KEY_A, auth_toml, bearer
-
-    text = config_text().replace("[auth]\nenabled = false\n", auth_toml(rpm=3, extra='ratelimit_backend = "redis"'))
-    text = text.replace(
-        _SESSIONS,
-        f'[sessions]\nbackend = "redis"\nurl = "{redis_cluster.url}"\nkey_prefix = "rl{secrets.token_hex(4)}"',
-    )
-    # Two workers (apps) share the key's buckets through the cluster.
-    one = App(parse_config(text, source="<test>"))
-    two = App(parse_config(text, source="<test>"))
-    async with running(one), running(two):
-        statuses = []
-        for app in (one, two, one, two, one):
-            r = await Client(app).chat(chat_body(), bearer(KEY_A, **{"x-channel": "app"}))
-            statuses.append(r.status)
-    assert statuses == [200, 200, 200, 429, 429]
-
-
 async def test_rate_limiter_through_a_cluster_failover(redis_cluster: Cluster) -> None:
     prefix = f"rl{secrets.token_hex(4)}"
     one, two = RedisLimiter(redis_cluster.url, prefix), RedisLimiter(redis_cluster.url, prefix)
@@ -265,3 +247,24 @@ async def test_rate_limiter_through_a_cluster_failover(redis_cluster: Cluster) -
     finally:
         await two.aclose()
         await one.aclose()
+
+
+async def test_the_gateways_rate_limit_on_a_cluster(redis_cluster: Cluster) -> None:
+    from .authcfg import KEY_A, auth_toml, bearer
+
+    auth = auth_toml(rpm=3, extra='ratelimit_backend = "redis"')
+    text = config_text().replace("[auth]\nenabled = false\n", auth)
+    text = text.replace(
+        _SESSIONS,
+        f'[sessions]\nbackend = "redis"\nurl = "{redis_cluster.url}"\n'
+        f'key_prefix = "rl{secrets.token_hex(4)}"',
+    )
+    # Two workers (apps) share the key's buckets through the cluster.
+    one = App(parse_config(text, source="<test>"))
+    two = App(parse_config(text, source="<test>"))
+    async with running(one), running(two):
+        statuses = []
+        for app in (one, two, one, two, one):
+            r = await Client(app).chat(chat_body(), bearer(KEY_A, **{"x-channel": "app"}))
+            statuses.append(r.status)
+    assert statuses == [200, 200, 200, 429, 429]

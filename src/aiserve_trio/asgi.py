@@ -272,9 +272,10 @@ class App:
                 await self.writeback.flush()
             for adapter in self.adapters.values():
                 await adapter.aclose()
-            await self.gate.aclose()
-        # Not under the shield: the bus exits task groups that startup() entered at
-        # this level, and Trio needs cancel scopes closed in the order they opened.
+        # Not under the shield: the gate's Redis limiter and the bus exit task groups
+        # that startup() entered at this level (in that order), and Trio needs cancel
+        # scopes closed in the reverse order they opened.
+        await self.gate.aclose()
         await self.bus.aclose()
 
     # --- HTTP ----------------------------------------------------------------
