@@ -250,6 +250,18 @@ async def test_a_too_slow_try_is_cut_while_the_next_still_fits(autojump_clock: A
     assert g.health.expected_ttft("a") > 0.05
 
 
+async def test_the_cut_leaves_the_next_one_its_usual_reply(autojump_clock: Any) -> None:
+    # b begins in 100 ms but its replies take 300 ms: a is given up 300 ms before
+    # the deadline, so that b's answer ends in time rather than being cut.
+    a, b = Fake("a", Script(ttft=5.0)), Fake("b", Script(ttft=0.1, tokens=11, gap=0.02))
+    g = group(a, b, balance="lowest_ttft", priors={"a": 0.05, "b": 0.1})
+    g.health.window("b").expected_reply = 0.3
+    deltas, took = await serve(g, budget=1.0)
+    assert deltas[-1].finish_reason == "stop"
+    assert b.calls[0][0] - a.calls[0][0] == pytest.approx(0.7)
+    assert took == pytest.approx(0.7 + 0.1 + 10 * 0.02)
+
+
 async def test_a_deployment_that_cannot_fit_is_skipped(autojump_clock: Any) -> None:
     a, b = Fake("a"), Fake("b")
     g = group(a, b, balance="lowest_ttft", priors={"a": 0.01, "b": 0.1})

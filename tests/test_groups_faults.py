@@ -210,6 +210,7 @@ async def test_both_down_the_fallback_serves(report_row: Any) -> None:
 async def test_a_slowed_deployment_beyond_the_budget(report_row: Any) -> None:
     slow = ["--prefill-overhead-ms", "3000", *STREAMING[2:]]
     with sims(slow, STREAMING) as (a, b):
+        # A try cut on sim_a leaves sim_b its usual whole reply (about 160 ms here).
         app = ha_app(a.addr, b.addr, balance='"lowest_ttft"')
         outcomes: list[tuple[Response, float]] = []
         with trio.fail_after(30):

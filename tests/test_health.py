@@ -70,6 +70,15 @@ def test_expected_ttft_starts_at_the_prior_and_follows_the_ewma() -> None:
     assert w.expected_ttft == pytest.approx(1.8)
 
 
+def test_expected_reply_follows_successful_replies_only() -> None:
+    w = HealthWindow(10.0, prior_ttft=0.2, alpha=0.5)
+    assert w.expected_reply == 0.2
+    w.record(0.0, True, 0.05, duration=0.6)
+    assert w.expected_reply == pytest.approx(0.4)
+    w.record(0.1, False, 0.05, duration=5.0)  # a broken reply says nothing of a whole one
+    assert w.expected_reply == pytest.approx(0.4)
+
+
 def test_p95_of_the_window_or_the_prior() -> None:
     w = HealthWindow(10.0, prior_ttft=0.7)
     assert w.ttft_p95(0.0) == 0.7

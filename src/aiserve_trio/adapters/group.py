@@ -435,16 +435,17 @@ class GroupAdapter(Adapter):
 
     def _cutoff(self, member: Member, pending: list[Member], now: float, deadline: float) -> float:
         """When a try of ``member`` starting ``now`` is too slow: it has had its own P95
-        TTFT and waiting longer would leave the next candidate that fits now no room.
+        TTFT and waiting longer would leave the next candidate that fits now less
+        than its usual whole reply (its TTFT alone would leave it a cut stream).
 
         If the next candidate's room runs out before ``member`` is even overdue,
         the try is not cut (inf): it is the better bet, and the request commits to it.
         """
         left = deadline - now
         for nxt in pending:
-            expected = self._expected(nxt)
-            if expected <= left + _SLACK:
-                cut = deadline - expected
+            if self._expected(nxt) <= left + _SLACK:
+                room = max(self._expected(nxt), self.health.expected_reply(nxt.name))
+                cut = deadline - min(room, left)
                 overdue = now + self.health.window(member.name).ttft_p95(now)
                 return cut if cut >= overdue else math.inf
         return math.inf
@@ -511,7 +512,9 @@ class GroupAdapter(Adapter):
         ttft: float | None = (t.first_at if t.first_at is not None else now) - t.started
         if not ok and not timeout and t.first_at is None:
             ttft = None  # failed fast: says nothing of its TTFT
-        state = self.health.record(t.member.name, now, ok, ttft, timeout=timeout)
+        state = self.health.record(
+            t.member.name, now, ok, ttft, timeout=timeout, duration=now - t.started
+        )
         self._changed(t.member.name, state)
 
     def _final_error(self, race: _Race, refused: list[BadRequest]) -> GatewayError:

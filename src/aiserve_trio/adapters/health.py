@@ -138,7 +138,9 @@ def quantile(values: Iterable[float], q: float) -> float | None:
 class HealthWindow:
     """One deployment's recent tries."""
 
-    __slots__ = ("_alpha", "_samples", "_streak", "expected_ttft", "prior", "window")
+    __slots__ = (
+        "_alpha", "_samples", "_streak", "expected_reply", "expected_ttft", "prior", "window"
+    )  # fmt: skip
 
     def __init__(self, window: float, prior_ttft: float, alpha: float = 0.3) -> None:
         self.window = window
@@ -150,14 +152,27 @@ class HealthWindow:
         #: EWMA of the first-token times (a timed-out try counts with the time it
         #: was given: a lower bound, so the estimate moves the right way).
         self.expected_ttft = prior_ttft
+        #: EWMA of whole successful replies (start to final delta): the room a
+        #: candidate needs to answer, not only to begin.
+        self.expected_reply = prior_ttft
 
-    def record(self, now: float, ok: bool, ttft: float | None, *, timeout: bool = False) -> None:
+    def record(
+        self,
+        now: float,
+        ok: bool,
+        ttft: float | None,
+        *,
+        timeout: bool = False,
+        duration: float | None = None,
+    ) -> None:
         """One try ended at ``now``: ``ok`` or not, its TTFT if a token came (or
-        the time it waited, for a timeout)."""
+        the time it waited, for a timeout), and how long a successful one took."""
         self._samples.append((now, ok, timeout and not ok, ttft))
         self._streak = 0 if ok else self._streak + 1
         if ttft is not None:
             self.expected_ttft += self._alpha * (ttft - self.expected_ttft)
+        if ok and duration is not None:
+            self.expected_reply += self._alpha * (duration - self.expected_reply)
         self._prune(now)
 
     def _prune(self, now: float) -> None:
@@ -257,6 +272,9 @@ class Outliers:
     def expected_ttft(self, name: str) -> float:
         return self._tracked[name].window.expected_ttft
 
+    def expected_reply(self, name: str) -> float:
+        return self._tracked[name].window.expected_reply
+
     def available(self, name: str, now: float) -> bool:
         """Whether a request may go to ``name`` now (a probing one: if no trial is out)."""
         t = self._tracked[name]
@@ -281,11 +299,18 @@ class Outliers:
         return out < allowed
 
     def record(
-        self, name: str, now: float, ok: bool, ttft: float | None, *, timeout: bool = False
+        self,
+        name: str,
+        now: float,
+        ok: bool,
+        ttft: float | None,
+        *,
+        timeout: bool = False,
+        duration: float | None = None,
     ) -> State:
         """One try of ``name`` ended; returns its state afterwards."""
         t = self._tracked[name]
-        t.window.record(now, ok, ttft, timeout=timeout)
+        t.window.record(now, ok, ttft, timeout=timeout, duration=duration)
         circuit = t.circuit
         state = circuit.poll(now, self.policy)
         if state is State.PROBING and circuit.trial:
