@@ -275,11 +275,21 @@ async def test_a_fallback_never_starts_when_it_cannot_fit(report_row: Any) -> No
 def report_row() -> Iterator[Any]:
     """Rows for ``$AISERVE_GROUP_REPORT`` (a markdown table), when set."""
     import os
+    import time
 
     rows: list[tuple[str, str]] = []
     yield lambda fault, seen: rows.append((fault, seen))
     path = os.environ.get("AISERVE_GROUP_REPORT")
     if path and rows:
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write(
+                    "# Deployment groups under faults (real aiserve-sim processes)\n\n"
+                    f"`AISERVE_GROUP_REPORT={path} .venv/bin/pytest -q tests/test_groups_faults.py`"
+                    f" on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; the gateway "
+                    "in-process on real time with configs/examples/ha.toml.\n\n"
+                    "| fault | what the clients saw |\n|---|---|\n"
+                )
         with open(path, "a") as f:
             for fault, seen in rows:
                 f.write(f"| {fault} | {seen} |\n")
