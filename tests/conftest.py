@@ -11,6 +11,7 @@ from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, default_config_text, parse_config
 
 from .asgi_client import Client
+from .redis_cluster import redis_cluster, redis_sentinel  # noqa: F401 - shared session fixtures
 from .redis_server import redis_server, redis_up  # noqa: F401 - shared session fixtures
 from .servers import hypercorn_gateway
 

@@ -30,3 +30,24 @@ def test_sim_examples_point_at_the_default_sim_address() -> None:
     assert http.base_url == "http://127.0.0.1:8100/v1"
     assert isinstance(ws, VllmWsAdapterConfig)
     assert ws.url == "ws://127.0.0.1:8100/v1/ws"
+
+
+def test_ha_example_is_a_group_of_two_sims_with_fallbacks() -> None:
+    from aiserve_trio.adapters import build_adapters
+    from aiserve_trio.adapters.group import GroupAdapter
+    from aiserve_trio.config import GroupAdapterConfig
+
+    cfg = load_config(EXAMPLES / "ha.toml")
+    ha = cfg.adapters["ha"]
+    assert isinstance(ha, GroupAdapterConfig)
+    urls = [cfg.adapters[d.adapter] for d in ha.deployments]
+    assert [u.base_url for u in urls if isinstance(u, OpenAIAdapterConfig)] == [
+        "http://127.0.0.1:8101/v1",
+        "http://127.0.0.1:8102/v1",
+    ]
+    assert ha.fallbacks == ["small", "sorry"]
+    assert cfg.routes[0].adapter == "ha"
+    group = build_adapters(cfg.adapters)["ha"]
+    assert isinstance(group, GroupAdapter)
+    assert [m.fallback for m in group.members] == [0, 0, 1, 2]
+    assert group.health.expected_ttft("sorry") == 0.005

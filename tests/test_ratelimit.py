@@ -132,3 +132,28 @@ async def test_redis_limiter_is_shared_and_atomic(redis_up: RedisServer) -> None
     finally:
         await two.aclose()  # entered last, left first: coredis pools nest
         await one.aclose()
+
+
+@pytest.mark.slow
+async def test_two_gateways_share_the_redis_limit_and_shut_down_cleanly(redis_up: RedisServer) -> None:
+    # Through the apps' own start-up and shutdown: the limiter's Redis client is
+    # entered after the session bus's and must be closed before it, outside the
+    # shutdown shield (Trio closes cancel scopes in reverse order of opening).
+    import secrets
+
+    from aiserve_trio.asgi import App
+    from aiserve_trio.config import parse_config
+
+    from .conftest import config_text
+    from .test_sessions_http import running
+
+    sessions = f'[sessions]\nbackend = "redis"\nurl = "{redis_up.url}"\nkey_prefix = "rl{secrets.token_hex(4)}"'
+    text = config_text().replace("[auth]\nenabled = false\n", auth_toml(rpm=3, extra='ratelimit_backend = "redis"'))
+    text = text.replace('[sessions]\nbackend = "memory"', sessions)
+    one, two = App(parse_config(text, source="<test>")), App(parse_config(text, source="<test>"))
+    async with running(one), running(two):
+        statuses = []
+        for app in (one, two, one, two, one):
+            r = await Client(app).chat(chat_body(), bearer(KEY_A, **{"x-channel": "app"}))
+            statuses.append(r.status)
+    assert statuses == [200, 200, 200, 429, 429]

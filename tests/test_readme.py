@@ -92,3 +92,19 @@ def test_x_sim_fault_sent_to_the_gateway_changes_nothing(tmp_path: Path):
     assert out.startswith("HTTP/1.1 200")
     assert '"faults":{}' in stats
     assert "The gateway does not pass a client's `X-Sim-Fault` on" in " ".join(README.split())
+
+
+def test_the_ha_example_runs_as_the_readme_says(tmp_path: Path):
+    commands = sh_block("configs/examples/ha.toml", "--bind 127.0.0.1:8101")
+    sims = [shlex.split(c, comments=True) for c in commands if "aiserve-sim" in c]
+    assert [s[1:3] for s in sims] == [["--bind", "127.0.0.1:8101"], ["--bind", "127.0.0.1:8102"]]
+    (curl,) = [c for c in commands if c.startswith("curl")]
+    config = (ROOT / "configs/examples/ha.toml").read_text()
+    with run_sim() as a, run_sim() as b:
+        cfg = tmp_path / "ha.toml"
+        cfg.write_text(config.replace("127.0.0.1:8101", a).replace("127.0.0.1:8102", b))
+        with hypercorn_gateway(cfg) as (base, _):
+            out = run(curl, gateway=base)
+    headers = dict(line.split(": ", 1) for line in out.strip().splitlines())
+    assert headers["x-aiserve-deployment"] in ("sim_a", "sim_b")
+    assert headers["x-aiserve-fallback"] == "0"

@@ -13,14 +13,15 @@ import logging
 import secrets
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
 import trio
 from opentelemetry.trace import TracerProvider
 
-from .adapters import Adapter, build_adapter
+from .adapters import Adapter, build_adapters
+from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .config import Config, load_config, route_label
@@ -78,8 +79,8 @@ class App:
         self.config = config
         self.metrics = Metrics()
         self._init_observability(tracer_provider)
-        built = {n: build_adapter(n, c, self.observer) for n, c in config.adapters.items()}
-        self.adapters: dict[str, Adapter] = {**built, **(adapters or {})}
+        self.adapters: dict[str, Adapter] = build_adapters(config.adapters, self.observer, adapters)
+        self.metrics.watch_deployments(self._deployment_states)
         self.bus: SessionBus = bus if bus is not None else build_bus(config, self.metrics)
         sc = config.sessions
         self.writeback = WriteBack(
@@ -250,6 +251,14 @@ class App:
         if self.sched_lag is not None:
             self.metrics.registry.register(self.sched_lag)
 
+    def _deployment_states(self) -> Iterator[tuple[str, str, int]]:
+        """(group, deployment, state) of every group, at scrape time."""
+        now = trio.current_time()
+        for adapter in self.adapters.values():
+            if isinstance(adapter, GroupAdapter):
+                for deployment, state in adapter.states(now):
+                    yield adapter.name, deployment, state
+
     async def _baseline_loop(self) -> None:
         """Close a baseline window every ``baseline_window_s`` and publish it."""
         self.baseline.restart(trio.current_time())
@@ -283,9 +292,10 @@ class App:
                 await self.recorder.aclose()
             for adapter in self.adapters.values():
                 await adapter.aclose()
-            await self.gate.aclose()
-        # Not under the shield: the bus exits task groups that startup() entered at
-        # this level, and Trio needs cancel scopes closed in the order they opened.
+        # Not under the shield: the gate's Redis limiter and the bus exit task groups
+        # that startup() entered at this level (in that order), and Trio needs cancel
+        # scopes closed in the reverse order they opened.
+        await self.gate.aclose()
         await self.bus.aclose()
 
     # --- HTTP ----------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -264,7 +265,80 @@ class VllmWsAdapterConfig(_Section, tag="vllm_ws", tag_field="kind"):
         _models(self.models)
 
 
-AdapterConfig = MockAdapterConfig | OpenAIAdapterConfig | VllmWsAdapterConfig
+class GroupDeployment(_Section):
+    """One deployment of a group: a configured adapter and its share of the traffic."""
+
+    adapter: str
+    #: Relative share (``balance = "weighted"``); divides the outstanding count otherwise.
+    weight: float = 1.0
+    #: Expected time to first token before any is measured; default: the group's.
+    ttft_prior_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        _positive(self, "weight")
+        if self.ttft_prior_ms is not None and self.ttft_prior_ms < 0:
+            raise field_error("ttft_prior_ms", "must not be negative")
+
+
+class GroupAdapterConfig(_Section, tag="group", tag_field="kind"):
+    """Several adapters serving the same models, with fallbacks (``adapters/group.py``)."""
+
+    models: list[str]
+    deployments: list[GroupDeployment]
+    #: How a request picks its deployment.
+    balance: Literal["least_outstanding", "weighted", "lowest_ttft"] = "least_outstanding"
+    #: Other adapters or groups, tried in order once every deployment failed.
+    fallbacks: list[str] = msgspec.field(default_factory=list)
+    #: A second try on another deployment when the first has no token after its P95 TTFT.
+    hedge: bool = False
+    #: Expected TTFT of a deployment or fallback before any is measured (a mock: its ttft_ms).
+    ttft_prior_ms: float = 500.0
+    #: Per fallback adapter: its expected TTFT before any is measured.
+    fallback_ttft_prior_ms: dict[str, float] = msgspec.field(default_factory=dict)
+    #: Passive health: the sliding window and what ejects a deployment.
+    window_s: float = 30.0
+    min_requests: int = 5
+    max_error_rate: float = 0.5
+    max_timeout_rate: float = 0.5
+    consecutive_failures: int = 5
+    #: Eject when the window's P95 TTFT exceeds this (0: never for TTFT).
+    max_ttft_p95_ms: float = 0.0
+    #: Cool-down: base x consecutive ejections, at most max.
+    base_ejection_ms: int = 5_000
+    max_ejection_ms: int = 300_000
+    max_ejected_percent: int = 50
+    #: Active health: a probe of each deployment every this many ms (0: off).
+    probe_interval_ms: int = 0
+    probe_timeout_ms: int = 1_000
+
+    def __post_init__(self) -> None:
+        _models(self.models)
+        if not self.deployments:
+            raise field_error("deployments", "must name at least one deployment")
+        names = [d.adapter for d in self.deployments] + self.fallbacks
+        for name in names:
+            if names.count(name) > 1:
+                raise field_error("deployments", f"{name!r} is named more than once")
+        _positive(self, "window_s", "min_requests", "consecutive_failures")
+        _positive(self, "base_ejection_ms", "max_ejection_ms", "probe_timeout_ms")
+        for key in ("max_error_rate", "max_timeout_rate"):
+            if not 0.0 < getattr(self, key) <= 1.0:
+                raise field_error(key, "must be in (0, 1]")
+        if not 0 <= self.max_ejected_percent <= 100:
+            raise field_error("max_ejected_percent", "must be between 0 and 100")
+        if self.max_ejection_ms < self.base_ejection_ms:
+            raise field_error("max_ejection_ms", "must not be less than base_ejection_ms")
+        for key in ("ttft_prior_ms", "max_ttft_p95_ms", "probe_interval_ms"):
+            if getattr(self, key) < 0:
+                raise field_error(key, "must not be negative")
+        for name, ms in self.fallback_ttft_prior_ms.items():
+            if name not in self.fallbacks:
+                raise field_error("fallback_ttft_prior_ms", f"{name!r} is not a fallback")
+            if ms < 0:
+                raise field_error("fallback_ttft_prior_ms", "must not be negative")
+
+
+AdapterConfig = MockAdapterConfig | OpenAIAdapterConfig | VllmWsAdapterConfig | GroupAdapterConfig
 
 
 class SessionsConfig(_Section):
@@ -428,6 +502,8 @@ CORS_EXPOSE_HEADERS = (
     "x-aiserve-session-events",
     "traceresponse",
     "retry-after",
+    "x-aiserve-deployment",
+    "x-aiserve-fallback",
 )
 _HEADER_NAME_RE = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
 _ORIGIN_RE = re.compile(
@@ -688,6 +764,7 @@ def check_config(cfg: Config) -> None:
             if ch != "*" and ch not in cfg.server.channels:
                 raise fail(f"{key}.channels[{j}]", f"unknown channel {ch!r}")
 
+    _check_groups(cfg, fail)
     policy_names = known_policies(cfg)
     if not cfg.routes:
         raise fail("routes", "at least one [[routes]] entry is needed")
@@ -720,3 +797,30 @@ def check_config(cfg: Config) -> None:
     if (problem := check_record(cfg)) is not None:
         raise fail(*problem)
     build_policies(list(dict.fromkeys(n for r in cfg.routes for n in r.policies)), cfg)
+
+
+def _check_groups(cfg: Config, fail: Callable[[str, str], ConfigError]) -> None:
+    """Groups name configured adapters, none twice, and never contain themselves."""
+    groups = {n: a for n, a in cfg.adapters.items() if isinstance(a, GroupAdapterConfig)}
+    for name, group in groups.items():
+        named = [(f"deployments[{i}].adapter", d.adapter) for i, d in enumerate(group.deployments)]
+        named += [(f"fallbacks[{i}]", f) for i, f in enumerate(group.fallbacks)]
+        for where, member in named:
+            key = f"adapters.{name}.{where}"
+            if member not in cfg.adapters:
+                known = ", ".join(sorted(cfg.adapters))
+                raise fail(key, f"unknown adapter {member!r} (configured: {known})")
+            if where.startswith("deployments") and member in groups:
+                raise fail(key, f"{member!r} is a group: groups go in `fallbacks`")
+    # A fallback chain that comes back to a group would loop for ever.
+    for start in groups:
+        path = [start]
+        todo = [(start, path)]
+        while todo:
+            node, trail = todo.pop()
+            for nxt in groups[node].fallbacks:
+                if nxt == start:
+                    cycle = " -> ".join([*trail, nxt])
+                    raise fail(f"adapters.{start}.fallbacks", f"fallbacks loop: {cycle}")
+                if nxt in groups and nxt not in trail:
+                    todo.append((nxt, [*trail, nxt]))

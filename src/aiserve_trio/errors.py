@@ -211,6 +211,23 @@ class UpstreamStatusError(UpstreamError):
         self.retry_after = retry_after
 
 
+class NoFallbackFits(UpstreamTimeout):
+    """A group's tries failed and no candidate left can fit the remaining budget.
+
+    Raised at once instead of starting a try that could not produce a first token
+    before the deadline; the message names what failed and what did not fit.
+    """
+
+    default_code = "no_fallback_fits"
+
+
+class NoHealthyDeployment(UpstreamError):
+    """Every deployment and fallback of a group is ejected (or none can carry the request)."""
+
+    status = 503
+    default_code = "no_healthy_deployment"
+
+
 class BodyReadTimeout(GatewayError):
     """The request body stopped arriving (``limits.body_read_timeout_ms`` between chunks)."""
 

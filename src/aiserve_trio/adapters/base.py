@@ -54,6 +54,23 @@ class ToolCallDelta(msgspec.Struct, kw_only=True):
     arguments: str = ""
 
 
+class ServedBy(msgspec.Struct, frozen=True, kw_only=True):
+    """Which backend served a reply, when an adapter chose among several (a group).
+
+    It rides on the reply's first :class:`Delta`, the moment the choice is final
+    (a hedged request has two tries until one sends a token), and that is when
+    the sse stage writes the response head: ``X-Aiserve-Deployment`` and
+    ``X-Aiserve-Fallback``.
+    """
+
+    #: The ``[adapters.NAME]`` that answered (the innermost, for a group inside a group).
+    deployment: str
+    #: 0: one of the group's own deployments; n: its n-th fallback.
+    fallback: int = 0
+    #: Messages that adapter's ``prepare`` dropped to fit its context window.
+    trimmed: int = 0
+
+
 class Delta(msgspec.Struct, kw_only=True):
     """A piece of the reply, and on the last piece the finish reason and usage.
 
@@ -72,6 +89,8 @@ class Delta(msgspec.Struct, kw_only=True):
     usage: Usage | None = None
     #: Upstream events (about one token each) this delta joins, for the token cap.
     tokens: int = 1
+    #: On the first delta only, from an adapter that chose a backend (a group).
+    served: ServedBy | None = None
 
 
 __all__ = [
@@ -81,6 +100,7 @@ __all__ = [
     "EmbeddingRequest",
     "InferenceRequest",
     "Message",
+    "ServedBy",
     "ToolCallDelta",
     "Usage",
 ]
@@ -226,6 +246,14 @@ class Adapter(abc.ABC):
     async def ready(self) -> bool:
         """Whether the backend can take requests (for ``/readyz``)."""
         return True
+
+    async def probe(self) -> bool:
+        """A cheap check that the backend answers (a group's active health check).
+
+        The caller bounds it with a cancel scope. The default asks :meth:`ready`;
+        a network backend makes a real call (``openai``: ``GET /models``).
+        """
+        return await self.ready()
 
     async def prepare(self, request: InferenceRequest) -> InferenceRequest:
         """The request as this backend should get it (e.g. fitted to its context window).

@@ -206,6 +206,7 @@ class OpenAIAdapter(Adapter):
         # the base URL and the default headers on every call (~0.1 ms).
         self._url = httpx2.URL(config.base_url.rstrip("/") + "/chat/completions")
         self._embed_url = httpx2.URL(config.base_url.rstrip("/") + "/embeddings")
+        self._models_url = httpx2.URL(config.base_url.rstrip("/") + "/models")
         self._headers: list[tuple[bytes, bytes]] = []  # set in aopen (the API key)
 
     async def aopen(self, nursery: trio.Nursery) -> None:
@@ -263,6 +264,18 @@ class OpenAIAdapter(Adapter):
     def connections(self) -> tuple[int, int] | None:
         """(open upstream connections, of which busy); None when this httpx2 cannot tell."""
         return self._clients.connections() if self._clients is not None else (0, 0)
+
+    async def probe(self) -> bool:
+        """``GET {base_url}/models`` answers 200 (cheap: no tokens are generated)."""
+        clients = self._clients
+        if clients is None:
+            return False
+        with clients.lease() as client:
+            try:
+                response = await client.get(self._models_url, headers=self._headers)
+            except httpx2.HTTPError:
+                return False
+        return response.status_code == 200
 
     async def prepare(self, request: InferenceRequest) -> InferenceRequest:
         """``request`` fitted to ``context_window`` (the oldest history dropped; ``tokens.py``).

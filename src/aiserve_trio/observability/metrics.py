@@ -10,12 +10,14 @@ unknown channels are ``other``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
 
 from ..budgets import STAGES
 from .baseline import Assessment
@@ -110,6 +112,12 @@ class Metrics:
             "aiserve_upstream_errors",
             "Upstream failures by adapter and error code.",
             ["adapter", "code"],
+            registry=r,
+        )
+        self.upstream_attempts = Counter(
+            "aiserve_upstream_attempts",
+            "Upstream tries by adapter (a group's deployment) and result (ok, failed, cancelled).",
+            ["adapter", "result"],
             registry=r,
         )
         self.upstream_retries = Counter(
@@ -225,6 +233,15 @@ class Metrics:
             b["p99_change"].labels(route).set(a.p99_change)
         b["cache_storm"].labels(route).set(1.0 if a.storm else 0.0)
 
+    def watch_deployments(self, states: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        """Export ``aiserve_upstream_deployment_state{group,deployment}`` from ``states()``.
+
+        Read at scrape time (a collector, not a gauge set on every change): the
+        state a scrape shows is the one a request would meet then, cool-downs
+        that ended since the last request included.
+        """
+        self.registry.register(_DeploymentStates(states))
+
     def child(self, metric: M, *values: str) -> M:
         """``metric.labels(*values)`` after checking every value."""
         for v in values:
@@ -239,3 +256,24 @@ class Metrics:
         for family in self.registry.collect():
             for sample in family.samples:
                 yield sample.name
+
+
+class _DeploymentStates(Collector):
+    """The circuit state of every group's deployments: 0 healthy, 1 ejected, 2 probing."""
+
+    def __init__(self, states: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        self._states = states
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "aiserve_upstream_deployment_state",
+            "Deployment circuit per group: 0 healthy, 1 ejected, 2 probing (half-open).",
+            labels=["group", "deployment"],
+        )
+        try:
+            rows = list(self._states())
+        except RuntimeError:  # rendered outside the app's Trio run (no clock): nothing to say
+            rows = []
+        for group, deployment, state in rows:
+            family.add_metric([group, deployment], float(state))
+        yield family

@@ -104,13 +104,19 @@ class RequestObserver:
 
     @contextmanager
     def attempt(self, adapter: str, number: int) -> Iterator[None]:
-        with upstream_attempt(number) as span:
+        attempts = self.metrics.upstream_attempts
+        with upstream_attempt(number, adapter=adapter) as span:
             try:
                 yield
             except Exception as exc:
                 code = getattr(exc, "code", None) or type(exc).__name__
                 span.set_attribute("aiserve.error_code", code)
+                attempts.labels(adapter, "failed").inc()
                 raise
+            except BaseException:  # cancelled: a hedge's loser, a client gone, the deadline
+                attempts.labels(adapter, "cancelled").inc()
+                raise
+            attempts.labels(adapter, "ok").inc()
 
     def retrying(self, adapter: str, error: UpstreamError) -> None:
         self.metrics.upstream_retries.labels(adapter).inc()

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import coredis
 import coredis.exceptions
 import msgspec
+from coredis.connection import TCPLocation
 
 from ..messages import ToolCall
 from .bus import Event, Session, SessionBus, SessionBusError, Turn
@@ -145,15 +146,47 @@ def client_for_url(url: str, max_connections: int, connect_timeout: float) -> An
         if not path:
             raise ValueError(f"{url!r}: a sentinel URL names the service: /service[/db]")
         db = int(path[1]) if len(path) > 1 else 0
+        # Keyword arguments, not a `connection_kwargs` dict: coredis takes them as
+        # **connection_kwargs (a dict under that name was passed on as one bogus option).
         sentinel = coredis.Sentinel(
-            nodes,
-            decode_responses=True,
-            connection_kwargs={"db": db, "max_connections": max_connections},
+            [TCPLocation(h, p) for h, p in nodes],
+            db=db,
+            max_connections=max_connections,
+            **common,
         )
-        return sentinel.primary_for(path[0])
+        return _SentinelPrimary(sentinel, sentinel.primary_for(path[0]))
     raise ValueError(
         f"{url!r}: scheme must be redis, rediss, unix, redis+cluster or redis+sentinel"
     )
+
+
+class _SentinelPrimary:
+    """The client of a Sentinel service's primary, entered with the sentinels it asks.
+
+    coredis finds the primary through the sentinels' own clients, which work only
+    once entered; entering the primary's client alone fails on the first command.
+    Everything else is the primary's client.
+    """
+
+    def __init__(self, sentinel: Any, primary: Any) -> None:
+        self._sentinel = sentinel
+        self._primary = primary
+        self._stack: AsyncExitStack | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._primary, name)
+
+    async def __aenter__(self) -> Any:
+        stack = AsyncExitStack()
+        await stack.enter_async_context(self._sentinel)
+        await stack.enter_async_context(self._primary)
+        self._stack = stack
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
 
 
 def _nodes(netloc: str, url: str) -> list[tuple[str, int]]:

@@ -69,7 +69,7 @@ class SSEStage:
             max_tokens=prepared.inference.max_tokens,
             max_bytes=route.max_reply_bytes,
         )
-        headers = response_headers(self.info, prepared)
+        headers = response_headers(self.info, prepared, first.served)
         limit = math.inf if route.max_stream_s is None else trio.current_time() + route.max_stream_s
         with trio.move_on_at(limit) as capped:
             if not asm.stream:

@@ -22,7 +22,7 @@ from ..budgets import STAGES
 from ..observability.metrics import label_value
 
 if TYPE_CHECKING:
-    from ..adapters.base import Adapter, InferenceRequest
+    from ..adapters.base import Adapter, InferenceRequest, ServedBy
     from ..api import ChatCompletionRequest
     from ..budgets import Budget
     from ..config import RouteConfig
@@ -103,14 +103,22 @@ class Prepared:
     new_turns: list[Message]
 
 
-def response_headers(info: RequestInfo, prepared: Prepared | None) -> Headers:
-    """The gateway's own response headers: request id, degradation, trimming, trace."""
+def response_headers(
+    info: RequestInfo, prepared: Prepared | None, served: ServedBy | None = None
+) -> Headers:
+    """The gateway's own response headers: request id, degradation, trimming, trace,
+    and (``served``, from the first delta) which deployment of a group answered."""
     out = [(b"x-request-id", info.request_id.encode())]
+    trimmed = served.trimmed if served is not None else 0
     if prepared is not None:
         if prepared.degraded:
             out.append((b"x-aiserve-degraded", prepared.degraded.encode()))
-        if prepared.inference.trimmed:
-            out.append((b"x-aiserve-trimmed-messages", b"%d" % prepared.inference.trimmed))
+        trimmed = trimmed or prepared.inference.trimmed
+    if trimmed:
+        out.append((b"x-aiserve-trimmed-messages", b"%d" % trimmed))
+    if served is not None:
+        out.append((b"x-aiserve-deployment", served.deployment.encode()))
+        out.append((b"x-aiserve-fallback", b"%d" % served.fallback))
     tr = info.trace.traceresponse()
     if tr is not None:
         out.append((b"traceresponse", tr.encode()))
