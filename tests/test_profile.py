@@ -182,10 +182,14 @@ def test_the_sampler_restores_the_signal_and_marks_stages() -> None:
     # every sample taken in the stage's steps has the marker right above the run loop
     marked = [stack for stack, _ in session.frame_records if "[stage sse]\x00<trio task>\x000" in stack]
     assert marked
+    spinning = 0
     for stack in marked:
         i = stack.index("[stage sse]\x00<trio task>\x000")
         assert stack[i - 1].startswith("unrolled_run\x00")
-        assert any(f.startswith("spin_in_a_stage\x00") for f in stack[i:])
+        # A sample can also land between two spins (the loop, the checkpoint).
+        assert any(f.startswith("stage\x00") for f in stack[i:])
+        spinning += any(f.startswith("spin_in_a_stage\x00") for f in stack[i:])
+    assert spinning >= 0.8 * len(marked)
     # the weights add up to the CPU time measured
     assert sum(w for _, w in session.frame_records) == pytest.approx(session.cpu_time)
 
