@@ -17,13 +17,14 @@ values inside them and keeps them valid JSON.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from .errors import BadRequest
 
 Rewrite = Callable[[str], str]
+_T = TypeVar("_T")
 
 _encoder = msgspec.json.Encoder()
 _raw_dict = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -214,17 +215,7 @@ def decode_message(raw: msgspec.Raw, index: int) -> Message:
             ``param`` names the message (``messages[3].content[1]``).
     """
     where = f"messages[{index}]"
-    try:
-        m = _message_in.decode(raw)
-    except msgspec.ValidationError as exc:
-        detail, path = _detail(exc)
-        raise BadRequest(
-            f"invalid request: {detail} - at `$.{where}{path}`",
-            param=f"{where}{path}",
-            code="invalid_type",
-        ) from None
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    m = _decoded(_message_in, raw, where)
     if m.role not in ROLES:
         raise BadRequest(
             f"`{where}.role` must be one of {', '.join(sorted(ROLES))}; got {m.role[:40]!r}",
@@ -235,16 +226,7 @@ def decode_message(raw: msgspec.Raw, index: int) -> Message:
     if isinstance(m.content, list):
         parts = []
         for j, praw in enumerate(m.content):
-            at = f"{where}.content[{j}]"
-            try:
-                p = _part_in.decode(praw)
-            except msgspec.ValidationError as exc:
-                detail, path = _detail(exc)
-                raise BadRequest(
-                    f"invalid request: {detail} - at `$.{at}{path}`",
-                    param=f"{at}{path}",
-                    code="invalid_type",
-                ) from None
+            p = _decoded(_part_in, praw, f"{where}.content[{j}]")
             parts.append(Part(type=p.type, text=p.text, raw=praw))
         content = parts
     else:
@@ -259,7 +241,21 @@ def decode_message(raw: msgspec.Raw, index: int) -> Message:
     )
 
 
-def _detail(exc: msgspec.ValidationError) -> tuple[str, str]:
-    """msgspec's message and the path inside the decoded value (``.role``, ``[0]``)."""
-    msg, _, at = str(exc).partition(" - at `$")
-    return msg, at.rstrip("`")
+def _decoded(decoder: msgspec.json.Decoder[_T], raw: msgspec.Raw, where: str) -> _T:
+    """``raw`` decoded; a wrong type is a 400 whose ``param`` is its path from ``where``.
+
+    Raises:
+        BadRequest: ``invalid_type`` (or ``invalid_json`` for bytes that are not JSON).
+    """
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        msg, _, at = str(exc).partition(" - at `$")
+        path = at.rstrip("`")
+        raise BadRequest(
+            f"invalid request: {msg} - at `$.{where}{path}`",
+            param=f"{where}{path}",
+            code="invalid_type",
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
