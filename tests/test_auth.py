@@ -383,3 +383,20 @@ async def test_stream_token_needs_post_and_a_key(client: Client) -> None:
     )
     body = json.loads(r.body)
     assert (r.status, body["session_id"], body["expires_in"]) == (200, SID, 300)
+
+
+def test_cheap_hashes_are_verified_inline_and_dear_ones_in_a_thread() -> None:
+    from aiserve_trio.security.auth import KeyEntry, KeyStore, Principal, hash_key
+
+    def entry(key_id: str, log_n: int) -> tuple[str, KeyEntry]:
+        plain = f"aik_{key_id}_" + "k" * 32
+        p = Principal(key_id=key_id, tenant="t", routes=frozenset({"*"}),
+                      channels=frozenset({"*"}), admin=False, rpm=0, tpm=0)
+        return plain, KeyEntry(p, hash_key(plain, log_n=log_n))
+
+    cheap_key, cheap = entry("cheap", 4)
+    dear_key, dear = entry("dear", 14)
+    store = KeyStore([cheap, dear])
+    assert store.cheap(cheap_key)
+    assert not store.cheap(dear_key)
+    assert not store.cheap("not a key")

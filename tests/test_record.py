@@ -180,6 +180,10 @@ async def test_authorization_and_cookies_are_never_written(tmp_path: Path, autoj
         "x-channel": "app",
     }
     async with serving(app) as client:
+        # Verify the key once first: scrypt runs in a thread, and meanwhile the virtual
+        # clock jumps from timer to timer of the app's background tasks.
+        warm = await client.request("GET", "/v1/models", headers={"authorization": f"Bearer {KEY_A}"})
+        assert warm.status == 200
         r = await client.chat(chat_body("hi"), headers=headers)
         assert r.status == 200
         refused = await client.chat(chat_body("hi"), headers={**headers, "authorization": "Bearer aik_alice_" + "z" * 32})

@@ -59,6 +59,10 @@ def new_key(key_id: str) -> str:
     return f"aik_{key_id}_{secrets.token_urlsafe(24)}"
 
 
+#: Hashes this cheap are verified inline: a thread would cost more than the hash.
+CHEAP_LOG_N = 10
+
+
 def hash_key(plain: str, *, log_n: int = DEFAULT_LOG_N, salt: bytes | None = None) -> str:
     """The storable hash of a plain key (scrypt with a random per-key salt).
 
@@ -163,6 +167,14 @@ class KeyStore:
         if hit is not None:
             self._good.move_to_end(fp)
         return hit
+
+    def cheap(self, plain: str) -> bool:
+        """Whether ``plain``'s stored hash is cheap enough (scrypt n <= 2**10, well
+        under a millisecond) to verify on the event loop rather than in a thread."""
+        m = KEY_RE.match(plain)
+        entry = self._by_id.get(m["id"]) if m else None
+        h = HASH_RE.match(entry.hash) if entry is not None else None
+        return h is not None and int(h["logn"]) <= CHEAP_LOG_N
 
     def verify(self, plain: str) -> Principal:
         """Verify ``plain`` against its stored hash (slow: call it off the event loop).
