@@ -1,4 +1,7 @@
 """The response cache: exact match on everything that changes the answer.
 
-- ``key.py``: the key (pure): what changes the answer, canonical JSON, hashed.
+- ``key.py``: the key (pure): what changes the answer, canonical JSON, hashed;
+- ``entry.py``: what is stored: the reply's released pieces (post-policy);
+- ``lru.py``: the memory backend's LRU by bytes (pure);
+- ``flight.py``: single flight's state: the shared log, the table of flights (no I/O).
 """
