@@ -23,6 +23,7 @@ from opentelemetry.trace import TracerProvider
 from .adapters import Adapter, build_adapter
 from .api import Model, ModelList, encoder
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
+from .cache.service import build_cache
 from .config import Config, load_config, route_label
 from .embeddings import Embeddings
 from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
@@ -105,12 +106,20 @@ class App:
         self.sessions = SessionEndpoints(
             config, self.bus, self.closing, self._session_tenant, self._vars_redactor()
         )
+        #: The routes' response caches (None when no route has one).
+        self.cache = build_cache(
+            config, {path: r.label for path, r in self.routes.items()}, self.observer
+        )
+        if self.cache is not None:
+            cache = self.cache
+            self.metrics.watch_cache(cache.held, lambda: len(cache.flights), lambda: cache.server)
         self.pipeline = Pipeline(
             config,
             self.bus,
             writeback=self.writeback,
             admission=self.gate.admission,
             hook=self.observer,
+            cache=self.cache,
         )
         self.embeddings = Embeddings(config, self.observer)
         table = self._endpoints()
@@ -216,6 +225,8 @@ class App:
             await adapter.aopen(nursery)
         await self.bus.aopen()
         await self.gate.aopen()
+        if self.cache is not None:
+            await self.cache.aopen(nursery)
         await nursery.start(self._run_background)
         self.ready = True
         log.info(
@@ -275,8 +286,11 @@ class App:
             for adapter in self.adapters.values():
                 await adapter.aclose()
             await self.gate.aclose()
-        # Not under the shield: the bus exits task groups that startup() entered at
-        # this level, and Trio needs cancel scopes closed in the order they opened.
+        # Not under the shield: the bus (and a Redis cache) exit task groups that
+        # startup() entered at this level, and Trio needs cancel scopes closed in
+        # the order they opened -- the cache opened after the bus.
+        if self.cache is not None:
+            await self.cache.aclose()
         await self.bus.aclose()
 
     # --- HTTP ----------------------------------------------------------------

@@ -82,7 +82,17 @@ class FlightLog:
 class Flight:
     """One answer in flight for one key."""
 
-    __slots__ = ("_changed", "fresh", "key", "launched", "log", "members", "scope")
+    __slots__ = (
+        "_changed",
+        "deadline",
+        "fresh",
+        "generation",
+        "key",
+        "launched",
+        "log",
+        "members",
+        "scope",
+    )
 
     def __init__(self, key: str, *, fresh: bool = False) -> None:
         self.key = key
@@ -94,6 +104,10 @@ class Flight:
         self.launched = False
         #: The producing task's scope (cancelled when the last member leaves).
         self.scope: trio.CancelScope | None = None
+        #: The latest inference deadline of its members (when launched: its own).
+        self.deadline = float("-inf")
+        #: 0, or how many flights for this key failed before this one took over.
+        self.generation = 0
         self._changed = trio.Event()
 
     def changed(self) -> None:
