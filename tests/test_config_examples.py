@@ -30,3 +30,15 @@ def test_sim_examples_point_at_the_default_sim_address() -> None:
     assert http.base_url == "http://127.0.0.1:8100/v1"
     assert isinstance(ws, VllmWsAdapterConfig)
     assert ws.url == "ws://127.0.0.1:8100/v1/ws"
+
+
+def test_the_cache_example_caches_the_chat_route_of_the_sim() -> None:
+    cfg = load_config(EXAMPLES / "cache.toml")
+    (route,) = cfg.routes
+    assert route.path == "/v1/chat/completions"
+    assert route.cache is not None
+    assert route.cache.enabled
+    adapter = cfg.adapters[route.adapter]
+    assert isinstance(adapter, OpenAIAdapterConfig)
+    assert adapter.base_url == "http://127.0.0.1:8100/v1"
+    assert cfg.cache.backend == "memory"
