@@ -31,7 +31,7 @@ class CountingModel(Adapter):
     def __init__(
         self,
         *,
-        ttft: float = 0.05,
+        ttft: float | list[float] = 0.05,
         gap: float = 0.01,
         words: int = 4,
         fail: list[UpstreamError] | None = None,
@@ -63,7 +63,9 @@ class CountingModel(Adapter):
         raise UpstreamTimeout("the model ran out of the time it was given")
 
     async def _answer(self, n: int, request: InferenceRequest, send: DeltaSink) -> None:
-        await trio.sleep(self.ttft)
+        # A list: one time to first token per call, the last for the calls after.
+        ttft = self.ttft if isinstance(self.ttft, float) else self.ttft[min(n, len(self.ttft)) - 1]
+        await trio.sleep(ttft)
         if self.fail:
             raise self.fail.pop(0)
         last = request.messages[-1].text()

@@ -14,7 +14,7 @@ import trio
 from aiserve_trio.asgi import App
 from aiserve_trio.cache.backend import CacheBackend
 from aiserve_trio.cache.entry import Entry
-from aiserve_trio.config import ConfigError, parse_config
+from aiserve_trio.config import CORS_EXPOSE_HEADERS, ConfigError, parse_config
 from aiserve_trio.errors import UpstreamStatusError
 
 from .asgi_client import Client, Response
@@ -42,6 +42,10 @@ def test_the_cache_is_off_unless_a_route_turns_it_on() -> None:
     assert app.cache is not None
     app, _ = cache_app("{ enabled = false }")
     assert app.cache is None
+
+
+def test_pages_on_other_origins_may_read_the_cache_header() -> None:
+    assert "x-aiserve-cache" in CORS_EXPOSE_HEADERS
 
 
 @pytest.mark.parametrize(
@@ -584,11 +588,11 @@ async def test_a_first_request_with_little_time_does_not_cut_the_others(
     assert model.calls == 1
 
 
-async def test_a_follower_takes_over_a_flight_that_ran_out_of_time(
+async def test_a_request_joining_later_extends_the_time_of_the_answer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # The follower joins after the flight was launched with the first one's short
-    # time; that runs out before the first token, and the follower asks anew.
+    # Launched with the first one's short time; the second joins 0.1 s later with
+    # more, and the answer goes on for it after the first has timed out.
     app, model = cache_app(model=CountingModel(ttft=0.5, gap=0.01))
     client = Client(app)
     body = ask(stream=True)
@@ -603,8 +607,35 @@ async def test_a_follower_takes_over_a_flight_that_ran_out_of_time(
         nursery.start_soon(go, "patient", 0.1, {})
     assert out["hurried"].status == 504
     assert out["patient"].status == 200
-    assert out["patient"].headers["x-aiserve-cache"] == "miss"
-    assert reply_text(out["patient"]) == "answer 2: what is a end"
+    assert out["patient"].headers["x-aiserve-cache"] == "coalesced"
+    assert reply_text(out["patient"]) == "answer 1: what is a end"
+    assert model.calls == 1
+
+
+async def test_a_follower_takes_over_an_answer_that_ran_out_of_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The backend is told the longest a request on the route may take (route max
+    # 1 s: 0.675 s of inference); a request arriving 0.3 s later has until 0.975 s.
+    # The first answer runs out at 0.675 s; the later request, which has received
+    # nothing, asks anew.
+    text = cache_config_text("{}").replace("cache = {}", "deadline = { max_ms = 1000 }\ncache = {}")
+    model = CountingModel(ttft=[1.0, 0.05], gap=0.01)
+    app = App(parse_config(text, source="<t>"), adapters={"mock": model})
+    client = Client(app)
+    out: dict[str, Response] = {}
+
+    async def go(name: str, delay: float) -> None:
+        await trio.sleep(delay)
+        out[name] = await client.chat(ask(stream=True))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(go, "first", 0.0)
+        nursery.start_soon(go, "later", 0.3)
+    assert out["first"].status == 504
+    assert out["later"].status == 200
+    assert out["later"].headers["x-aiserve-cache"] == "miss"
+    assert reply_text(out["later"]) == "answer 2: what is a end"
     assert model.calls == 2
 
 

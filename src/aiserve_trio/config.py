@@ -492,6 +492,7 @@ CORS_EXPOSE_HEADERS = (
     "x-request-id",
     "x-aiserve-degraded",
     "x-aiserve-trimmed-messages",
+    "x-aiserve-cache",
     "x-aiserve-session-events",
     "traceresponse",
     "retry-after",

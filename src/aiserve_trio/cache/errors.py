@@ -26,10 +26,10 @@ class SharedReplyLost(UpstreamError):
 
 
 class FlightLate(StageDeadlineExceeded):
-    """The answer shared with identical requests did not finish in the time it was
-    launched with (the latest inference deadline of the requests sharing it then).
+    """The answer shared with identical requests did not finish within their time
+    (the latest of their inference deadlines, up to what the backend was told).
 
-    A request that joined later, with time left and nothing received, takes over.
+    A request that still has time and received nothing takes over.
     """
 
     def __init__(self) -> None:

@@ -89,6 +89,7 @@ class Flight:
         "generation",
         "key",
         "launched",
+        "limit",
         "log",
         "members",
         "scope",
@@ -104,8 +105,10 @@ class Flight:
         self.launched = False
         #: The producing task's scope (cancelled when the last member leaves).
         self.scope: trio.CancelScope | None = None
-        #: The latest inference deadline of its members (when launched: its own).
+        #: The latest inference deadline of its members.
         self.deadline = float("-inf")
+        #: Once launched: the deadline the backend was given (the flight never outlasts it).
+        self.limit = float("inf")
         #: 0, or how many flights for this key failed before this one took over.
         self.generation = 0
         self._changed = trio.Event()

@@ -93,6 +93,10 @@ class RouteCachePlan:
     label: str
     settings: RouteCache
     scope: RouteScope
+    #: The longest inference budget a request on the route can have (seconds): how
+    #: long the backend is told a shared answer may take; the flight itself ends
+    #: at the latest deadline of the requests sharing it.
+    longest: float
 
 
 class Member:
@@ -241,8 +245,11 @@ class Cache:
 
     def _member(self, plan: RouteCachePlan, flight: Flight, until: float) -> Ticket:
         self.flights.join(flight)
-        # Launched later, it lasts as long as the latest of its members needs.
+        # It lasts as long as the latest of its members needs, whoever launched it
+        # (within what the backend was told when it was).
         flight.deadline = max(flight.deadline, until)
+        if flight.scope is not None:
+            flight.scope.deadline = min(max(flight.scope.deadline, until), flight.limit)
         return Ticket(plan.label, "flight", plan, member=Member(self, flight))
 
     async def _lookup(self, key: str, deadline: float) -> Entry | None:
@@ -278,8 +285,9 @@ class Cache:
         """Send the answer of the ticket's flight into ``out`` as its pieces come.
 
         The first member to get here launches the flight with ``produce``, in
-        the app's nursery, until the latest inference deadline of the members
-        it has then. ``result`` is told this request's cache result (``miss``,
+        the app's nursery, until the latest inference deadline of its members
+        (extended as members join), telling the backend the longest a request
+        on the route may take. ``result`` is told this request's cache result (``miss``,
         ``hit``, ``coalesced``, ``bypass``) as soon as it is known -- before the
         first piece is sent, which carries it.
 
@@ -305,8 +313,13 @@ class Cache:
             launcher = not flight.launched
             if launcher:
                 flight.launched = True
-                until = max(flight.deadline, deadline)
-                self._spawn(self._fly, flight, ticket.plan, produce, until)
+                flight.limit = trio.current_time() + ticket.plan.longest
+                # Made here, entered by the flight's task: members joining before
+                # that task first runs extend it too.
+                flight.scope = trio.CancelScope(
+                    deadline=min(max(flight.deadline, deadline), flight.limit)
+                )
+                self._spawn(self._fly, flight, ticket.plan, produce)
             # What it is as long as nothing has arrived (hit once the store answers).
             result(("bypass" if flight.fresh else "miss") if launcher else "coalesced")
             log_ = flight.log
@@ -355,16 +368,14 @@ class Cache:
 
     # --- a flight -----------------------------------------------------------------
 
-    async def _fly(
-        self, flight: Flight, plan: RouteCachePlan, produce: Producer, deadline: float
-    ) -> None:
+    async def _fly(self, flight: Flight, plan: RouteCachePlan, produce: Producer) -> None:
         """Produce (or find, or follow) the answer for every member, then store it."""
+        assert flight.scope is not None
         try:
-            with trio.CancelScope(deadline=deadline) as scope:
-                flight.scope = scope
+            with flight.scope as scope:
                 if flight.members == 0:
                     scope.cancel(reason="every request sharing the answer went away")
-                await self._answer(flight, plan, produce, deadline)
+                await self._answer(flight, plan, produce, flight.limit)
             if scope.cancelled_caught and not flight.log.ended:
                 self._fail(flight, FlightLate())
         except GatewayError as err:
@@ -661,7 +672,10 @@ def route_plan(route: RouteConfig, label: str, config: Config) -> RouteCachePlan
         policy_version=policy_version(specs),
         per_channel=bool(route.policies),
     )
-    return RouteCachePlan(label=label, settings=settings, scope=scope)
+    max_ms = route.deadline.max_ms or config.deadline.max_ms
+    shares = config.budgets.context + config.budgets.inference
+    longest = (max_ms - config.deadline.reserve_ms) / 1000.0 * shares
+    return RouteCachePlan(label=label, settings=settings, scope=scope, longest=longest)
 
 
 def build_cache(
