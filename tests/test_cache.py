@@ -736,3 +736,26 @@ async def test_a_failed_answer_is_gone_for_new_requests_at_once(
     assert model.calls == 2
     await trio.sleep(1)
     assert backend.closed == 2  # both let go in the end
+
+
+async def test_the_request_span_says_what_the_cache_did(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    model = CountingModel()
+    cfg = parse_config(cache_config_text(), source="<t>")
+    app = App(cfg, adapters={"mock": model}, tracer_provider=provider)
+    client = Client(app)
+    for _ in range(2):
+        await client.chat(ask(stream=True))
+    roots = [s for s in exporter.get_finished_spans() if s.name == "POST chat"]
+    assert [(s.attributes or {}).get("aiserve.cache") for s in roots] == ["miss", "hit"]
+    # A hit still has its stages, the inference one included (it replayed).
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert names.count("inference") == 2

@@ -175,6 +175,8 @@ class RequestObserver:
         attrs["client_bytes"] = outcome.client_bytes
         attrs["upstream_reads"] = outcome.upstream_reads
         attrs["upstream_bytes"] = outcome.upstream_bytes
+        if outcome.cache is not None:
+            attrs["cache"] = outcome.cache
         error = outcome.error.message if outcome.error is not None else None
         outcome.info.trace.finish(
             stages=stages,

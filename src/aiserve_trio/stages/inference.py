@@ -63,11 +63,11 @@ class InferenceStage:
                 f"less than the {budget.min_inference * 1000:.0f} ms a call needs",
             )
         ticket = prepared.cache
-        if ticket is not None and ticket.entry is not None:
-            self.cache_result = await Cache.replay(ticket.entry, self.out)
-            return
         request = prepared.inference
         with info.trace.live_stage("inference") as span:
+            if ticket is not None and ticket.entry is not None:
+                self.cache_result = await Cache.replay(ticket.entry, self.out)
+                return
             carried = info.trace.inject(span)
             if carried:
                 forward = {**request.forward_headers, **carried}
