@@ -178,13 +178,15 @@ def single_flight(ns: argparse.Namespace) -> list[dict[str, Any]]:
 def report(ns: argparse.Namespace, hm: dict[str, Any], sf: list[dict[str, Any]], took: float) -> str:
     best = hm["best"]
     tags = list(next(iter(best.values())))
+    load = " → ".join(" ".join(f"{x:.2f}" for x in avg) for avg in ns.load)
     lines = [
         f"# Response cache: a hit against a miss, and single flight ({dt.date.today().isoformat()})",
         "",
         f"Command: `python -m bench.cache {' '.join(sys.argv[1:])}` ({took:.0f} s), "
         f"serving `{ns.sha}` (`git archive`). One hypercorn Trio worker on CPU {SYSTEM_CPU}, auth on; the "
         f"upstream and the load generators on CPU {LOAD_CPU}. Deterministic requests "
-        "(`temperature: 0`).",
+        f"(`temperature: 0`). Load average at the start and the end: {load} (two cores, "
+        "shared with other work).",
         "",
         "## A hit against a miss",
         "",
@@ -231,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     # The gateway and the sim run this commit's code, not the installed package.
     systems.SNAPSHOT, ns.sha = systems.snapshot(ns.snapshot)
     started = time.monotonic()
+    ns.load = [os.getloadavg()]
     hm = hit_vs_miss(ns)
     sf = single_flight(ns)
+    ns.load.append(os.getloadavg())
     text = report(ns, hm, sf, time.monotonic() - started)
     out = Path(ns.out) if ns.out else ROOT / "bench" / "results" / dt.date.today().isoformat() / "cache.md"
     out.parent.mkdir(parents=True, exist_ok=True)
