@@ -293,7 +293,7 @@ class Cache:
 
         A flight that fails before this request got any of it is taken over (a
         new flight, launched by the first member to see the failure, joined by
-        the others) when it ran out of the time it was launched with while this
+        the others) when it ran out of the time the backend was given while this
         request still has some, or, once, when the upstream failed in a way worth
         another try; otherwise its error is this request's.
 
