@@ -51,3 +51,15 @@ def test_ha_example_is_a_group_of_two_sims_with_fallbacks() -> None:
     assert isinstance(group, GroupAdapter)
     assert [m.fallback for m in group.members] == [0, 0, 1, 2]
     assert group.health.expected_ttft("sorry") == 0.005
+
+
+def test_the_cache_example_caches_the_chat_route_of_the_sim() -> None:
+    cfg = load_config(EXAMPLES / "cache.toml")
+    (route,) = cfg.routes
+    assert route.path == "/v1/chat/completions"
+    assert route.cache is not None
+    assert route.cache.enabled
+    adapter = cfg.adapters[route.adapter]
+    assert isinstance(adapter, OpenAIAdapterConfig)
+    assert adapter.base_url == "http://127.0.0.1:8100/v1"
+    assert cfg.cache.backend == "memory"

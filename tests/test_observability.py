@@ -267,6 +267,7 @@ _FUNCS = {
     "on",
     "group_left",
     "max",
+    "result",
 }
 
 

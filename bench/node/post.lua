@@ -1,10 +1,15 @@
--- wrk: POST a chat completion. BENCH_STREAM=1 asks for a stream; BENCH_KEY adds a bearer key.
+-- wrk: POST a chat completion. BENCH_STREAM=1 asks for a stream; BENCH_KEY adds a bearer key;
+-- BENCH_EXTRA is more body fields, each followed by a comma ('"temperature":0,');
+-- BENCH_CACHE_CONTROL is sent as Cache-Control.
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 local key = os.getenv("BENCH_KEY")
 if key and key ~= "" then wrk.headers["Authorization"] = "Bearer " .. key end
+local control = os.getenv("BENCH_CACHE_CONTROL")
+if control and control ~= "" then wrk.headers["Cache-Control"] = control end
 local stream = os.getenv("BENCH_STREAM") == "1"
-wrk.body = '{"model":"sim-model","stream":' .. (stream and "true" or "false")
+wrk.body = '{"model":"sim-model",' .. (os.getenv("BENCH_EXTRA") or "") .. '"stream":'
+  .. (stream and "true" or "false")
   .. ',"messages":[{"role":"user","content":"hello there, how are you?"}]}'
 
 done = function(summary, latency, requests)

@@ -24,6 +24,7 @@ from .adapters import Adapter, build_adapters
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
+from .cache.service import build_cache
 from .config import Config, load_config, route_label
 from .embeddings import Embeddings
 from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
@@ -110,12 +111,20 @@ class App:
         #: ``[record]``: finished requests go to it through the observer.
         self.recorder = build_recorder(config, self.routes, self.metrics)
         self.observer.recorder = self.recorder
+        #: The routes' response caches (None when no route has one).
+        self.cache = build_cache(
+            config, {path: r.label for path, r in self.routes.items()}, self.observer
+        )
+        if self.cache is not None:
+            cache = self.cache
+            self.metrics.watch_cache(cache.held, lambda: len(cache.flights), lambda: cache.server)
         self.pipeline = Pipeline(
             config,
             self.bus,
             writeback=self.writeback,
             admission=self.gate.admission,
             hook=self.observer,
+            cache=self.cache,
         )
         self.embeddings = Embeddings(config, self.observer)
         table = self._endpoints()
@@ -224,6 +233,8 @@ class App:
         if self.recorder is not None:
             # Outside the background scope: shutdown lets it write what is queued.
             await nursery.start(self.recorder.run)
+        if self.cache is not None:
+            await self.cache.aopen(nursery)
         await nursery.start(self._run_background)
         self.ready = True
         log.info(
@@ -292,9 +303,11 @@ class App:
                 await self.recorder.aclose()
             for adapter in self.adapters.values():
                 await adapter.aclose()
-        # Not under the shield: the gate's Redis limiter and the bus exit task groups
-        # that startup() entered at this level (in that order), and Trio needs cancel
-        # scopes closed in the reverse order they opened.
+        # Not under the shield: the gate's Redis limiter, the bus and a Redis cache exit
+        # task groups that startup() entered at this level, and Trio needs cancel scopes
+        # closed in the reverse order they opened -- the cache opened after the bus.
+        if self.cache is not None:
+            await self.cache.aclose()
         await self.gate.aclose()
         await self.bus.aclose()
 

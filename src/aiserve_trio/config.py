@@ -395,6 +395,72 @@ class SessionsConfig(_Section):
             raise field_error("key_prefix", "must be 1-64 letters, digits or '_.-'")
 
 
+class RouteCache(_Section):
+    """A route's response cache (``cache = { ... }`` on a route; off without it).
+
+    Exact match on everything that changes the answer (see ``cache/key.py``);
+    what is stored is the reply as the client got it, after the output policies.
+    """
+
+    #: ``cache = { enabled = false, ... }`` keeps the settings and turns it off.
+    enabled: bool = True
+    #: Seconds an entry is served after it was written.
+    ttl_s: float = 300.0
+    #: Models (as the client names them) whose replies are cached; empty: all.
+    models: list[str] = msgspec.field(default_factory=list)
+    #: A reply larger than this (encoded) is served but not stored.
+    max_entry_bytes: int = 1_048_576
+    #: Only requests that ask for a repeatable answer (``temperature`` 0 or a
+    #: ``seed``) are looked up, shared and stored; false: every request.
+    deterministic_only: bool = True
+
+    def __post_init__(self) -> None:
+        _positive(self, "ttl_s", "max_entry_bytes")
+
+
+class CacheConfig(_Section):
+    """``[cache]``: where the routes' caches keep their entries."""
+
+    #: ``memory``: per worker, LRU bounded by ``max_bytes``; ``redis``: shared by
+    #: every gateway on the server, and identical requests in flight on different
+    #: gateways share one upstream call.
+    backend: Literal["memory", "redis"] = "memory"
+    #: Redis URL (the schemes of ``[sessions] url``); default: ``[sessions] url``.
+    url: str | None = None
+    #: Memory backend: bytes of entries held at most (least recently used evicted first).
+    max_bytes: int = 67_108_864
+    key_prefix: str = "aiserve"
+    #: Every Redis call is given up after this long (the request goes on uncached).
+    timeout_ms: int = 50
+    #: After a Redis failure the cache is skipped for this long (no waiting on a
+    #: server that is down), then tried again.
+    retry_ms: int = 1_000
+    #: How long a gateway answering a request for others holds its claim without
+    #: renewing it (renewed every third of it): when it dies, another takes over after this.
+    lease_ms: int = 3_000
+    pool_size: int = 32
+    #: Connections for gateways following another's answer (each blocks in ``XREAD BLOCK``).
+    follow_pool_size: int = 64
+    connect_timeout_ms: int = 1_000
+    #: Redis ``INFO stats`` (keyspace hits and misses) is read this often.
+    stats_interval_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        _positive(
+            self,
+            "max_bytes",
+            "timeout_ms",
+            "retry_ms",
+            "lease_ms",
+            "pool_size",
+            "follow_pool_size",
+            "connect_timeout_ms",
+            "stats_interval_s",
+        )
+        if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", self.key_prefix):
+            raise field_error("key_prefix", "must be 1-64 letters, digits or '_.-'")
+
+
 class RouteDeadline(_Section):
     default_ms: int | None = None
     max_ms: int | None = None
@@ -423,6 +489,8 @@ class RouteConfig(_Section):
     max_tokens: int | None = None
     max_reply_bytes: int | None = None
     max_stream_s: float | None = None
+    #: The response cache (off unless the route has this table).
+    cache: RouteCache | None = None
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -499,6 +567,7 @@ CORS_EXPOSE_HEADERS = (
     "x-request-id",
     "x-aiserve-degraded",
     "x-aiserve-trimmed-messages",
+    "x-aiserve-cache",
     "x-aiserve-session-events",
     "traceresponse",
     "retry-after",
@@ -612,6 +681,8 @@ class Config(_Section):
     cors: CorsConfig | None = None
     #: Traffic recording for ``aiserve-replay`` (off unless ``enabled``; record/settings.py).
     record: RecordConfig = msgspec.field(default_factory=RecordConfig)
+    #: Where routes with ``cache`` keep their entries.
+    cache: CacheConfig = msgspec.field(default_factory=CacheConfig)
     #: Where the config came from, and the folder relative paths in it start from
     #: (both set by the loader; values written in the TOML are replaced).
     source: str = "<memory>"
@@ -785,6 +856,14 @@ def check_config(cfg: Config) -> None:
         seen_labels.add(label)
         if route.kind == "embeddings" and route.policies:
             raise fail(f"{key}.policies", "policies apply to chat routes, not to embeddings")
+        if route.cache is not None:
+            if route.kind != "chat":
+                raise fail(f"{key}.cache", "the response cache is for chat routes")
+            served = getattr(cfg.adapters[route.adapter], "models", None)
+            for j, model in enumerate(route.cache.models):
+                if served is not None and model not in served:
+                    why = f"{model!r} is not served by adapter {route.adapter!r}"
+                    raise fail(f"{key}.cache.models[{j}]", why)
         for j, policy in enumerate(route.policies):
             if policy not in policy_names:
                 known = ", ".join(sorted(policy_names)) or "none"

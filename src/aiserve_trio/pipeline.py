@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import trio
 
 from .adapters.base import Delta
+from .cache.service import Cache
 from .errors import BodyReadTimeout, GatewayError, InternalError, ReplyCapExceeded
 from .http.sse import DONE, ChatFramer
 from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
@@ -118,9 +119,11 @@ class Pipeline:
         writeback: WriteBack | None = None,
         admission: Admission | None = None,
         hook: Hook = NULL_HOOK,
+        cache: Cache | None = None,
     ) -> None:
         self.config = config
         self.bus = bus
+        self.cache = cache
         self.writeback = writeback
         self.admission = admission
         self.hook = hook
@@ -160,8 +163,9 @@ class Pipeline:
             sc.system_template,
             sc.history_turns,
             self._clear_vars,
+            self.cache,
         )
-        inference = InferenceStage(info, inf_recv, delta_send)
+        inference = InferenceStage(info, inf_recv, delta_send, self.cache)
         sse = SSEStage(info, delta_recv, plan_recv, responder, cfg.limits)
         run = _Run()
         # Annotations for /debug/trace and the request's I/O counts; the stage
@@ -190,12 +194,18 @@ class Pipeline:
         except Exception as exc:  # a bug in a stage: log it, tell the client nothing of it
             log.exception("request %s failed inside the gateway", info.request_id, exc_info=exc)
             run.fail("sse", InternalError("the gateway failed while serving this request"))
+        # The request no longer waits for a shared answer (the last to go ends it).
+        Cache.release(context.ticket)
+        ticket = context.ticket
+        cache = inference.cache_result or (ticket.result if ticket is not None else None)
+        if cache == "flight":
+            cache = None  # it never got as far as the cache's answer
 
         if not run.disconnected:
             if run.error is None and not responder.finished:
                 run.fail("sse", InternalError("the request ended without a response"))
             if run.error is not None:
-                await self._write_error(info, responder, run.error, context.result, sse)
+                await self._write_error(info, responder, run.error, context.result, sse, cache)
         asm = sse.assembler
         prepared = context.result
         parsed = parse.result
@@ -225,6 +235,7 @@ class Pipeline:
             client_bytes=responder.bytes_written,
             upstream_reads=upstream.reads,
             upstream_bytes=upstream.bytes,
+            cache=cache,
         )
 
     async def _stage(
@@ -349,13 +360,14 @@ class Pipeline:
         err: GatewayError,
         prepared: Prepared | None,
         sse: SSEStage,
+        cache: str | None,
     ) -> None:
         budget = info.budget
         # The reserve is what is kept back for exactly this write.
         limit = max(budget.deadline, trio.current_time()) + budget.reserve
         with trio.move_on_at(limit):
             if not responder.started:
-                await responder.error(err, response_headers(info, prepared))
+                await responder.error(err, response_headers(info, prepared, cache=cache))
             elif not responder.finished:
                 asm = sse.assembler
                 tail = asm.fail(err) if asm is not None else None

@@ -12,7 +12,9 @@ The moments:
 - an upstream attempt (a context manager around one try), a retry about to
   happen, the upstream error that ends a request;
 - a request complete, with its immutable :class:`~aiserve_trio.stages.outcome.Outcome`
-  (first-token time, usage, stage times, status).
+  (first-token time, usage, stage times, status, cache result);
+- the response cache's backend failing, and what became of a finished answer
+  (stored, or why not).
 """
 
 from __future__ import annotations
@@ -42,7 +44,21 @@ class UpstreamHook(Protocol):
         ...
 
 
-class Hook(UpstreamHook, Protocol):
+class CacheHook(Protocol):
+    """What the response cache reports besides each request's result."""
+
+    def cache_error(self, op: str) -> None:
+        """A backend call (``get``, ``claim``, ``publish``...) failed, timed out, or
+        was skipped while the backend is down; the request went on without it."""
+        ...
+
+    def cache_stored(self, route: str, result: str) -> None:
+        """A finished answer was ``stored``, or not: ``unfinished``, ``refused``,
+        ``capped``, ``too_large``."""
+        ...
+
+
+class Hook(UpstreamHook, CacheHook, Protocol):
     """Everything the request path reports."""
 
     def stage_started(self, stage: str) -> None:
@@ -83,6 +99,12 @@ class NullHook:
         pass
 
     def request_complete(self, outcome: Outcome) -> None:
+        pass
+
+    def cache_error(self, op: str) -> None:
+        pass
+
+    def cache_stored(self, route: str, result: str) -> None:
         pass
 
 

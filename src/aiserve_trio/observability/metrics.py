@@ -10,7 +10,7 @@ unknown channels are ``other``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from http import HTTPStatus
 from typing import TypeVar
 
@@ -170,6 +170,67 @@ class Metrics:
             self.task_count.labels(stage)
             self.stage_latency.labels(stage)
         self._add_sla_and_baseline(r)
+        self._add_cache(r)
+
+    def _add_cache(self, r: CollectorRegistry) -> None:
+        """The response cache (cache issue): results, stores, backend failures, what is held."""
+        self.cache_requests = Counter(
+            "aiserve_cache_requests",
+            "Requests on routes with a cache, by result: hit, miss, coalesced (shared an "
+            "identical request's answer in flight), bypass (not looked up).",
+            ["route", "result"],
+            registry=r,
+        )
+        self.cache_stores = Counter(
+            "aiserve_cache_stores",
+            "Finished answers stored, or why not (unfinished, refused, capped, too_large).",
+            ["route", "result"],
+            registry=r,
+        )
+        self.cache_backend_errors = Counter(
+            "aiserve_cache_backend_errors",
+            "Cache backend calls that failed, timed out or were skipped while it was down "
+            "(the request went on without the cache).",
+            ["op"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "aiserve_cache_bytes",
+            "Bytes of entries this worker holds (memory backend).",
+            registry=r,
+        )
+        self.cache_entries = Gauge(
+            "aiserve_cache_entries", "Entries this worker holds (memory backend).", registry=r
+        )
+        self.cache_flights = Gauge(
+            "aiserve_cache_flights",
+            "Answers in flight that identical requests share (single flight).",
+            registry=r,
+        )
+        self.cache_redis_hits = Gauge(
+            "aiserve_cache_redis_keyspace_hits",
+            "Redis INFO stats keyspace_hits of the cache's server, as last read.",
+            registry=r,
+        )
+        self.cache_redis_misses = Gauge(
+            "aiserve_cache_redis_keyspace_misses",
+            "Redis INFO stats keyspace_misses of the cache's server, as last read.",
+            registry=r,
+        )
+
+    def watch_cache(
+        self,
+        held: Callable[[], tuple[int, int]],
+        flights: Callable[[], int],
+        server: Callable[[], Mapping[str, float]],
+    ) -> None:
+        """Read the cache's gauges at scrape time: (bytes, entries) held, flights, and
+        the Redis server's counters as the cache last read them."""
+        self.cache_bytes.set_function(lambda: float(held()[0]))
+        self.cache_entries.set_function(lambda: float(held()[1]))
+        self.cache_flights.set_function(lambda: float(flights()))
+        self.cache_redis_hits.set_function(lambda: server().get("keyspace_hits", 0.0))
+        self.cache_redis_misses.set_function(lambda: server().get("keyspace_misses", 0.0))
 
     def _add_sla_and_baseline(self, r: CollectorRegistry) -> None:
         """Per-model SLA histograms and the dynamic-baseline gauges (observability issue)."""

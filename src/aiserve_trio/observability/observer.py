@@ -124,6 +124,14 @@ class RequestObserver:
     def failed(self, adapter: str, error: UpstreamError) -> None:
         self.metrics.upstream_errors.labels(adapter, error.code or "upstream_error").inc()
 
+    # --- the response cache ---------------------------------------------------
+
+    def cache_error(self, op: str) -> None:
+        self._child(self.metrics.cache_backend_errors, op).inc()
+
+    def cache_stored(self, route: str, result: str) -> None:
+        self._child(self.metrics.cache_stores, route, result).inc()
+
     # --- the end of a request -------------------------------------------------
 
     def request_complete(self, outcome: Outcome) -> None:
@@ -138,6 +146,11 @@ class RequestObserver:
             m.disconnects.labels(outcome.error_stage or "parse").inc()
         if outcome.capped is not None:
             m.caps.labels(route, outcome.capped).inc()
+        if outcome.cache is not None:
+            self._child(m.cache_requests, route, outcome.cache).inc()
+            if self.baseline is not None and outcome.cache != "bypass":
+                # The storm detector's hit ratio: answered without a model call or not.
+                self.baseline.record_cache(route, outcome.cache in ("hit", "coalesced"))
         if outcome.first_token_at is not None:
             ttft = outcome.first_token_at - outcome.arrival
             m.ttft.labels(route).observe(ttft)
@@ -180,6 +193,8 @@ class RequestObserver:
         attrs["client_bytes"] = outcome.client_bytes
         attrs["upstream_reads"] = outcome.upstream_reads
         attrs["upstream_bytes"] = outcome.upstream_bytes
+        if outcome.cache is not None:
+            attrs["cache"] = outcome.cache
         error = outcome.error.message if outcome.error is not None else None
         outcome.info.trace.finish(
             stages=stages,

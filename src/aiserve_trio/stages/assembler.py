@@ -27,6 +27,11 @@ reply, :meth:`feed` returns nothing and :meth:`finish` the whole
 ``chat.completion`` JSON body. :meth:`fail` returns the error event and
 ``[DONE]`` once a stream has begun, or None when nothing has been sent and the
 caller should answer with an HTTP error instead.
+
+With ``record``, it also keeps what it released, piece by piece, as
+:class:`~aiserve_trio.cache.entry.Replayed` deltas (:meth:`take_recorded`): the
+reply as the client got it, which the response cache stores and replays
+through an assembler without filters.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..adapters.base import Usage
+from ..adapters.base import ToolCallDelta, Usage
 from ..api import (
     ChatCompletion,
     Choice,
@@ -52,6 +57,7 @@ from ..api import (
     encoder,
 )
 from ..api import Usage as WireUsage
+from ..cache.entry import Replayed
 from ..errors import ReplyCapExceeded, UpstreamProtocolError
 from ..http.sse import DONE, ChatFramer
 from ..messages import FunctionCall, ToolCall
@@ -59,7 +65,7 @@ from ..policies.base import apply_filters, finish_filters
 from ..policies.jsonstream import JsonStringFilter
 
 if TYPE_CHECKING:
-    from ..adapters.base import Delta, ToolCallDelta
+    from ..adapters.base import Delta
     from ..errors import GatewayError
     from ..policies.base import OutputFilter
 
@@ -152,6 +158,7 @@ class ResponseAssembler:
         "_max_bytes",
         "_max_tokens",
         "_reasoning",
+        "_recorded",
         "_refusal",
         "_side",
         "_state",
@@ -178,6 +185,7 @@ class ResponseAssembler:
         side_filters: FilterFactory | None = None,
         max_tokens: int | None = None,
         max_bytes: int | None = None,
+        record: bool = False,
     ) -> None:
         """Args:
         filters: the content's output filters, in policy order.
@@ -186,6 +194,7 @@ class ResponseAssembler:
         max_tokens: the reply ends (``finish_reason: "length"``, :attr:`capped`)
             before a delta would take it past this many upstream tokens.
         max_bytes: :meth:`feed` raises once more bytes than this were released.
+        record: keep the released pieces (see :meth:`take_recorded`).
         """
         self._max_tokens = max_tokens
         self._max_bytes = max_bytes
@@ -212,6 +221,7 @@ class ResponseAssembler:
         self.usage: Usage | None = None
         #: Clock time at which the first text of the reply was released.
         self.first_token_at: float | None = None
+        self._recorded: list[Replayed] | None = [] if record else None
 
     # --- what it knows --------------------------------------------------------
 
@@ -239,6 +249,51 @@ class ResponseAssembler:
             )
             for _, c in sorted(self._calls.items())
         ]
+
+    def take_recorded(self) -> list[Replayed]:
+        """The pieces released since the last call (with ``record``; else none).
+
+        Each is one release of :meth:`feed` or :meth:`finish`: the content,
+        reasoning, refusal and tool-call fragments after the filters, and the
+        backend's logprobs; after :meth:`finish`, the last one carries the
+        finish reason and usage.
+        """
+        out = self._recorded
+        if not out:
+            return []
+        self._recorded = []
+        return out
+
+    def _record(
+        self,
+        content: str,
+        reasoning: str,
+        refusal: str,
+        calls: list[ToolCallChunk] | None,
+        logprobs: msgspec.Raw | None = None,
+    ) -> None:
+        assert self._recorded is not None
+        fragments = None
+        if calls:
+            fragments = [
+                ToolCallDelta(
+                    index=c.index,
+                    id=c.id,
+                    type=c.type,
+                    name=c.function.name if c.function is not None else None,
+                    arguments=(c.function.arguments or "") if c.function is not None else "",
+                )
+                for c in calls
+            ]
+        self._recorded.append(
+            Replayed(
+                text=content,
+                reasoning=reasoning,
+                refusal=refusal,
+                tool_calls=fragments,
+                logprobs=logprobs,
+            )
+        )
 
     # --- transitions ----------------------------------------------------------
 
@@ -305,6 +360,10 @@ class ResponseAssembler:
             self.first_token_at = now
         if delta.logprobs is not None and framer is None:
             self._keep_logprobs(delta.logprobs)
+        if self._recorded is not None and (
+            content or reasoning or refusal or calls or delta.logprobs
+        ):
+            self._record(content, reasoning, refusal, calls, delta.logprobs)
         if framer is not None and (content or reasoning or refusal or calls or delta.logprobs):
             out += framer.delta(
                 ChunkDelta(
@@ -379,6 +438,10 @@ class ResponseAssembler:
         ]
         if self.first_token_at is None and (tail or reasoning or refusal or calls):
             self.first_token_at = now
+        if self._recorded is not None:
+            if tail or reasoning or refusal or calls:
+                self._record(tail, reasoning, refusal, calls)
+            self._recorded.append(Replayed(finish_reason=self.finish_reason, usage=self.usage))
         usage = self._wire_usage()
         if self._framer is None:
             if self.first_token_at is None:

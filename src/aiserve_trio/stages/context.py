@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..adapters.base import InferenceRequest, Message
+from ..cache.service import Cache, Ticket
 from ..errors import StageDeadlineExceeded
 from ..policies.base import OutputFilter, Policy, PolicyContext, redact_values
 from ..sessions.bus import SessionBusError, check_vars
@@ -101,8 +102,12 @@ class ContextStage:
         system_template: str,
         history_turns: int,
         clear_vars: frozenset[str] = frozenset(),
+        cache: Cache | None = None,
     ) -> None:
         self.info = info
+        self.cache = cache
+        #: What the request does with the response cache (released when it ends).
+        self.ticket: Ticket | None = None
         self.clear_vars = clear_vars
         #: The request's ``metadata`` as stored (redacted where the route redacts).
         self.metadata: dict[str, str] | None = None
@@ -198,6 +203,18 @@ class ContextStage:
             extra=req.extra,
         )
         request = await route.adapter.prepare(request)
+        if self.cache is not None:
+            # Keyed on the request as it goes upstream: after session context,
+            # input policies (they ran, hit or not) and fitting to the window.
+            self.ticket = await self.cache.admit(
+                path=route.config.path,
+                tenant=info.tenant,
+                channel=info.channel,
+                cache_control=info.headers.get("cache-control"),
+                temperature=req.body.temperature,
+                request=request,
+                deadline=info.budget.cut("context"),
+            )
         prepared = Prepared(
             parsed=req,
             inference=request,
@@ -206,6 +223,7 @@ class ContextStage:
             policy=ctx,
             degraded=degraded,
             new_turns=new_turns(messages[-own:]),
+            cache=self.ticket,
         )
         self.result = prepared
         # The sse stage's copy first: it must be there when the first delta is.

@@ -4,16 +4,34 @@ The adapter streams deltas straight into the channel the sse stage reads, so a
 slow client's backpressure reaches the upstream. Before the call starts, a
 request with less than ``min_inference_ms`` left fails fast instead of starting
 a call that cannot finish.
+
+On a route with a response cache, the context stage's ticket decides instead:
+a stored reply is replayed; a request sharing an answer in flight reads that
+flight's pieces (the first to get here launches it: the model through the
+route's output filters, see :meth:`InferenceStage._produce`). Either way the
+sse stage gets :class:`~aiserve_trio.cache.entry.Replayed` deltas, already
+through the output policies.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
 
 from ..adapters.base import Delta
-from ..errors import StageDeadlineExceeded
+from ..cache.service import Cache
+from ..errors import GatewayError, StageDeadlineExceeded
+from .assembler import ResponseAssembler
 from .types import Prepared, RequestInfo
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..adapters.base import InferenceRequest
+    from ..cache.entry import Replayed
 
 
 class InferenceStage:
@@ -24,10 +42,14 @@ class InferenceStage:
         info: RequestInfo,
         inbox: trio.MemoryReceiveChannel[Prepared],
         out: trio.MemorySendChannel[Delta],
+        cache: Cache | None = None,
     ) -> None:
         self.info = info
         self.out = out
+        self.cache = cache
         self.owned = (out, inbox)
+        #: What the cache did for this request, once known (the pipeline reads it).
+        self.cache_result: str | None = None
 
     async def run(self, prepared: Prepared) -> None:
         """Raises: StageDeadlineExceeded (too little time left), UpstreamError."""
@@ -40,13 +62,95 @@ class InferenceStage:
                 f"only {max(left, 0.0) * 1000:.0f} ms of the inference budget remain, "
                 f"less than the {budget.min_inference * 1000:.0f} ms a call needs",
             )
+        ticket = prepared.cache
         request = prepared.inference
         with info.trace.live_stage("inference") as span:
+            if ticket is not None and ticket.entry is not None:
+                self.cache_result = await Cache.replay(ticket.entry, self.out)
+                return
             carried = info.trace.inject(span)
             if carried:
                 forward = {**request.forward_headers, **carried}
                 request = msgspec.structs.replace(request, forward_headers=forward)
-            await info.route.adapter.stream(request, self.out)
+            if ticket is None or ticket.member is None or self.cache is None:
+                self.cache_result = ticket.result if ticket is not None else None
+                await info.route.adapter.stream(request, self.out)
+                return
+
+            async def produce(
+                publish: Callable[[Sequence[Replayed]], None], until: float
+            ) -> str | None:
+                # The flight lasts as long as the latest of the requests sharing it.
+                shared = msgspec.structs.replace(request, deadline=until)
+                return await self._produce(prepared, shared, publish)
+
+            await self.cache.follow(ticket, produce, request.deadline, self.out, self._told)
+
+    def _told(self, result: str) -> None:
+        self.cache_result = result
+
+    async def _produce(
+        self,
+        prepared: Prepared,
+        request: InferenceRequest,
+        publish: Callable[[Sequence[Replayed]], None],
+    ) -> str | None:
+        """The answer for every request sharing it: the model through this request's
+        output filters (the route's), each released piece published as it comes.
+
+        Runs in the cache's flight task, not in this request: it goes on if this
+        request goes away while others share the answer.
+
+        Returns: the cap that ended the reply early, if one did.
+        """
+        info = self.info
+        asm = ResponseAssembler(
+            info.request_id,
+            prepared.parsed.model,
+            info.created,
+            stream=False,
+            filters=prepared.filters,
+            side_filters=prepared.side_filters,
+            max_tokens=request.max_tokens,
+            max_bytes=info.route.config.max_reply_bytes,
+            record=True,
+        )
+        send, recv = trio.open_memory_channel[Delta](1)
+        adapter = info.route.adapter
+        # Errors are kept, not raised inside the nursery (that would group them).
+        failure: GatewayError | None = None
+
+        async def upstream() -> None:
+            nonlocal failure
+            try:
+                await adapter.stream(request, send)
+            except GatewayError as err:
+                failure = failure or err
+            finally:
+                # Closed without a checkpoint: the error is kept before the reader,
+                # seeing the end, cancels this task.
+                send.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(upstream)
+            try:
+                async for delta in recv:
+                    asm.feed(delta, trio.current_time())
+                    publish(asm.take_recorded())
+                    if asm.capped is not None:
+                        break  # the backend did not stop at the limit: stop it here
+            except GatewayError as err:
+                # A cap on the reply's bytes: here, not only in each request's sse
+                # stage, so that the shared log stays bounded by it too.
+                failure = failure or err
+            # Cancelled before its channel closes: the call ends cancelled, not broken.
+            nursery.cancel_scope.cancel(reason="the reply is over")
+        recv.close()
+        if failure is not None:
+            raise failure
+        asm.finish(trio.current_time())
+        publish(asm.take_recorded())
+        return asm.capped
 
     async def expired(self, prepared: Prepared) -> None:
         raise StageDeadlineExceeded("inference")

@@ -65,6 +65,9 @@ class Outcome:
     #: Chunks read from the upstream (handed to the adapter's decoder) and their bytes.
     upstream_reads: int = 0
     upstream_bytes: int = 0
+    #: What the route's response cache did: ``hit``, ``miss``, ``coalesced``
+    #: (shared an identical request's answer), ``bypass``; None without a cache.
+    cache: str | None = None
 
     @property
     def ok(self) -> bool:

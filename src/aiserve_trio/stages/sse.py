@@ -7,6 +7,11 @@ proper HTTP statuses) or, when the client did not ask to stream, one
 ``chat.completion`` JSON body. While a stream is open, a keep-alive task sends
 ``: ping`` when it has been idle ``heartbeat_s`` and gives up on a client that
 has taken no byte for ``write_timeout_ms``.
+
+Deltas the response cache replays (:class:`~aiserve_trio.cache.entry.Replayed`:
+a stored reply, or one shared with identical requests) have already been
+through the route's output policies: they are framed by an assembler without
+filters, into the same chunk shapes, usage and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import math
 import trio
 
 from ..adapters.base import Delta
+from ..cache.entry import Replayed
 from ..config import LimitsConfig
 from ..errors import GatewayError, ReplyCapExceeded, StageDeadlineExceeded, WriteTimeout
 from ..http.responder import Responder
@@ -44,6 +50,8 @@ class SSEStage:
         self.owned = (inbox, plan)
         #: Set once the reply has a shape (the pipeline asks it for the final error event).
         self.assembler: ResponseAssembler | None = None
+        #: What the response cache did (``X-Aiserve-Cache``), once the reply has begun.
+        self.cache_result: str | None = None
         self._stalled = False
 
     async def run(self, first: Delta) -> bool:
@@ -58,18 +66,24 @@ class SSEStage:
         prepared = self.plan.receive_nowait()
         parsed = prepared.parsed
         route = self.info.route.config
+        replayed = isinstance(first, Replayed)
         asm = self.assembler = ResponseAssembler(
             self.info.request_id,
             parsed.model,
             self.info.created,
             stream=parsed.stream,
             include_usage=parsed.include_usage,
-            filters=prepared.filters,
-            side_filters=prepared.side_filters,
-            max_tokens=prepared.inference.max_tokens,
+            # Replayed pieces went through the filters and the token cap already.
+            filters=None if replayed else prepared.filters,
+            side_filters=None if replayed else prepared.side_filters,
+            max_tokens=None if replayed else prepared.inference.max_tokens,
             max_bytes=route.max_reply_bytes,
         )
-        headers = response_headers(self.info, prepared, first.served)
+        if isinstance(first, Replayed):
+            self.cache_result = first.cache
+        elif prepared.cache is not None:
+            self.cache_result = prepared.cache.result
+        headers = response_headers(self.info, prepared, first.served, cache=self.cache_result)
         limit = math.inf if route.max_stream_s is None else trio.current_time() + route.max_stream_s
         with trio.move_on_at(limit) as capped:
             if not asm.stream:

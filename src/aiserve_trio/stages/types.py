@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..adapters.base import Adapter, InferenceRequest, ServedBy
     from ..api import ChatCompletionRequest
     from ..budgets import Budget
+    from ..cache.service import Ticket
     from ..config import RouteConfig
     from ..http.types import Headers
     from ..messages import Message
@@ -101,14 +102,23 @@ class Prepared:
     #: What the request adds to the conversation, as the model saw it (after the
     #: input policies): stored in the session with the reply.
     new_turns: list[Message]
+    #: What the request does with the route's response cache (None: the route has none).
+    cache: Ticket | None = None
 
 
 def response_headers(
-    info: RequestInfo, prepared: Prepared | None, served: ServedBy | None = None
+    info: RequestInfo,
+    prepared: Prepared | None,
+    served: ServedBy | None = None,
+    *,
+    cache: str | None = None,
 ) -> Headers:
     """The gateway's own response headers: request id, degradation, trimming, trace,
-    and (``served``, from the first delta) which deployment of a group answered."""
+    (``served``, from the first delta) which deployment of a group answered, and on a
+    route with a cache what it did (``hit``, ``miss``, ``bypass``, ``coalesced``)."""
     out = [(b"x-request-id", info.request_id.encode())]
+    if cache is not None:
+        out.append((b"x-aiserve-cache", cache.encode()))
     trimmed = served.trimmed if served is not None else 0
     if prepared is not None:
         if prepared.degraded:

@@ -1,0 +1,56 @@
+"""Least recently used, bounded by bytes, with a time to live (pure: the caller passes the time)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+@dataclass(slots=True)
+class _Slot(Generic[V]):
+    value: V
+    size: int
+    expires: float
+
+
+class ByteLRU(Generic[V]):
+    """Values with a size each; the least recently used go first when over ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._slots: OrderedDict[str, _Slot[V]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def get(self, key: str, now: float) -> V | None:
+        """The value, if held and not expired (it becomes the most recently used)."""
+        slot = self._slots.get(key)
+        if slot is None:
+            return None
+        if now >= slot.expires:
+            self._drop(key)
+            return None
+        self._slots.move_to_end(key)
+        return slot.value
+
+    def put(self, key: str, value: V, size: int, expires: float) -> bool:
+        """Hold ``value`` until ``expires``; False (nothing held) if it alone is over the bound."""
+        if key in self._slots:
+            self._drop(key)
+        if size > self.max_bytes:
+            return False
+        self._slots[key] = _Slot(value, size, expires)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            oldest = next(iter(self._slots))
+            self._drop(oldest)
+        return True
+
+    def _drop(self, key: str) -> None:
+        slot = self._slots.pop(key)
+        self.bytes -= slot.size

@@ -1,0 +1,704 @@
+"""The response cache as the request path uses it: admit, serve, release.
+
+One :class:`Cache` per app. For a request on a route with ``cache``:
+
+- the context stage calls :meth:`Cache.admit` once the upstream request is
+  known: it decides (``Cache-Control``, deterministic or not, the route's
+  models), computes the key, and returns a :class:`Ticket`: a stored entry
+  (*hit*), membership of the flight answering that key (joined or started), or
+  *bypass*;
+- the inference stage replays the entry, or calls :meth:`Cache.serve`, which
+  reads the flight's log as its pieces come; the first member to get there
+  launches the flight with a *producer* (the model through the route's output
+  filters, built by the stage) that runs in the app's nursery -- not in any one
+  request -- so the requests sharing the answer do not depend on the one that
+  asked first: its client may go away, or read slowly, and the others still
+  get every piece at their own pace;
+- the pipeline calls :meth:`Cache.release` when the request ends; the last
+  member to leave an unfinished flight cancels it.
+
+A flight that finishes cleanly is stored before it is forgotten, so a request
+arriving meanwhile either joins it or finds the entry. With a shared backend
+(Redis) the flight first claims the key across gateways: the entry, or a lease
+(this gateway answers and publishes the pieces), or another gateway's answer
+to follow; a gateway that dies loses its lease, and a follower that has
+received nothing takes over.
+
+The backend is never in the way: every call is bounded (``[cache] timeout_ms``),
+a failure is counted and the request goes on without the cache, and after a
+failure the backend is skipped for ``retry_ms``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgspec
+import trio
+
+from ..adapters.retry import is_retryable
+from ..errors import GatewayError, InternalError, UpstreamError
+from ..observability.events import NULL_HOOK, CacheHook
+from .backend import CacheBackend, MemoryBackend
+from .entry import (
+    Entry,
+    Replayed,
+    decode_pieces,
+    encode,
+    encode_pieces,
+    new_entry,
+    why_not_stored,
+)
+from .errors import CacheUnavailable, FlightLate, SharedReplyLost
+from .flight import Flight, FlightState, FlightTable
+from .key import (
+    RouteScope,
+    adapter_version,
+    deterministic,
+    directives,
+    policy_version,
+    request_key,
+)
+
+if TYPE_CHECKING:
+    from ..adapters.base import DeltaSink, InferenceRequest
+    from ..config import CacheConfig, Config, RouteCache, RouteConfig
+
+log = logging.getLogger("aiserve_trio.cache")
+T = TypeVar("T")
+#: Publishes released pieces to the flight (called by a producer as they come).
+Publish = Callable[[Sequence[Replayed]], None]
+#: Produces the answer until the deadline given: the model through the route's
+#: output filters, every released piece published, the final one last. Returns
+#: the cap that ended the reply early (``max_tokens``), if one did; raises a
+#: GatewayError on failure.
+Producer = Callable[[Publish, float], Awaitable[str | None]]
+#: A follower reads a published answer that long after it ended.
+_KEEP_MS = 30_000
+PACKS_PACKAGE = "aiserve_trio.policies.packs"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteCachePlan:
+    """A route's cache settings and the parts of its keys fixed at start-up."""
+
+    label: str
+    settings: RouteCache
+    scope: RouteScope
+    #: The longest inference budget a request on the route can have (seconds): how
+    #: long the backend is told a shared answer may take; the flight itself ends
+    #: at the latest deadline of the requests sharing it.
+    longest: float
+
+
+class Member:
+    """One request's share of a flight; :meth:`leave` when the request ends."""
+
+    __slots__ = ("_cache", "flight", "left")
+
+    def __init__(self, cache: Cache, flight: Flight) -> None:
+        self._cache = cache
+        self.flight = flight
+        self.left = False
+
+    def leave(self) -> None:
+        if self.left:
+            return
+        self.left = True
+        flight = self.flight
+        if self._cache.flights.leave(flight) and flight.scope is not None:
+            flight.scope.cancel(reason="every request sharing the answer went away")
+
+    def move(self, flight: Flight) -> None:
+        """Share ``flight`` instead (the one this member had failed)."""
+        self._cache.flights.leave(self.flight)
+        self.flight = flight
+        self._cache.flights.join(flight)
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """What one request does with the cache (the context stage's decision)."""
+
+    route: str
+    #: ``hit`` (``entry`` is set), ``bypass``, or ``flight`` (``member`` is set;
+    #: hit, miss or coalesced is known once the first piece arrives).
+    result: str
+    plan: RouteCachePlan | None = None
+    entry: Entry | None = None
+    member: Member | None = None
+
+
+class Cache:
+    """The routes' response caches and their single flights (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        routes: dict[str, RouteCachePlan],
+        backend: CacheBackend,
+        hook: CacheHook = NULL_HOOK,
+    ) -> None:
+        self.config = config
+        #: By route path.
+        self.routes = routes
+        self.backend = backend
+        self.hook = hook
+        self.flights = FlightTable()
+        self._nursery: trio.Nursery | None = None
+        self._timeout = config.timeout_ms / 1000.0
+        self._down_until = -1.0
+        #: The server's counters as last read (Redis ``INFO stats``).
+        self.server: dict[str, float] = {}
+        self._stats = trio.CancelScope()
+
+    # --- the app's lifetime -----------------------------------------------------
+
+    async def aopen(self, nursery: trio.Nursery) -> None:
+        """Connect the backend; flights (and the stats loop) run in ``nursery``."""
+        await self.backend.aopen()
+        self._nursery = nursery
+        if self.backend.shared:
+            nursery.start_soon(self._stats_loop)
+
+    async def aclose(self) -> None:
+        self._nursery = None
+        self._stats.cancel(reason="app shutdown")
+        await self.backend.aclose()
+
+    def held(self) -> tuple[int, int]:
+        """(bytes, entries) this process holds (0, 0 for a shared backend)."""
+        return self.backend.held() or (0, 0)
+
+    async def _stats_loop(self) -> None:
+        """Read the server's counters (Redis ``INFO stats``) every ``stats_interval_s``."""
+        with self._stats:
+            while True:
+                with contextlib.suppress(CacheUnavailable):
+                    self.server = await self._call("stats", self.backend.server_stats)
+                await trio.sleep(self.config.stats_interval_s)
+
+    # --- the context stage --------------------------------------------------------
+
+    async def admit(
+        self,
+        *,
+        path: str,
+        tenant: str,
+        channel: str,
+        cache_control: str | None,
+        temperature: float | None,
+        request: InferenceRequest,
+        deadline: float,
+    ) -> Ticket | None:
+        """Decide what ``request`` does with the cache; None when its route has none.
+
+        Args:
+            request: as it goes upstream (session context in, input policies
+                applied, fitted to the window); its ``deadline`` (the inference
+                cut) is how long a flight it shares may last for it.
+            deadline: the lookup gives up at this time (the context stage's cut).
+        """
+        plan = self.routes.get(path)
+        if plan is None:
+            return None
+        s = plan.settings
+        asked = directives(cache_control)
+        if (
+            asked.no_store
+            or (s.models and request.model not in s.models)
+            or (s.deterministic_only and not deterministic(temperature, request.extra.get("seed")))
+        ):
+            return Ticket(plan.label, "bypass", plan)
+        key = request_key(
+            plan.scope,
+            tenant=tenant,
+            channel=channel,
+            model=request.model,
+            messages=[m.to_raw() for m in request.messages],
+            fields=request.extra,
+            max_tokens=request.max_tokens,
+            variables=request.variables,
+        )
+        if asked.no_cache:
+            return self._member(plan, self.flights.start(key, fresh=True), request.deadline)
+        flight = self.flights.find(key)
+        if flight is None:
+            entry = await self._lookup(key, deadline)
+            if entry is not None:
+                return Ticket(plan.label, "hit", plan, entry=entry)
+            # Looked again after the wait: another request may have started it.
+            flight = self.flights.find(key) or self.flights.start(key)
+        if flight.log.state is FlightState.DONE:
+            # Finished, and being stored: that is an entry already.
+            entry = Entry(pieces=flight.log.pieces, route=plan.label)
+            return Ticket(plan.label, "hit", plan, entry=entry)
+        return self._member(plan, flight, request.deadline)
+
+    def _member(self, plan: RouteCachePlan, flight: Flight, until: float) -> Ticket:
+        self.flights.join(flight)
+        # It lasts as long as the latest of its members needs, whoever launched it
+        # (within what the backend was told when it was).
+        flight.deadline = max(flight.deadline, until)
+        if flight.scope is not None:
+            flight.scope.deadline = min(max(flight.scope.deadline, until), flight.limit)
+        return Ticket(plan.label, "flight", plan, member=Member(self, flight))
+
+    async def _lookup(self, key: str, deadline: float) -> Entry | None:
+        if deadline <= trio.current_time():
+            return None  # no time left to look (a request going on degraded)
+        try:
+            with trio.move_on_at(deadline):
+                return await self._call("get", partial(self.backend.get, key))
+        except CacheUnavailable:
+            return None
+        self.hook.cache_error("get")  # the context stage's time ran out first
+        return None
+
+    # --- the inference stage ------------------------------------------------------
+
+    @staticmethod
+    async def replay(entry: Entry, out: DeltaSink) -> str:
+        """Send a stored reply's pieces; the first says ``hit``."""
+        pieces = entry.pieces
+        await out.send(msgspec.structs.replace(pieces[0], cache="hit"))
+        for piece in pieces[1:]:
+            await out.send(piece)
+        return "hit"
+
+    async def follow(
+        self,
+        ticket: Ticket,
+        produce: Producer,
+        deadline: float,
+        out: DeltaSink,
+        result: Callable[[str], None],
+    ) -> None:
+        """Send the answer of the ticket's flight into ``out`` as its pieces come.
+
+        The first member to get here launches the flight with ``produce``, in
+        the app's nursery, until the latest inference deadline of its members
+        (extended as members join), telling the backend the longest a request
+        on the route may take. ``result`` is told this request's cache result (``miss``,
+        ``hit``, ``coalesced``, ``bypass``) as soon as it is known -- before the
+        first piece is sent, which carries it.
+
+        A flight that fails before this request got any of it is taken over (a
+        new flight, launched by the first member to see the failure, joined by
+        the others) when it ran out of the time the backend was given while this
+        request still has some, or, once, when the upstream failed in a way worth
+        another try; otherwise its error is this request's.
+
+        Args:
+            deadline: this request's inference deadline.
+
+        Raises:
+            GatewayError: the flight failed (its error), or SharedReplyLost.
+        """
+        member = ticket.member
+        assert member is not None
+        assert ticket.plan is not None
+        told = False
+        cursor = 0
+        while True:
+            flight = member.flight
+            launcher = not flight.launched
+            if launcher:
+                flight.launched = True
+                flight.limit = trio.current_time() + ticket.plan.longest
+                # Made here, entered by the flight's task: members joining before
+                # that task first runs extend it too.
+                flight.scope = trio.CancelScope(
+                    deadline=min(max(flight.deadline, deadline), flight.limit)
+                )
+                self._spawn(self._fly, flight, ticket.plan, produce)
+            # What it is as long as nothing has arrived (hit once the store answers).
+            result(("bypass" if flight.fresh else "miss") if launcher else "coalesced")
+            log_ = flight.log
+            while True:
+                pieces = log_.since(cursor)
+                if pieces and not told:
+                    told = True
+                    first = _result_of(flight, launcher)
+                    result(first)
+                    pieces = [msgspec.structs.replace(pieces[0], cache=first), *pieces[1:]]
+                for piece in pieces:
+                    await out.send(piece)
+                cursor += len(pieces)
+                if log_.state is FlightState.DONE and cursor == len(log_.pieces):
+                    return
+                if log_.state is FlightState.FAILED:
+                    break
+                await flight.wait(cursor)
+            err = log_.error
+            assert err is not None
+            if cursor or not _may_take_over(flight, err, deadline):
+                raise err
+            member.move(self.flights.find(flight.key) or self._successor(flight))
+
+    def _successor(self, failed: Flight) -> Flight:
+        new = self.flights.start(failed.key, fresh=failed.fresh)
+        new.generation = failed.generation + 1
+        return new
+
+    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        # Spawned from the launching request's task: the flight inherits its
+        # context (trace span, task label, upstream read counter).
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+        else:  # an app used without its lifespan (tests): flights end with their members
+            import contextvars
+
+            trio.lowlevel.spawn_system_task(fn, *args, context=contextvars.copy_context())
+
+    # --- the pipeline -------------------------------------------------------------
+
+    @staticmethod
+    def release(ticket: Ticket | None) -> None:
+        if ticket is not None and ticket.member is not None:
+            ticket.member.leave()
+
+    # --- a flight -----------------------------------------------------------------
+
+    async def _fly(self, flight: Flight, plan: RouteCachePlan, produce: Producer) -> None:
+        """Produce (or find, or follow) the answer for every member, then store it."""
+        assert flight.scope is not None
+        try:
+            with flight.scope as scope:
+                if flight.members == 0:
+                    scope.cancel(reason="every request sharing the answer went away")
+                await self._answer(flight, plan, produce, flight.limit)
+            if scope.cancelled_caught and not flight.log.ended:
+                self._fail(flight, FlightLate())
+        except GatewayError as err:
+            self._fail(flight, err)
+        except Exception as exc:  # a bug: members get a 500, the app goes on
+            log.exception("a cache flight failed inside the gateway", exc_info=exc)
+            self._fail(flight, InternalError("the gateway failed while serving this request"))
+        finally:
+            if not flight.log.ended:  # the app is shutting down
+                self._fail(flight, InternalError("the gateway is shutting down"))
+            self.flights.remove(flight)
+
+    @staticmethod
+    def _publish(flight: Flight, pieces: Sequence[Replayed], source: str) -> None:
+        if pieces:
+            flight.log.publish(pieces, source)
+            flight.changed()
+
+    @staticmethod
+    def _finish(flight: Flight) -> None:
+        flight.log.finish()
+        flight.changed()
+
+    def _fail(self, flight: Flight, err: GatewayError) -> None:
+        if flight.log.fail(err):
+            # Gone for new requests at once: they start afresh, not with this error.
+            self.flights.remove(flight)
+            flight.changed()
+
+    async def _answer(
+        self, flight: Flight, plan: RouteCachePlan, produce: Producer, until: float
+    ) -> None:
+        backend = self.backend
+        if backend.shared:
+            token = secrets.token_hex(8)
+            lease = self.config.lease_ms
+            while True:
+                try:
+                    claim = await self._call(
+                        "claim",
+                        partial(backend.claim, flight.key, token, lease, fresh=flight.fresh),
+                    )
+                except CacheUnavailable:
+                    break  # answer here, without the other gateways
+                if claim.kind == "hit":
+                    assert claim.entry is not None
+                    self._publish(flight, claim.entry.pieces, "store")
+                    self._finish(flight)
+                    return
+                if claim.kind == "lead":
+                    await self._lead(flight, plan, produce, token, until)
+                    return
+                if claim.token is not None and await self._follow_remote(flight, claim.token):
+                    return
+                if flight.log.pieces:
+                    raise SharedReplyLost(
+                        "the gateway producing the answer this request shared went away "
+                        "midway; it cannot be continued with another answer"
+                    )
+                # That gateway let go before sending anything: claim again (take over).
+        capped = await produce(partial(self._publish, flight, source="model"), until)
+        self._finish(flight)
+        await self._store(flight, plan, capped)
+
+    def _entry(
+        self, flight: Flight, plan: RouteCachePlan, capped: str | None
+    ) -> tuple[Entry, bytes] | None:
+        """The entry to store for a finished flight, and its encoding; None (counted)
+        when it must not be stored."""
+        pieces = flight.log.pieces
+        why = "capped" if capped is not None else why_not_stored(pieces)
+        if why is None:
+            entry = new_entry(pieces, plan.label)
+            blob = encode(entry)
+            if len(blob) <= plan.settings.max_entry_bytes:
+                return entry, blob
+            why = "too_large"
+        self.hook.cache_stored(plan.label, why)
+        return None
+
+    async def _store(self, flight: Flight, plan: RouteCachePlan, capped: str | None) -> None:
+        made = self._entry(flight, plan, capped)
+        if made is None:
+            return
+        entry, blob = made
+        ttl = plan.settings.ttl_s
+        try:
+            await self._call("put", partial(self.backend.put, flight.key, entry, blob, ttl))
+        except CacheUnavailable:
+            return
+        self.hook.cache_stored(plan.label, "stored")
+
+    # --- across gateways (shared backends) ------------------------------------------
+
+    async def _lead(
+        self, flight: Flight, plan: RouteCachePlan, produce: Producer, token: str, until: float
+    ) -> None:
+        """Answer with the lease: publish the pieces for other gateways, then store."""
+        capped: str | None = None
+        failure: str | None = "cancelled"
+        try:
+            async with trio.open_nursery() as tasks:
+                tasks.start_soon(self._keep_lease, flight.key, token)
+                relayed = trio.Event()
+                tasks.start_soon(self._relay, flight, token, relayed)
+                try:
+                    capped = await produce(partial(self._publish, flight, source="model"), until)
+                    self._finish(flight)
+                    failure = None
+                except GatewayError as err:
+                    failure = err.code or "upstream_error"
+                    self._fail(flight, err)
+                await relayed.wait()
+                tasks.cancel_scope.cancel(reason="answer relayed")
+        finally:
+            made = self._entry(flight, plan, capped) if failure is None else None
+            blob = made[1] if made is not None else None
+            # Shielded and bounded: a cancelled leader still lets the others take over now.
+            with trio.CancelScope(shield=True):
+                try:
+                    await self._call(
+                        "close",
+                        partial(
+                            self.backend.close,
+                            flight.key,
+                            token,
+                            outcome="fail" if failure is not None else "done",
+                            detail=failure or "",
+                            blob=blob,
+                            ttl_s=plan.settings.ttl_s,
+                            max_bytes=plan.settings.max_entry_bytes,
+                            keep_ms=_KEEP_MS,
+                        ),
+                    )
+                    if blob is not None:
+                        self.hook.cache_stored(plan.label, "stored")
+                except CacheUnavailable:
+                    pass
+
+    async def _keep_lease(self, key: str, token: str) -> None:
+        lease = self.config.lease_ms
+        while True:
+            await trio.sleep(lease / 3000.0)
+            try:
+                if not await self._call("renew", partial(self.backend.renew, key, token, lease)):
+                    return  # lost: another may take over; our own members are still served
+            except CacheUnavailable:
+                continue
+
+    async def _relay(self, flight: Flight, token: str, relayed: trio.Event) -> None:
+        """Publish the flight's pieces for the gateways that follow it, as they come."""
+        cursor = 0
+        healthy = True
+        try:
+            while True:
+                pieces = flight.log.since(cursor)
+                if pieces and healthy:
+                    try:
+                        await self._call(
+                            "publish",
+                            partial(
+                                self.backend.publish,
+                                flight.key,
+                                token,
+                                encode_pieces(pieces),
+                                _KEEP_MS,
+                            ),
+                        )
+                    except CacheUnavailable:
+                        healthy = False  # the others will see the lease go and take over
+                cursor += len(pieces)
+                if flight.log.ended and cursor >= len(flight.log.pieces):
+                    return
+                await flight.wait(cursor)
+        finally:
+            relayed.set()
+
+    async def _follow_remote(self, flight: Flight, token: str) -> bool:
+        """Follow another gateway's answer; False when it went away or failed."""
+        after = "0-0"
+        lease = self.config.lease_ms
+        while True:
+            try:
+                records = await self._call(
+                    "read",
+                    partial(self.backend.read, flight.key, token, after, lease),
+                    extra_s=lease / 1000.0,
+                )
+                if (
+                    not records
+                    and await self._call("holder", partial(self.backend.holder, flight.key))
+                    != token
+                ):
+                    return False  # it died without a word (its lease expired)
+            except CacheUnavailable:
+                return False
+            for record in records:
+                after = record.id
+                if record.kind == "pieces":
+                    try:
+                        pieces = decode_pieces(record.data)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        return False  # a gateway of another version: answer here
+                    self._publish(flight, pieces, "remote")
+                elif record.kind == "done":
+                    self._finish(flight)
+                    return True
+                else:
+                    return False
+
+    # --- every backend call ----------------------------------------------------------
+
+    async def _call(self, op: str, fn: Callable[[], Awaitable[T]], *, extra_s: float = 0.0) -> T:
+        """``fn()`` bounded by ``[cache] timeout_ms``; failures counted, then skipped a while.
+
+        Raises:
+            CacheUnavailable: it failed, timed out, or the backend is being skipped.
+        """
+        if not self.backend.shared:
+            return await fn()  # in this process: nothing to wait for, nothing to fail
+        now = trio.current_time()
+        if now < self._down_until:
+            self.hook.cache_error(op)
+            raise CacheUnavailable(f"the cache is skipped after a failure ({op})")
+        failure: CacheUnavailable | None = None
+        with trio.move_on_after(self._timeout + extra_s):
+            try:
+                return await fn()
+            except CacheUnavailable as exc:
+                failure = exc
+        self._down_until = trio.current_time() + self.config.retry_ms / 1000.0
+        self.hook.cache_error(op)
+        if failure is not None:
+            log.warning("cache backend: %s", failure, exc_info=failure.__cause__)
+            raise failure
+        raise CacheUnavailable(f"the cache did not answer {op} in time")
+
+
+def _may_take_over(flight: Flight, err: GatewayError, deadline: float) -> bool:
+    """Whether a member that got nothing of a failed flight should try a new one."""
+    if trio.current_time() >= deadline:
+        return False
+    if isinstance(err, FlightLate):
+        return True  # it had less time than this request has
+    # Once: the adapter has already retried what it could before its first token.
+    return flight.generation == 0 and isinstance(err, UpstreamError) and is_retryable(err)
+
+
+def _result_of(flight: Flight, launcher: bool) -> str:
+    source = flight.log.source
+    if source == "store":
+        return "hit"
+    if not launcher or source == "remote":
+        return "coalesced"
+    return "bypass" if flight.fresh else "miss"
+
+
+# --- building it ----------------------------------------------------------------------
+
+
+def _pack_bytes(ref: str, base_dir: str) -> bytes:
+    """The bytes of a policy's rule pack, found as ``policies.base.read_pack`` finds it
+    (a shipped pack's name, or a file relative to the config). b"" if unreadable:
+    the policy has already been built from it, so that does not happen."""
+    try:
+        if "/" in ref or ref.endswith(".toml"):
+            path = Path(ref)
+            if not path.is_absolute():
+                path = Path(base_dir) / path
+            return path.read_bytes()
+        return (resources.files(PACKS_PACKAGE) / f"{ref}.toml").read_bytes()
+    except OSError:
+        return b""
+
+
+def route_plan(route: RouteConfig, label: str, config: Config) -> RouteCachePlan | None:
+    """The cache plan of a route, or None when it has no cache."""
+    settings = route.cache
+    if settings is None or not settings.enabled:
+        return None
+    specs: list[tuple[str, str, Any, bytes]] = []
+    for name in route.policies:
+        spec = config.policy_specs.get(name)
+        if spec is None:
+            specs.append((name, name, None, b""))
+            continue
+        pack = getattr(spec.settings, "pack", None)
+        data = _pack_bytes(pack, config.base_dir) if isinstance(pack, str) else b""
+        specs.append((name, spec.kind, spec.settings, data))
+    scope = RouteScope(
+        route=route.path,
+        adapter=route.adapter,
+        adapter_version=adapter_version(route.adapter, config.adapters[route.adapter]),
+        policy_version=policy_version(specs),
+        per_channel=bool(route.policies),
+    )
+    max_ms = route.deadline.max_ms or config.deadline.max_ms
+    shares = config.budgets.context + config.budgets.inference
+    longest = (max_ms - config.deadline.reserve_ms) / 1000.0 * shares
+    return RouteCachePlan(label=label, settings=settings, scope=scope, longest=longest)
+
+
+def build_cache(
+    config: Config, labels: dict[str, str], hook: CacheHook = NULL_HOOK
+) -> Cache | None:
+    """The app's cache, or None when no route has one.
+
+    Args:
+        labels: each route's label, by path.
+    """
+    plans = {}
+    for route in config.routes:
+        plan = route_plan(route, labels[route.path], config)
+        if plan is not None:
+            plans[route.path] = plan
+    if not plans:
+        return None
+    cc = config.cache
+    backend: CacheBackend
+    if cc.backend == "redis":
+        from .redis import RedisBackend  # late: coredis is only needed for this backend
+
+        backend = RedisBackend(cc, cc.url or config.sessions.url)
+    else:
+        backend = MemoryBackend(cc.max_bytes)
+    return Cache(cc, plans, backend, hook)
