@@ -80,7 +80,10 @@ class CountingModel(Adapter):
 
 def cache_config_text(cache: str = "{}", extra: str = "", **values: str) -> str:
     """The default config (fast mock) with ``cache`` on its chat route, ``extra`` after."""
-    return config_text(**values) + f"\ncache = {cache}\n" + extra
+    text = config_text(**values)
+    chat = 'on_context_timeout = "fail"\n'  # the chat route's last line in the default
+    assert text.count(chat) == 1
+    return text.replace(chat, chat + f"cache = {cache}\n") + extra
 
 
 def cache_app(
