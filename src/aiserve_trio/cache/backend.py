@@ -71,14 +71,19 @@ class CacheBackend(abc.ABC):
         return Claim("hit", entry) if entry is not None else Claim("lead", token=token)
 
     # --- shared backends only: the claimed answer, published -------------------
+    # A backend that keeps answers to one process never hands out a "follow"
+    # claim, so nothing calls these on it: a call is a bug in the caller.
+
+    def _not_shared(self) -> TypeError:
+        return TypeError(f"{type(self).__name__} does not share answers between gateways")
 
     async def renew(self, key: str, token: str, lease_ms: int) -> bool:
         """Extend the lease if ``token`` still holds it."""
-        raise NotImplementedError
+        raise self._not_shared()
 
     async def publish(self, key: str, token: str, pieces: bytes, keep_ms: int) -> None:
         """Append pieces of the answer for the gateways that follow it."""
-        raise NotImplementedError
+        raise self._not_shared()
 
     async def close(
         self,
@@ -94,16 +99,16 @@ class CacheBackend(abc.ABC):
     ) -> None:
         """End the published answer, store its entry (``blob``, if not over
         ``max_bytes``) and give the lease up -- in one step."""
-        raise NotImplementedError
+        raise self._not_shared()
 
     async def holder(self, key: str) -> str | None:
         """The token holding ``key``'s lease, if any."""
-        raise NotImplementedError
+        raise self._not_shared()
 
     async def read(self, key: str, token: str, after: str, block_ms: int) -> list[Record]:
         """Records of ``token``'s answer after ``after`` (``0-0``: from the start),
         waiting up to ``block_ms`` for the first."""
-        raise NotImplementedError
+        raise self._not_shared()
 
     # --- what the gauges show ---------------------------------------------------
 
