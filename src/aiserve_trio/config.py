@@ -544,6 +544,8 @@ class AuthConfig(_Section):
     #: unset: a random secret per worker (tokens then work on one worker only).
     token_secret_env: str = "AISERVE_TOKEN_SECRET"
     stream_token_ttl_s: int = 300
+    #: Seconds a console token (``/admin/``, exchanged for an admin key) stays valid.
+    console_token_ttl_s: int = 900
     #: ``GET /metrics``: ``open``, or ``admin`` (an admin key is needed).
     metrics: Literal["open", "admin"] = "open"
     #: Rate-limit state: ``memory`` (per worker) or ``redis`` (``[sessions] url``).
@@ -551,6 +553,7 @@ class AuthConfig(_Section):
 
     def __post_init__(self) -> None:
         _positive(self, "stream_token_ttl_s")
+        _positive(self, "console_token_ttl_s")
 
 
 #: ``[cors] allow_headers`` by default: what the API's browser clients send.

@@ -34,6 +34,8 @@ class Auth(enum.Enum):
     KEY_OR_STREAM_TOKEN = "key_or_stream_token"
     #: An admin key.
     ADMIN = "admin"
+    #: An admin key, or a console token an admin key was exchanged for (the operator console).
+    ADMIN_OR_CONSOLE_TOKEN = "admin_or_console_token"
     #: A key allowed on this chat route; counts against the key's rate limit.
     CHAT = "chat"
 

@@ -12,7 +12,9 @@ key.
 Browsers' ``EventSource`` cannot send an ``Authorization`` header, so an
 authenticated client asks for a *stream token*: an HMAC-SHA256 over the tenant,
 the session id, the key id and an expiry, passed as ``?token=``. It opens one
-session's event stream for a few minutes and nothing else.
+session's event stream for a few minutes and nothing else. The operator console
+exchanges an admin key for a *console token* the same way; each kind of token is
+signed with its own key derived from the secret, so one is never taken for the other.
 
 CLI::
 
@@ -225,13 +227,20 @@ def bearer(header: str | None) -> str:
 
 
 class StreamTokens:
-    """Signs and checks short-lived tokens that open one session's event stream."""
+    """Signs and checks short-lived tokens that open one session's event stream
+    (``purpose="stream"``) or, with another ``purpose``, one other thing.
 
-    def __init__(self, secret: bytes, ttl_s: int) -> None:
+    The signing key is derived from the secret and the purpose, so a token issued for
+    one purpose never checks for another, whatever its subject.
+    """
+
+    def __init__(self, secret: bytes, ttl_s: int, *, purpose: str = "stream") -> None:
         if len(secret) < 16:
             raise ValueError("the stream-token secret must be at least 16 bytes")
-        self._secret = secret
+        self._secret = hmac.new(secret, f"aiserve-trio {purpose} token".encode(), hashlib.sha256).digest()
         self.ttl_s = ttl_s
+        self.purpose = purpose
+        self._invalid = f"invalid_{purpose}_token"
 
     def issue(self, principal: Principal, session_id: str, now: float | None = None) -> str:
         """A token for ``principal`` to follow ``session_id`` until now + ttl."""
@@ -253,12 +262,14 @@ class StreamTokens:
         key_id, _, sig = rest.partition(".")
         tenant = tenant_of.get(key_id)
         if not expiry_s.isdigit() or tenant is None or len(expiry_s) > 12:
-            raise Unauthorized("the stream token is not valid", code="invalid_stream_token")
+            raise Unauthorized(f"the {self.purpose} token is not valid", code=self._invalid)
         want = self._sign(f"{tenant}|{session_id}|{key_id}|{expiry_s}")
         if not hmac.compare_digest(want, sig):
-            raise Unauthorized("the stream token is not valid", code="invalid_stream_token")
+            raise Unauthorized(f"the {self.purpose} token is not valid", code=self._invalid)
         if int(expiry_s) < now:
-            raise Unauthorized("the stream token has expired", code="expired_stream_token")
+            raise Unauthorized(
+                f"the {self.purpose} token has expired", code=f"expired_{self.purpose}_token"
+            )
         return key_id
 
     def _sign(self, payload: str) -> str:

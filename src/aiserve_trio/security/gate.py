@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("aiserve_trio.security")
 #: At most this many key verifications (scrypt, ~0.1 s each) run at once.
 _VERIFY_LIMIT = 2
+#: What a console token is signed for (a stream token names a session id there).
+CONSOLE_SUBJECT = "console"
 
 
 class StreamToken(msgspec.Struct, kw_only=True):
@@ -85,7 +87,10 @@ class Gate:
         secret = secret_from_env(auth.token_secret_env) if auth is not None else None
         self.shared_secret = secret is not None
         ttl = auth.stream_token_ttl_s if auth is not None else 300
-        self.tokens = StreamTokens(secret or secrets.token_bytes(32), ttl)
+        signing = secret or secrets.token_bytes(32)
+        self.tokens = StreamTokens(signing, ttl)
+        console_ttl = auth.console_token_ttl_s if auth is not None else 900
+        self.console_tokens = StreamTokens(signing, console_ttl, purpose="console")
         self.limiter: Limiter
         if auth is not None and auth.ratelimit_backend == "redis":
             self.limiter = RedisLimiter(config.sessions.url, config.sessions.key_prefix)
@@ -166,7 +171,7 @@ class Gate:
         if not self.enabled:
             return None
         principal = await self._principal(endpoint, request)
-        if need in (Auth.ADMIN, Auth.METRICS):
+        if need in (Auth.ADMIN, Auth.METRICS, Auth.ADMIN_OR_CONSOLE_TOKEN):
             principal.check_admin(request.path)
         if need is Auth.CHAT:
             principal.check_route(endpoint.path)
@@ -186,6 +191,10 @@ class Gate:
                 key_id = self.tokens.check(token, self._tenant_of, sid, time.time())
                 return self._principals[key_id]
         plain = bearer(auth)
+        if endpoint.auth is Auth.ADMIN_OR_CONSOLE_TOKEN and not plain.startswith("aik_"):
+            subject = CONSOLE_SUBJECT
+            key_id = self.console_tokens.check(plain, self._tenant_of, subject, time.time())
+            return self._principals[key_id]
         hit = self.keys.cached(plain)
         if hit is not None:
             return hit
@@ -213,6 +222,10 @@ class Gate:
         token = self.tokens.issue(principal, sid)
         body = StreamToken(token=token, session_id=sid, expires_in=self.tokens.ttl_s)
         await request.responder.complete(200, JSON_HEADERS, encoder.encode(body))
+
+    def console_token(self, principal: Principal) -> str:
+        """A console token for an admin key: ``Authorization: Bearer`` on the console's API."""
+        return self.console_tokens.issue(principal, CONSOLE_SUBJECT)
 
     async def after_chat(self, principal: Principal | None, outcome: Outcome) -> None:
         """Charge a finished chat request's tokens to its key."""
