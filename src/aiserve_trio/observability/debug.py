@@ -140,13 +140,21 @@ class DebugEndpoints:
     def _check_client(self, request: Request) -> None:
         if self.auth_enabled:
             return  # the gate has checked the admin key
-        client = request.scope.get("client")
-        host = client[0] if client else None
-        if not _loopback(host):
-            raise Forbidden(
-                "with auth off, debug endpoints answer only clients on loopback",
-                code="loopback_only",
-            )
+        require_loopback(request, "debug endpoints")
+
+
+def require_loopback(request: Request, what: str) -> None:
+    """With auth off: refuse a client not on a loopback address (``what`` names the endpoints).
+
+    Raises:
+        Forbidden: the client's address is not loopback (or unknown).
+    """
+    client = request.scope.get("client")
+    host = client[0] if client else None
+    if not _loopback(host):
+        raise Forbidden(
+            f"with auth off, {what} answer only clients on loopback", code="loopback_only"
+        )
 
 
 async def _unless_disconnected(request: Request, work: Any) -> Any:

@@ -237,7 +237,8 @@ class StreamTokens:
     def __init__(self, secret: bytes, ttl_s: int, *, purpose: str = "stream") -> None:
         if len(secret) < 16:
             raise ValueError("the stream-token secret must be at least 16 bytes")
-        self._secret = hmac.new(secret, f"aiserve-trio {purpose} token".encode(), hashlib.sha256).digest()
+        derive = f"aiserve-trio {purpose} token".encode()
+        self._secret = hmac.new(secret, derive, hashlib.sha256).digest()
         self.ttl_s = ttl_s
         self.purpose = purpose
         self._invalid = f"invalid_{purpose}_token"
