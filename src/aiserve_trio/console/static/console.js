@@ -1,0 +1,414 @@
+// The aiserve-trio operator console: plain ES module, no framework, no build step.
+// Everything it shows comes from /admin/api/* on the same origin; every value is
+// put into the page as text, never as HTML.
+
+const TOKEN = "aiserve-console-token";
+const WHO = "aiserve-console-key-id";
+const POLL_MS = 3000;
+const STAGES = ["parse", "context", "inference", "sse"];
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  version: "",
+  writable: false,
+  // path -> the steps as the server has them ([{name, kind, enabled}])
+  saved: new Map(),
+  timer: 0,
+};
+
+class ApiError extends Error {
+  constructor(status, error) {
+    super(error.message || `HTTP ${status}`);
+    this.status = status;
+    this.code = error.code || null;
+  }
+}
+
+async function api(method, path, { body, key } = {}) {
+  const headers = {};
+  const credential = key ?? sessionStorage.getItem(TOKEN);
+  if (credential) headers.Authorization = `Bearer ${credential}`;
+  const init = { method, headers, cache: "no-store" };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(`api/${path}`, init);
+  let data = null;
+  try {
+    data = await response.json();
+  } catch {
+    data = null;
+  }
+  if (!response.ok) {
+    throw new ApiError(response.status, (data && data.error) || {});
+  }
+  return data;
+}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (value === false || value === null || value === undefined) continue;
+    if (name === "class") node.className = value;
+    else if (name === "text") node.textContent = value;
+    else if (name.startsWith("data-")) node.dataset[name.slice(5)] = value;
+    else if (value === true) node.setAttribute(name, "");
+    else node.setAttribute(name, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+const ms = (s) => (s === null || s === undefined ? "-" : `${(s * 1000).toFixed(s < 0.01 ? 2 : 1)} ms`);
+const num = (x, digits = 1) => (x === null || x === undefined ? "-" : x.toFixed(digits));
+const pct = (x) => (x === null || x === undefined ? "-" : `${(x * 100).toFixed(2)} %`);
+
+function showError(message) {
+  $("error").textContent = message || "";
+}
+
+// --- login -------------------------------------------------------------------------
+
+function showLogin(message) {
+  stopPolling();
+  sessionStorage.removeItem(TOKEN);
+  $("app").hidden = true;
+  $("logout").hidden = true;
+  $("who").textContent = "";
+  $("login").hidden = false;
+  $("login-error").textContent = message || "";
+  $("key").focus();
+}
+
+async function login(event) {
+  event.preventDefault();
+  const key = $("key").value.trim();
+  $("login-error").textContent = "";
+  try {
+    const out = await api("POST", "login", { key });
+    if (out.token) {
+      sessionStorage.setItem(TOKEN, out.token);
+      sessionStorage.setItem(WHO, out.key_id);
+    }
+    $("key").value = "";
+    await enter();
+  } catch (err) {
+    $("login-error").textContent = err.message;
+  }
+}
+
+function logout() {
+  sessionStorage.removeItem(TOKEN);
+  sessionStorage.removeItem(WHO);
+  showLogin("");
+}
+
+async function enter() {
+  await loadRoutes();
+  const signedIn = Boolean(sessionStorage.getItem(TOKEN));
+  $("login").hidden = true;
+  $("app").hidden = false;
+  $("logout").hidden = !signedIn;
+  $("who").textContent = signedIn ? `Signed in as ${sessionStorage.getItem(WHO)}` : "Auth is off: loopback only";
+  await refresh();
+  startPolling();
+}
+
+// --- routes and steps --------------------------------------------------------------
+
+function stepsOf(article) {
+  return [...article.querySelectorAll("li.step")].map((li) => ({
+    name: li.dataset.name,
+    enabled: li.querySelector("input[type=checkbox]").checked,
+  }));
+}
+
+function dirty(article) {
+  const saved = state.saved.get(article.dataset.path) || [];
+  const now = stepsOf(article);
+  return now.some((s, i) => s.name !== saved[i].name || s.enabled !== saved[i].enabled);
+}
+
+function changed(article) {
+  const isDirty = dirty(article);
+  article.classList.toggle("dirty", isDirty);
+  article.querySelector("button.save").disabled = !isDirty || !state.writable;
+  article.querySelector("button.revert").disabled = !isDirty;
+  if (isDirty) say(article, "Not saved yet.", "");
+}
+
+function say(article, message, kind) {
+  const out = article.querySelector(".msg");
+  out.textContent = message;
+  out.className = `msg ${kind}`;
+}
+
+function renumber(ol) {
+  const items = [...ol.children];
+  items.forEach((li, i) => {
+    li.querySelector(".pos").textContent = `${i + 1}`;
+    li.querySelector("button.up").disabled = i === 0;
+    li.querySelector("button.down").disabled = i === items.length - 1;
+  });
+}
+
+function stepItem(step) {
+  const box = el("input", { type: "checkbox", checked: step.enabled, "aria-label": `${step.name} enabled` });
+  const li = el(
+    "li",
+    { class: "step", draggable: "true", "data-name": step.name },
+    el("span", { class: "grip", "aria-hidden": "true", text: "\u2807" }),
+    el("span", { class: "pos" }),
+    el("span", { class: "name", text: step.name }),
+    el("span", { class: "kind", text: step.kind }),
+    el("label", { class: "toggle" }, box, " enabled"),
+    el("button", { type: "button", class: "up", "aria-label": `Move ${step.name} up`, text: "\u2191" }),
+    el("button", { type: "button", class: "down", "aria-label": `Move ${step.name} down`, text: "\u2193" }),
+  );
+  li.classList.toggle("off", !step.enabled);
+  return li;
+}
+
+function routeArticle(route) {
+  const ol = el("ol", { class: "steps", "aria-label": `Steps of ${route.path}` });
+  for (const step of route.steps) ol.append(stepItem(step));
+  const article = el(
+    "article",
+    { class: "route", "data-path": route.path },
+    el("h3", {}, el("span", { text: route.name }), " ", el("code", { text: route.path })),
+  );
+  if (!route.steps.length) {
+    article.append(el("p", { class: "hint", text: "This route has no steps." }));
+    return article;
+  }
+  article.append(
+    ol,
+    el(
+      "div",
+      { class: "actions" },
+      el("button", { type: "button", class: "save", disabled: true, text: "Save" }),
+      el("button", { type: "button", class: "revert", disabled: true, text: "Revert" }),
+      el("span", { class: "msg", role: "status" }),
+    ),
+  );
+  renumber(ol);
+  wire(article, ol);
+  return article;
+}
+
+function wire(article, ol) {
+  let dragged = null;
+  ol.addEventListener("dragstart", (event) => {
+    dragged = event.target.closest("li.step");
+    if (!dragged) return;
+    dragged.classList.add("dragging");
+    event.dataTransfer.effectAllowed = "move";
+    event.dataTransfer.setData("text/plain", dragged.dataset.name);
+  });
+  ol.addEventListener("dragover", (event) => {
+    if (!dragged) return;
+    event.preventDefault();
+    event.dataTransfer.dropEffect = "move";
+    const others = [...ol.querySelectorAll("li.step:not(.dragging)")];
+    const before = others.find((li) => {
+      const box = li.getBoundingClientRect();
+      return event.clientY < box.top + box.height / 2;
+    });
+    if (before) {
+      if (before !== dragged.nextElementSibling) ol.insertBefore(dragged, before);
+    } else if (ol.lastElementChild !== dragged) {
+      ol.append(dragged);
+    }
+  });
+  ol.addEventListener("drop", (event) => event.preventDefault());
+  ol.addEventListener("dragend", () => {
+    if (!dragged) return;
+    dragged.classList.remove("dragging");
+    dragged = null;
+    renumber(ol);
+    changed(article);
+  });
+  ol.addEventListener("click", (event) => {
+    const button = event.target.closest("button");
+    if (!button) return;
+    const li = button.closest("li.step");
+    if (button.classList.contains("up") && li.previousElementSibling) {
+      ol.insertBefore(li, li.previousElementSibling);
+    } else if (button.classList.contains("down") && li.nextElementSibling) {
+      ol.insertBefore(li.nextElementSibling, li);
+    } else {
+      return;
+    }
+    renumber(ol);
+    button.disabled ? li.querySelector("button:not(:disabled)").focus() : button.focus();
+    changed(article);
+  });
+  ol.addEventListener("change", (event) => {
+    const li = event.target.closest("li.step");
+    if (li) li.classList.toggle("off", !event.target.checked);
+    changed(article);
+  });
+  article.querySelector("button.save").addEventListener("click", () => save(article));
+  article.querySelector("button.revert").addEventListener("click", () => {
+    const route = { path: article.dataset.path, name: article.querySelector("h3 span").textContent };
+    route.steps = state.saved.get(route.path);
+    article.replaceWith(routeArticle(route));
+  });
+}
+
+async function save(article) {
+  const path = article.dataset.path;
+  const button = article.querySelector("button.save");
+  button.disabled = true;
+  say(article, "Saving\u2026", "");
+  try {
+    const out = await api("PUT", "routes/steps", {
+      body: { path, version: state.version, steps: stepsOf(article) },
+    });
+    await loadRoutes({ force: true });
+    const fresh = document.querySelector(`article.route[data-path="${CSS.escape(path)}"]`);
+    const note = out.unchanged ? "Nothing to change." : `Saved and applied: version ${out.version}.`;
+    say(fresh, note, "ok");
+  } catch (err) {
+    if (err.status === 401) return showLogin("Your console session ended: log in again.");
+    const hint = err.status === 409 ? " Revert to see the current steps, then try again." : "";
+    say(article, `Refused: ${err.message}${hint}`, "error");
+    button.disabled = false;
+  }
+}
+
+async function loadRoutes({ force = false } = {}) {
+  const out = await api("GET", "routes");
+  showConfig(out);
+  const list = $("route-list");
+  const editing = [...list.querySelectorAll("article.route.dirty")].length > 0;
+  if (!force && (editing || out.version === state.version) && list.children.length) {
+    return;
+  }
+  state.version = out.version;
+  state.writable = out.writable;
+  state.saved = new Map(out.routes.map((r) => [r.path, r.steps]));
+  $("routes-readonly").hidden = out.writable;
+  $("routes-readonly").textContent = out.writable ? "" : `Read-only: ${out.reason}`;
+  list.replaceChildren(...out.routes.map(routeArticle));
+}
+
+function when(iso) {
+  return iso ? new Date(iso).toLocaleString() : "-";
+}
+
+function showConfig(out) {
+  const status = out.reload || {};
+  $("config-version").textContent = out.version || "-";
+  $("config-loaded").textContent = when(status.loaded_at);
+  $("config-by").textContent = status.loaded_by || "-";
+  const refused = status.last_refused;
+  const box = $("config-refused");
+  box.hidden = !refused;
+  if (refused) {
+    box.textContent = `Last refused reload, by ${refused.by} at ${when(refused.at)}: ${refused.error}`;
+  }
+}
+
+// --- live numbers ------------------------------------------------------------------
+
+function renderOverview(out) {
+  const table = out[$("span").value];
+  const rows = table.models.map((m) =>
+    el(
+      "tr",
+      {},
+      el("td", { text: m.route }),
+      el("td", { text: m.model }),
+      el("td", { class: "n", text: `${m.requests}` }),
+      el("td", { class: "n", text: num(m.rps, 2) }),
+      el("td", { class: "n", text: ms(m.p95_s) }),
+      el("td", { class: "n", text: ms(m.ttft_p95_s) }),
+      el("td", { class: `n${m.errors ? " bad" : ""}`, text: pct(m.error_rate) }),
+      el("td", { class: "n", text: num(m.tokens_per_request) }),
+    ),
+  );
+  if (!rows.length) {
+    const span = table.window_s === null ? "yet" : `in the last ${Math.round(table.window_s)} s`;
+    rows.push(el("tr", {}, el("td", { colspan: "8", class: "empty", text: `No requests ${span}.` })));
+  }
+  $("sla-table").tBodies[0].replaceChildren(...rows);
+  $("stage-table").tBodies[0].replaceChildren(
+    ...table.stages.map((s) =>
+      el(
+        "tr",
+        {},
+        el("td", { text: s.stage }),
+        el("td", { class: "n", text: ms(s.p99_s) }),
+        el("td", { class: "n", text: `${s.runs}` }),
+        el("td", { class: "n", text: `${s.live}` }),
+      ),
+    ),
+  );
+  $("open-streams").textContent = `${out.open_streams}`;
+  $("worker").textContent = `Numbers of worker pid ${out.pid}; each worker keeps its own.`;
+}
+
+function renderSlow(out) {
+  const rows = out.requests.map((r) =>
+    el(
+      "tr",
+      {},
+      el("td", {}, el("code", { text: r.request_id })),
+      el("td", { text: r.route }),
+      el("td", { text: r.model }),
+      el("td", { class: r.outcome === "ok" ? "" : "bad", text: r.outcome }),
+      el("td", { class: "n", text: `${r.total_ms.toFixed(1)} ms` }),
+      el("td", { class: "n", text: r.ttft_ms === null ? "-" : `${r.ttft_ms.toFixed(1)} ms` }),
+      ...STAGES.map((s) =>
+        el("td", { class: "n", text: s in r.stages_ms ? r.stages_ms[s].toFixed(1) : "-" }),
+      ),
+    ),
+  );
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "10", class: "empty", text: "No requests yet." })));
+  $("slow-table").tBodies[0].replaceChildren(...rows);
+}
+
+let last = null;
+
+async function refresh() {
+  try {
+    const [overview, slow] = await Promise.all([api("GET", "overview"), api("GET", "slow")]);
+    last = overview;
+    renderOverview(overview);
+    renderSlow(slow);
+    await loadRoutes();
+    showError("");
+  } catch (err) {
+    if (err.status === 401) return showLogin("Your console session ended: log in again.");
+    showError(`Could not refresh: ${err.message}`);
+  }
+}
+
+function startPolling() {
+  stopPolling();
+  state.timer = setInterval(refresh, POLL_MS);
+}
+
+function stopPolling() {
+  if (state.timer) clearInterval(state.timer);
+  state.timer = 0;
+}
+
+async function start() {
+  $("login-form").addEventListener("submit", login);
+  $("logout").addEventListener("click", logout);
+  $("span").addEventListener("change", () => last && renderOverview(last));
+  try {
+    // With a token from earlier in this tab, or with auth off on loopback, no login.
+    await enter();
+  } catch (err) {
+    if (err.status === 401) showLogin("");
+    else if (err.status === 403) showLogin(err.message);
+    else showError(err.message);
+  }
+}
+
+start();
