@@ -26,6 +26,7 @@ from .api import Model, ModelList, encoder
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .cache.service import build_cache
 from .config import Config, load_config, route_label
+from .console.handlers import Console
 from .embeddings import Embeddings
 from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
 from .http.cors import Cors
@@ -186,6 +187,7 @@ class App:
             table.append(
                 Endpoint("/debug/requests/recent", get, Auth.ADMIN, req, self._recent, "debug")
             )
+        table += Console.of(self).endpoints()  # /admin/: the operator console
         return table
 
     # --- ASGI ----------------------------------------------------------------
@@ -256,7 +258,7 @@ class App:
             anomaly_factor=ob.anomaly_factor,
             min_requests=ob.baseline_min_requests,
         )
-        keep = ob.debug_keep if ob.debug_requests else 0
+        keep = ob.debug_keep  # the console's slow requests; /debug/requests/recent if asked
         self.observer = RequestObserver(self.metrics, self.baseline, keep_recent=keep)
         self.sched_lag = SchedulerLag(ob.lag_interval_ms / 1000.0) if ob.scheduler_lag else None
         if self.sched_lag is not None:

@@ -650,6 +650,7 @@ class ObservabilityConfig(_Section):
     anomaly_factor: float = 1.5
     #: ``GET /debug/requests/recent``: the slowest recent requests with stage times.
     debug_requests: bool = False
+    #: How many slowest requests that list and the console's show (of the last ten times as many).
     debug_keep: int = 50
 
     def __post_init__(self) -> None:
