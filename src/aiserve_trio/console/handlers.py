@@ -20,19 +20,31 @@ The numbers are this worker's (each hypercorn worker has its own registry, like
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import trio
 
 from ..budgets import STAGES
-from ..errors import NotFound
+from ..config import route_label
+from ..errors import (
+    BadRequest,
+    BodyReadTimeout,
+    Conflict,
+    NotFound,
+    Unprocessable,
+    UnsupportedMediaType,
+)
+from ..http.body import read_body
 from ..http.endpoints import Admission, Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Headers
 from ..observability.debug import require_loopback
 from . import sla
+from .edit import EditError, StepState, set_steps
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -61,6 +73,9 @@ _STATIC_HEADERS: Headers = [
 _API_HEADERS: Headers = [*JSON_HEADERS, (b"cache-control", b"no-store")]
 #: Seconds the overview's window covers.
 WINDOW_S = 60.0
+#: A steps change is a few hundred bytes; it must arrive within this many seconds.
+MAX_BODY = 64 * 1024
+BODY_TIMEOUT_S = 5.0
 _encoder = msgspec.json.Encoder()
 
 
@@ -80,6 +95,40 @@ class Host(Protocol):
     def observer(self) -> RequestObserver: ...
 
 
+class Result(Protocol):
+    """What one reload did (``reload.ReloadResult``)."""
+
+    @property
+    def applied(self) -> bool: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+    @property
+    def unchanged(self) -> bool: ...
+
+
+class Reloads(Protocol):
+    """The app's reloader (``reload.Reloader``): validates, writes and applies a config."""
+
+    async def reload(self, *, by: str, candidate: str | None = None) -> Result: ...
+
+    def status(self) -> dict[str, object]: ...
+
+
+class Step(Protocol):
+    """A step of a route's chain as the config holds it (``RouteConfig.steps``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def enabled(self) -> bool: ...
+
+
 def static_files() -> dict[str, bytes]:
     """The page's files as shipped in the package."""
     folder = resources.files(__package__) / "static"
@@ -92,6 +141,52 @@ class Login(msgspec.Struct, kw_only=True):
     expires_in: int | None
     key_id: str | None
     auth: bool
+
+
+class StepOut(msgspec.Struct, kw_only=True):
+    name: str
+    kind: str
+    enabled: bool
+
+
+class RouteOut(msgspec.Struct, kw_only=True):
+    path: str
+    name: str
+    steps: list[StepOut]
+
+
+class Routes(msgspec.Struct, kw_only=True):
+    #: The active config's version (send it back with a change).
+    version: str
+    #: Whether a change can be saved; if not, ``reason`` says why.
+    writable: bool
+    reason: str | None
+    #: The reloader's status: version, source, loaded_at, loaded_by, last_refused...
+    reload: dict[str, object]
+    routes: list[RouteOut]
+
+
+class StepIn(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    enabled: bool = True
+
+
+class StepsIn(msgspec.Struct, forbid_unknown_fields=True):
+    """``PUT /admin/api/routes/steps``: every step of the route, in the new order."""
+
+    path: str
+    #: The version the change was made against (``GET /admin/api/routes``).
+    version: str
+    steps: list[StepIn]
+
+
+class Saved(msgspec.Struct, kw_only=True):
+    applied: bool
+    unchanged: bool
+    version: str
+
+
+_steps_in = msgspec.json.Decoder(StepsIn)
 
 
 class Overview(msgspec.Struct, kw_only=True):
@@ -111,6 +206,10 @@ class Console:
     host: Host
     files: dict[str, bytes]
     window: sla.Window
+    #: The app's reloader; None: the routes are shown read-only.
+    reloader: Reloads | None = None
+    #: One steps change at a time: read the file, edit it, reload.
+    _saving: trio.Lock = field(default_factory=trio.Lock)
 
     @classmethod
     def of(cls, host: Host) -> Console:
@@ -126,6 +225,8 @@ class Console:
             Endpoint("/admin/api/login", ("POST",), Auth.ADMIN, req, self.login, "console_api"),
             Endpoint("/admin/api/overview", get, api, req, self.overview, "console_api"),
             Endpoint("/admin/api/slow", get, api, req, self.slow, "console_api"),
+            Endpoint("/admin/api/routes", get, api, req, self.routes, "console_api"),
+            Endpoint("/admin/api/routes/steps", ("PUT",), api, req, self.put_steps, "console_api"),
         ]
 
     # --- the page ------------------------------------------------------------------
@@ -201,3 +302,120 @@ class Console:
         self._local(request)
         await self._json(request, self.host.observer.slowest())
 
+
+    # --- routes and their steps ------------------------------------------------------
+
+    def _writable(self) -> str | None:
+        """Why a change cannot be saved, or None."""
+        if self.reloader is None:
+            return "this gateway cannot reload its configuration"
+        source = self.host.config.source
+        if source.startswith("<"):
+            return "the gateway was started without a config file (AISERVE_CONFIG)"
+        return None
+
+    def _version(self) -> tuple[str, dict[str, object]]:
+        if self.reloader is None:
+            return "", {}
+        status = self.reloader.status()
+        return str(status.get("version", "")), status
+
+    async def routes(self, request: Request) -> None:
+        """``GET /admin/api/routes``: every route, its steps, and whether they can be changed."""
+        self._local(request)
+        version, status = self._version()
+        why = self._writable()
+        out = Routes(
+            version=version,
+            writable=why is None,
+            reason=why,
+            reload=status,
+            routes=[
+                RouteOut(
+                    path=rc.path,
+                    name=route_label(rc),
+                    steps=[
+                        StepOut(name=s.name, kind=_kind(s), enabled=s.enabled)
+                        for s in _steps_of(rc)
+                    ],
+                )
+                for rc in self.host.config.routes
+            ],
+        )
+        await self._json(request, out)
+
+    async def put_steps(self, request: Request) -> None:
+        """``PUT /admin/api/routes/steps``: a route's steps in a new order, switched on or off.
+
+        The change is made in the config file's text (:mod:`.edit`) and handed to the
+        reloader, which validates the whole file, writes it and applies it -- or
+        refuses it and writes nothing.
+
+        Raises:
+            BadRequest: the body is not a :class:`StepsIn`.
+            Conflict: the config cannot be saved, or changed since ``version``.
+            Unprocessable: the steps are not the route's, or the reloader refused
+                the new config (its one-line reason).
+        """
+        self._local(request)
+        change = await self._read(request)
+        if change is None:
+            return  # the client went away
+        reloader = self.reloader
+        why = self._writable()
+        if why is not None or reloader is None:
+            raise Conflict(f"cannot save: {why}", code="config_not_writable")
+        steps = [StepState(s.name, s.enabled) for s in change.steps]
+        by = f"console:{request.principal.key_id if request.principal else 'loopback'}"
+        async with self._saving:
+            version, _ = self._version()
+            if change.version != version:
+                raise Conflict(
+                    f"the configuration changed since this page read it (version "
+                    f"{change.version or '-'}; now {version}): look at the steps again",
+                    param="version",
+                    code="stale_version",
+                )
+            path = Path(self.host.config.source)
+            try:
+                text = await trio.to_thread.run_sync(path.read_text, "utf-8")
+            except OSError as exc:
+                why = f"cannot read {path}: {exc.strerror}"
+                raise Conflict(why, code="config_unreadable") from None
+            try:
+                candidate = set_steps(text, change.path, steps)
+            except EditError as exc:
+                raise Unprocessable(str(exc), param="steps", code=exc.code) from None
+            result = await reloader.reload(by=by, candidate=candidate)
+        if result.error is not None:
+            raise Unprocessable(result.error, code="config_refused")
+        out = Saved(applied=result.applied, unchanged=result.unchanged, version=result.version)
+        await self._json(request, out)
+
+    async def _read(self, request: Request) -> StepsIn | None:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise UnsupportedMediaType("the body must be application/json")
+        body: bytes | None = None
+        with trio.move_on_after(BODY_TIMEOUT_S) as scope:
+            body = await read_body(request.receive, MAX_BODY)
+        if scope.cancelled_caught:
+            raise BodyReadTimeout("the request body did not arrive in time")
+        if body is None:
+            return None
+        try:
+            return _steps_in.decode(body)
+        except msgspec.ValidationError as exc:
+            shape = "{path, version, steps: [{name, enabled}]}"
+            raise BadRequest(f"expected {shape}: {exc}", param="body") from None
+        except msgspec.DecodeError:
+            raise BadRequest("the body is not valid JSON", param="body") from None
+
+
+def _steps_of(route: object) -> Sequence[Step]:
+    steps: Sequence[Step] = getattr(route, "steps", ())
+    return steps
+
+
+def _kind(step: Step) -> str:
+    return str(getattr(step, "KIND", "") or getattr(step, "kind", ""))
