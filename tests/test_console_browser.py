@@ -1,0 +1,141 @@
+"""The operator console in a real browser, against the gateway under hypercorn.
+
+Headless Chromium (Debian's ``chromium``, driven by Playwright with
+``executable_path``; Playwright's own browser download is never used) opens
+``/admin/`` of a gateway with auth on. A key that is not an admin key is refused
+at login with the gateway's message; the admin key gets in, and the page shows
+the live numbers of requests the test makes. A missing browser is a failure, not
+a skip: scripts/test installs it.
+
+``AISERVE_CONSOLE_SCREENSHOT=docs/console.png`` saves the README's screenshot of
+the page (taken after the steps change, with traffic in the tables).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from .authcfg import KEY_A, KEY_ADMIN, OFF, auth_toml
+from .conftest import config_text
+from .servers import hypercorn_gateway
+from .test_browser import CHROMIUM, CHROMIUM_ARGS
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Gateway:
+    api: str
+    config: Path
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    text = config_text(ttft_ms="5", inter_token_ms="2").replace(OFF, auth_toml())
+    path = tmp_path_factory.mktemp("console") / "gateway.toml"
+    path.write_text(text)
+    with hypercorn_gateway(path) as (api, _):
+        yield Gateway(api, path)
+
+
+@contextlib.contextmanager
+def browser_page() -> Iterator[Page]:
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            yield page
+        finally:
+            browser.close()
+
+
+def chat(gw: Gateway, text: str, key: str = KEY_ADMIN) -> httpx.Response:
+    body = {"model": "aiserve-mock", "messages": [{"role": "user", "content": text}]}
+    r = httpx.post(
+        f"{gw.api}/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {key}"},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    return r
+
+
+def log_in(page: Page, key: str) -> None:
+    page.fill("#key", key)
+    page.click("#login-form button[type=submit]")
+
+
+def test_a_key_that_is_not_an_admin_key_is_refused_at_login(gateway: Gateway) -> None:
+    with browser_page() as page:
+        page.goto(f"{gateway.api}/admin/")
+        expect(page.locator("#login")).to_be_visible()
+        log_in(page, KEY_A)
+        expect(page.locator("#login-error")).to_have_text("/admin/api/login needs an admin API key")
+        expect(page.locator("#app")).to_be_hidden()
+        assert page.evaluate("sessionStorage.length") == 0
+        log_in(page, KEY_ADMIN[:-4] + "zzzz")
+        expect(page.locator("#login-error")).to_have_text("the API key is not valid")
+
+
+def test_the_admin_key_logs_in_and_the_page_shows_the_live_numbers(gateway: Gateway) -> None:
+    with browser_page() as page:
+        page.goto(f"{gateway.api}/admin/")
+        log_in(page, KEY_ADMIN)
+        expect(page.locator("#who")).to_have_text("Signed in as ops")
+        expect(page.locator("#app")).to_be_visible()
+        # The key is not kept; the console token is, in this tab only.
+        stored = page.evaluate("Object.entries(sessionStorage)")
+        assert KEY_ADMIN not in str(stored)
+        assert page.evaluate("sessionStorage.getItem('aiserve-console-token')")
+        for i in range(4):
+            chat(gateway, f"echo: request {i} of the console test")
+        # The next poll shows them (the window: those since the first look).
+        row = page.locator("#sla-table tbody tr", has_text="aiserve_mock")
+        expect(row).to_be_visible(timeout=10_000)
+        cells = row.locator("td").all_inner_texts()
+        assert cells[:3] == ["chat", "aiserve_mock", "4"]
+        assert cells[4].endswith(" ms")  # P95 latency
+        assert cells[6] == "0.00 %"  # error rate
+        assert float(cells[7]) > 0  # tokens per request
+        expect(page.locator("#stage-table tbody tr")).to_have_count(4)
+        expect(page.locator("#slow-table tbody tr", has_text="chatcmpl-")).to_have_count(4)
+        screenshot(page)
+        # A reload of the tab keeps the session; logging out ends it.
+        page.reload()
+        expect(page.locator("#who")).to_have_text("Signed in as ops")
+        page.click("#logout")
+        expect(page.locator("#login")).to_be_visible()
+        assert page.evaluate("sessionStorage.length") == 0
+
+
+def test_an_expired_session_asks_to_log_in_again(gateway: Gateway) -> None:
+    with browser_page() as page:
+        page.goto(f"{gateway.api}/admin/")
+        log_in(page, KEY_ADMIN)
+        expect(page.locator("#app")).to_be_visible()
+        token = page.evaluate("sessionStorage.getItem('aiserve-console-token')")
+        expiry, rest = token.split(".", 1)
+        # A token whose signature does not match what it says: the next poll is refused.
+        page.evaluate(f"sessionStorage.setItem('aiserve-console-token', '{int(expiry) - 1}.{rest}')")
+        expect(page.locator("#login-error")).to_have_text(
+            "Your console session ended: log in again.", timeout=10_000
+        )
+        expect(page.locator("#app")).to_be_hidden()
+
+
+def screenshot(page: Page) -> None:
+    """The README's picture, when asked for (``AISERVE_CONSOLE_SCREENSHOT``)."""
+    target = os.environ.get("AISERVE_CONSOLE_SCREENSHOT")
+    if target:
+        time.sleep(0.2)
+        page.screenshot(path=target, full_page=True)
