@@ -3,13 +3,17 @@ keys, console tokens, loopback with auth off), and the live numbers it serves.""
 
 from __future__ import annotations
 
+import fnmatch
 import time
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
 from aiserve_trio.asgi import App
+from aiserve_trio.console.handlers import FILES
 from aiserve_trio.security.gate import CONSOLE_SUBJECT
 
 from .asgi_client import Client, Exchange, Response, chat_body, make_scope
@@ -260,3 +264,16 @@ async def test_slow_requests_have_stage_times_without_debug_requests() -> None:
     # The debug endpoint stays off unless asked for.
     r = await call(app, "GET", "/debug/requests/recent", headers=bearer(KEY_ADMIN))
     assert r.status == 404
+
+
+def test_every_file_of_the_page_is_package_data() -> None:
+    """A non-editable install ships what ``static_files()`` serves (pyproject's package-data)."""
+    root = Path(__file__).resolve().parent.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["aiserve_trio"]
+    static = root / "src" / "aiserve_trio" / "console" / "static"
+    shipped = sorted(p.name for p in static.iterdir())
+    assert shipped == sorted(FILES)
+    for name in shipped:
+        assert any(fnmatch.fnmatch(f"console/static/{name}", p) for p in patterns), name
