@@ -566,3 +566,40 @@ async def test_the_recording_labels_the_request_with_the_classified_intent(autoj
     body = msgspec.json.decode(record.body)
     assert body["metadata"] == {"intent": "mortgage"}
     assert body["messages"][0]["content"][0]["type"] == "input_audio"  # replayable as sent
+
+
+async def test_a_request_without_audio_skips_the_transcribe_step(autojump_clock):
+    app, log = chain_app(BANK)
+    r = await post(app, typed("I want a mortgage"))
+    assert r.status == 200
+    assert r.headers["x-aiserve-steps"] == "intent,pick,generate,comply"
+    assert not any(isinstance(req, TranscriptionRequest) for _, req in log)
+
+
+async def test_a_route_choice_is_for_the_next_generate_step_only(autojump_clock):
+    app, log = chain_app(
+        """
+[[routes]]
+path = "/v1/bank"
+name = "bank"
+adapter = "mock"
+[[routes.steps]]
+name = "intent"
+kind = "classify"
+rules = [{ label = "mortgage", pattern = "mortgage" }]
+[[routes.steps]]
+name = "pick"
+kind = "route"
+when = { mortgage = { adapter = "big" } }
+[[routes.steps]]
+name = "draft"
+kind = "generate"
+[[routes.steps]]
+name = "answer"
+kind = "generate"
+"""
+    )
+    r = await post(app, typed("echo: my mortgage"))
+    assert [name for name, _ in log] == ["big", "mock"]
+    assert "x-aiserve-deployment" not in r.headers  # the route's own adapter streamed
+    assert content(r) == "my mortgage"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from aiserve_trio.intents import DEFAULT_PROMPT, parse_label, prompt, simulated_label
-from aiserve_trio.wav import WavError, main, make_wav, read_wav, transcript
+from aiserve_trio.wav import WavError, make_wav, read_wav, transcript
+from aiserve_trio.wavtool import main
 
 LABELS = ["mortgage", "instalment", "card_limit"]
 

@@ -10,11 +10,8 @@ agree on a deterministic stand-in for speech to text:
 - audio in another format (``mp3``) as ``[4096 bytes of mp3 audio without speech]``.
 
 :func:`make_wav` builds such a file: silence of the given length with the
-comment. ``python -m aiserve_trio.wav`` does it from a shell, and prints a chat
-request carrying a WAV as an ``input_audio`` part::
-
-    python -m aiserve_trio.wav make "I want to pay my card in instalments" ask.wav
-    python -m aiserve_trio.wav chat ask.wav --model aiserve-mock > body.json
+comment. ``python -m aiserve_trio.wavtool`` does it from a shell, and prints a
+chat request carrying a WAV as an ``input_audio`` part (``wavtool.py``).
 
 Like ``vectors.py``, imported by the mock model and by ``aiserve-sim``, so the
 two hear the same thing.
@@ -22,14 +19,9 @@ two hear the same thing.
 
 from __future__ import annotations
 
-import argparse
 import base64
-import json
 import struct
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 #: The formats OpenAI's ``input_audio`` content parts take.
 FORMATS = ("wav", "mp3")
@@ -135,43 +127,3 @@ def audio_part(audio: bytes, fmt: str = "wav") -> dict[str, object]:
     """An OpenAI ``input_audio`` content part carrying ``audio``."""
     data = base64.b64encode(audio).decode("ascii")
     return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m aiserve_trio.wav``: make a WAV, or print a chat request carrying one."""
-    summary = (__doc__ or "").split("\n")[0]
-    p = argparse.ArgumentParser(prog="python -m aiserve_trio.wav", description=summary)
-    sub = p.add_subparsers(dest="command", required=True)
-    make = sub.add_parser("make", help="write a WAV whose transcript is TEXT")
-    make.add_argument("text")
-    make.add_argument("file", help="where to write it ('-': standard output)")
-    make.add_argument("--seconds", type=float, default=1.0)
-    chat = sub.add_parser("chat", help="print a chat completions request with FILE as audio")
-    chat.add_argument("file")
-    chat.add_argument("--model", default=None, help="the request's `model` (default: none)")
-    chat.add_argument("--stream", action="store_true")
-    ns = p.parse_args(argv)
-    if ns.command == "make":
-        audio = make_wav(ns.text, ns.seconds)
-        if ns.file == "-":
-            sys.stdout.buffer.write(audio)
-        else:
-            Path(ns.file).write_bytes(audio)
-        return 0
-    path = Path(ns.file)
-    fmt = path.suffix.lstrip(".").lower()
-    if fmt not in FORMATS:
-        p.error(f"{path}: the file must end in .wav or .mp3")
-    body: dict[str, object] = {
-        "messages": [{"role": "user", "content": [audio_part(path.read_bytes(), fmt)]}]
-    }
-    if ns.model:
-        body["model"] = ns.model
-    if ns.stream:
-        body["stream"] = True
-    print(json.dumps(body))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

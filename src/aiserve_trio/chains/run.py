@@ -11,7 +11,8 @@ What the steps hand each other lives in one :class:`_Work` per request, owned
 by the inference stage's task:
 
 - ``transcribe`` replaces every ``input_audio`` part by a text part with its
-  transcript (the adapter's ``transcribe``; several parts one after another);
+  transcript (the adapter's ``transcribe``; several parts one after another); a
+  request without audio skips it, as if it were disabled;
 - ``classify`` puts its label into the request's variables and ``metadata``
   under its ``key`` (the upstream request carries it; the recording reads it);
 - ``route`` sets the next ``generate`` step's adapter or model, or jumps;
@@ -206,6 +207,10 @@ class _ChainSink:
         await self._out.send(msgspec.structs.replace(value, **changes) if changes else value)
 
 
+def _has_audio(messages: Sequence[Message]) -> bool:
+    return any("input_audio" in m.part_types() for m in messages)
+
+
 def _last_user_text(messages: Sequence[Message]) -> str:
     return next((m.text() for m in reversed(messages) if m.role == "user"), "")
 
@@ -341,6 +346,8 @@ class Chain:
         step = self.plan.steps[i]
         cfg = step.config
         jump: int | None = None
+        if isinstance(cfg, TranscribeStep) and not _has_audio(work.request.messages):
+            return None  # nothing to hear: skipped, like a disabled step
         with self._step(step, cut, info, state):
             if isinstance(cfg, RouteStep):
                 choice = route_choice(cfg, work.variables)

@@ -83,7 +83,7 @@ HTTP (OpenAI-compatible)
     (the gateway's mock model does the same): a WAV's ``LIST``/``INFO``
     comment (``ICMT``) is its transcript, a WAV without one is ``[1.5 seconds
     of audio without speech]``, mp3 audio ``[N bytes of mp3 audio without
-    speech]``. ``python -m aiserve_trio.wav make TEXT FILE`` writes such a
+    speech]``. ``python -m aiserve_trio.wavtool make TEXT FILE`` writes such a
     WAV. After the prefill time of the transcript's words; the fault headers
     and the budget apply as for chat; a form it cannot read is a 400.
 
