@@ -277,3 +277,44 @@ def test_every_file_of_the_page_is_package_data() -> None:
     assert shipped == sorted(FILES)
     for name in shipped:
         assert any(fnmatch.fnmatch(f"console/static/{name}", p) for p in patterns), name
+
+
+CHAIN = """
+[[routes]]
+path = "/v1/bank"
+name = "bank"
+adapter = "mock"
+
+[[routes.steps]]
+name = "intent"
+kind = "classify"
+[[routes.steps.rules]]
+label = "greeting"
+pattern = 'hello'
+
+[[routes.steps]]
+kind = "generate"
+
+[[routes.steps]]
+name = "comply"
+kind = "rewrite"
+policy = "no-rate-figures"
+enabled = false
+"""
+
+
+async def test_the_routes_with_their_steps_as_the_active_config_has_them() -> None:
+    app = App(make_config(CHAIN))
+    r = await call(app, "GET", "/admin/api/routes")
+    assert r.status == 200
+    routes = {rt["path"]: rt for rt in r.json()["routes"]}
+    assert routes["/v1/chat/completions"]["steps"] == []
+    assert routes["/v1/bank"] == {
+        "path": "/v1/bank",
+        "name": "bank",
+        "steps": [
+            {"name": "intent", "kind": "classify", "enabled": True},
+            {"name": "generate", "kind": "generate", "enabled": True},
+            {"name": "comply", "kind": "rewrite", "enabled": False},
+        ],
+    }

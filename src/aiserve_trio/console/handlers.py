@@ -20,7 +20,6 @@ The numbers are this worker's (each hypercorn worker has its own registry, like
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -117,16 +116,6 @@ class Reloads(Protocol):
     async def reload(self, *, by: str, candidate: str | None = None) -> Result: ...
 
     def status(self) -> dict[str, object]: ...
-
-
-class Step(Protocol):
-    """A step of a route's chain as the config holds it (``RouteConfig.steps``)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def enabled(self) -> bool: ...
 
 
 def static_files() -> dict[str, bytes]:
@@ -334,10 +323,7 @@ class Console:
                 RouteOut(
                     path=rc.path,
                     name=route_label(rc),
-                    steps=[
-                        StepOut(name=s.name, kind=_kind(s), enabled=s.enabled)
-                        for s in _steps_of(rc)
-                    ],
+                    steps=[StepOut(name=s.name, kind=s.KIND, enabled=s.enabled) for s in rc.steps],
                 )
                 for rc in self.host.config.routes
             ],
@@ -411,11 +397,3 @@ class Console:
         except msgspec.DecodeError:
             raise BadRequest("the body is not valid JSON", param="body") from None
 
-
-def _steps_of(route: object) -> Sequence[Step]:
-    steps: Sequence[Step] = getattr(route, "steps", ())
-    return steps
-
-
-def _kind(step: Step) -> str:
-    return str(getattr(step, "KIND", "") or getattr(step, "kind", ""))
