@@ -136,7 +136,7 @@ function changed(article) {
   article.classList.toggle("dirty", isDirty);
   article.querySelector("button.save").disabled = !isDirty || !state.writable;
   article.querySelector("button.revert").disabled = !isDirty;
-  if (isDirty) say(article, "Not saved yet.", "");
+  say(article, isDirty ? "Not saved yet." : "", "");
 }
 
 function say(article, message, kind) {
