@@ -30,7 +30,7 @@ from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .cache.service import Cache, build_cache, cache_plans
-from .config import Config, load_config, route_label
+from .config import Config, ConfigError, load_config, route_label
 from .embeddings import Embeddings
 from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
 from .http.cors import Cors
@@ -48,8 +48,9 @@ from .observability.tracing import Tracing, configure_otlp
 from .pipeline import Pipeline
 from .policies.base import Policy, PolicyContext, redact_values
 from .policies.registry import build_policies
-from .record.recorder import build_recorder
-from .runtime import Closer, Generations, Held, Runtime, close_all
+from .record.recorder import build_recorder, recorded_routes
+from .reload import Reloader, Staged
+from .runtime import Closer, Generations, Held, Runtime, carry_adapters, close_all
 from .security import edge
 from .security.gate import Gate
 from .sessions import build_bus
@@ -111,6 +112,9 @@ class App:
         self.recorder = build_recorder(config, self.routes, self.metrics)
         self.observer.recorder = self.recorder
         self.metrics.watch_cache(self._cache_held, self._cache_flights, self._cache_server)
+        #: Reloads the config without a restart (``reload.py``).
+        reloads = self.metrics.config_reloads
+        self.reloader = Reloader(self, lambda result: reloads.labels(result).inc())
         self.ready = False
 
     # --- the current runtime (what a new request uses) --------------------------
@@ -194,6 +198,63 @@ class App:
         rt.cors = Cors(config.cors, methods) if config.cors is not None else None
         rt.models_body = self._models_json(list(rt.routes.values()))
         return rt
+
+    # --- reloading (reload.py calls these) ---------------------------------------
+
+    async def stage(self, config: Config) -> Staged:
+        """Build the runtime of ``config`` and open what it does not take over.
+
+        Adapters whose settings did not change are the current ones (their pools
+        carry on); the others are built and opened, and so is a cache backend whose
+        ``[cache]`` changed. Nothing serves with it until ``commit()``.
+
+        Raises:
+            ConfigError: an adapter or the cache cannot be opened (naming the
+                file and the key); whatever was opened is closed again.
+        """
+        nursery = self._nursery
+        if nursery is None:
+            raise ConfigError(f"{config.source}: the app has not started; nothing to reload")
+        current = self.runtime
+        fresh: list[Adapter] = []
+        try:
+            adapters, fresh = carry_adapters(
+                config.adapters, current.adapters, current.config.adapters, self.observer
+            )
+            rt = self._build(config, adapters, current)
+        except Exception as exc:
+            await close_all(a.aclose for a in fresh)
+            raise ConfigError(f"{config.source}: the configuration cannot be built: {exc}") from exc
+        staged = _Staged(self, rt)
+        key = "cache"
+        try:
+            for adapter in fresh:
+                key = f"adapters.{adapter.name}"
+                await adapter.aopen(nursery)
+            key = "cache"
+            await self._open_cache(rt)
+        except Exception as exc:
+            await staged.abandon()
+            why = str(exc).removeprefix(f"{config.source}: ")
+            raise ConfigError(f"{config.source}: key `{key}`: cannot open: {why}") from exc
+        return staged
+
+    def _commit(self, rt: Runtime) -> None:
+        """Make ``rt`` the current runtime; the old one drains in the background."""
+        rt.gate.activate()
+        old = self.generations.swap(rt)
+        self.debug.auth_enabled = rt.gate.enabled
+        if self.recorder is not None:
+            self.recorder.routes = recorded_routes(rt.config, rt.routes)
+        self.baseline.track([r.label for r in rt.routes.values()], trio.current_time())
+        if rt.gate.enabled != old.gate.enabled or len(rt.gate.keys) != len(old.gate.keys):
+            rt.gate.announce()
+        assert self._tasks is not None
+        self._tasks.start_soon(self.generations.drain, old)
+
+    def draining(self) -> int:
+        """Runtimes replaced by a reload that still finish requests."""
+        return len(self.generations.live) - 1
 
     def _cache_for(self, rt: Runtime, previous: Runtime | None) -> Cache | None:
         """``rt``'s cache: the previous one when nothing of it changed, one on the
@@ -610,6 +671,20 @@ class App:
                 seen.setdefault(model, route.adapter.name)
         data = [Model(id=m, created=created, owned_by=owner) for m, owner in seen.items()]
         return encoder.encode(ModelList(data=data))
+
+
+class _Staged:
+    """A runtime built for a reload, not serving yet (``reload.Staged``)."""
+
+    def __init__(self, app: App, rt: Runtime) -> None:
+        self._app = app
+        self.runtime = rt
+
+    def commit(self) -> None:
+        self._app._commit(self.runtime)
+
+    async def abandon(self) -> None:
+        await close_all(self._app.generations.unused(self.runtime))
 
 
 def _show_startup_logs() -> None:

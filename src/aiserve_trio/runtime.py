@@ -19,18 +19,22 @@ newer runtime took over (the same object) stay open.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import trio
 
+from .adapters import Adapter, build_adapter, build_adapters
+from .adapters.group import GroupAdapter
+from .config import AdapterConfig, GroupAdapterConfig
+
 if TYPE_CHECKING:
-    from .adapters import Adapter
     from .cache.service import Cache
     from .config import Config
     from .embeddings import Embeddings
     from .http.cors import Cors
     from .http.endpoints import EndpointTable
+    from .observability.events import UpstreamHook
     from .pipeline import Pipeline
     from .security.gate import Gate
     from .sessions.http import SessionEndpoints
@@ -192,3 +196,59 @@ async def close_all(closers: Iterable[Closer]) -> None:
             await close()
         except Exception:
             log.exception("closing a resource of a retired configuration failed")
+
+
+def carry_adapters(
+    configs: Mapping[str, AdapterConfig],
+    previous: Mapping[str, Adapter],
+    previous_configs: Mapping[str, AdapterConfig],
+    hook: UpstreamHook,
+) -> tuple[dict[str, Adapter], list[Adapter]]:
+    """The adapters of a new config, reusing each previous one whose settings did not change.
+
+    An adapter is reused -- the same object, so its connection pool and a group's
+    health windows carry on -- when its table is equal to the previous one's and,
+    for a group, every member and fallback it names was reused too (a group holds
+    its members' objects).
+
+    Returns:
+        (every adapter by name, the new ones, which still have to be opened).
+    """
+    out: dict[str, Adapter] = {}
+    fresh: list[Adapter] = []
+    groups: dict[str, GroupAdapterConfig] = {}
+    for name, cfg in configs.items():
+        if isinstance(cfg, GroupAdapterConfig):
+            groups[name] = cfg
+        elif name in previous and previous_configs.get(name) == cfg:
+            out[name] = previous[name]
+        else:
+            out[name] = build_adapter(name, cfg, hook)
+            fresh.append(out[name])
+    # Groups last (a group may fall back to a group: those first); the config
+    # was checked, so a pass always makes progress.
+    while groups:
+        ready = [n for n, g in groups.items() if all(f in out for f in g.fallbacks)]
+        for name in ready:
+            cfg = groups.pop(name)
+            named = [d.adapter for d in cfg.deployments] + cfg.fallbacks
+            same = (
+                name in previous
+                and isinstance(previous[name], GroupAdapter)
+                and previous_configs.get(name) == cfg
+                and all(out[m] is previous.get(m) for m in named)
+            )
+            if same:
+                out[name] = previous[name]
+            else:
+                out[name] = build_adapters({name: cfg, **_members(cfg, configs)}, hook, out)[name]
+                fresh.append(out[name])
+    return out, fresh
+
+
+def _members(
+    cfg: GroupAdapterConfig, configs: Mapping[str, AdapterConfig]
+) -> dict[str, AdapterConfig]:
+    """The tables a group names (already built: ``build_adapters`` takes them as given)."""
+    named = [d.adapter for d in cfg.deployments] + cfg.fallbacks
+    return {n: configs[n] for n in named}
