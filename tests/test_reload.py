@@ -1,6 +1,7 @@
 """Reloading the configuration without a restart, in-process on Trio's virtual clock:
 in-flight requests finish on the config they started with, new ones see the new one,
-unchanged adapters are the same objects, removed routes, admission counts across a swap."""
+unchanged adapters are the same objects, the watcher, removed routes, admission counts
+across a swap."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import trio.testing
 from aiserve_trio.adapters.base import Adapter
 from aiserve_trio.asgi import App
 from aiserve_trio.config import load_config
+from aiserve_trio.reload import write_atomically
 
 from .asgi_client import Client, Exchange, Response, make_scope
 
@@ -29,12 +31,16 @@ def conf(
     a_reply: str = "alpha one two three four five six seven eight nine",
     b_reply: str = "bravo one two three",
     auth: str = OFF,
+    watch: float = 0,
     extra: str = "",
     max_inflight: int = 1024,
     routes: str = "",
 ) -> str:
     """A small config: two mock adapters (``a`` paced slowly, ``b``), two chat routes."""
     return f"""
+[server]
+reload_watch_s = {watch}
+
 [limits]
 max_inflight = {max_inflight}
 
@@ -115,8 +121,11 @@ async def reload_now(
 async def until(done: Any) -> None:
     """Wait (on the virtual clock) until ``done()`` is true: what it waits for is
     finished by a worker thread, which no event of the app reports to a test."""
-    while not done():  # noqa: ASYNC110 - polling a worker thread's result
+    for _ in range(5_000):
+        if done():
+            return
         await trio.sleep(0.01)
+    raise AssertionError("still not done after 50 s on the virtual clock")
 
 
 def complete(r: Response) -> bool:
@@ -263,6 +272,31 @@ async def test_an_unchanged_adapter_is_kept_a_changed_one_replaced_and_closed_af
         assert closed == ["a"]
         assert app.reloader.status()["draining"] == 0
         assert complete(ex.response)
+
+
+# --- the watcher ----------------------------------------------------------------------
+
+
+async def test_the_watcher_loads_a_changed_file_on_the_virtual_clock(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    path = tmp_path / "gateway.toml"
+    write(path, conf(watch=2))
+    async with running(path) as app:
+        first = app.reloader.version
+        write_atomically(path, conf(watch=2, b_reply="watched reply"))
+        await trio.sleep(1)
+        assert app.reloader.version == first  # not yet: it looks every 2 s
+        await until(lambda: app.reloader.version != first)
+        assert trio.current_time() >= 2  # at the watcher's first look after the change
+        assert app.reloader.status()["loaded_by"] == "watch"
+        assert (await chat_b(app)).text() == "watched reply"
+        # A bad file is refused once, not again every interval.
+        write_atomically(path, conf(watch=2, max_inflight=0))
+        await until(lambda: app.reloader.last_refused is not None)
+        await trio.sleep(10)  # five more looks at the same bad file
+        assert 'aiserve_config_reloads_total{result="refused"} 1.0' in app.metrics.render().decode()
+        assert "limits.max_inflight" in str(app.reloader.status()["last_refused"])
 
 
 # --- admission across a swap ----------------------------------------------------------

@@ -447,6 +447,7 @@ class App:
             async with trio.open_nursery() as tasks:
                 self._tasks = tasks
                 tasks.start_soon(self._baseline_loop)
+                tasks.start_soon(self.reloader.watch)
                 if self.sched_lag is not None:
                     tasks.start_soon(self.sched_lag.run)
                 await self.writeback.run(task_status=task_status)

@@ -11,7 +11,9 @@ is one line naming the file and the key, the format of
 and swaps it in: new requests use it, requests in flight finish on the one
 they started with. Reloads run one at a time.
 
-Who asks is recorded with the version: ``startup``, or the ``by`` of
+Who asks is recorded with the version: ``startup``, the file watcher
+(``watch``, every ``[server] reload_watch_s`` seconds when the file, its keys
+file or a rule pack file it names changed), or the ``by`` of
 :meth:`Reloader.reload` (``api:<key id>``, ``console:<...>``).
 """
 
@@ -142,6 +144,29 @@ def _pack_files(config: Config) -> list[Path]:
     return out
 
 
+def watched_files(config: Config) -> list[Path]:
+    """The files a config was loaded from: the file, its keys file, its rule pack files."""
+    if not _from_file(config):
+        return []
+    files = [Path(config.source)]
+    if config.auth is not None and config.auth.keys_file is not None:
+        files.append(Path(config.base_dir) / config.auth.keys_file)
+    return files + _pack_files(config)
+
+
+def signature(files: list[Path]) -> tuple[tuple[int, int, int, int] | None, ...]:
+    """What changes when one of ``files`` is written or replaced (None: missing)."""
+    out: list[tuple[int, int, int, int] | None] = []
+    for path in files:
+        try:
+            st = path.stat()
+        except OSError:
+            out.append(None)
+            continue
+        out.append((st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns))
+    return tuple(out)
+
+
 def needs_restart(old: Config, new: Config) -> str | None:
     """The first key that changed and only takes effect with a restart, as a refusal line."""
     for table, keys in RESTART_KEYS:
@@ -221,6 +246,9 @@ class Reloader:
         self.loaded_at = time.time()
         self.loaded_by = "startup"
         self.last_refused: _Attempt | None = None
+        #: Set (and replaced) whenever a new config is applied: the watcher re-reads its interval.
+        self._applied = trio.Event()
+        self._seen = signature(watched_files(config))
 
     async def reload(self, *, by: str, candidate: str | None = None) -> ReloadResult:
         """Load, validate and apply a config; on any problem the running one stays.
@@ -273,6 +301,7 @@ class Reloader:
             if path is not None and candidate is not None:
                 # Only comments or formatting differ: keep the text as proposed.
                 await self._write(path, candidate)
+            self._seen = signature(watched_files(new))
             self._count("unchanged")
             log.info("config reload by %s: unchanged (version %s)", by, version)
             return ReloadResult(applied=False, version=version, error=None, unchanged=True)
@@ -290,6 +319,9 @@ class Reloader:
         previous, self.version = self.version, version
         self.loaded_at = time.time()
         self.loaded_by = by
+        self._seen = signature(watched_files(new))
+        self._applied.set()
+        self._applied = trio.Event()
         self._count("applied")
         log.info(
             "config reloaded by %s from %s: version %s -> %s", by, new.source, previous, version
@@ -312,11 +344,33 @@ class Reloader:
             "source": config.source,
             "loaded_at": _iso(self.loaded_at),
             "loaded_by": self.loaded_by,
+            "watch_s": config.server.reload_watch_s if _from_file(config) else 0.0,
             "draining": self._target.draining(),
             "last_refused": None
             if refused is None
             else {"at": _iso(refused.at), "by": refused.by, "error": refused.error},
         }
+
+    async def watch(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Reload when the config's files change, every ``[server] reload_watch_s`` seconds.
+
+        A change is a new modification time, size or inode of the file, its keys
+        file or a rule pack file it names (an editor's rename counts). A refused
+        file is not tried again until it changes again.
+        """
+        task_status.started()
+        while True:
+            config = self._target.config
+            interval = config.server.reload_watch_s if _from_file(config) else 0.0
+            if interval <= 0:
+                await self._applied.wait()  # off: until a reload turns it on
+                continue
+            await trio.sleep(interval)
+            seen = signature(watched_files(self._target.config))
+            if seen != self._seen:
+                self._seen = seen
+                await self.reload(by="watch")
+
 
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
