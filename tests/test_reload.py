@@ -1,7 +1,8 @@
 """Reloading the configuration without a restart, in-process on Trio's virtual clock:
 in-flight requests finish on the config they started with, new ones see the new one,
-unchanged adapters are the same objects, the watcher, removed routes, admission counts
-across a swap."""
+a bad file is refused with its key while serving goes on, unchanged adapters are the
+same objects, the watcher, who may reload, revoked keys, removed routes, admission
+counts across a swap."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from aiserve_trio.config import load_config
 from aiserve_trio.reload import write_atomically
 
 from .asgi_client import Client, Exchange, Response, make_scope
+from .authcfg import KEY_A, KEY_ADMIN, KEY_B, auth_toml, bearer
 
 OFF = "[auth]\nenabled = false\n"
 
@@ -211,6 +213,49 @@ async def test_a_removed_route_is_404_for_new_requests_while_its_stream_finishes
 # --- refused: the running config stays -------------------------------------------------
 
 
+async def test_an_invalid_file_is_refused_naming_the_key_and_serving_goes_on(
+    path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(path) as app:
+        before_version = app.reloader.version
+        assert (await chat_b(app)).status == 200
+        write(path, conf(max_inflight=-1))
+        r = await post(app, "/admin/config/reload")
+        assert r.status == 422
+        err = r.json()["error"]
+        assert err["code"] == "config_refused"
+        assert err["param"] == "limits.max_inflight"
+        assert str(path) in err["message"]
+        assert "`limits.max_inflight`" in err["message"]
+        assert r.headers["x-aiserve-config-version"] == before_version
+        after = await chat_b(app)
+        assert after.status == 200
+        assert after.text() == "bravo one two three"
+        status = (await get(app, "/admin/config")).json()
+        assert status["version"] == before_version
+        assert status["loaded_by"] == "startup"
+        assert status["last_refused"]["by"] == "api:loopback"
+        assert "limits.max_inflight" in status["last_refused"]["error"]
+        metrics = app.metrics.render().decode()
+        assert 'aiserve_config_reloads_total{result="refused"} 1.0' in metrics
+
+
+async def test_a_refused_candidate_is_not_written(
+    path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(path) as app:
+        text = read(path)
+        r = await post(
+            app,
+            "/admin/config/reload",
+            body=conf(extra='[adapters.c]\nkind = "mock"\nmodels = []\n').encode(),
+            headers={"content-type": "application/toml"},
+        )
+        assert r.status == 422
+        assert r.json()["error"]["param"] == "adapters.c.models"
+        assert read(path) == text
+
+
 async def test_a_key_that_needs_a_restart_is_refused_by_name(
     path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -239,6 +284,24 @@ async def test_the_embedded_default_cannot_save_a_candidate(
         assert again.unchanged
         await app.shutdown()
         nursery.cancel_scope.cancel()
+
+
+async def test_the_same_settings_are_unchanged(
+    path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(path) as app:
+        rt = app.runtime
+        write(path, "# a comment only\n" + conf())
+        r = await post(app, "/admin/config/reload")
+        assert r.status == 200
+        assert r.json() == {
+            "applied": False,
+            "unchanged": True,
+            "version": app.reloader.version,
+            "error": None,
+        }
+        assert app.runtime is rt
+        assert 'aiserve_config_reloads_total{result="unchanged"} 1.0' in app.metrics.render().decode()
 
 
 # --- adapters: the same object when unchanged, closed once unused ------------------------
@@ -297,6 +360,67 @@ async def test_the_watcher_loads_a_changed_file_on_the_virtual_clock(
         await trio.sleep(10)  # five more looks at the same bad file
         assert 'aiserve_config_reloads_total{result="refused"} 1.0' in app.metrics.render().decode()
         assert "limits.max_inflight" in str(app.reloader.status()["last_refused"])
+
+
+# --- who may reload -------------------------------------------------------------------
+
+
+def _exchange(app: App, method: str, path: str, client: str, headers: dict[str, str]) -> Exchange:
+    scope = make_scope(method, path, headers)
+    scope["client"] = (client, 40000)
+    return Exchange(app, scope, [b""])
+
+
+async def _call(
+    app: App,
+    method: str,
+    path: str,
+    client: str = "127.0.0.1",
+    headers: dict[str, str] | None = None,
+) -> Response:
+    ex = _exchange(app, method, path, client, headers or {})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ex.run)
+        await ex.done.wait()
+        ex.disconnect()
+    return ex.response
+
+
+async def test_auth_off_answers_loopback_only(
+    path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(path) as app:
+        for method, where in (("POST", "/admin/config/reload"), ("GET", "/admin/config")):
+            far = await _call(app, method, where, client="10.1.2.3")
+            assert far.status == 403
+            assert far.json()["error"]["code"] == "loopback_only"
+            assert (await _call(app, method, where)).status == 200
+
+
+async def test_only_admin_keys_may_reload_and_a_revoked_key_stops_working(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    path = tmp_path / "gateway.toml"
+    write(path, conf(auth=auth_toml()))
+    async with running(path) as app:
+        refused = await _call(app, "POST", "/admin/config/reload", headers=bearer(KEY_B))
+        assert refused.status == 403
+        assert refused.json()["error"]["code"] == "admin_only"
+        assert (await _call(app, "GET", "/admin/config", headers=bearer(KEY_A))).status == 403
+        assert (await _call(app, "GET", "/admin/config")).status == 401
+        assert (await chat_b(app, bearer(KEY_B))).status == 200
+        # Revoke bob: his key is gone from the file.
+        text = auth_toml()
+        start = text.index('[[auth.keys]]\nid = "bob"')
+        revoked = text[:start] + text[text.index("[[auth.keys]]\nid = \"ops\""):]
+        write(path, conf(auth=revoked))
+        ok = await _call(app, "POST", "/admin/config/reload", headers=bearer(KEY_ADMIN))
+        assert ok.status == 200, ok.body
+        assert ok.json()["applied"] is True
+        assert app.reloader.status()["loaded_by"] == "api:ops"
+        gone = await chat_b(app, bearer(KEY_B))
+        assert gone.status == 401
+        assert gone.json()["error"]["message"] == "the API key is not valid"
 
 
 # --- admission across a swap ----------------------------------------------------------

@@ -15,6 +15,7 @@ the current runtime once, when it arrives, and uses only that one.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import sys
 import time
@@ -32,7 +33,17 @@ from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .cache.service import Cache, build_cache, cache_plans
 from .config import Config, ConfigError, load_config, route_label
 from .embeddings import Embeddings
-from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
+from .errors import (
+    BadRequest,
+    Forbidden,
+    GatewayError,
+    Overloaded,
+    PayloadTooLarge,
+    StageDeadlineExceeded,
+    Unprocessable,
+    UnsupportedMediaType,
+)
+from .http.body import read_body
 from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
@@ -40,7 +51,7 @@ from .http.sse import shutdown_event
 from .http.types import JSON_HEADERS, METRICS_HEADERS, Receive, Scope, Send
 from .observability.annotate import TASK_LABEL, TaskLabel
 from .observability.baseline import BaselineMonitor
-from .observability.debug import DebugEndpoints
+from .observability.debug import DebugEndpoints, from_loopback
 from .observability.metrics import Metrics, status_label
 from .observability.observer import RequestObserver
 from .observability.sched import SchedulerLag
@@ -193,7 +204,8 @@ class App:
         )
         rt.embeddings = Embeddings(config, self.observer)
         table = self._endpoints(rt)
-        rt.endpoints = EndpointTable(table, unknown=[("/debug/", Auth.ADMIN)])
+        admin = [("/debug/", Auth.ADMIN), ("/admin/", Auth.ADMIN)]
+        rt.endpoints = EndpointTable(table, unknown=admin)
         methods = {m for ep in table for m in ep.methods}
         rt.cors = Cors(config.cors, methods) if config.cors is not None else None
         rt.models_body = self._models_json(list(rt.routes.values()))
@@ -318,6 +330,21 @@ class App:
         table += [
             Endpoint("/debug/profile", get, Auth.ADMIN, req, debug.profile, "debug_profile"),
             Endpoint("/debug/trace", get, Auth.ADMIN, req, debug.trace, "debug_trace"),
+        ]
+        # The configuration: what is active, and reloading it (admin; loopback only
+        # when auth is off).
+        table += [
+            Endpoint(
+                "/admin/config", get, Auth.ADMIN, req, partial(self._config, rt), "admin_config"
+            ),
+            Endpoint(
+                "/admin/config/reload",
+                ("POST",),
+                Auth.ADMIN,
+                req,
+                partial(self._config_reload, rt),
+                "admin_config_reload",
+            ),
         ]
         if rt.config.observability.debug_requests:
             table.append(
@@ -552,6 +579,60 @@ class App:
         body = encoder.encode(self.observer.slowest())
         await request.responder.complete(200, JSON_HEADERS, body)
 
+    @staticmethod
+    def _admin_client(rt: Runtime, request: Request) -> str:
+        """Who calls an admin endpoint (``<key id>``, or ``loopback`` with auth off).
+
+        Raises:
+            Forbidden: auth is off and the client is not on loopback.
+        """
+        if request.principal is not None:
+            return request.principal.key_id
+        if rt.gate.enabled:
+            return "admin"  # not reached: the gate gives admin endpoints a principal
+        if not from_loopback(request):
+            raise Forbidden(
+                "with auth off, admin endpoints answer only clients on loopback",
+                code="loopback_only",
+            )
+        return "loopback"
+
+    async def _config(self, rt: Runtime, request: Request) -> None:
+        """``GET /admin/config``: the active version and the last refused reload."""
+        self._admin_client(rt, request)
+        body = encoder.encode(self.reloader.status())
+        await request.responder.complete(200, JSON_HEADERS, body)
+
+    async def _config_reload(self, rt: Runtime, request: Request) -> None:
+        """``POST /admin/config/reload``: load the config file again, or, with a TOML
+        body (``Content-Type: application/toml``), save that as the file and load it.
+
+        Raises:
+            Unprocessable: the config was refused (``code`` ``config_refused``,
+                ``param`` the key); the running configuration stays.
+        """
+        by = "api:" + self._admin_client(rt, request)
+        candidate = await _toml_body(rt, request)
+        result = await self.reloader.reload(by=by, candidate=candidate)
+        version = [(b"x-aiserve-config-version", result.version.encode())]
+        if result.error is not None:
+            key = re.search(r"key `([^`]+)`", result.error)
+            raise Unprocessable(
+                result.error,
+                param=key[1] if key else None,
+                code="config_refused",
+                headers={"X-Aiserve-Config-Version": result.version},
+            )
+        body = encoder.encode(
+            {
+                "applied": result.applied,
+                "unchanged": result.unchanged,
+                "version": result.version,
+                "error": None,
+            }
+        )
+        await request.responder.complete(200, [*JSON_HEADERS, *version], body)
+
     async def _readyz(self, rt: Runtime, request: Request) -> None:
         problems: list[str] = []
         if not self.ready:
@@ -672,6 +753,37 @@ class App:
                 seen.setdefault(model, route.adapter.name)
         data = [Model(id=m, created=created, owned_by=owner) for m, owner in seen.items()]
         return encoder.encode(ModelList(data=data))
+
+
+#: The largest config text ``POST /admin/config/reload`` takes.
+MAX_CONFIG_BYTES = 1_048_576
+
+
+async def _toml_body(rt: Runtime, request: Request) -> str | None:
+    """The config text a reload request proposes; None when its body is empty.
+
+    Raises:
+        UnsupportedMediaType: a body that is not ``application/toml`` (or ``text/plain``).
+        BadRequest: a body that is not UTF-8.
+        PayloadTooLarge: more than :data:`MAX_CONFIG_BYTES`.
+    """
+    limit = rt.config.limits.body_total_timeout_ms / 1000.0
+    body: bytes | None = b""
+    with trio.move_on_after(limit) as scope:
+        body = await read_body(request.receive, MAX_CONFIG_BYTES)
+    if scope.cancelled_caught:
+        raise StageDeadlineExceeded("parse", "the request body did not arrive in time")
+    if not body:
+        return None
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype not in ("application/toml", "text/plain"):
+        raise UnsupportedMediaType(
+            "a config to save must be sent as application/toml (no body: read the file again)"
+        )
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the config text is not UTF-8", param="body") from None
 
 
 class _Staged:

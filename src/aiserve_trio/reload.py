@@ -11,10 +11,10 @@ is one line naming the file and the key, the format of
 and swaps it in: new requests use it, requests in flight finish on the one
 they started with. Reloads run one at a time.
 
-Who asks is recorded with the version: ``startup``, the file watcher
-(``watch``, every ``[server] reload_watch_s`` seconds when the file, its keys
-file or a rule pack file it names changed), or the ``by`` of
-:meth:`Reloader.reload` (``api:<key id>``, ``console:<...>``).
+Who asks: ``POST /admin/config/reload`` (``api:<key id>``, or ``api:loopback``
+with auth off), the file watcher (``watch``, every ``[server] reload_watch_s``
+seconds when the file, its keys file or a rule pack file it names changed), and
+other callers of :meth:`Reloader.reload` (``console:<...>``).
 """
 
 from __future__ import annotations
