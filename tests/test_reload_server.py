@@ -22,10 +22,12 @@ from .sim_process import run_sim
 
 pytestmark = pytest.mark.slow
 
-#: Replies of 60 tokens, one every 20 ms: each stream stays open for over a second.
+#: Replies of 100 tokens, one every 40 ms: each stream stays open for 4 s, long enough
+#: for all 100 to be open at once on a busy machine.
+TOKENS = 100
 SLOW_SIM = [
-    "--prefill-overhead-ms", "5", "--prefill-per-token-ms", "0", "--itl-ms", "20",
-    "--output-tokens-mean", "60", "--output-tokens-std", "0", "--seed", "3",
+    "--prefill-overhead-ms", "5", "--prefill-per-token-ms", "0", "--itl-ms", "40",
+    "--output-tokens-mean", str(TOKENS), "--output-tokens-std", "0", "--seed", "3",
 ]  # fmt: skip
 
 
@@ -58,10 +60,12 @@ class Stream:
     completion_tokens: int | None = None
 
 
-async def stream(client: httpx2.AsyncClient, path: str, started: trio.Event | None = None) -> Stream:
+async def stream(
+    client: httpx2.AsyncClient, path: str, started: trio.Event | None = None, **extra: Any
+) -> Stream:
     """One streamed chat request, read to its end."""
     out = Stream(content=[])
-    async with client.stream("POST", path, json=ask()) as r:
+    async with client.stream("POST", path, json=ask(**extra)) as r:
         assert r.status_code == 200, await r.aread()
         async for line in r.aiter_lines():
             if not line.startswith("data: "):
@@ -125,10 +129,10 @@ async def test_100_open_streams_survive_a_reload_and_new_requests_see_the_new_co
                     )
                     assert r.status_code == 200, r.text
                     assert r.json()["applied"] is True
-                    assert len(results) < 100  # the reload came while they streamed
-                    late = await stream(client, "/v1/late")
+                    assert results == []  # all 100 were open during the reload
+                    late = await stream(client, "/v1/late", max_tokens=3)  # the new route
                     assert late.done
-                    assert late.finish == "stop"
+                    assert (late.finish, len(late.content)) == ("length", 3)
                     status = (await client.get("/admin/config")).json()
                     assert status["loaded_by"] == "api:loopback"
                     assert status["version"] == r.json()["version"]
@@ -136,7 +140,7 @@ async def test_100_open_streams_survive_a_reload_and_new_requests_see_the_new_co
                 for s in results:
                     assert s.done, "a stream was cut"
                     assert s.finish == "stop"
-                    assert len(s.content) == 60 == s.completion_tokens
+                    assert len(s.content) == TOKENS == s.completion_tokens
                 assert len({"".join(s.content) for s in results}) == 1
                 metrics = (await client.get("/metrics")).text
                 assert 'aiserve_config_reloads_total{result="applied"} 1.0' in metrics
