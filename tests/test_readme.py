@@ -7,6 +7,7 @@ servers the block starts (hypercorn, aiserve-sim) on free ports, and runs its
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -108,3 +109,33 @@ def test_the_ha_example_runs_as_the_readme_says(tmp_path: Path):
     headers = dict(line.split(": ", 1) for line in out.strip().splitlines())
     assert headers["x-aiserve-deployment"] in ("sim_a", "sim_b")
     assert headers["x-aiserve-fallback"] == "0"
+
+
+def test_reload_runs_as_the_readme_says(tmp_path: Path):
+    commands = sh_block("/admin/config/reload")
+    cfg = tmp_path / "gateway.toml"
+
+    def here(command: str) -> str:
+        return command.replace("configs/aiserve.toml", str(ROOT / "configs/aiserve.toml")).replace(
+            "gateway.toml", str(cfg)
+        )
+
+    assert commands[0] == "cp configs/aiserve.toml gateway.toml"
+    assert commands[1].startswith("AISERVE_CONFIG=gateway.toml ./scripts/serve")
+    run(here(commands[0]))
+    with hypercorn_gateway(cfg) as (base, _):
+        outputs = [run(here(c), gateway=base) for c in commands[2:]]
+    applied, status, refused, saved = (json.loads(o) for o in outputs if o)
+    # The watcher (every 5 s) may have loaded the edit a moment before the POST did.
+    assert applied["applied"] or applied["unchanged"]
+    assert status["version"] == applied["version"]
+    assert status["loaded_by"] in ("api:loopback", "watch")
+    assert status["source"] == str(cfg)
+    assert refused["error"]["code"] == "config_refused"
+    assert refused["error"]["param"] == "limits.max_inflight"
+    assert refused["error"]["message"] == f"{cfg}: key `limits.max_inflight`: must be positive"
+    assert saved["applied"] is True
+    assert saved["version"] != applied["version"]
+    assert cfg.read_text() == (ROOT / "configs/aiserve.toml").read_text()
+    shown = " ".join(README.split())
+    assert "key `limits.max_inflight`: must be positive" in shown

@@ -5,11 +5,17 @@ of one table (``http/endpoints.py``), passes the gate (admission, then
 authentication), and runs the endpoint's handler; chat requests get their
 deadline here and run in the :class:`~.pipeline.Pipeline`. Every error a
 client sees is the OpenAI error envelope with a correct status.
+
+The app is a long-lived shell (metrics, observer, tracing, session bus,
+write-back, recorder, background tasks) around the current
+:class:`~.runtime.Runtime`, everything built from the config; a request takes
+the current runtime once, when it arrives, and uses only that one.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import sys
 import time
@@ -24,12 +30,22 @@ from .adapters import Adapter, build_adapters
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
-from .cache.service import build_cache
+from .cache.service import Cache, build_cache, cache_plans
 from .chains.run import build_chain
-from .config import Config, load_config, route_label
+from .config import Config, ConfigError, load_config, route_label
 from .console.handlers import Console
 from .embeddings import Embeddings
-from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
+from .errors import (
+    BadRequest,
+    Forbidden,
+    GatewayError,
+    Overloaded,
+    PayloadTooLarge,
+    StageDeadlineExceeded,
+    Unprocessable,
+    UnsupportedMediaType,
+)
+from .http.body import read_body
 from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
@@ -37,7 +53,7 @@ from .http.sse import shutdown_event
 from .http.types import JSON_HEADERS, METRICS_HEADERS, Receive, Scope, Send
 from .observability.annotate import TASK_LABEL, TaskLabel
 from .observability.baseline import BaselineMonitor
-from .observability.debug import DebugEndpoints
+from .observability.debug import DebugEndpoints, from_loopback
 from .observability.metrics import Metrics, status_label
 from .observability.observer import RequestObserver
 from .observability.sched import SchedulerLag
@@ -45,7 +61,9 @@ from .observability.tracing import Tracing, configure_otlp
 from .pipeline import Pipeline
 from .policies.base import Policy, PolicyContext, redact_values
 from .policies.registry import build_policies
-from .record.recorder import build_recorder
+from .record.recorder import build_recorder, recorded_routes
+from .reload import Reloader, Staged
+from .runtime import Closer, Generations, Held, Runtime, carry_adapters, close_all
 from .security import edge
 from .security.gate import Gate
 from .sessions import build_bus
@@ -79,10 +97,8 @@ class App:
             tracer_provider: an OpenTelemetry provider for the spans; default:
                 the global one, or OTLP export when ``[observability]`` names an endpoint.
         """
-        self.config = config
         self.metrics = Metrics()
-        self._init_observability(tracer_provider)
-        self.adapters: dict[str, Adapter] = build_adapters(config.adapters, self.observer, adapters)
+        self._init_observability(config, tracer_provider)
         self.metrics.watch_deployments(self._deployment_states)
         self.bus: SessionBus = bus if bus is not None else build_bus(config, self.metrics)
         sc = config.sessions
@@ -95,68 +111,204 @@ class App:
         )
         #: Set when shutdown begins: live session event streams end cleanly.
         self.closing = trio.Event()
-        self.gate = Gate(config)
         self._background: trio.CancelScope | None = None
-        self.routes: dict[str, Route] = {
-            rc.path: Route(
-                config=rc,
-                label=route_label(rc),
-                adapter=self.adapters[rc.adapter],
-                policies=build_policies(rc.policies, config),
-                tenant=rc.tenant or config.server.default_tenant,
-                chain=build_chain(rc, route_label(rc), self.adapters, config),
-            )
-            for rc in config.routes
-        }
-        self.sessions = SessionEndpoints(
-            config, self.bus, self.closing, self._session_tenant, self._vars_redactor()
-        )
+        #: The app's lifetime nursery and its background nursery (set by startup).
+        self._nursery: trio.Nursery | None = None
+        self._tasks: trio.Nursery | None = None
+        # Profiles and run traces of this worker (one of each at a time, whatever
+        # the config): auth on or off follows the current config.
+        self.debug = DebugEndpoints(auth_enabled=config.auth is not None and config.auth.enabled)
+        #: ``/admin/``: the operator console (one for the worker, whatever the config).
+        self.console = Console.of(self)
+        built = build_adapters(config.adapters, self.observer, adapters)
+        #: The current runtime and the retired ones still serving their requests.
+        self.generations = Generations(self._build(config, built, None))
         #: ``[record]``: finished requests go to it through the observer.
         self.recorder = build_recorder(config, self.routes, self.metrics)
         self.observer.recorder = self.recorder
-        #: The routes' response caches (None when no route has one).
-        self.cache = build_cache(
-            config, {path: r.label for path, r in self.routes.items()}, self.observer
+        self.metrics.watch_cache(self._cache_held, self._cache_flights, self._cache_server)
+        #: Reloads the config without a restart (``reload.py``).
+        reloads = self.metrics.config_reloads
+        self.reloader = Reloader(self, lambda result: reloads.labels(result).inc())
+        self.console.reloader = self.reloader
+        self.ready = False
+
+    # --- the current runtime (what a new request uses) --------------------------
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.generations.current
+
+    @property
+    def config(self) -> Config:
+        return self.runtime.config
+
+    @property
+    def adapters(self) -> dict[str, Adapter]:
+        return self.runtime.adapters
+
+    @property
+    def routes(self) -> dict[str, Route]:
+        return self.runtime.routes
+
+    @property
+    def gate(self) -> Gate:
+        return self.runtime.gate
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.runtime.pipeline
+
+    @property
+    def cache(self) -> Cache | None:
+        return self.runtime.cache
+
+    @property
+    def endpoints(self) -> EndpointTable:
+        return self.runtime.endpoints
+
+    def _build(
+        self, config: Config, adapters: dict[str, Adapter], previous: Runtime | None
+    ) -> Runtime:
+        """The runtime of ``config`` (nothing opened yet).
+
+        Args:
+            adapters: built for ``config`` (some may be ``previous``'s objects).
+            previous: the runtime this one replaces; its gate's worker-wide state
+                and, when ``[cache]`` is the same, its cache backend are carried over.
+        """
+        rt = Runtime(config)
+        rt.adapters = adapters
+        rt.gate = Gate(config) if previous is None else previous.gate.successor(config)
+        rt.routes = {
+            rc.path: Route(
+                config=rc,
+                label=route_label(rc),
+                adapter=adapters[rc.adapter],
+                policies=build_policies(rc.policies, config),
+                tenant=rc.tenant or config.server.default_tenant,
+                chain=build_chain(rc, route_label(rc), adapters, config),
+            )
+            for rc in config.routes
+        }
+        rt.sessions = SessionEndpoints(
+            config,
+            self.bus,
+            (self.closing, rt.closing),
+            partial(self._session_tenant, rt),
+            self._vars_redactor(rt),
         )
-        if self.cache is not None:
-            cache = self.cache
-            self.metrics.watch_cache(cache.held, lambda: len(cache.flights), lambda: cache.server)
-        self.pipeline = Pipeline(
+        #: The routes' response caches (None when no route has one).
+        rt.cache = self._cache_for(rt, previous)
+        rt.pipeline = Pipeline(
             config,
             self.bus,
             writeback=self.writeback,
-            admission=self.gate.admission,
+            admission=rt.gate.admission,
             hook=self.observer,
-            cache=self.cache,
+            cache=rt.cache,
         )
-        self.embeddings = Embeddings(config, self.observer)
-        table = self._endpoints()
-        self.endpoints = EndpointTable(table, unknown=[("/debug/", Auth.ADMIN)])
+        rt.embeddings = Embeddings(config, self.observer)
+        table = self._endpoints(rt)
+        admin = [("/debug/", Auth.ADMIN), ("/admin/", Auth.ADMIN)]
+        rt.endpoints = EndpointTable(table, unknown=admin)
         methods = {m for ep in table for m in ep.methods}
-        self.cors = Cors(config.cors, methods) if config.cors is not None else None
-        self.ready = False
-        self._models_body = self._models_json(list(self.routes.values()))
-        #: The listing for keys limited to some routes, by their route set.
-        self._models_by_key: dict[frozenset[str], bytes] = {}
+        rt.cors = Cors(config.cors, methods) if config.cors is not None else None
+        rt.models_body = self._models_json(list(rt.routes.values()))
+        return rt
 
-    def _endpoints(self) -> list[Endpoint]:
+    # --- reloading (reload.py calls these) ---------------------------------------
+
+    async def stage(self, config: Config) -> Staged:
+        """Build the runtime of ``config`` and open what it does not take over.
+
+        Adapters whose settings did not change are the current ones (their pools
+        carry on); the others are built and opened, and so is a cache backend whose
+        ``[cache]`` changed. Nothing serves with it until ``commit()``.
+
+        Raises:
+            ConfigError: an adapter or the cache cannot be opened (naming the
+                file and the key); whatever was opened is closed again.
+        """
+        nursery = self._nursery
+        if nursery is None:
+            raise ConfigError(f"{config.source}: the app has not started; nothing to reload")
+        current = self.runtime
+        fresh: list[Adapter] = []
+        try:
+            adapters, fresh = carry_adapters(
+                config.adapters, current.adapters, current.config.adapters, self.observer
+            )
+            rt = self._build(config, adapters, current)
+        except Exception as exc:
+            await close_all(a.aclose for a in fresh)
+            raise ConfigError(f"{config.source}: the configuration cannot be built: {exc}") from exc
+        staged = _Staged(self, rt)
+        key = "cache"
+        try:
+            for adapter in fresh:
+                key = f"adapters.{adapter.name}"
+                await adapter.aopen(nursery)
+            key = "cache"
+            await self._open_cache(rt)
+        except Exception as exc:
+            await staged.abandon()
+            why = str(exc).removeprefix(f"{config.source}: ")
+            raise ConfigError(f"{config.source}: key `{key}`: cannot open: {why}") from exc
+        return staged
+
+    def _commit(self, rt: Runtime) -> None:
+        """Make ``rt`` the current runtime; the old one drains in the background."""
+        rt.gate.activate()
+        old = self.generations.swap(rt)
+        self.debug.auth_enabled = rt.gate.enabled
+        if self.recorder is not None:
+            self.recorder.routes = recorded_routes(rt.config, rt.routes)
+        self.baseline.track([r.label for r in rt.routes.values()], trio.current_time())
+        if rt.gate.enabled != old.gate.enabled or len(rt.gate.keys) != len(old.gate.keys):
+            rt.gate.announce()
+        assert self._tasks is not None
+        self._tasks.start_soon(self.generations.drain, old)
+
+    def draining(self) -> int:
+        """Runtimes replaced by a reload that still finish requests."""
+        return len(self.generations.live) - 1
+
+    def _cache_for(self, rt: Runtime, previous: Runtime | None) -> Cache | None:
+        """``rt``'s cache: the previous one when nothing of it changed, one on the
+        previous backend when only route plans did, else a new one (or None)."""
+        config = rt.config
+        labels = {path: r.label for path, r in rt.routes.items()}
+        prev = previous.cache if previous is not None else None
+        if prev is None or previous is None or previous.config.cache != config.cache:
+            return build_cache(config, labels, self.observer)
+        plans = cache_plans(config, labels)
+        if not plans:
+            return None
+        rt.cache_closer = previous.cache_closer
+        return prev if plans == prev.routes else prev.successor(plans)
+
+    def _endpoints(self, rt: Runtime) -> list[Endpoint]:
+        """The endpoint table of ``rt``: its handlers serve with ``rt``."""
         get, req = ("GET",), Admission.REQUEST
-        sessions = self.sessions
+        sessions = rt.sessions
         table = [
             Endpoint(
                 r.config.path,
                 ("POST",),
                 Auth.CHAT,
                 req,
-                partial(self._chat if r.config.kind == "chat" else self._embed, r),
+                partial(self._chat if r.config.kind == "chat" else self._embed, rt, r),
                 r.label,
             )
-            for r in self.routes.values()
+            for r in rt.routes.values()
         ]
         table += [
-            Endpoint("/v1/models", get, Auth.KEY, req, self._models, "models"),
+            Endpoint("/v1/models", get, Auth.KEY, req, partial(self._models, rt), "models"),
             Endpoint("/healthz", get, Auth.OPEN, Admission.NONE, self._healthz, "healthz"),
-            Endpoint("/readyz", get, Auth.OPEN, Admission.NONE, self._readyz, "readyz"),
+            Endpoint(
+                "/readyz", get, Auth.OPEN, Admission.NONE, partial(self._readyz, rt), "readyz"
+            ),
             Endpoint("/metrics", get, Auth.METRICS, Admission.NONE, self._metrics, "metrics"),
             Endpoint("/v1/sessions/{id}", get, Auth.KEY, req, sessions.get, "session"),
             Endpoint(
@@ -175,21 +327,36 @@ class App:
                 ("POST",),
                 Auth.KEY,
                 req,
-                self.gate.stream_token,
+                rt.gate.stream_token,
                 "stream_token",
             ),
         ]
         # Profiles and run traces of this worker (admin; loopback only when auth is off).
-        debug = DebugEndpoints(auth_enabled=self.gate.enabled)
+        debug = self.debug
         table += [
             Endpoint("/debug/profile", get, Auth.ADMIN, req, debug.profile, "debug_profile"),
             Endpoint("/debug/trace", get, Auth.ADMIN, req, debug.trace, "debug_trace"),
         ]
-        if self.config.observability.debug_requests:
+        # The configuration: what is active, and reloading it (admin; loopback only
+        # when auth is off).
+        table += [
+            Endpoint(
+                "/admin/config", get, Auth.ADMIN, req, partial(self._config, rt), "admin_config"
+            ),
+            Endpoint(
+                "/admin/config/reload",
+                ("POST",),
+                Auth.ADMIN,
+                req,
+                partial(self._config_reload, rt),
+                "admin_config_reload",
+            ),
+        ]
+        if rt.config.observability.debug_requests:
             table.append(
                 Endpoint("/debug/requests/recent", get, Auth.ADMIN, req, self._recent, "debug")
             )
-        table += Console.of(self).endpoints()  # /admin/: the operator console
+        table += self.console.endpoints()  # /admin/: the operator console
         return table
 
     # --- ASGI ----------------------------------------------------------------
@@ -230,6 +397,7 @@ class App:
                 adapters' connection tasks and the app's background tasks run in it.
         """
         log.info("hypercorn guard: %s", edge.install())
+        self._nursery = nursery
         for adapter in self.adapters.values():
             await adapter.aopen(nursery)
         await self.bus.aopen()
@@ -237,8 +405,7 @@ class App:
         if self.recorder is not None:
             # Outside the background scope: shutdown lets it write what is queued.
             await nursery.start(self.recorder.run)
-        if self.cache is not None:
-            await self.cache.aopen(nursery)
+        await self._open_cache(self.runtime)
         await nursery.start(self._run_background)
         self.ready = True
         log.info(
@@ -247,13 +414,24 @@ class App:
             ", ".join(self.routes),
         )
 
-    def _init_observability(self, provider: TracerProvider | None) -> None:
-        ob = self.config.observability
+    async def _open_cache(self, rt: Runtime) -> None:
+        """Open ``rt``'s cache backend if it is a new one (in a task of its own: see ``Held``)."""
+        cache = rt.cache
+        if cache is None or rt.cache_closer is not None:
+            return
+        assert self._nursery is not None
+        nursery = self._nursery
+        held = Held(partial(cache.aopen, nursery), cache.aclose)
+        await held.start(nursery)
+        rt.cache_closer = held.aclose
+
+    def _init_observability(self, config: Config, provider: TracerProvider | None) -> None:
+        ob = config.observability
         if provider is None and ob.otlp_endpoint:
             provider = configure_otlp(ob.otlp_endpoint, ob.service_name)
         self.tracing = Tracing(provider, enabled=ob.tracing)
         self.baseline = BaselineMonitor(
-            [route_label(rc) for rc in self.config.routes],
+            [route_label(rc) for rc in config.routes],
             0.0,
             window_s=ob.baseline_window_s,
             history=ob.baseline_history,
@@ -266,10 +444,22 @@ class App:
         if self.sched_lag is not None:
             self.metrics.registry.register(self.sched_lag)
 
+    def _cache_held(self) -> tuple[int, int]:
+        cache = self.cache
+        return cache.held() if cache is not None else (0, 0)
+
+    def _cache_flights(self) -> int:
+        cache = self.cache
+        return len(cache.flights) if cache is not None else 0
+
+    def _cache_server(self) -> dict[str, float]:
+        cache = self.cache
+        return cache.server if cache is not None else {}
+
     def _deployment_states(self) -> Iterator[tuple[str, str, int]]:
-        """(group, deployment, state) of every group, at scrape time."""
+        """(group, deployment, state) of every group of the current config, at scrape time."""
         now = trio.current_time()
-        for adapter in self.adapters.values():
+        for adapter in self.generations.current.adapters.values():
             if isinstance(adapter, GroupAdapter):
                 for deployment, state in adapter.states(now):
                     yield adapter.name, deployment, state
@@ -289,7 +479,9 @@ class App:
         with trio.CancelScope() as scope:
             self._background = scope
             async with trio.open_nursery() as tasks:
+                self._tasks = tasks
                 tasks.start_soon(self._baseline_loop)
+                tasks.start_soon(self.reloader.watch)
                 if self.sched_lag is not None:
                     tasks.start_soon(self.sched_lag.run)
                 await self.writeback.run(task_status=task_status)
@@ -305,13 +497,14 @@ class App:
                 await self.writeback.flush()
             if self.recorder is not None:
                 await self.recorder.aclose()
-            for adapter in self.adapters.values():
-                await adapter.aclose()
-        # Not under the shield: the gate's Redis limiter, the bus and a Redis cache exit
-        # task groups that startup() entered at this level, and Trio needs cancel scopes
-        # closed in the reverse order they opened -- the cache opened after the bus.
-        if self.cache is not None:
-            await self.cache.aclose()
+            # Every runtime still alive (a retired one may be finishing requests).
+            held: dict[int, Closer] = {}
+            for rt in self.generations.live:
+                held.update(rt.resources())
+            await close_all(held.values())
+        # Not under the shield: the gate's Redis limiter and the bus exit task groups
+        # that startup() entered at this level, and Trio needs cancel scopes closed in
+        # the reverse order they opened (a Redis cache lives in a task of its own).
         await self.gate.aclose()
         await self.bus.aclose()
 
@@ -319,16 +512,27 @@ class App:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrival = trio.current_time()  # the deadline counts from here, auth included
+        # The runtime this request uses from start to end, whatever a reload does meanwhile.
+        rt = self.generations.current
+        rt.enter()
+        try:
+            await self._serve(rt, arrival, scope, receive, send)
+        finally:
+            rt.leave()
+
+    async def _serve(
+        self, rt: Runtime, arrival: float, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         path: str = scope["path"]
-        endpoint, params = self.endpoints.resolve(scope["method"], path)
+        endpoint, params = rt.endpoints.resolve(scope["method"], path)
         # For /debug/trace and /debug/profile: what this task serves (its own context copy).
         TASK_LABEL.set(TaskLabel(None, endpoint.name))
         # Chat streams are watched by the sse stage's keep-alive task instead
         # of a cancel scope around every write.
         chat = endpoint.auth is Auth.CHAT
-        write_timeout = None if chat else self.config.limits.write_timeout_ms / 1000.0
+        write_timeout = None if chat else rt.config.limits.write_timeout_ms / 1000.0
         hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        cors = self.cors
+        cors = rt.cors
         extra = cors.response_headers(hdrs.get("origin")) if cors is not None else None
         responder = Responder(send, write_timeout, extra)
         if cors is not None and cors.is_preflight(scope["method"], hdrs):
@@ -341,12 +545,12 @@ class App:
             return
         try:
             # A fast 503 (429) before any body is read.
-            with self.gate.admit(endpoint, scope, hdrs):
+            with rt.gate.admit(endpoint, scope, hdrs):
                 request = Request(
                     scope, scope["method"], path, hdrs, receive, responder, arrival, params
                 )
-                request.principal = await self.gate.authenticate(endpoint, request)
-                with self.gate.stream_slot(endpoint):
+                request.principal = await rt.gate.authenticate(endpoint, request)
+                with rt.gate.stream_slot(endpoint):
                     await endpoint.handler(request)
         except GatewayError as err:
             if not responder.started:
@@ -363,15 +567,15 @@ class App:
     async def _healthz(self, request: Request) -> None:
         await request.responder.complete(200, JSON_HEADERS, b'{"status":"ok"}')
 
-    async def _models(self, request: Request) -> None:
+    async def _models(self, rt: Runtime, request: Request) -> None:
         """Every model of every route the caller may use."""
         p = request.principal
-        body = self._models_body
+        body = rt.models_body
         if p is not None and "*" not in p.routes:
-            cached = self._models_by_key.get(p.routes)
+            cached = rt.models_by_key.get(p.routes)
             if cached is None:
-                mine = [r for path, r in self.routes.items() if path in p.routes]
-                cached = self._models_by_key[p.routes] = self._models_json(mine)
+                mine = [r for path, r in rt.routes.items() if path in p.routes]
+                cached = rt.models_by_key[p.routes] = self._models_json(mine)
             body = cached
         await request.responder.complete(200, JSON_HEADERS, body)
 
@@ -382,11 +586,65 @@ class App:
         body = encoder.encode(self.observer.slowest())
         await request.responder.complete(200, JSON_HEADERS, body)
 
-    async def _readyz(self, request: Request) -> None:
+    @staticmethod
+    def _admin_client(rt: Runtime, request: Request) -> str:
+        """Who calls an admin endpoint (``<key id>``, or ``loopback`` with auth off).
+
+        Raises:
+            Forbidden: auth is off and the client is not on loopback.
+        """
+        if request.principal is not None:
+            return request.principal.key_id
+        if rt.gate.enabled:
+            return "admin"  # not reached: the gate gives admin endpoints a principal
+        if not from_loopback(request):
+            raise Forbidden(
+                "with auth off, admin endpoints answer only clients on loopback",
+                code="loopback_only",
+            )
+        return "loopback"
+
+    async def _config(self, rt: Runtime, request: Request) -> None:
+        """``GET /admin/config``: the active version and the last refused reload."""
+        self._admin_client(rt, request)
+        body = encoder.encode(self.reloader.status())
+        await request.responder.complete(200, JSON_HEADERS, body)
+
+    async def _config_reload(self, rt: Runtime, request: Request) -> None:
+        """``POST /admin/config/reload``: load the config file again, or, with a TOML
+        body (``Content-Type: application/toml``), save that as the file and load it.
+
+        Raises:
+            Unprocessable: the config was refused (``code`` ``config_refused``,
+                ``param`` the key); the running configuration stays.
+        """
+        by = "api:" + self._admin_client(rt, request)
+        candidate = await _toml_body(rt, request)
+        result = await self.reloader.reload(by=by, candidate=candidate)
+        version = [(b"x-aiserve-config-version", result.version.encode())]
+        if result.error is not None:
+            key = re.search(r"key `([^`]+)`", result.error)
+            raise Unprocessable(
+                result.error,
+                param=key[1] if key else None,
+                code="config_refused",
+                headers={"X-Aiserve-Config-Version": result.version},
+            )
+        body = encoder.encode(
+            {
+                "applied": result.applied,
+                "unchanged": result.unchanged,
+                "version": result.version,
+                "error": None,
+            }
+        )
+        await request.responder.complete(200, [*JSON_HEADERS, *version], body)
+
+    async def _readyz(self, rt: Runtime, request: Request) -> None:
         problems: list[str] = []
         if not self.ready:
             problems.append("not started")
-        for name, adapter in self.adapters.items():
+        for name, adapter in rt.adapters.items():
             if not await adapter.ready():
                 problems.append(f"adapter {name} not ready")
         reachable = False
@@ -398,13 +656,14 @@ class App:
             raise Overloaded("not ready: " + "; ".join(problems), code="not_ready")
         await request.responder.complete(200, JSON_HEADERS, b'{"status":"ready"}')
 
-    def _vars_redactor(self) -> Callable[[dict[str, str]], dict[str, str]] | None:
+    @staticmethod
+    def _vars_redactor(rt: Runtime) -> Callable[[dict[str, str]], dict[str, str]] | None:
         """What ``PUT /v1/sessions/{id}/vars`` applies: the data protection of every
         chat route, since every route reads the same sessions."""
-        policies = [p for r in self.routes.values() for p in r.policies]
+        policies = [p for r in rt.routes.values() for p in r.policies]
         if not any(type(p).redact_text is not Policy.redact_text for p in policies):
             return None
-        clear = frozenset(self.config.sessions.clear_vars)
+        clear = frozenset(rt.config.sessions.clear_vars)
 
         def redact(values: dict[str, str]) -> dict[str, str]:
             ctx = PolicyContext(route="sessions", channel="api", tenant="", request_id="")
@@ -412,11 +671,12 @@ class App:
 
         return redact
 
-    def _session_tenant(self, request: Request) -> str:
-        return self.gate.tenant(request.principal, self.config.server.default_tenant)
+    @staticmethod
+    def _session_tenant(rt: Runtime, request: Request) -> str:
+        return rt.gate.tenant(request.principal, rt.config.server.default_tenant)
 
-    async def _chat(self, route: Route, request: Request) -> None:
-        cfg = self.config
+    async def _chat(self, rt: Runtime, route: Route, request: Request) -> None:
+        cfg = rt.config
         d = cfg.deadline
         rd = route.config.deadline
         headers = request.headers
@@ -428,7 +688,7 @@ class App:
                 max_ms=rd.max_ms or d.max_ms,
                 reserve_ms=d.reserve_ms,
             )
-            channel = self._channel(headers.get("x-channel"))
+            channel = self._channel(cfg, headers.get("x-channel"))
             sid = headers.get("x-session-id")
             session_id = check_session_id(sid) if sid is not None else None
             declared = headers.get("content-length")
@@ -466,19 +726,20 @@ class App:
             created=int(time.time()),
             channel=channel,
             session_id=session_id,
-            tenant=self.gate.tenant(request.principal, route.tenant),
+            tenant=rt.gate.tenant(request.principal, route.tenant),
             headers=headers,
             trace=self.tracing.start(route.label, headers, request.arrival),
         )
-        outcome = await self.pipeline.run(info, request.receive, request.responder)
-        await self.gate.after_chat(request.principal, outcome)
+        outcome = await rt.pipeline.run(info, request.receive, request.responder)
+        await rt.gate.after_chat(request.principal, outcome)
 
-    async def _embed(self, route: Route, request: Request) -> None:
-        outcome = await self.embeddings.serve(route, request)
-        await self.gate.after_chat(request.principal, outcome)
+    async def _embed(self, rt: Runtime, route: Route, request: Request) -> None:
+        outcome = await rt.embeddings.serve(route, request)
+        await rt.gate.after_chat(request.principal, outcome)
 
-    def _channel(self, value: str | None) -> str:
-        channels = self.config.server.channels
+    @staticmethod
+    def _channel(cfg: Config, value: str | None) -> str:
+        channels = cfg.server.channels
         if value is None:
             return channels[0]
         channel = value.strip().lower()
@@ -499,6 +760,51 @@ class App:
                 seen.setdefault(model, route.adapter.name)
         data = [Model(id=m, created=created, owned_by=owner) for m, owner in seen.items()]
         return encoder.encode(ModelList(data=data))
+
+
+#: The largest config text ``POST /admin/config/reload`` takes.
+MAX_CONFIG_BYTES = 1_048_576
+
+
+async def _toml_body(rt: Runtime, request: Request) -> str | None:
+    """The config text a reload request proposes; None when its body is empty.
+
+    Raises:
+        UnsupportedMediaType: a body that is not ``application/toml`` (or ``text/plain``).
+        BadRequest: a body that is not UTF-8.
+        PayloadTooLarge: more than :data:`MAX_CONFIG_BYTES`.
+    """
+    limit = rt.config.limits.body_total_timeout_ms / 1000.0
+    body: bytes | None = b""
+    with trio.move_on_after(limit) as scope:
+        body = await read_body(request.receive, MAX_CONFIG_BYTES)
+    if scope.cancelled_caught:
+        raise StageDeadlineExceeded("parse", "the request body did not arrive in time")
+    if not body:
+        return None
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype not in ("application/toml", "text/plain"):
+        raise UnsupportedMediaType(
+            "a config to save must be sent as application/toml (no body: read the file again)"
+        )
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the config text is not UTF-8", param="body") from None
+
+
+class _Staged:
+    """A runtime built for a reload, not serving yet (``reload.Staged``)."""
+
+    def __init__(self, app: App, rt: Runtime) -> None:
+        self._app = app
+        self.runtime = rt
+
+    def commit(self) -> None:
+        self._app._commit(self.runtime)
+
+    async def abandon(self) -> None:
+        await close_all(self._app.generations.unused(self.runtime))
 
 
 def _show_startup_logs() -> None:

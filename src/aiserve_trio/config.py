@@ -74,8 +74,14 @@ class ServerConfig(_Section):
     channels: list[str] = msgspec.field(
         default_factory=lambda: ["api", "app", "wechat", "ivr", "pad", "web"]
     )
+    #: Seconds between looks at the config file (and the keys file and rule pack
+    #: files it names): a change is loaded as ``POST /admin/config/reload`` would
+    #: (0: not watched).
+    reload_watch_s: float = 5.0
 
     def __post_init__(self) -> None:
+        if self.reload_watch_s < 0:
+            raise field_error("reload_watch_s", "must not be negative (0: not watched)")
         if not self.channels:
             raise field_error("channels", "must name at least one channel")
         for i, ch in enumerate(self.channels):

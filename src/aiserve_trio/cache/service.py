@@ -169,6 +169,17 @@ class Cache:
         if self.backend.shared:
             nursery.start_soon(self._stats_loop)
 
+    def successor(self, routes: dict[str, RouteCachePlan]) -> Cache:
+        """The cache of a reloaded config whose ``[cache]`` did not change: the same
+        backend (open already) and its entries -- a key carries its route's adapter
+        and policy versions, so an entry is never served for settings that changed
+        -- with these route plans and flights of its own."""
+        nxt = Cache(self.config, routes, self.backend, self.hook)
+        nxt._nursery = self._nursery
+        nxt.server = self.server
+        nxt._stats = self._stats
+        return nxt
+
     async def aclose(self) -> None:
         self._nursery = None
         self._stats.cancel(reason="app shutdown")
@@ -183,7 +194,8 @@ class Cache:
         with self._stats:
             while True:
                 with contextlib.suppress(CacheUnavailable):
-                    self.server = await self._call("stats", self.backend.server_stats)
+                    # In place: a successor (a reloaded config) shares this dict.
+                    self.server.update(await self._call("stats", self.backend.server_stats))
                 await trio.sleep(self.config.stats_interval_s)
 
     # --- the context stage --------------------------------------------------------
@@ -678,10 +690,8 @@ def route_plan(route: RouteConfig, label: str, config: Config) -> RouteCachePlan
     return RouteCachePlan(label=label, settings=settings, scope=scope, longest=longest)
 
 
-def build_cache(
-    config: Config, labels: dict[str, str], hook: CacheHook = NULL_HOOK
-) -> Cache | None:
-    """The app's cache, or None when no route has one.
+def cache_plans(config: Config, labels: dict[str, str]) -> dict[str, RouteCachePlan]:
+    """The cache plan of every route that has a cache, by path.
 
     Args:
         labels: each route's label, by path.
@@ -691,6 +701,18 @@ def build_cache(
         plan = route_plan(route, labels[route.path], config)
         if plan is not None:
             plans[route.path] = plan
+    return plans
+
+
+def build_cache(
+    config: Config, labels: dict[str, str], hook: CacheHook = NULL_HOOK
+) -> Cache | None:
+    """The app's cache, or None when no route has one.
+
+    Args:
+        labels: each route's label, by path.
+    """
+    plans = cache_plans(config, labels)
     if not plans:
         return None
     cc = config.cache

@@ -258,17 +258,25 @@ class BaselineMonitor:
         min_requests: int = 1,
     ) -> None:
         self.window_s = window_s
-        self.routes = {
-            r: RouteBaseline(
-                start,
-                window_s=window_s,
-                history=history,
-                anomaly_factor=anomaly_factor,
-                min_requests=min_requests,
-            )
-            for r in routes
-        }
+        self._settings = (history, anomaly_factor, min_requests)
+        self.routes = {r: self._baseline(start) for r in routes}
         self.next_roll = start + window_s
+
+    def _baseline(self, start: float) -> RouteBaseline:
+        history, anomaly_factor, min_requests = self._settings
+        return RouteBaseline(
+            start,
+            window_s=self.window_s,
+            history=history,
+            anomaly_factor=anomaly_factor,
+            min_requests=min_requests,
+        )
+
+    def track(self, routes: Sequence[str], now: float) -> None:
+        """Follow these routes from now on (a reloaded config): the baselines of
+        routes kept go on, a new route starts its first window at ``now``, a
+        removed one is dropped."""
+        self.routes = {r: self.routes.get(r) or self._baseline(now) for r in routes}
 
     def restart(self, now: float) -> None:
         """Begin the first window at ``now`` (the clock starts with the event loop)."""

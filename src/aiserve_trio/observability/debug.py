@@ -149,9 +149,7 @@ def require_loopback(request: Request, what: str) -> None:
     Raises:
         Forbidden: the client's address is not loopback (or unknown).
     """
-    client = request.scope.get("client")
-    host = client[0] if client else None
-    if not _loopback(host):
+    if not from_loopback(request):
         raise Forbidden(
             f"with auth off, {what} answer only clients on loopback", code="loopback_only"
         )
@@ -173,6 +171,13 @@ async def _unless_disconnected(request: Request, work: Any) -> Any:
                 nursery.cancel_scope.cancel(reason="client disconnected")
                 break
     return result[0] if result else None
+
+
+def from_loopback(request: Request) -> bool:
+    """Whether the request comes from a loopback address (what an admin endpoint
+    asks of a client when auth is off)."""
+    client = request.scope.get("client")
+    return _loopback(client[0] if client else None)
 
 
 def _loopback(host: str | None) -> bool:

@@ -154,6 +154,12 @@ class Metrics:
             "Session turn writes dropped because the outbox was full.",
             registry=r,
         )
+        self.config_reloads = Counter(
+            "aiserve_config_reloads",
+            "Configuration reloads, by result (applied, refused, unchanged).",
+            ["result"],
+            registry=r,
+        )
         self.records_written = Counter(
             "aiserve_records_written",
             "Requests written to the traffic recording ([record]).",

@@ -345,6 +345,12 @@ class Recorder:
             await self._done.wait()
 
 
+def recorded_routes(cfg: Config, routes: Mapping[str, Route]) -> dict[str, str]:
+    """The routes ``[record]`` records, label -> path: those it names, else every chat route."""
+    paths = set(cfg.record.routes) or {p for p, r in routes.items() if r.config.kind == "chat"}
+    return {r.label: p for p, r in routes.items() if p in paths}
+
+
 def build_recorder(cfg: Config, routes: Mapping[str, Route], metrics: Metrics) -> Recorder | None:
     """The recorder ``[record]`` asks for (None when it is off).
 
@@ -357,8 +363,7 @@ def build_recorder(cfg: Config, routes: Mapping[str, Route], metrics: Metrics) -
     rec = cfg.record
     if not rec.enabled:
         return None
-    paths = set(rec.routes) or {p for p, r in routes.items() if r.config.kind == "chat"}
-    recorded = {r.label: p for p, r in routes.items() if p in paths}
+    recorded = recorded_routes(cfg, routes)
     key_text = os.environ.get(rec.session_key_env)
     key = key_text.encode() if key_text else secrets.token_bytes(32)
     keyed = (

@@ -42,23 +42,42 @@ class Admission:
         max_receiving: int = 0,
         max_per_client: int = 0,
     ) -> None:
-        self.max_inflight = max_inflight
-        #: Slots for requests still receiving their body (0: a quarter of max_inflight).
-        self.max_receiving = max_receiving or max(1, max_inflight // 4)
-        #: Requests in flight per client address (0: no cap).
-        self.max_per_client = max_per_client
+        self.configure(
+            max_inflight,
+            max_streams,
+            tenant_max_streams=tenant_max_streams,
+            max_receiving=max_receiving,
+            max_per_client=max_per_client,
+        )
         self.receiving = 0
         self.by_client: dict[str, int] = {}
-        self.max_streams = max_streams
         self.retry_after_s = retry_after_s
-        #: Open streams one tenant may hold (0: no cap).
-        self.tenant_max_streams = tenant_max_streams
         self.inflight = 0
         self.streams = 0
         #: Open streams per tenant (only tenants that hold one).
         self.by_tenant: dict[str, int] = {}
         #: Requests refused so far (for logs and tests).
         self.shed = 0
+
+    def configure(
+        self,
+        max_inflight: int,
+        max_streams: int,
+        *,
+        tenant_max_streams: int = 0,
+        max_receiving: int = 0,
+        max_per_client: int = 0,
+    ) -> None:
+        """Set the caps; the counts are kept (a reloaded config's caps apply to the
+        requests admitted from now on, counted with those already in flight)."""
+        self.max_inflight = max_inflight
+        #: Slots for requests still receiving their body (0: a quarter of max_inflight).
+        self.max_receiving = max_receiving or max(1, max_inflight // 4)
+        #: Requests in flight per client address (0: no cap).
+        self.max_per_client = max_per_client
+        self.max_streams = max_streams
+        #: Open streams one tenant may hold (0: no cap).
+        self.tenant_max_streams = tenant_max_streams
 
     def _refuse(self, what: str, cap: int) -> Overloaded:
         self.shed += 1

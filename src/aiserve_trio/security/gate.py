@@ -55,15 +55,30 @@ class StreamToken(msgspec.Struct, kw_only=True):
 class Gate:
     """Admission, authentication and rate limits for one app."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, previous: Gate | None = None) -> None:
+        """Build the gate of ``config``.
+
+        Args:
+            previous: the gate of the config this one replaces (a reload): the
+                worker-wide state is carried over, not rebuilt -- the admission
+                counts (the new caps apply from :meth:`activate`), the rate
+                limiter's windows, the stream-token secret (issued tokens stay
+                valid for keys that still exist).
+        """
         lim = config.limits
-        self.admission = Admission(
-            lim.max_inflight,
-            lim.max_streams,
-            tenant_max_streams=lim.tenant_max_streams,
-            max_receiving=lim.max_receiving,
-            max_per_client=lim.max_per_client,
-        )
+        self._limits = lim
+        self.admission: Admission
+        self.shared_secret: bool
+        if previous is not None:
+            self.admission = previous.admission
+        else:
+            self.admission = Admission(
+                lim.max_inflight,
+                lim.max_streams,
+                tenant_max_streams=lim.tenant_max_streams,
+                max_receiving=lim.max_receiving,
+                max_per_client=lim.max_per_client,
+            )
         self._address_header = lim.client_address_header.lower()
         auth = config.auth
         self.enabled = auth is not None and auth.enabled
@@ -84,19 +99,40 @@ class Gate:
         self.keys = KeyStore(entries)
         self._tenant_of = {e.principal.key_id: e.principal.tenant for e in entries}
         self._principals = {e.principal.key_id: e.principal for e in entries}
-        secret = secret_from_env(auth.token_secret_env) if auth is not None else None
-        self.shared_secret = secret is not None
         ttl = auth.stream_token_ttl_s if auth is not None else 300
-        signing = secret or secrets.token_bytes(32)
-        self.tokens = StreamTokens(signing, ttl)
-        console_ttl = auth.console_token_ttl_s if auth is not None else 900
-        self.console_tokens = StreamTokens(signing, console_ttl, purpose="console")
         self.limiter: Limiter
-        if auth is not None and auth.ratelimit_backend == "redis":
-            self.limiter = RedisLimiter(config.sessions.url, config.sessions.key_prefix)
+        if previous is not None:
+            self.shared_secret = previous.shared_secret
+            self._secret: bytes = previous._secret
+            self.limiter = previous.limiter
+            self._verify: trio.CapacityLimiter = previous._verify
         else:
-            self.limiter = MemoryLimiter()
-        self._verify = trio.CapacityLimiter(_VERIFY_LIMIT)
+            secret = secret_from_env(auth.token_secret_env) if auth is not None else None
+            self.shared_secret = secret is not None
+            self._secret = secret or secrets.token_bytes(32)
+            if auth is not None and auth.ratelimit_backend == "redis":
+                self.limiter = RedisLimiter(config.sessions.url, config.sessions.key_prefix)
+            else:
+                self.limiter = MemoryLimiter()
+            self._verify = trio.CapacityLimiter(_VERIFY_LIMIT)
+        self.tokens = StreamTokens(self._secret, ttl)
+        console_ttl = auth.console_token_ttl_s if auth is not None else 900
+        self.console_tokens = StreamTokens(self._secret, console_ttl, purpose="console")
+
+    def successor(self, config: Config) -> Gate:
+        """The gate of a reloaded ``config``, carrying this one's worker-wide state."""
+        return Gate(config, previous=self)
+
+    def activate(self) -> None:
+        """Apply this gate's admission caps (when its config becomes the current one)."""
+        lim = self._limits
+        self.admission.configure(
+            lim.max_inflight,
+            lim.max_streams,
+            tenant_max_streams=lim.tenant_max_streams,
+            max_receiving=lim.max_receiving,
+            max_per_client=lim.max_per_client,
+        )
 
     async def aopen(self) -> None:
         if isinstance(self.limiter, RedisLimiter):

@@ -43,7 +43,7 @@ from .bus import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from ..config import Config
     from ..http.endpoints import Request
@@ -93,11 +93,13 @@ class SessionEndpoints:
         self,
         config: Config,
         bus: SessionBus,
-        closing: trio.Event,
+        closing: Sequence[trio.Event],
         tenant: Callable[[Request], str],
         redact: Callable[[dict[str, str]], dict[str, str]] | None = None,
     ) -> None:
         """Args:
+        closing: any of these set ends the live event streams cleanly (the app
+            shuts down; the configuration they were opened with was replaced).
         tenant: the tenant a request acts for.
         redact: applied to variables before they are stored (the data
             protection of the routes that share the sessions).
@@ -176,13 +178,14 @@ class SessionEndpoints:
             gone = True
             cancel.cancel(reason="client disconnected")
 
-        async def watch_closing(cancel: trio.CancelScope) -> None:
-            await self.closing.wait()
-            cancel.cancel(reason="app shutting down")
+        async def watch_closing(event: trio.Event, cancel: trio.CancelScope) -> None:
+            await event.wait()
+            cancel.cancel(reason="app shutting down or configuration replaced")
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_disconnect, nursery.cancel_scope)
-            nursery.start_soon(watch_closing, nursery.cancel_scope)
+            for event in self.closing:
+                nursery.start_soon(watch_closing, event, nursery.cancel_scope)
             with trio.move_on_after(cfg.events_max_s):
                 while True:
                     try:
