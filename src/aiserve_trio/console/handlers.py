@@ -29,7 +29,7 @@ import msgspec
 import trio
 
 from ..budgets import STAGES
-from ..config import route_label
+from ..config import ConfigError, parse_config, route_label
 from ..errors import (
     BadRequest,
     BodyReadTimeout,
@@ -42,6 +42,7 @@ from ..http.body import read_body
 from ..http.endpoints import Admission, Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Headers
 from ..observability.debug import require_loopback
+from ..reload import config_version
 from . import sla
 from .edit import EditError, StepState, set_steps
 
@@ -368,6 +369,15 @@ class Console:
             except OSError as exc:
                 why = f"cannot read {path}: {exc.strerror}"
                 raise Conflict(why, code="config_unreadable") from None
+            # The file as it is now must be the config that runs: a hand edit not yet
+            # reloaded would otherwise be applied with the console's change, unseen.
+            on_disk = await trio.to_thread.run_sync(_version_of, text, path)
+            if on_disk != version:
+                raise Conflict(
+                    f"{path} changed on disk since it was loaded (now: {on_disk}); reload it "
+                    "(or wait for the file watcher), then make the change again",
+                    code="config_file_changed",
+                )
             try:
                 candidate = set_steps(text, change.path, steps)
             except EditError as exc:
@@ -397,3 +407,11 @@ class Console:
         except msgspec.DecodeError:
             raise BadRequest("the body is not valid JSON", param="body") from None
 
+
+def _version_of(text: str, path: Path) -> str:
+    """The version of the config ``text`` (the file at ``path``), or why it has none."""
+    try:
+        config = parse_config(text, source=str(path), base_dir=path.parent)
+    except ConfigError as exc:
+        return f"not valid now: {exc}"
+    return config_version(config)
