@@ -307,7 +307,12 @@ async def test_the_routes_with_their_steps_as_the_active_config_has_them() -> No
     app = App(make_config(CHAIN))
     r = await call(app, "GET", "/admin/api/routes")
     assert r.status == 200
-    routes = {rt["path"]: rt for rt in r.json()["routes"]}
+    out = r.json()
+    # Built from a text, not a file: shown, not saved.
+    assert out["writable"] is False
+    assert "without a config file" in out["reason"]
+    assert out["version"] == out["reload"]["version"] == app.reloader.version
+    routes = {rt["path"]: rt for rt in out["routes"]}
     assert routes["/v1/chat/completions"]["steps"] == []
     assert routes["/v1/bank"] == {
         "path": "/v1/bank",
