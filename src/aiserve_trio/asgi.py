@@ -25,6 +25,7 @@ from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .cache.service import build_cache
+from .chains.run import build_chain
 from .config import Config, load_config, route_label
 from .embeddings import Embeddings
 from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
@@ -102,6 +103,7 @@ class App:
                 adapter=self.adapters[rc.adapter],
                 policies=build_policies(rc.policies, config),
                 tenant=rc.tenant or config.server.default_tenant,
+                chain=build_chain(rc, route_label(rc), self.adapters, config),
             )
             for rc in config.routes
         }

@@ -93,6 +93,9 @@ def request_turns(outcome: Outcome) -> list[Turn]:
         flags["degraded"] = prepared.degraded
     now = time.time()
     ch, rid = outcome.channel, outcome.request_id
+    chain = outcome.chain
+    # A chain that transcribed audio stores what was heard, not the audio.
+    asked = chain.new_turns if chain is not None and chain.new_turns is not None else None
     turns = [
         Turn(
             role=m.role,
@@ -104,7 +107,7 @@ def request_turns(outcome: Outcome) -> list[Turn]:
             tool_calls=m.tool_calls,
             tool_call_id=m.tool_call_id,
         )
-        for m in prepared.new_turns
+        for m in (asked if asked is not None else prepared.new_turns)
         if m.role in ("user", "tool")
     ]
     turns.append(
