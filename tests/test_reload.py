@@ -210,6 +210,30 @@ async def test_a_removed_route_is_404_for_new_requests_while_its_stream_finishes
         assert ex.response.text().startswith("alpha one")
 
 
+async def test_a_route_gains_a_chain_for_new_requests_while_a_stream_on_it_goes_on_without(
+    path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    steps = (
+        '\n[[routes.steps]]\nname = "intent"\nkind = "classify"\n'
+        'rules = [{ label = "greeting", pattern = "hi" }]\n'
+        '[[routes.steps]]\nname = "answer"\nkind = "generate"\n'
+    )
+    async with running(path) as app:
+        client = Client(app)
+        async with client.open("POST", "/v1/chat/completions", json_body=body()) as ex:
+            await ex.wait_for_bytes(2)
+            chat = 'name = "chat"\nadapter = "a"\n'
+            chained = conf().replace(chat, chat + steps)
+            assert chained != conf()
+            assert (await reload_now(app, autojump_clock, candidate=chained)).applied
+            after = await client.request("POST", "/v1/chat/completions", json_body=body())
+            assert after.headers["x-aiserve-steps"] == "intent,answer"
+            assert complete(after)
+            await ex.done.wait()
+        assert "x-aiserve-steps" not in ex.response.headers
+        assert complete(ex.response)
+
+
 # --- refused: the running config stays -------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .cache.service import Cache, build_cache, cache_plans
+from .chains.run import build_chain
 from .config import Config, ConfigError, load_config, route_label
 from .embeddings import Embeddings
 from .errors import (
@@ -182,6 +183,7 @@ class App:
                 adapter=adapters[rc.adapter],
                 policies=build_policies(rc.policies, config),
                 tenant=rc.tenant or config.server.default_tenant,
+                chain=build_chain(rc, route_label(rc), adapters, config),
             )
             for rc in config.routes
         }

@@ -25,11 +25,13 @@ from typing import Any, Literal
 
 import msgspec
 
+from .chains.plan import AdapterFacts, check_chain
+from .chains.steps import StepConfig as StepConfig
 from .decoding import decode_toml, field_error
 
 # ConfigError lives with the other errors; re-exported for code that imports it from here.
 from .errors import ConfigError as ConfigError
-from .policies.base import PolicySpec
+from .policies.base import Policy, PolicySpec
 from .policies.registry import build_policies, decode_policies, known_policies
 from .record.settings import RecordConfig, check_record
 from .security.auth import check_hash
@@ -497,6 +499,9 @@ class RouteConfig(_Section):
     max_stream_s: float | None = None
     #: The response cache (off unless the route has this table).
     cache: RouteCache | None = None
+    #: A chain of capabilities (``[[routes.steps]]``, ``chains/steps.py``); empty:
+    #: the route's adapter answers, as on any route.
+    steps: list[StepConfig] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -579,6 +584,7 @@ CORS_EXPOSE_HEADERS = (
     "retry-after",
     "x-aiserve-deployment",
     "x-aiserve-fallback",
+    "x-aiserve-steps",
 )
 _HEADER_NAME_RE = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
 _ORIGIN_RE = re.compile(
@@ -770,6 +776,7 @@ def _loaded(decoded: Config, *, source: str, base_dir: str) -> Config:
         extra = _read_keys_file(Path(base_dir) / auth.keys_file, source)
         auth = msgspec.structs.replace(auth, keys=[*auth.keys, *extra])
     routed = [name for route in decoded.routes for name in route.policies]
+    routed += [name for route in decoded.routes for name in chain_policies(route)]
     specs = decode_policies(decoded.policies, source=source, names=routed)
     return msgspec.structs.replace(
         decoded, source=source, base_dir=base_dir, auth=auth, policy_specs=specs
@@ -879,9 +886,52 @@ def check_config(cfg: Config) -> None:
             if ms is not None and ms <= reserve_ms:
                 why = f"must exceed deadline.reserve_ms ({reserve_ms})"
                 raise fail(f"{key}.deadline.{field}", why)
+        if route.steps:
+            _check_steps(cfg, i, route, policy_names, fail)
     if (problem := check_record(cfg)) is not None:
         raise fail(*problem)
     build_policies(list(dict.fromkeys(n for r in cfg.routes for n in r.policies)), cfg)
+
+
+def chain_policies(route: RouteConfig) -> list[str]:
+    """The policies a route's ``rewrite`` steps name."""
+    return [p for s in route.steps if (p := getattr(s, "policy", None)) is not None]
+
+
+def _check_steps(
+    cfg: Config,
+    i: int,
+    route: RouteConfig,
+    policy_names: set[str],
+    fail: Callable[[str, str], ConfigError],
+) -> None:
+    """A chain (``routes[i].steps``): on a chat route without a cache, and sound
+    (``chains/plan.py``)."""
+    key = f"routes[{i}]"
+    if route.kind != "chat":
+        raise fail(f"{key}.steps", "steps are for chat routes")
+    if route.cache is not None:
+        why = "a route with steps has no response cache: its answer depends on every step's call"
+        raise fail(f"{key}.cache", why)
+    facts = {
+        name: AdapterFacts(kind=_adapter_kind(a), models=tuple(a.models))
+        for name, a in cfg.adapters.items()
+    }
+    problem = check_chain(route.steps, route.adapter, facts, policy_names)
+    if problem is not None:
+        raise fail(f"{key}.{problem[0]}", problem[1])
+    for j, step in enumerate(route.steps):
+        name = getattr(step, "policy", None)
+        if name is None:
+            continue
+        (policy,) = build_policies([name], cfg)
+        if type(policy).output_filter is Policy.output_filter:
+            raise fail(f"{key}.steps[{j}].policy", f"{name!r} does not rewrite output")
+
+
+def _adapter_kind(adapter: AdapterConfig) -> str:
+    tag = type(adapter).__struct_config__.tag
+    return str(tag)
 
 
 def _check_groups(cfg: Config, fail: Callable[[str, str], ConfigError]) -> None:

@@ -166,6 +166,19 @@ class StageDeadlineExceeded(GatewayError):
         self.stage = stage
 
 
+class StepDeadlineExceeded(StageDeadlineExceeded):
+    """A chain step did not finish by its cut point (``chains/``); ``param`` names the step."""
+
+    default_code = "step_deadline_exceeded"
+
+    def __init__(self, step: str, message: str | None = None) -> None:
+        super().__init__(
+            step,
+            message or f"the chain step {step!r} did not finish within its share of the budget",
+        )
+        self.step = step
+
+
 class UpstreamError(GatewayError):
     """The model backend failed. Subclasses say how."""
 

@@ -200,12 +200,16 @@ class Pipeline:
         cache = inference.cache_result or (ticket.result if ticket is not None else None)
         if cache == "flight":
             cache = None  # it never got as far as the cache's answer
+        chain = inference.chain.report() if inference.chain is not None else None
 
         if not run.disconnected:
             if run.error is None and not responder.finished:
                 run.fail("sse", InternalError("the request ended without a response"))
             if run.error is not None:
-                await self._write_error(info, responder, run.error, context.result, sse, cache)
+                steps = chain.names if chain is not None else None
+                await self._write_error(
+                    info, responder, run.error, context.result, sse, cache, steps
+                )
         asm = sse.assembler
         prepared = context.result
         parsed = parse.result
@@ -236,6 +240,7 @@ class Pipeline:
             upstream_reads=upstream.reads,
             upstream_bytes=upstream.bytes,
             cache=cache,
+            chain=chain,
         )
 
     async def _stage(
@@ -361,13 +366,15 @@ class Pipeline:
         prepared: Prepared | None,
         sse: SSEStage,
         cache: str | None,
+        steps: tuple[str, ...] | None = None,
     ) -> None:
         budget = info.budget
         # The reserve is what is kept back for exactly this write.
         limit = max(budget.deadline, trio.current_time()) + budget.reserve
         with trio.move_on_at(limit):
             if not responder.started:
-                await responder.error(err, response_headers(info, prepared, cache=cache))
+                headers = response_headers(info, prepared, cache=cache, steps=steps)
+                await responder.error(err, headers)
             elif not responder.finished:
                 asm = sse.assembler
                 tail = asm.fail(err) if asm is not None else None

@@ -91,6 +91,9 @@ class Delta(msgspec.Struct, kw_only=True):
     tokens: int = 1
     #: On the first delta only, from an adapter that chose a backend (a group).
     served: ServedBy | None = None
+    #: On the first delta only, from a chain: the steps that ran, in order
+    #: (``X-Aiserve-Steps``; ``chains/run.py``).
+    steps: tuple[str, ...] | None = None
 
 
 __all__ = [
@@ -102,6 +105,7 @@ __all__ = [
     "Message",
     "ServedBy",
     "ToolCallDelta",
+    "TranscriptionRequest",
     "Usage",
 ]
 
@@ -120,10 +124,12 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     parts: frozenset[str] | None = None
     #: It answers ``POST /v1/embeddings``.
     embeddings: bool = False
+    #: It turns speech into text (``POST {base_url}/audio/transcriptions``).
+    transcription: bool = False
 
 
 #: A backend that relays the whole OpenAI request as it was sent.
-EVERYTHING = Capabilities(embeddings=True)
+EVERYTHING = Capabilities(embeddings=True, transcription=True)
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True, frozen=True):
@@ -136,6 +142,20 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True, frozen=True):
     deadline: float
     #: The client's top-level fields, as sent.
     body: dict[str, msgspec.Raw]
+    forward_headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class TranscriptionRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """One speech-to-text call (a chain's ``transcribe`` step): the audio and where it goes."""
+
+    request_id: str
+    #: The transcription model (``whisper-1``...), sent as it is.
+    model: str
+    audio: bytes
+    #: ``wav`` or ``mp3`` (the formats of OpenAI's ``input_audio`` parts).
+    format: str
+    #: Absolute ``trio.current_time()`` by which the transcript must be in.
+    deadline: float
     forward_headers: dict[str, str] = msgspec.field(default_factory=dict)
 
 
@@ -343,6 +363,49 @@ class Adapter(abc.ABC):
         raise BadRequest(
             f"the backend of this route ({self.name}) does not answer embeddings",
             code="unsupported_endpoint",
+        )
+
+    @final
+    async def transcribe(self, request: TranscriptionRequest) -> str:
+        """The text spoken in ``request.audio``.
+
+        The same guard and retries as :meth:`embed` (nothing has reached the
+        client yet, so a retry is always safe).
+
+        Raises:
+            UpstreamTimeout: no time is left (before any try).
+            BadRequest: the audio cannot be read (a 400 from the backend included).
+            UpstreamError: how the backend failed, after the retries.
+        """
+        if request.deadline - trio.current_time() <= 0:
+            late = UpstreamTimeout("no time left for the transcription call")
+            self.hook.failed(self.name, late)
+            raise late
+        text = ""
+
+        async def one_try(progress: Progress) -> None:
+            nonlocal text
+            text = await self.transcribe_once(request)
+
+        await run_with_retries(
+            one_try,
+            policy=self.policy,
+            deadline=request.deadline,
+            rng=self.rng,
+            adapter=self.name,
+            hook=self.hook,
+        )
+        return text
+
+    async def transcribe_once(self, request: TranscriptionRequest) -> str:
+        """One try at a transcription (backends with ``capabilities.transcription``).
+
+        Raises:
+            BadRequest: this backend does not transcribe (the config refuses a
+                ``transcribe`` step on such an adapter, so a client never gets here).
+        """
+        raise BadRequest(
+            f"the backend {self.name} does not transcribe audio", code="unsupported_endpoint"
         )
 
     @abc.abstractmethod

@@ -8,6 +8,12 @@ is known. One rule is fixed and comes first: a last user message starting with
 ``echo:`` is streamed back verbatim (the text after the prefix), the way to try
 policies by hand.
 
+It also plays the parts a chain asks of models (``chains/``), deterministically:
+a classify prompt (a system message with a ``Labels:`` line) is answered with the
+listed label the last user message names, else ``unknown`` (``intents.py``);
+speech to text (:meth:`MockAdapter.transcribe_once`) hears a WAV's comment
+(``wav.py``). aiserve-sim answers both the same way.
+
 A rule may also give ``reasoning`` (streamed as ``reasoning_content`` before the
 reply) and a ``tool_call`` (a function name and templated JSON arguments): when
 the request offers a tool of that name and ``tool_choice`` is not ``"none"``,
@@ -35,8 +41,10 @@ import trio
 
 from ..config import MockAdapterConfig, MockToolCall
 from ..errors import BadRequest
+from ..intents import simulated_label
 from ..observability.events import NULL_HOOK, UpstreamHook
 from ..vectors import DEFAULT_DIMENSIONS, embedding_inputs, embeddings_body
+from ..wav import WavError, transcript
 from .base import (
     Adapter,
     Capabilities,
@@ -46,6 +54,7 @@ from .base import (
     InferenceRequest,
     Message,
     ToolCallDelta,
+    TranscriptionRequest,
     Usage,
 )
 from .retry import Progress
@@ -129,6 +138,10 @@ class RuleEngine:
             offered = [t for t in offered if t == tool_choice]
         if last is not None and last.role == "user" and text.startswith(ECHO_PREFIX):
             return Reply(text[len(ECHO_PREFIX) :].lstrip(" "))
+        system = "\n".join(m.text() for m in messages if m.role in ("system", "developer"))
+        label = simulated_label(system, text) if system else None
+        if label is not None:
+            return Reply(label)
         for rule in self._rules:
             m = rule.pattern.search(text)
             if not m:
@@ -155,6 +168,7 @@ class MockAdapter(Adapter):
         ),
         parts=frozenset({"text"}),
         embeddings=True,
+        transcription=True,
     )
 
     def __init__(
@@ -205,6 +219,20 @@ class MockAdapter(Adapter):
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=count_tokens(produced))
         await send.send(Delta(finish_reason=finish, usage=usage))
 
+    async def transcribe_once(self, request: TranscriptionRequest) -> str:
+        """A WAV's comment, or a sentence naming its length (``wav.py``), after ``ttft_ms``.
+
+        Raises:
+            BadRequest: ``format`` is ``wav`` and the audio is not a WAV file.
+        """
+        try:
+            text = transcript(request.audio, request.format)
+        except WavError as exc:
+            why = f"the audio cannot be transcribed: {exc}"
+            raise BadRequest(why, code="invalid_audio") from None
+        if self.config.ttft_ms:
+            await trio.sleep(self.config.ttft_ms / 1000.0)
+        return text
 
     async def embed_once(self, request: EmbeddingRequest) -> bytes:
         """Deterministic unit vectors (``vectors.py``): the same text, the same vector.

@@ -36,6 +36,7 @@ import email.utils
 import math
 import os
 import random
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from importlib.metadata import version as _version
@@ -47,6 +48,7 @@ import trio
 
 from ..config import OpenAIAdapterConfig
 from ..errors import (
+    BadRequest,
     ConfigError,
     UpstreamConnectError,
     UpstreamError,
@@ -56,12 +58,20 @@ from ..errors import (
 )
 from ..observability.annotate import upstream_read
 from ..observability.events import NULL_HOOK, UpstreamHook
-from .base import Adapter, DeltaSink, EmbeddingRequest, InferenceRequest, Usage
+from .base import (
+    Adapter,
+    DeltaSink,
+    EmbeddingRequest,
+    InferenceRequest,
+    TranscriptionRequest,
+    Usage,
+)
 from .chat_stream import ChatStreamDecoder
 from .compat import pool_connections
 from .retry import Progress, RetryPolicy
 from .sse_parser import SSEDecodeError
 from .tokens import count_prompt, fit_request
+from .transcription import multipart_body, read_transcript
 from .wire import chat_body
 
 #: Header carrying the remaining budget upstream.
@@ -367,6 +377,46 @@ class OpenAIAdapter(Adapter):
                     if response.status_code != 200:
                         await self._raise_status(response)
                     return await response.aread()
+            finally:
+                if response is not None:
+                    with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+                        await response.aclose()
+
+    async def transcribe_once(self, request: TranscriptionRequest) -> str:
+        """One ``POST {base_url}/audio/transcriptions`` (multipart: ``file``, ``model``).
+
+        Raises:
+            BadRequest: the backend refused the audio (400, 415 or 422).
+            UpstreamError: how the call failed otherwise.
+        """
+        clients = self._clients
+        if clients is None:
+            raise UpstreamConnectError(f"adapter {self.name} is not open")
+        fields = {"model": request.model, "response_format": "json"}
+        kind, body = multipart_body(secrets.token_hex(16), fields, request.audio, request.format)
+        url = httpx2.URL(self.config.base_url.rstrip("/") + "/audio/transcriptions")
+        req = self._request(
+            url, body, request.deadline, request.request_id, request.forward_headers
+        )
+        # The chat headers ask for JSON in and events out: not for a form.
+        req.headers["content-type"] = kind.decode("ascii")
+        req.headers["accept"] = "application/json"
+        response: httpx2.Response | None = None
+        with clients.lease() as client:
+            try:
+                with translate_errors(self.name):
+                    response = await client.send(req, stream=True)
+                    if response.status_code in (400, 415, 422):
+                        try:
+                            await self._raise_status(response)
+                        except UpstreamStatusError as err:
+                            raise BadRequest(
+                                f"the audio cannot be transcribed: {err.message}",
+                                code="invalid_audio",
+                            ) from None
+                    if response.status_code != 200:
+                        await self._raise_status(response)
+                    return read_transcript(await response.aread())
             finally:
                 if response is not None:
                     with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):

@@ -177,6 +177,13 @@ class Metrics:
             self.stage_latency.labels(stage)
         self._add_sla_and_baseline(r)
         self._add_cache(r)
+        self.chain_step_latency = Histogram(
+            "aiserve_chain_step_latency_seconds",
+            "Time each step of a route's chain took (chains/), by route and step name.",
+            ["route", "step"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
 
     def _add_cache(self, r: CollectorRegistry) -> None:
         """The response cache (cache issue): results, stores, backend failures, what is held."""

@@ -21,7 +21,7 @@ from .metrics import STAGES, Metrics, label_value
 from .tracing import NOOP_TRACE, upstream_attempt
 
 if TYPE_CHECKING:
-    from prometheus_client import Counter
+    from prometheus_client import Counter, Histogram
 
     from ..errors import UpstreamError
     from ..stages.outcome import Outcome
@@ -81,7 +81,7 @@ class RequestObserver:
         #: The traffic recording, when ``[record]`` is on (set by the app).
         self.recorder: RecordSink | None = None
 
-    def _child(self, metric: Counter, *values: str) -> Any:
+    def _child(self, metric: Counter | Histogram, *values: str) -> Any:
         key = (metric, *values)
         child = self._children.get(key)
         if child is None:
@@ -146,6 +146,11 @@ class RequestObserver:
             m.disconnects.labels(outcome.error_stage or "parse").inc()
         if outcome.capped is not None:
             m.caps.labels(route, outcome.capped).inc()
+        if outcome.chain is not None:
+            for step in outcome.chain.steps:
+                self._child(m.chain_step_latency, route, step.name).observe(
+                    step.ended - step.started
+                )
         if outcome.cache is not None:
             self._child(m.cache_requests, route, outcome.cache).inc()
             if self.baseline is not None and outcome.cache != "bypass":
@@ -195,6 +200,8 @@ class RequestObserver:
         attrs["upstream_bytes"] = outcome.upstream_bytes
         if outcome.cache is not None:
             attrs["cache"] = outcome.cache
+        if outcome.chain is not None:
+            attrs["steps"] = ",".join(outcome.chain.names)
         error = outcome.error.message if outcome.error is not None else None
         outcome.info.trace.finish(
             stages=stages,

@@ -1,4 +1,5 @@
-"""OpenTelemetry tracing: a server span per request, a child span per stage.
+"""OpenTelemetry tracing: a server span per request, a child span per stage (and per
+chain step, under the inference span).
 
 Only ``opentelemetry-api`` is required; without an SDK the spans are
 non-recording and cost little. With the optional extra
@@ -90,6 +91,27 @@ class RequestTrace:
             finally:
                 _CURRENT.reset(token)
 
+    @contextmanager
+    def live_step(self, name: str, kind: str, *, current: bool = True) -> Iterator[Span]:
+        """A live span for one step of a chain, under the current span (inference);
+        the step's upstream attempts nest under it -- unless ``current`` is off (a
+        step that runs alongside another, whose attempts they are)."""
+        attributes = {"aiserve.step": name, "aiserve.step_kind": kind}
+        if not current:
+            span = self._tracer.start_span(f"step {name}", attributes=attributes)
+            try:
+                yield span
+            finally:
+                span.end()
+            return
+        with self._tracer.start_as_current_span(
+            f"step {name}",
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            yield span
+
     def inject(self, span: Span | None = None) -> dict[str, str]:
         """Headers that carry the trace upstream (``traceparent``, ``tracestate``).
 
@@ -149,6 +171,10 @@ class _NoopTrace(RequestTrace):
 
     @contextmanager
     def live_stage(self, name: str) -> Iterator[Span]:
+        yield trace.INVALID_SPAN
+
+    @contextmanager
+    def live_step(self, name: str, kind: str, *, current: bool = True) -> Iterator[Span]:
         yield trace.INVALID_SPAN
 
     def inject(self, span: Span | None = None) -> dict[str, str]:

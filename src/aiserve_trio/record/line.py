@@ -14,7 +14,8 @@ request path. What goes in (``schema.py`` has the format):
   values of the other fields always, unless ``redact = false``;
 - three headers: the channel, the session id as an HMAC (a session's requests stay
   together; the id cannot be read back or confirmed without the key), the timeout;
-- the labels of ``labels.py``, computed on the recorded body;
+- the labels of ``labels.py``, computed on the recorded body, whose ``metadata``
+  has what a chain's classify steps decided (``intent``...), as the model got it;
 - the outcome: status, TTFT, total time, tokens, stage times.
 """
 
@@ -96,7 +97,8 @@ class LineBuilder:
         body: bytes | None = None
         labels: dict[str, str] = {}
         if outcome.prepared is not None and info is not None:
-            body = self.body(outcome.prepared, info.route)
+            chain = outcome.chain
+            body = self.body(outcome.prepared, info.route, chain.labels if chain else None)
             decoded = _any.decode(body)
             labels = self.rules.labels(decoded if isinstance(decoded, Mapping) else {})
         headers: dict[str, str] = {}
@@ -117,8 +119,11 @@ class LineBuilder:
             outcome=recorded_outcome(outcome),
         )
 
-    def body(self, prepared: Prepared, route: Route) -> bytes:
-        """The request body as recorded (see the module docstring)."""
+    def body(
+        self, prepared: Prepared, route: Route, labels: Mapping[str, str] | None = None
+    ) -> bytes:
+        """The request body as recorded (see the module docstring); ``labels`` (a
+        chain's) are put into its ``metadata``."""
         inference = prepared.inference
         # The client's messages carry their JSON; what the gateway made (session
         # history, the variables' system prompt) does not.
@@ -134,6 +139,9 @@ class LineBuilder:
         scrub = self._scrub(route) if redactor is not None else None
         for key, raw in inference.extra.items():
             out[key] = _scrubbed(raw, scrub) if scrub is not None else raw
+        if labels:
+            metadata = _any.decode(out["metadata"]) if "metadata" in out else None
+            out["metadata"] = {**(metadata if isinstance(metadata, dict) else {}), **labels}
         return encoder.encode(out)
 
     def _scrub(self, route: Route) -> Callable[[str], str]:

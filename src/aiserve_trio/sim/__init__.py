@@ -25,10 +25,13 @@ HTTP (OpenAI-compatible)
        ``{"type": "json_object"}``: ``{"answer":"sim","ok":true}``;
     3. the last message is a ``tool`` message: ``The tool returned: <its
        content>`` (the trailing tool messages' contents joined with ``; ``);
-    4. image parts in the messages: ``I see N image(s).``;
-    5. otherwise the usual words (``the quick brown fox ...``).
+    4. a system message with a ``Labels: a, b, c`` line (a chain's classify
+       prompt): exactly the listed label the last user message names (a word
+       beginning with it), else ``unknown``;
+    5. image parts in the messages: ``I see N image(s).``;
+    6. otherwise the usual words (``the quick brown fox ...``).
 
-    After 3. and 4. the usual words follow for as long as the timing model
+    After 3. and 5. the usual words follow for as long as the timing model
     says. ``reasoning_effort`` (``minimal`` 1, ``low`` 3, ``medium`` 6,
     ``high`` 12 pieces; ``none`` 0; anything else as medium) puts reasoning
     before any of these. ``logprobs: true`` (``top_logprobs: k``, at most 20)
@@ -72,6 +75,17 @@ HTTP (OpenAI-compatible)
     n, "total_tokens": n}}`` with unit vectors seeded by a hash of each input
     (the same in every process), after the prefill time of its tokens. The
     fault headers and the budget apply as for chat.
+
+    ``POST /v1/audio/transcriptions`` -- OpenAI's ``multipart/form-data``: a
+    ``file`` part (wav or mp3, by file name or ``Content-Type``), a ``model``
+    field, ``response_format`` ``json`` (default: ``{"text": ...}``) or
+    ``text``. The sim cannot hear speech; it answers the way ``wav.py`` says
+    (the gateway's mock model does the same): a WAV's ``LIST``/``INFO``
+    comment (``ICMT``) is its transcript, a WAV without one is ``[1.5 seconds
+    of audio without speech]``, mp3 audio ``[N bytes of mp3 audio without
+    speech]``. ``python -m aiserve_trio.wavtool make TEXT FILE`` writes such a
+    WAV. After the prefill time of the transcript's words; the fault headers
+    and the budget apply as for chat; a form it cannot read is a 400.
 
     ``GET /v1/models``, ``GET /healthz``.
 
@@ -143,7 +157,7 @@ Timing model
     the reasoning pieces, then the visible ones. Free text is the request's
     ``max_tokens`` long (finish ``length``), else drawn from
     ``output_tokens_mean`` / ``output_tokens_std`` (finish ``stop``; never
-    shorter than an opening sentence, 3. and 4. above). JSON content and tool
+    shorter than an opening sentence, 3. and 5. above). JSON content, a label and tool
     arguments have their natural length (pieces of up to 12 characters), cut
     to ``max_tokens`` (then finish ``length``). Reasoning does not count
     against ``max_tokens``. Prompt tokens are counted with the real tokenizer

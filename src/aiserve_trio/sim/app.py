@@ -1,4 +1,5 @@
-"""The simulator's ASGI app: OpenAI HTTP (SSE and JSON), embeddings, the debug endpoints.
+"""The simulator's ASGI app: OpenAI HTTP (SSE and JSON), embeddings, speech to text, the
+debug endpoints.
 
 The WebSocket protocol is served by :mod:`.ws`. See the package docstring
 (:mod:`aiserve_trio.sim`) for the wire protocols, the fault headers,
@@ -15,6 +16,7 @@ import trio
 
 from ..adapters.tokens import encoding_name_for, get_encoding
 from ..vectors import DEFAULT_DIMENSIONS, embeddings_body
+from .audio import hear, parse_form
 from .core import Done, Prepared, Receive, Scope, Send, SimCore, Stats, header_dict
 from .model import Fault, FaultSpecError, choose_fault, prefill_delay
 from .request import chat_decoder, embedding_inputs, embeddings_decoder
@@ -22,7 +24,6 @@ from .schema import SchemaError
 from .wire import completion_body, reply_usage, sse_choices, sse_finish
 from .ws import WS_PATH, serve_websocket
 
-_JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 MALFORMED_CHUNK = b'data: {"id": "broken", "choices": [{"delta": \n\n'
 #: What a bad request is answered with 400 for (its body, a fault header, a schema).
@@ -91,6 +92,8 @@ class SimApp(SimCore):
             await self._chat(headers, body, receive, send)
         elif path == "/v1/embeddings" and method == "POST":
             await self._embeddings(headers, body, receive, send)
+        elif path == "/v1/audio/transcriptions" and method == "POST":
+            await self._transcription(headers, body, receive, send)
         elif path == "/v1/models":
             data = [
                 {"id": m, "object": "model", "owned_by": "aiserve-sim"}
@@ -278,6 +281,41 @@ class SimApp(SimCore):
         await self._serve(receive, timeout, reply)
 
 
+    # --- speech to text ---------------------------------------------------------
+
+    async def _transcription(
+        self, headers: dict[str, str], body: bytes, receive: Receive, send: Send
+    ) -> None:
+        """``{"text": ...}`` (or the bare text) after the prefill time of its tokens."""
+        self.stats.requests += 1
+        try:
+            form = parse_form(headers.get("content-type"), body)
+            text = hear(form)
+            fault, timeout = self._fault_and_budget(headers)
+        except _BAD_REQUEST as exc:
+            await _reply(
+                send, 400, _error_body(str(exc), "invalid_request", "invalid_request_error")
+            )
+            return
+        if await self._status_fault(send, fault):
+            return
+        # The transcript's words stand for its tokens: the model may have no tokenizer table.
+        delay = prefill_delay(self.settings.timing, len(text.split()), self.rng)
+
+        async def reply(done: Done) -> None:
+            await trio.sleep(delay)
+            if not await _body_fault(send, fault):
+                return
+            done.flag = True
+            self.stats.completed += 1
+            if form.response_format == "text":
+                await _reply(send, 200, text.encode(), content_type=b"text/plain; charset=utf-8")
+            else:
+                await _reply(send, 200, _enc.encode({"text": text}))
+
+        await self._serve(receive, timeout, reply)
+
+
 class _SSEWriter:
     """Frames OpenAI ``chat.completion.chunk`` events the way vLLM does."""
 
@@ -342,9 +380,18 @@ async def _watch_disconnect(
 
 
 async def _reply(
-    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+    send: Send,
+    status: int,
+    body: bytes,
+    extra: list[tuple[bytes, bytes]] | None = None,
+    *,
+    content_type: bytes = b"application/json",
 ) -> None:
-    headers = [*_JSON, (b"content-length", str(len(body)).encode()), *(extra or [])]
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        *(extra or []),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 

@@ -10,8 +10,11 @@ them, in this order:
 2. ``response_format`` ``json_schema`` -> a JSON instance of the schema;
    ``json_object`` -> a small JSON object;
 3. the last message is a ``tool`` result -> text quoting it;
-4. image parts -> text that opens with how many images it saw;
-5. otherwise the sim's usual words (:func:`~.model.token_text`).
+4. a classify prompt (a system message with a ``Labels:`` line, as a chain's
+   ``classify`` step sends) -> exactly the label the last user message names,
+   else ``unknown`` (``intents.py``, the rule the gateway's mock follows too);
+5. image parts -> text that opens with how many images it saw;
+6. otherwise the sim's usual words (:func:`~.model.token_text`).
 
 ``reasoning_effort`` adds reasoning pieces before any of these. The timing
 (how many of the pieces are sent, and when) is :func:`~.model.plan_reply`'s.
@@ -26,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from ..intents import simulated_label
 from .model import Plan, token_text
 from .request import ResponseFormat, SimMessage, Tool, ToolChoice
 from .schema import instance
@@ -60,7 +64,8 @@ class Script:
 
     ``kind`` is ``text`` (``pieces`` open the reply, then the sim's words
     follow for as long as the plan says), ``json`` (the content is exactly
-    ``pieces``) or ``tool_call`` (``pieces`` are the arguments of ``tool``).
+    ``pieces``: JSON, or a classify prompt's label) or ``tool_call``
+    (``pieces`` are the arguments of ``tool``).
     """
 
     kind: str
@@ -153,10 +158,18 @@ def script_for(
             results.append(m.text())
         quote = "; ".join(reversed(results))
         return Script("text", split_text(f"The tool returned: {quote}"), thinking)
+    system = "\n".join(m.text() for m in messages if m.role in ("system", "developer"))
+    label = simulated_label(system, _last_user(messages)) if system else None
+    if label is not None:
+        return Script("json", split_text(label), thinking)  # exactly the label, nothing after
     if images:
         plural = "s" if images != 1 else ""
         return Script("text", split_text(f"I see {images} image{plural}."), thinking)
     return Script("text", (), thinking)
+
+
+def _last_user(messages: list[SimMessage]) -> str:
+    return next((m.text() for m in reversed(messages) if m.role == "user"), "")
 
 
 def _chosen_function(

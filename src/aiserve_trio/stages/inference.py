@@ -11,6 +11,11 @@ flight's pieces (the first to get here launches it: the model through the
 route's output filters, see :meth:`InferenceStage._produce`). Either way the
 sse stage gets :class:`~aiserve_trio.cache.entry.Replayed` deltas, already
 through the output policies.
+
+On a route with steps (``chains/``), the chain runs here, inside the stage's
+budget: its steps carve that budget into cut points of their own, the earlier
+steps are awaited, and only the streaming step's deltas reach the channel. When
+the stage's cut passes, the error names the step that was running.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import trio
 
 from ..adapters.base import Delta
 from ..cache.service import Cache
-from ..errors import GatewayError, StageDeadlineExceeded
+from ..chains.run import ChainRun
+from ..errors import GatewayError, StageDeadlineExceeded, StepDeadlineExceeded
 from .assembler import ResponseAssembler
 from .types import Prepared, RequestInfo
 
@@ -50,6 +56,8 @@ class InferenceStage:
         self.owned = (out, inbox)
         #: What the cache did for this request, once known (the pipeline reads it).
         self.cache_result: str | None = None
+        #: What the route's chain did, on a route with steps (the pipeline reads it).
+        self.chain: ChainRun | None = None
 
     async def run(self, prepared: Prepared) -> None:
         """Raises: StageDeadlineExceeded (too little time left), UpstreamError."""
@@ -72,6 +80,11 @@ class InferenceStage:
             if carried:
                 forward = {**request.forward_headers, **carried}
                 request = msgspec.structs.replace(request, forward_headers=forward)
+            chain = info.route.chain
+            if chain is not None:
+                self.chain = ChainRun()
+                await chain.run(info, prepared, request, self.out, self.chain)
+                return
             if ticket is None or ticket.member is None or self.cache is None:
                 self.cache_result = ticket.result if ticket is not None else None
                 await info.route.adapter.stream(request, self.out)
@@ -153,4 +166,7 @@ class InferenceStage:
         return asm.capped
 
     async def expired(self, prepared: Prepared) -> None:
+        """The inference cut passed: on a chain, it names the step that was running."""
+        if self.chain is not None and self.chain.last is not None:
+            raise StepDeadlineExceeded(self.chain.last)
         raise StageDeadlineExceeded("inference")

@@ -16,6 +16,7 @@ from ..observability.metrics import label_value, status_label
 
 if TYPE_CHECKING:
     from ..adapters.base import Usage
+    from ..chains.plan import ChainReport
     from ..errors import GatewayError
     from ..messages import ToolCall
     from ..policies.base import PolicyContext
@@ -68,6 +69,9 @@ class Outcome:
     #: What the route's response cache did: ``hit``, ``miss``, ``coalesced``
     #: (shared an identical request's answer), ``bypass``; None without a cache.
     cache: str | None = None
+    #: What the route's chain did (its steps, labels, transcribed turns); None
+    #: on a route without steps.
+    chain: ChainReport | None = None
 
     @property
     def ok(self) -> bool:

@@ -198,8 +198,14 @@ def _check_message(m: Message, i: int, limits: LimitsConfig) -> None:
                 )
 
 
-def check_capabilities(req: ParsedRequest, adapter: Adapter) -> None:
+def check_capabilities(
+    req: ParsedRequest, adapter: Adapter, consumed: frozenset[str] = frozenset()
+) -> None:
     """Refuse what the route's backend cannot carry, naming the field: never a silent drop.
+
+    Args:
+        consumed: content part types the route's chain turns into text before the
+            backend sees them (``input_audio`` with a transcribe step).
 
     Raises:
         BadRequest: ``unsupported_field`` / ``unsupported_content`` naming the field.
@@ -228,7 +234,7 @@ def check_capabilities(req: ParsedRequest, adapter: Adapter) -> None:
             if not isinstance(m.content, list):
                 continue
             for j, part in enumerate(m.content):
-                if part.type not in caps.parts:
+                if part.type not in caps.parts and part.type not in consumed:
                     raise BadRequest(
                         f"`messages[{i}].content[{j}]`: `{part.type}` parts cannot be "
                         f"carried by {what}",
@@ -283,7 +289,8 @@ class ParseStage:
                 param="model",
                 code="model_not_found",
             )
-        check_capabilities(req, route.adapter)
+        consumed = route.chain.consumes if route.chain is not None else frozenset()
+        check_capabilities(req, route.adapter, consumed)
         if req.stream and self.admission is not None:
             # 503 (429 for the tenant's cap) before the head.
             self.slots.enter_context(self.admission.stream(self.info.tenant))

@@ -83,7 +83,9 @@ class SSEStage:
             self.cache_result = first.cache
         elif prepared.cache is not None:
             self.cache_result = prepared.cache.result
-        headers = response_headers(self.info, prepared, first.served, cache=self.cache_result)
+        headers = response_headers(
+            self.info, prepared, first.served, cache=self.cache_result, steps=first.steps
+        )
         limit = math.inf if route.max_stream_s is None else trio.current_time() + route.max_stream_s
         with trio.move_on_at(limit) as capped:
             if not asm.stream:

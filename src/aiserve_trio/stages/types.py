@@ -12,7 +12,7 @@ the one before it found out from the value it receives.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..api import ChatCompletionRequest
     from ..budgets import Budget
     from ..cache.service import Ticket
+    from ..chains.run import Chain
     from ..config import RouteConfig
     from ..http.types import Headers
     from ..messages import Message
@@ -44,6 +45,8 @@ class Route:
     adapter: Adapter
     policies: list[Policy]
     tenant: str
+    #: The route's chain of steps (``chains/``); None: the adapter answers.
+    chain: Chain | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +115,15 @@ def response_headers(
     served: ServedBy | None = None,
     *,
     cache: str | None = None,
+    steps: Sequence[str] | None = None,
 ) -> Headers:
     """The gateway's own response headers: request id, degradation, trimming, trace,
-    (``served``, from the first delta) which deployment of a group answered, and on a
-    route with a cache what it did (``hit``, ``miss``, ``bypass``, ``coalesced``)."""
+    (``served``, from the first delta) which deployment of a group answered, on a
+    route with a cache what it did (``hit``, ``miss``, ``bypass``, ``coalesced``),
+    and on a chain the steps that ran, in order."""
     out = [(b"x-request-id", info.request_id.encode())]
+    if steps:
+        out.append((b"x-aiserve-steps", ",".join(steps).encode()))
     if cache is not None:
         out.append((b"x-aiserve-cache", cache.encode()))
     trimmed = served.trimmed if served is not None else 0

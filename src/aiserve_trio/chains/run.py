@@ -1,0 +1,602 @@
+"""The chain executor: a route's steps, run inside the inference stage.
+
+The inference stage hands a chain route's request to :meth:`Chain.run` instead
+of calling the route's adapter. The steps run in plan order (``plan.py``), each
+in a span of its own (``step NAME``, under the inference span) and, when it
+makes a call, inside a cancel scope at its cut point: a step that passes it
+ends the request with :class:`~aiserve_trio.errors.StepDeadlineExceeded`
+naming the step (a 504 before the answer began, the final error event after).
+
+What the steps hand each other lives in one :class:`_Work` per request, owned
+by the inference stage's task:
+
+- ``transcribe`` replaces every ``input_audio`` part by a text part with its
+  transcript (the adapter's ``transcribe``; several parts one after another); a
+  request without audio skips it, as if it were disabled;
+- ``classify`` puts its label into the request's variables and ``metadata``
+  under its ``key`` (the upstream request carries it; the recording reads it);
+- ``route`` sets the next ``generate`` step's adapter or model, or jumps;
+- ``generate`` and a model ``rewrite`` before the streaming step are awaited
+  (their text is the *draft* the next rewrite works on); a policy ``rewrite``
+  there filters the draft;
+- the streaming step sends its deltas into the stage's channel through
+  :class:`_ChainSink`: the first delta carries the steps that ran
+  (``X-Aiserve-Steps``) and, when a route step chose another adapter, which one
+  served (``X-Aiserve-Deployment``); the policy rewrites after the streaming
+  step filter its text and reasoning as they pass; the final delta's ``usage``
+  counts every model call of the chain.
+
+What the request's chain did is kept in a :class:`ChainRun` the inference stage
+owns; the pipeline reads its :class:`~.plan.ChainReport` once the request ended.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from ..adapters.base import (
+    Delta,
+    DeltaSink,
+    InferenceRequest,
+    ServedBy,
+    TranscriptionRequest,
+    Usage,
+)
+from ..errors import BadRequest, GatewayError, StepDeadlineExceeded, UpstreamTimeout
+from ..intents import parse_label, prompt
+from ..messages import Message, Part
+from ..policies.base import OutputFilter, apply_filters, finish_filters
+from ..policies.registry import build_policies
+from ..wav import FORMATS
+from .plan import ChainReport, Plan, PlannedStep, StepRun, build_plan, match_rules, route_choice
+from .steps import ClassifyStep, GenerateStep, RewriteStep, RouteStep, TranscribeStep
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter
+    from ..config import Config, RouteConfig
+    from ..policies.base import Policy, PolicyContext
+    from ..stages.types import Prepared, RequestInfo
+
+_encoder = msgspec.json.Encoder()
+_raw_dict = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+class _Audio(msgspec.Struct):
+    data: str
+    format: str
+
+
+class _AudioPart(msgspec.Struct):
+    input_audio: _Audio
+
+
+_audio_part = msgspec.json.Decoder(_AudioPart)
+
+
+class ChainRun:
+    """What one request's chain did so far (owned by the inference stage's task)."""
+
+    __slots__ = ("_open", "labels", "last", "new_turns", "started", "steps")
+
+    def __init__(self) -> None:
+        #: Names of the steps begun, in order.
+        self.started: list[str] = []
+        #: The step begun last: the one a deadline that passes names.
+        self.last: str | None = None
+        self.steps: list[StepRun] = []
+        self.labels: dict[str, str] = {}
+        self.new_turns: tuple[Message, ...] | None = None
+        self._open: dict[str, float] = {}
+
+    def begin(self, name: str) -> None:
+        self.started.append(name)
+        self.last = name
+        self._open[name] = trio.current_time()
+
+    def end(self, step: PlannedStep, result: str) -> None:
+        started = self._open.pop(step.name)
+        self.steps.append(StepRun(step.name, step.kind, started, trio.current_time(), result))
+
+    def report(self) -> ChainReport:
+        return ChainReport(
+            steps=tuple(sorted(self.steps, key=lambda s: self.started.index(s.name))),
+            labels=dict(self.labels),
+            new_turns=self.new_turns,
+        )
+
+
+@dataclass(slots=True)
+class _Work:
+    """What the steps of one request hand each other."""
+
+    request: InferenceRequest
+    variables: dict[str, str]
+    metadata: dict[str, str] = field(default_factory=dict)
+    #: A route step's choice for the next generate step.
+    adapter: str | None = None
+    model: str | None = None
+    #: The text of the last awaited generate or rewrite.
+    draft: str = ""
+    #: Tokens of the calls made before the streaming step.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def count(self, usage: Usage | None) -> None:
+        if usage is not None:
+            self.prompt_tokens += usage.prompt_tokens
+            self.completion_tokens += usage.completion_tokens
+
+
+class _Collect:
+    """A delta sink that keeps an awaited call's text and usage."""
+
+    __slots__ = ("parts", "usage")
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.usage: Usage | None = None
+
+    async def send(self, value: Delta, /) -> None:
+        if value.text:
+            self.parts.append(value.text)
+        if value.usage is not None:
+            self.usage = value.usage
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+class _ChainSink:
+    """The streaming step's deltas on their way to the sse stage (see the module docstring)."""
+
+    __slots__ = ("_filters", "_first", "_out", "_reasoning", "_served", "_steps", "_work")
+
+    def __init__(
+        self,
+        out: DeltaSink,
+        steps: tuple[str, ...],
+        served: ServedBy | None,
+        filters: list[OutputFilter],
+        reasoning: list[OutputFilter],
+        work: _Work,
+    ) -> None:
+        self._out = out
+        self._steps = steps
+        self._served = served
+        self._filters = filters
+        self._reasoning = reasoning
+        self._work = work
+        self._first = True
+
+    async def send(self, value: Delta, /) -> None:
+        changes: dict[str, Any] = {}
+        if self._first:
+            self._first = False
+            changes["steps"] = self._steps
+            if value.served is None and self._served is not None:
+                changes["served"] = self._served
+        if self._filters and value.text:
+            changes["text"] = apply_filters(self._filters, value.text)
+        if self._reasoning and value.reasoning:
+            changes["reasoning"] = apply_filters(self._reasoning, value.reasoning)
+        if value.finish_reason is not None:
+            # What the filters held back goes out with the last delta.
+            tail = finish_filters(self._filters) if self._filters else ""
+            thought = finish_filters(self._reasoning) if self._reasoning else ""
+            if tail or thought:
+                changes["text"] = str(changes.get("text", value.text)) + tail
+                changes["reasoning"] = str(changes.get("reasoning", value.reasoning)) + thought
+                if not (value.text or value.reasoning):
+                    changes["tokens"] = 0  # not a token the backend sent: no cap counts it
+            work = self._work
+            if value.usage is not None and (work.prompt_tokens or work.completion_tokens):
+                changes["usage"] = msgspec.structs.replace(
+                    value.usage,
+                    prompt_tokens=value.usage.prompt_tokens + work.prompt_tokens,
+                    completion_tokens=value.usage.completion_tokens + work.completion_tokens,
+                )
+        await self._out.send(msgspec.structs.replace(value, **changes) if changes else value)
+
+
+def _has_audio(messages: Sequence[Message]) -> bool:
+    return any("input_audio" in m.part_types() for m in messages)
+
+
+def _last_user_text(messages: Sequence[Message]) -> str:
+    return next((m.text() for m in reversed(messages) if m.role == "user"), "")
+
+
+def _with_metadata(
+    extra: dict[str, msgspec.Raw], metadata: Mapping[str, str]
+) -> dict[str, msgspec.Raw]:
+    """``extra`` with ``metadata`` merged into its ``metadata`` object (the client's keys kept)."""
+    if not metadata:
+        return extra
+    fields: dict[str, msgspec.Raw] = {}
+    raw = extra.get("metadata")
+    if raw is not None:
+        try:
+            fields = dict(_raw_dict.decode(raw))
+        except msgspec.DecodeError:  # `null`: the client sent none
+            fields = {}
+    for key, value in metadata.items():
+        fields[key] = msgspec.Raw(_encoder.encode(value))
+    return {**extra, "metadata": msgspec.Raw(_encoder.encode(fields))}
+
+
+class Chain:
+    """A route's chain, built once with the adapters and policies its steps name."""
+
+    def __init__(
+        self,
+        route: str,
+        plan: Plan,
+        route_adapter: Adapter,
+        adapters: Mapping[str, Adapter],
+        policies: Mapping[str, Policy],
+    ) -> None:
+        """Args:
+        route: the route's label.
+        plan: its steps (``plan.build_plan``).
+        route_adapter: the route's adapter (a step's default).
+        adapters: every adapter, by name.
+        policies: the policies of its policy rewrites, built, by name.
+        """
+        self.route = route
+        self.plan = plan
+        self.route_adapter = route_adapter
+        self.adapters = adapters
+        self.policies = policies
+        #: Content part types the chain turns into text (so the route's adapter
+        #: need not carry them): ``input_audio`` when a transcribe step is on.
+        self.consumes: frozenset[str] = (
+            frozenset({"input_audio"}) if plan.transcribes else frozenset()
+        )
+
+    def _adapter(self, name: str | None) -> Adapter:
+        return self.adapters[name] if name is not None else self.route_adapter
+
+    @staticmethod
+    def _model(adapter: Adapter, explicit: str | None, client: str) -> str:
+        """The model named, else the client's when the adapter serves it, else its first."""
+        if explicit is not None:
+            return explicit
+        return client if client in adapter.models else adapter.models[0]
+
+    # --- the run ------------------------------------------------------------------
+
+    async def run(
+        self,
+        info: RequestInfo,
+        prepared: Prepared,
+        request: InferenceRequest,
+        out: DeltaSink,
+        state: ChainRun,
+    ) -> None:
+        """Run the steps; the streaming step's deltas go into ``out``.
+
+        Args:
+            request: the context stage's request (with the trace headers to forward).
+            state: where what ran is kept (the inference stage reads it on expiry).
+
+        Raises:
+            StepDeadlineExceeded: a step did not finish by its cut point.
+            BadRequest: audio that cannot be read or transcribed.
+            UpstreamError: a step's call failed.
+        """
+        plan = self.plan
+        cuts = plan.cuts(trio.current_time(), info.budget.inference_end)
+        work = _Work(request=request, variables=dict(request.variables))
+        steps = plan.steps
+        i = 0
+        while not steps[i].streams:
+            jump = await self._awaited(i, cuts[i], info, prepared, work, state)
+            i = jump if jump is not None else i + 1
+        await self._stream(i, info, prepared, work, out, state)
+
+    @contextmanager
+    def _step(
+        self,
+        step: PlannedStep,
+        cut: float,
+        info: RequestInfo,
+        state: ChainRun,
+        *,
+        alongside: bool = False,
+    ) -> Iterator[None]:
+        """A step's span and record; its deadline named when it passes. A step
+        ``alongside`` the streaming step (a policy filtering its answer) names no
+        deadline, and its span is not where the upstream call's spans go."""
+        state.begin(step.name)
+        result = "cancelled"
+        try:
+            with info.trace.live_step(step.name, step.kind, current=not alongside):
+                yield
+            result = "ok"
+        except UpstreamTimeout as err:
+            result = err.code or "upstream_timeout"
+            if not alongside and trio.current_time() >= cut:  # its budget ran out
+                raise StepDeadlineExceeded(step.name) from err
+            raise
+        except GatewayError as err:
+            result = err.code or type(err).__name__
+            raise
+        finally:
+            state.end(step, result)
+
+    async def _awaited(
+        self,
+        i: int,
+        cut: float,
+        info: RequestInfo,
+        prepared: Prepared,
+        work: _Work,
+        state: ChainRun,
+    ) -> int | None:
+        """Run step ``i`` (before the streaming step); returns where a goto goes on."""
+        step = self.plan.steps[i]
+        cfg = step.config
+        jump: int | None = None
+        if isinstance(cfg, TranscribeStep) and not _has_audio(work.request.messages):
+            return None  # nothing to hear: skipped, like a disabled step
+        with self._step(step, cut, info, state):
+            if isinstance(cfg, RouteStep):
+                choice = route_choice(cfg, work.variables)
+                if choice is not None:
+                    work.adapter = choice.adapter or work.adapter
+                    work.model = choice.model or work.model
+                    if choice.goto is not None:
+                        jump = self.plan.goto(choice.goto)
+            elif isinstance(cfg, RewriteStep) and cfg.policy is not None:
+                work.draft = self._filter_draft(cfg.policy, prepared.policy, work.draft)
+            elif isinstance(cfg, ClassifyStep) and not cfg.labels:
+                text = _last_user_text(work.request.messages)
+                self._label(cfg, match_rules(step.rules, text), work, state)
+            else:
+                with trio.move_on_at(cut) as scope:
+                    await self._call(step, cut, prepared, work, state)
+                if scope.cancelled_caught:
+                    raise StepDeadlineExceeded(step.name)
+        return jump
+
+    async def _call(
+        self, step: PlannedStep, cut: float, prepared: Prepared, work: _Work, state: ChainRun
+    ) -> None:
+        cfg = step.config
+        if isinstance(cfg, TranscribeStep):
+            await self._transcribe(cfg, cut, prepared, work, state)
+        elif isinstance(cfg, ClassifyStep):
+            text = _last_user_text(work.request.messages)
+            label = match_rules(step.rules, text)
+            if label is None:
+                label = await self._classify(cfg, text, cut, prepared, work)
+            self._label(cfg, label, work, state)
+        elif isinstance(cfg, GenerateStep):
+            adapter, request = await self._generate_request(cfg, cut, prepared, work)
+            work.draft, usage = await _collect(adapter, request)
+            work.count(usage)
+        elif isinstance(cfg, RewriteStep):
+            adapter, request = self._rewrite_request(cfg, cut, prepared, work)
+            work.draft, usage = await _collect(adapter, request)
+            work.count(usage)
+
+    async def _stream(
+        self,
+        i: int,
+        info: RequestInfo,
+        prepared: Prepared,
+        work: _Work,
+        out: DeltaSink,
+        state: ChainRun,
+    ) -> None:
+        """The streaming step, with the policy rewrites after it filtering its deltas."""
+        steps = self.plan.steps
+        step = steps[i]
+        cfg = step.config
+        end = info.budget.inference_end
+        filtering = steps[i + 1 :]
+        ran = (*state.started, step.name, *(s.name for s in filtering))
+        if isinstance(cfg, GenerateStep):
+            adapter, request = await self._generate_request(cfg, end, prepared, work)
+        else:
+            assert isinstance(cfg, RewriteStep)
+            adapter, request = self._rewrite_request(cfg, end, prepared, work)
+        text_filters: list[OutputFilter] = []
+        side_filters: list[OutputFilter] = []
+        for s in filtering:
+            assert isinstance(s.config, RewriteStep)
+            assert s.config.policy is not None
+            policy = self.policies[s.config.policy]
+            if (f := policy.output_filter(prepared.policy)) is not None:
+                text_filters.append(f)
+            if not policy.content_only and (g := policy.output_filter(prepared.policy)) is not None:
+                side_filters.append(g)
+        served = ServedBy(deployment=adapter.name) if adapter is not self.route_adapter else None
+        sink = _ChainSink(out, ran, served, text_filters, side_filters, work)
+        with ExitStack() as stack:
+            stack.enter_context(self._step(step, end, info, state))
+            for s in filtering:
+                stack.enter_context(self._step(s, end, info, state, alongside=True))
+            state.last = step.name  # what a deadline passing now names
+            await adapter.stream(request, sink)
+
+    # --- the steps' work -----------------------------------------------------------
+
+    async def _transcribe(
+        self,
+        cfg: TranscribeStep,
+        cut: float,
+        prepared: Prepared,
+        work: _Work,
+        state: ChainRun,
+    ) -> None:
+        adapter = self._adapter(cfg.adapter)
+        model = cfg.model or adapter.models[0]
+        request = work.request
+        done: dict[int, Message] = {}
+        client = -1
+        for m in request.messages:
+            if m.raw is not None:
+                client += 1  # the client's own messages, as it numbered them
+            if not isinstance(m.content, list) or "input_audio" not in m.part_types():
+                continue
+            parts: list[Part] = []
+            for j, part in enumerate(m.content):
+                if part.type == "input_audio":
+                    where = f"messages[{client}].content[{j}]"
+                    audio, fmt = _audio_of(part, where)
+                    call = TranscriptionRequest(
+                        request_id=request.request_id,
+                        model=model,
+                        audio=audio,
+                        format=fmt,
+                        deadline=cut,
+                        forward_headers=request.forward_headers,
+                    )
+                    try:
+                        text = await adapter.transcribe(call)
+                    except BadRequest as err:
+                        raise BadRequest(err.message, param=where, code=err.code) from None
+                    part = Part(type="text", text=text)
+                parts.append(part)
+            done[id(m)] = msgspec.structs.replace(m, content=parts, edited=m.edited | {"content"})
+        if not done:
+            return
+        messages = [done.get(id(m), m) for m in request.messages]
+        work.request = msgspec.structs.replace(request, messages=messages)
+        state.new_turns = tuple(done.get(id(m), m) for m in prepared.new_turns)
+
+    async def _classify(
+        self, cfg: ClassifyStep, text: str, cut: float, prepared: Prepared, work: _Work
+    ) -> str | None:
+        adapter = self._adapter(cfg.adapter)
+        request = InferenceRequest(
+            request_id=work.request.request_id,
+            model=self._model(adapter, cfg.model, prepared.parsed.model),
+            messages=[
+                Message(role="system", content=prompt(cfg.prompt, cfg.labels)),
+                Message(role="user", content=text),
+            ],
+            deadline=cut,
+            max_tokens=cfg.max_tokens,
+            temperature=0.0,
+            forward_headers=work.request.forward_headers,
+        )
+        answer, usage = await _collect(adapter, request)
+        work.count(usage)
+        return parse_label(answer, cfg.labels)
+
+    @staticmethod
+    def _label(cfg: ClassifyStep, label: str | None, work: _Work, state: ChainRun) -> None:
+        label = label or cfg.default_label
+        work.variables[cfg.key] = label
+        work.metadata[cfg.key] = label
+        state.labels[cfg.key] = label
+
+    async def _generate_request(
+        self, cfg: GenerateStep, deadline: float, prepared: Prepared, work: _Work
+    ) -> tuple[Adapter, InferenceRequest]:
+        """The request of a generate step: a route step's choice first, then the step's."""
+        adapter = self._adapter(work.adapter or cfg.adapter)
+        model = self._model(adapter, work.model or cfg.model, prepared.parsed.model)
+        work.adapter = work.model = None  # a route step's choice is for the next one only
+        base = work.request
+        request = msgspec.structs.replace(
+            base,
+            model=model,
+            deadline=deadline,
+            variables=work.variables,
+            extra=_with_metadata(base.extra, work.metadata),
+        )
+        if adapter is not self.route_adapter:
+            request = await adapter.prepare(request)  # fitted to that model's window
+        return adapter, request
+
+    def _rewrite_request(
+        self, cfg: RewriteStep, deadline: float, prepared: Prepared, work: _Work
+    ) -> tuple[Adapter, InferenceRequest]:
+        adapter = self._adapter(cfg.adapter)
+        request = InferenceRequest(
+            request_id=work.request.request_id,
+            model=self._model(adapter, cfg.model, prepared.parsed.model),
+            messages=[
+                Message(role="system", content=cfg.system_prompt),
+                Message(role="user", content=work.draft),
+            ],
+            deadline=deadline,
+            max_tokens=work.request.max_tokens,
+            variables=work.variables,
+            forward_headers=work.request.forward_headers,
+        )
+        return adapter, request
+
+    def _filter_draft(self, name: str, ctx: PolicyContext, draft: str) -> str:
+        f = self.policies[name].output_filter(ctx)
+        if f is None:
+            return draft
+        return apply_filters([f], draft) + finish_filters([f])
+
+
+async def _collect(adapter: Adapter, request: InferenceRequest) -> tuple[str, Usage | None]:
+    """An awaited call: its whole text and its usage."""
+    sink = _Collect()
+    await adapter.stream(request, sink)
+    return sink.text, sink.usage
+
+
+def _audio_of(part: Part, where: str) -> tuple[bytes, str]:
+    """The bytes and format of an ``input_audio`` part.
+
+    Raises:
+        BadRequest: naming the part: not ``{"input_audio": {"data", "format"}}``,
+            a format other than wav or mp3, data that is not base64.
+    """
+    try:
+        decoded = _audio_part.decode(part.raw) if part.raw is not None else None
+    except msgspec.DecodeError:
+        decoded = None
+    if decoded is None:
+        raise BadRequest(
+            f'`{where}` must be {{"type": "input_audio", "input_audio": {{"data", "format"}}}}',
+            param=where,
+            code="invalid_audio",
+        )
+    fmt = decoded.input_audio.format
+    if fmt not in FORMATS:
+        raise BadRequest(
+            f"`{where}.input_audio.format` must be one of {', '.join(FORMATS)}, got {fmt[:20]!r}",
+            param=where,
+            code="invalid_audio",
+        )
+    try:
+        audio = base64.b64decode(decoded.input_audio.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(
+            f"`{where}.input_audio.data` is not base64", param=where, code="invalid_audio"
+        ) from None
+    return audio, fmt
+
+
+def build_chain(
+    route: RouteConfig, label: str, adapters: Mapping[str, Adapter], config: Config
+) -> Chain | None:
+    """A route's chain (None for a route without steps), its policies built.
+
+    Raises:
+        ConfigError: a policy's settings or rule pack are not valid.
+    """
+    if not route.steps:
+        return None
+    rewrites = [s for s in route.steps if isinstance(s, RewriteStep)]
+    names = list(dict.fromkeys(s.policy for s in rewrites if s.policy is not None))
+    policies = dict(zip(names, build_policies(names, config), strict=True))
+    return Chain(label, build_plan(route.steps), adapters[route.adapter], adapters, policies)
