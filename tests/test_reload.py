@@ -361,6 +361,43 @@ async def test_an_unchanged_adapter_is_kept_a_changed_one_replaced_and_closed_af
         assert complete(ex.response)
 
 
+async def test_cached_answers_outlive_a_reload_that_keeps_the_cache_backend(
+    path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    def cached(ttl: int = 300, table: str = "") -> str:
+        return conf(
+            routes=f'\n[[routes]]\npath = "/v1/c"\nname = "c"\nadapter = "b"\n'
+            f"cache = {{ deterministic_only = false, ttl_s = {ttl} }}\n",
+            extra=table,
+        )
+
+    async def ask() -> str:
+        r = await Client(app).request("POST", "/v1/c", json_body=body("model-b"))
+        assert r.text() == "bravo one two three"
+        return r.headers["x-aiserve-cache"]
+
+    write(path, cached())
+    async with running(path) as app:
+        assert [await ask(), await ask()] == ["miss", "hit"]
+        cache = app.cache
+        assert cache is not None
+        # Another route's adapter changes: the same cache object.
+        other = cached().replace('default_reply = "alpha', 'default_reply = "alfa')
+        assert (await reload_now(app, autojump_clock, candidate=other)).applied
+        assert app.cache is cache
+        # The route's cache settings change: a new plan on the same backend, entries kept.
+        assert (await reload_now(app, autojump_clock, candidate=cached(ttl=600))).applied
+        assert app.cache is not cache
+        assert app.cache is not None
+        assert app.cache.backend is cache.backend
+        assert await ask() == "hit"
+        # [cache] changes: a new backend, starting empty.
+        smaller = cached(600, "[cache]\nmax_bytes = 1000000\n")
+        assert (await reload_now(app, autojump_clock, candidate=smaller)).applied
+        assert app.cache.backend is not cache.backend
+        assert await ask() == "miss"
+
+
 # --- the watcher ----------------------------------------------------------------------
 
 
