@@ -299,6 +299,18 @@ async def test_classify_by_rules_puts_the_label_into_variables_and_metadata(auto
     assert content(r) == "intent=other"  # no rule matched: the default label
 
 
+async def test_the_label_is_kept_in_the_sessions_variables(autojump_clock):
+    app, _ = chain_app(RULES)
+    r = await post(app, typed("About my mortgage"), **{"x-session-id": "s-7"})
+    assert r.status == 200
+    s = await Client(app).request("GET", "/v1/sessions/s-7")
+    assert s.json()["variables"]["intent"] == "mortgage"
+    # The next request on the session sees the last label until a step decides anew.
+    r = await post(app, typed("and my card"), **{"x-session-id": "s-7"})
+    s = await Client(app).request("GET", "/v1/sessions/s-7")
+    assert s.json()["variables"]["intent"] == "card"
+
+
 async def test_classify_by_model_reads_the_models_answer(autojump_clock):
     app, log = chain_app(
         RULES.replace(

@@ -210,6 +210,30 @@ async def test_a_removed_route_is_404_for_new_requests_while_its_stream_finishes
         assert ex.response.text().startswith("alpha one")
 
 
+async def test_a_route_gains_a_chain_for_new_requests_while_a_stream_on_it_goes_on_without(
+    path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    steps = (
+        '\n[[routes.steps]]\nname = "intent"\nkind = "classify"\n'
+        'rules = [{ label = "greeting", pattern = "hi" }]\n'
+        '[[routes.steps]]\nname = "answer"\nkind = "generate"\n'
+    )
+    async with running(path) as app:
+        client = Client(app)
+        async with client.open("POST", "/v1/chat/completions", json_body=body()) as ex:
+            await ex.wait_for_bytes(2)
+            chat = 'name = "chat"\nadapter = "a"\n'
+            chained = conf().replace(chat, chat + steps)
+            assert chained != conf()
+            assert (await reload_now(app, autojump_clock, candidate=chained)).applied
+            after = await client.request("POST", "/v1/chat/completions", json_body=body())
+            assert after.headers["x-aiserve-steps"] == "intent,answer"
+            assert complete(after)
+            await ex.done.wait()
+        assert "x-aiserve-steps" not in ex.response.headers
+        assert complete(ex.response)
+
+
 # --- refused: the running config stays -------------------------------------------------
 
 
@@ -335,6 +359,43 @@ async def test_an_unchanged_adapter_is_kept_a_changed_one_replaced_and_closed_af
         assert closed == ["a"]
         assert app.reloader.status()["draining"] == 0
         assert complete(ex.response)
+
+
+async def test_cached_answers_outlive_a_reload_that_keeps_the_cache_backend(
+    path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    def cached(ttl: int = 300, table: str = "") -> str:
+        return conf(
+            routes=f'\n[[routes]]\npath = "/v1/c"\nname = "c"\nadapter = "b"\n'
+            f"cache = {{ deterministic_only = false, ttl_s = {ttl} }}\n",
+            extra=table,
+        )
+
+    async def ask() -> str:
+        r = await Client(app).request("POST", "/v1/c", json_body=body("model-b"))
+        assert r.text() == "bravo one two three"
+        return r.headers["x-aiserve-cache"]
+
+    write(path, cached())
+    async with running(path) as app:
+        assert [await ask(), await ask()] == ["miss", "hit"]
+        cache = app.cache
+        assert cache is not None
+        # Another route's adapter changes: the same cache object.
+        other = cached().replace('default_reply = "alpha', 'default_reply = "alfa')
+        assert (await reload_now(app, autojump_clock, candidate=other)).applied
+        assert app.cache is cache
+        # The route's cache settings change: a new plan on the same backend, entries kept.
+        assert (await reload_now(app, autojump_clock, candidate=cached(ttl=600))).applied
+        assert app.cache is not cache
+        assert app.cache is not None
+        assert app.cache.backend is cache.backend
+        assert await ask() == "hit"
+        # [cache] changes: a new backend, starting empty.
+        smaller = cached(600, "[cache]\nmax_bytes = 1000000\n")
+        assert (await reload_now(app, autojump_clock, candidate=smaller)).applied
+        assert app.cache.backend is not cache.backend
+        assert await ask() == "miss"
 
 
 # --- the watcher ----------------------------------------------------------------------

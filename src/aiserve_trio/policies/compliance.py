@@ -96,20 +96,6 @@ def pack_rules(pack: CompliancePack, phrase: str | None = None) -> list[Rule]:
     return [make_rule(r.id, r.pattern, _template(r.replace, phrase)) for r in pack.rules]
 
 
-class _Filter:
-    __slots__ = ("_stream", "max_holdback")
-
-    def __init__(self, rewriter: Rewriter, policy: str, ctx: PolicyContext) -> None:
-        self._stream = rewriter.stream(lambda _rule: ctx.record(policy, "rewritten"))
-        self.max_holdback = rewriter.max_holdback
-
-    def feed(self, text: str) -> str:
-        return self._stream.feed(text)
-
-    def finish(self) -> str:
-        return self._stream.finish()
-
-
 class Compliance(Policy):
     """Rewrites what a rule pack forbids in the reply (output only)."""
 
@@ -121,7 +107,8 @@ class Compliance(Policy):
         return self.rewriter.rewrite(text)
 
     def output_filter(self, ctx: PolicyContext) -> OutputFilter | None:
-        return _Filter(self.rewriter, self.name, ctx)
+        # The rewrite stream is itself the filter; each hit is recorded.
+        return self.rewriter.stream(lambda _rule: ctx.record(self.name, "rewritten"))
 
 
 class ComplianceSettings(PolicySettings, frozen=True):

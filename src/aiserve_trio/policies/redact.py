@@ -212,22 +212,6 @@ def build_rules(
     return rules
 
 
-class _Filter:
-    """The output side: a rewrite stream that records each redaction."""
-
-    __slots__ = ("_stream", "max_holdback")
-
-    def __init__(self, rewriter: Rewriter, policy: str, ctx: PolicyContext) -> None:
-        self._stream = rewriter.stream(lambda _kind: ctx.record(policy, "redacted"))
-        self.max_holdback = rewriter.max_holdback
-
-    def feed(self, text: str) -> str:
-        return self._stream.feed(text)
-
-    def finish(self) -> str:
-        return self._stream.finish()
-
-
 class GdprRedact(Policy):
     """Redacts personal data in the request (input) and in the reply (output)."""
 
@@ -243,7 +227,9 @@ class GdprRedact(Policy):
         return [msg.map_text(lambda text: self.rewriter.rewrite(text, hit)) for msg in messages]
 
     def output_filter(self, ctx: PolicyContext) -> OutputFilter | None:
-        return _Filter(self.rewriter, self.name, ctx) if self.on_output else None
+        if not self.on_output:
+            return None
+        return self.rewriter.stream(lambda _kind: ctx.record(self.name, "redacted"))
 
     def redact_text(self, text: str, ctx: PolicyContext) -> str:
         # Whatever `input`/`output` say: data written to the session is stored data.

@@ -2,7 +2,8 @@
 
 After a reply has been delivered, :meth:`WriteBack.after_request` appends the
 user turn and the assistant turn (what the client actually got, marked
-``truncated`` if the stream was cut) within the request's remaining budget. If
+``truncated`` if the stream was cut), and the session variables a chain decided
+(its intent labels), within the request's remaining budget. If
 the bus fails or the budget runs out, the turns go into the :class:`Outbox`: a
 bounded, in-process queue keyed by request id, which :meth:`WriteBack.run`
 drains with backoff once the bus answers again. The bus's ``append`` is
@@ -34,12 +35,18 @@ log = logging.getLogger("aiserve_trio.sessions")
 class PendingWrite:
     tenant: str
     session_id: str
+    request_id: str
     turns: list[Turn]
     ttl: int
+    #: Session variables the request decided (a chain's intent labels), merged after the turns.
+    values: dict[str, str] | None = None
 
-    @property
-    def request_id(self) -> str:
-        return self.turns[0].request_id
+    async def store(self, bus: SessionBus) -> None:
+        """Write the turns, then the variables (both idempotent, so a retry is safe)."""
+        if self.turns:
+            await bus.append(self.tenant, self.session_id, self.turns, self.ttl)
+        if self.values:
+            await bus.set_vars(self.tenant, self.session_id, self.values, self.ttl)
 
 
 class Outbox:
@@ -145,18 +152,27 @@ class WriteBack:
         self._wake = trio.Event()
 
     async def after_request(self, outcome: Outcome) -> None:
-        """Store a finished request's turns, within its remaining budget, or queue them."""
+        """Store a finished request's turns and the variables its chain decided (its
+        intent labels), within its remaining budget, or queue them."""
         turns = request_turns(outcome)
         info = outcome.info
-        if not turns or info is None or info.session_id is None:
+        labels = dict(outcome.chain.labels) if outcome.chain is not None else None
+        if not (turns or labels) or info is None or info.session_id is None:
             return
-        item = PendingWrite(info.tenant, info.session_id, turns, info.route.config.context_ttl)
+        item = PendingWrite(
+            info.tenant,
+            info.session_id,
+            outcome.request_id,
+            turns,
+            info.route.config.context_ttl,
+            labels or None,
+        )
         budget = info.budget
         # A cut request still gets its reserve for this write; the outbox takes the rest.
         deadline = max(budget.deadline, trio.current_time() + budget.reserve)
         with trio.move_on_at(deadline):
             try:
-                await self.bus.append(item.tenant, item.session_id, item.turns, item.ttl)
+                await item.store(self.bus)
                 return
             except SessionBusError:
                 pass
@@ -174,7 +190,7 @@ class WriteBack:
         """Try each pending write once, oldest first; stop at the first failure."""
         while (item := self.outbox.first()) is not None:
             try:
-                await self.bus.append(item.tenant, item.session_id, item.turns, item.ttl)
+                await item.store(self.bus)
             except SessionBusError:
                 log.warning("session outbox: %d writes not stored at shutdown", len(self.outbox))
                 return
@@ -195,7 +211,7 @@ class WriteBack:
             # A bus that hangs (not refuses) must not stall the loop either.
             with trio.move_on_after(self.retry_max_s):
                 try:
-                    await self.bus.append(item.tenant, item.session_id, item.turns, item.ttl)
+                    await item.store(self.bus)
                     stored = True
                 except SessionBusError:
                     pass
