@@ -8,16 +8,24 @@ shows (a server closing an idle connection, a refused connect).
 from __future__ import annotations
 
 import gzip
+import json
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 
+import msgspec
 import pytest
 import trio
 import trio.testing
 
 from aiserve_trio.adapters import h1
+from aiserve_trio.adapters.base import Delta, EmbeddingRequest, InferenceRequest, Message
+from aiserve_trio.adapters.openai import OpenAIAdapter
+from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
+from aiserve_trio.errors import UpstreamStatusError
+
+from .fakes import RecordingHook
 
 HEAD = h1.RequestHead("POST", "/v1/chat/completions", "up.test", [(b"accept", b"*/*")])
 BODY = b'{"stream":true}'
@@ -424,3 +432,194 @@ async def test_over_tcp_a_refused_connect_is_a_connect_error() -> None:
         await fetch(p)
     assert p.connections() == (0, 0)
 
+
+# --- the openai adapter on the lean client -----------------------------------------
+
+
+def sse(*texts: str) -> bytes:
+    out = b""
+    for t in texts:
+        out += b'data: {"choices":[{"delta":{"content":"%s"}}]}\n\n' % t.encode()
+    out += b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n'
+    out += b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
+    return out + b"data: [DONE]\n\n"
+
+
+def adapter_for(port: int, **kw: object) -> OpenAIAdapter:
+    cfg = OpenAIAdapterConfig(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        models=["m"],
+        backoff_base_ms=1,
+        **kw,  # type: ignore[arg-type]
+    )
+    return OpenAIAdapter("up", cfg, hook=RecordingHook())
+
+
+def chat_request(deadline: float) -> InferenceRequest:
+    return InferenceRequest(
+        request_id="req-7",
+        model="m",
+        messages=[Message(role="user", content="hi")],
+        deadline=deadline,
+        forward_headers={"traceparent": "00-abc-def-01"},
+    )
+
+
+async def stream_all(adapter: OpenAIAdapter, deadline: float) -> list[Delta]:
+    send, recv = trio.open_memory_channel[Delta](100)
+    async with send:
+        await adapter.stream(chat_request(deadline), send)
+    return [d async for d in recv]
+
+
+class Upstream:
+    """A real TCP backend: answers each request with the next reply; keeps what it got."""
+
+    def __init__(self, *replies: Action) -> None:
+        self.replies = list(replies)
+        self.requests: list[bytes] = []
+        self.accepted = 0
+        self.eof = trio.Event()
+
+    async def handler(self, stream: trio.SocketStream) -> None:
+        self.accepted += 1
+        buf = bytearray()
+        try:
+            while (request := await read_request(stream, buf)) is not None:
+                self.requests.append(request)
+                action = self.replies.pop(0)
+                if isinstance(action, bytes):
+                    await stream.send_all(action)
+                else:
+                    await action(stream)
+        except trio.BrokenResourceError:
+            pass
+        self.eof.set()
+
+
+@pytest.mark.slow
+async def test_the_adapter_speaks_through_the_lean_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("H1_TEST_KEY", "sk-h1")
+    up = Upstream(chunked(sse("Hel", "lo")), chunked(sse("again")))
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port, api_key_env="H1_TEST_KEY", headers={"X-Team": "a"})
+        await adapter.aopen(nursery)
+        deltas = await stream_all(adapter, trio.current_time() + 5)
+        assert "".join(d.text for d in deltas) == "Hello"
+        assert deltas[-1].finish_reason == "stop"
+        assert deltas[-1].usage is not None
+        assert adapter.connections() == (1, 0)
+        deltas = await stream_all(adapter, trio.current_time() + 5)
+        assert "".join(d.text for d in deltas) == "again"
+        await adapter.aclose()
+    assert up.accepted == 1  # one keep-alive connection for both
+    head, _, body = up.requests[0].partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /v1/chat/completions HTTP/1.1"
+    fields = dict(line.split(b": ", 1) for line in lines[1:])
+    assert fields[b"host"] == f"127.0.0.1:{port}".encode()
+    assert fields[b"authorization"] == b"Bearer sk-h1"
+    assert fields[b"x-team"] == b"a"
+    assert fields[b"x-request-id"] == b"req-7"
+    assert fields[b"traceparent"] == b"00-abc-def-01"
+    assert 4000 < int(fields[b"x-request-timeout-ms"]) <= 5000
+    assert b"accept-encoding" not in fields  # nothing to decompress
+    assert json.loads(body)["stream"] is True
+
+
+@pytest.mark.slow
+async def test_the_adapter_retries_a_429_on_the_lean_client() -> None:
+    busy = b'HTTP/1.1 429 Too Many\r\nretry-after: 0\r\ncontent-length: 14\r\n\r\n{"error": {}}\n'
+    up = Upstream(busy, chunked(sse("ok")))
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port)
+        await adapter.aopen(nursery)
+        deltas = await stream_all(adapter, trio.current_time() + 5)
+        await adapter.aclose()
+    assert "".join(d.text for d in deltas) == "ok"
+    assert isinstance(adapter.hook, RecordingHook)
+    (retried,) = adapter.hook.retried
+    assert isinstance(retried, UpstreamStatusError)
+    assert retried.upstream_status == 429
+    assert up.accepted == 1  # the error body was read to its end: the connection kept
+
+
+@pytest.mark.slow
+async def test_a_cancelled_stream_closes_its_upstream_connection() -> None:
+    async def endless(stream: trio.abc.Stream) -> None:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        piece = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+        while True:
+            await stream.send_all(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await trio.sleep(0.01)
+
+    up = Upstream(endless, chunked(sse("fresh")))
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port)
+        await adapter.aopen(nursery)
+        send, recv = trio.open_memory_channel[Delta](100)
+        with trio.move_on_after(0.1):
+            await adapter.stream(chat_request(trio.current_time() + 5), send)
+        assert len(recv.receive_nowait().text) >= 1  # it was streaming when cancelled
+        assert adapter.connections() == (0, 0)
+        with trio.fail_after(5):
+            await up.eof.wait()  # the backend saw the connection close
+        deltas = await stream_all(adapter, trio.current_time() + 5)
+        assert "".join(d.text for d in deltas) == "fresh"
+        await adapter.aclose()
+    assert up.accepted == 2
+
+
+@pytest.mark.slow
+async def test_probe_and_embeddings_on_the_lean_client() -> None:
+    models = ok(b'{"object":"list","data":[]}')
+    vectors = ok(b'{"object":"list","data":[{"embedding":[0.5]}]}')
+    up = Upstream(models, vectors, b"HTTP/1.1 503 Busy\r\ncontent-length: 0\r\n\r\n")
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port)
+        await adapter.aopen(nursery)
+        assert await adapter.probe()
+        answer = await adapter.embed_once(
+            EmbeddingRequest(
+                request_id="e1",
+                model="m",
+                deadline=trio.current_time() + 5,
+                body={"model": msgspec.Raw(b'"m"'), "input": msgspec.Raw(b'"hi"')},
+            )
+        )
+        assert json.loads(answer)["data"][0]["embedding"] == [0.5]
+        assert not await adapter.probe()  # a 503
+        await adapter.aclose()
+    assert up.requests[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
+    assert up.requests[1].startswith(b"POST /v1/embeddings HTTP/1.1\r\n")
+    assert up.requests[1].endswith(b'{"model":"m","input":"hi"}')
+
+
+async def test_https_http2_and_the_httpx2_setting_keep_httpx2() -> None:
+    async with trio.open_nursery() as nursery:
+        for kw in (
+            {"base_url": "https://up.test/v1"},
+            {"base_url": "http://up.test/v1", "http2": True},
+            {"base_url": "http://up.test/v1", "client": "httpx2"},
+        ):
+            adapter = OpenAIAdapter("up", OpenAIAdapterConfig(models=["m"], **kw))
+            await adapter.aopen(nursery)
+            assert adapter._lean is None
+            await adapter.aclose()
+        adapter = OpenAIAdapter(
+            "up", OpenAIAdapterConfig(base_url="http://up.test/v1", models=["m"])
+        )
+        await adapter.aopen(nursery)
+        assert adapter._lean is not None
+        await adapter.aclose()
+
+
+async def test_a_configured_header_that_would_break_the_head_is_refused() -> None:
+    cfg = OpenAIAdapterConfig(
+        base_url="http://up.test/v1", models=["m"], headers={"X-Team": "a\r\nx-evil: 1"}
+    )
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(ConfigError, match="adapter up: headers"):
+            await OpenAIAdapter("up", cfg).aopen(nursery)
