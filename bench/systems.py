@@ -97,6 +97,23 @@ class Running:
         """The pid that serves requests (the deepest child; the process itself if none)."""
         return self.pids()[-1]
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time used so far by the process tree (each process's own)."""
+        return cpu_seconds(self.pids())
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of ``pids`` (each its own, not its children's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
 
 class Recorder:
     """Collects every command a run started, for the report."""
