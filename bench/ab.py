@@ -1,6 +1,10 @@
 """Side-by-side throughput of the gateway at several git revisions (wrk, Node upstream).
 
     .venv/bin/python -m bench.ab BEFORE AFTER [--duration 8] [--rounds 2]
+    .venv/bin/python -m bench.ab HEAD@bench/configs/hypercorn-accesslog.toml HEAD
+
+``REV@FILE`` serves ``REV`` with the hypercorn config ``FILE`` instead of
+``bench/configs/hypercorn-bench.toml``.
 
 Each revision's ``src/`` is exported with ``git archive`` (``systems.snapshot``)
 and served by hypercorn (one Trio worker, pinned to CPU 0) in front of
@@ -85,13 +89,16 @@ def wrk(
 
 
 @contextlib.contextmanager
-def gateway_at(rev_src: Path, upstream: Running, name: str) -> Iterator[tuple[Running, str | None]]:
+def gateway_at(
+    rev_src: Path, upstream: Running, name: str, hypercorn_config: Path | None = None
+) -> Iterator[tuple[Running, str | None]]:
     """The gateway from one snapshot, auth on with a fresh bench key."""
     saved = systems.SNAPSHOT
     systems.SNAPSHOT = rev_src
     try:
         auth = systems.gateway_auth()
-        with systems.gateway(name, {"/v1/chat/completions": upstream.base}, auth=auth) as gw:
+        with systems.gateway(name, {"/v1/chat/completions": upstream.base}, auth=auth,
+                             hypercorn_config=hypercorn_config) as gw:
             yield gw, auth.plain if auth is not None else None
     finally:
         systems.SNAPSHOT = saved
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="markdown report (default bench/results/<date>/ab.md)")
     ns = ap.parse_args(argv)
     concs = [int(c) for c in ns.conc.split(",")]
-    snaps = {rev: systems.snapshot(rev) for rev in ns.revs}
+    snaps = {rev: systems.snapshot(rev.split("@")[0]) for rev in ns.revs}
     results: dict[str, dict[str, list[dict[str, Any]]]] = {rev: {} for rev in ns.revs}
     started = time.monotonic()
     load0 = os.getloadavg()[0]
@@ -115,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(ns.rounds):
             for rev in ns.revs:
                 src, sha = snaps[rev]
-                with gateway_at(src, up, f"ab-{sha}") as (gw, key):
+                cfg = ROOT / rev.split("@")[1] if "@" in rev else None
+                with gateway_at(src, up, f"ab-{sha}", cfg) as (gw, key):
                     url = gw.base + "/v1/chat/completions"
                     wrk(url, 4, ns.warmup, stream=True, key=key)
                     for stream in (False, True):
