@@ -28,6 +28,7 @@ from .cache.service import build_cache
 from .config import Config, load_config, route_label
 from .embeddings import Embeddings
 from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
+from .http import coalesce
 from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
@@ -226,6 +227,7 @@ class App:
                 adapters' connection tasks and the app's background tasks run in it.
         """
         log.info("hypercorn guard: %s", edge.install())
+        log.info("hypercorn write coalescing: %s", coalesce.install())
         for adapter in self.adapters.values():
             await adapter.aopen(nursery)
         await self.bus.aopen()

@@ -114,7 +114,8 @@ class SSEStage:
     async def _streamed(self, asm: ResponseAssembler, first: Delta, headers: Headers) -> None:
         error: GatewayError | None = None
         async with trio.open_nursery() as nursery:
-            await self.responder.start(200, [*SSE_HEADERS, *headers])
+            # The first events are in hand: the head may go out with them.
+            await self.responder.start(200, [*SSE_HEADERS, *headers], body_follows=True)
             nursery.start_soon(self._keepalive, nursery.cancel_scope)
             try:
                 await self._stream(asm, first)
@@ -130,6 +131,9 @@ class SSEStage:
         deltas = self.inbox
         batch = [first]
         out = b""
+        # The head was promised a body at once (it may be held until one is written):
+        # the first write goes now, even empty (a filter may hold back all of it).
+        owed = True
         while True:
             # Deltas that queued up while the last write was in flight go out
             # in one write: fewer sends under load, no added wait when idle.
@@ -143,9 +147,10 @@ class SSEStage:
                 out += asm.feed(delta, now)
             # With the finish in hand, what is left goes out with the final
             # events, in one write.
-            if out and asm.finish_reason is None:
+            if (out or owed) and asm.finish_reason is None:
                 await self.responder.body(out)
                 out = b""
+            owed = False
             if asm.capped is not None:
                 break  # the reply is over, whatever the upstream still sends
             try:
