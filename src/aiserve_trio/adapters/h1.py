@@ -343,7 +343,9 @@ class Response:
         self._framed = False
         self._decoder: zlib._Decompress | None = None
         self._extra = False
-        self._parser = httptools.HttpResponseParser(self)
+        # The parser holds this object's callbacks: a cycle, broken in _release so that
+        # both go with their last reference, not with the next garbage collection.
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
 
     # --- llhttp's callbacks ----------------------------------------------------------
 
@@ -351,14 +353,16 @@ class Response:
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
+        parser = self._parser
+        assert parser is not None  # it is the caller
+        status = parser.get_status_code()
         if 100 <= status < 200:  # an informational head (103): the real one follows
             self.headers = []
             return
         self.status = status
         self._headers_done = True
         # Asked here: once the message is complete llhttp has reset what it answers from.
-        self._keep_alive = self._parser.should_keep_alive()
+        self._keep_alive = parser.should_keep_alive()
         for name, value in self.headers:
             if name == b"content-length" or name == b"transfer-encoding":
                 self._framed = True
@@ -449,8 +453,11 @@ class Response:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _feed(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:
+            raise RemoteProtocolError("the response was already left")
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             if isinstance(exc.__context__, RemoteProtocolError):
                 raise exc.__context__ from None
@@ -519,6 +526,7 @@ class Response:
         return self._complete
 
     def _release(self, *, keep: bool) -> None:
+        self._parser = None
         conn, self._conn = self._conn, None
         if conn is not None:
             if keep:
