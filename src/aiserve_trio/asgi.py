@@ -20,6 +20,7 @@ from typing import Any
 import trio
 from opentelemetry.trace import TracerProvider
 
+from . import gctune
 from .adapters import Adapter, build_adapters
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
@@ -53,6 +54,7 @@ from .sessions.http import SessionEndpoints
 from .sessions.outbox import WriteBack
 from .stages.outcome import Outcome
 from .stages.types import RequestInfo, Route
+from .startup import hypercorn_process
 
 log = logging.getLogger("aiserve_trio")
 
@@ -238,6 +240,8 @@ class App:
         if self.cache is not None:
             await self.cache.aopen(nursery)
         await nursery.start(self._run_background)
+        if hypercorn_process() is not None:
+            log.info("garbage collector: %s", gctune.tune())
         self.ready = True
         log.info(
             "aiserve-trio ready: config %s, routes %s",
