@@ -38,6 +38,7 @@ from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, Upstream
 from .observability.events import NULL_HOOK, Hook
 from .security.admission import BodyPace
 from .stages.context import ContextStage
+from .stages.handoff import hand_on
 from .stages.inference import InferenceStage
 from .stages.outcome import Outcome, status_of
 from .stages.parse import ParseStage
@@ -330,7 +331,7 @@ class Pipeline:
                         return
                 if chunk:
                     try:
-                        await body.send(chunk)
+                        await hand_on(body, chunk)
                     except trio.BrokenResourceError:
                         # The parse stage refused the body and ends the request:
                         # reading the rest would only buffer what was refused.

@@ -25,6 +25,7 @@ from ..adapters.base import Delta
 from ..cache.service import Cache
 from ..errors import GatewayError, StageDeadlineExceeded
 from .assembler import ResponseAssembler
+from .handoff import EagerSink
 from .types import Prepared, RequestInfo
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ class InferenceStage:
                 request = msgspec.structs.replace(request, forward_headers=forward)
             if ticket is None or ticket.member is None or self.cache is None:
                 self.cache_result = ticket.result if ticket is not None else None
-                await info.route.adapter.stream(request, self.out)
+                await info.route.adapter.stream(request, EagerSink(self.out))
                 return
 
             async def produce(
