@@ -84,12 +84,11 @@ class SSEStage:
         elif prepared.cache is not None:
             self.cache_result = prepared.cache.result
         headers = response_headers(self.info, prepared, first.served, cache=self.cache_result)
-        limit = math.inf if route.max_stream_s is None else trio.current_time() + route.max_stream_s
-        with trio.move_on_at(limit) as capped:
-            if not asm.stream:
-                await self._whole(asm, first, headers)
-            else:
-                await self._streamed(asm, first, headers)
+        if route.max_stream_s is None:  # no cap: no cancel scope either
+            await self._write(asm, first, headers)
+            return asm.capped is not None
+        with trio.move_on_at(trio.current_time() + route.max_stream_s) as capped:
+            await self._write(asm, first, headers)
         if capped.cancelled_caught:
             raise ReplyCapExceeded(
                 f"the reply passed the route's limit of {route.max_stream_s} s",
@@ -97,6 +96,12 @@ class SSEStage:
                 code="max_stream_s",
             )
         return asm.capped is not None
+
+    async def _write(self, asm: ResponseAssembler, first: Delta, headers: Headers) -> None:
+        if not asm.stream:
+            await self._whole(asm, first, headers)
+        else:
+            await self._streamed(asm, first, headers)
 
     async def _whole(self, asm: ResponseAssembler, first: Delta, headers: Headers) -> None:
         asm.feed(first, trio.current_time())
