@@ -42,14 +42,14 @@ _JSON = re.compile(r"^JSON (\{.*\})$", re.M)
 
 
 @contextlib.contextmanager
-def node_upstream(deltas: int = 16) -> Iterator[Running]:
-    """bench/node/upstream.js on the load generator's CPU."""
+def node_upstream(deltas: int = 16, cpu: str | None = LOAD_CPU) -> Iterator[Running]:
+    """bench/node/upstream.js on the load generator's CPU (``cpu``; None: any)."""
     node = shutil.which("node")
     if node is None:
         raise RuntimeError("node is not installed (apt-get install nodejs)")
     port = free_port()
     cmd = [node, str(NODE_DIR / "upstream.js"), str(port), str(deltas)]
-    with systems.start("upstream", cmd, port=port, health="/v1/models", cpu=LOAD_CPU, ours=False) as r:
+    with systems.start("upstream", cmd, port=port, health="/v1/models", cpu=cpu, ours=False) as r:
         yield r
 
 
