@@ -399,7 +399,7 @@ def run_profile(s: System, plan: Plan, out_dir: Path, tag: str, t0: float) -> st
     summary = profile_summary(raw)
     (out_dir / f"profile-{tag}.md").write_text(summary)
     progress(f"profile written: {raw}", t0)
-    return str(raw.relative_to(ROOT))
+    return str(raw.relative_to(ROOT)) if raw.is_relative_to(ROOT) else str(raw)
 
 
 def profile_summary(raw: Path, top: int = 30) -> str:
@@ -606,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if ns.quick else FULL
     names = [n for n in ns.systems.split(",") if n]
     skip = set(filter(None, ns.skip.split(",")))
-    out_dir = Path(ns.out) if ns.out else ROOT / "bench" / "results" / dt.date.today().isoformat()
+    out_dir = Path(ns.out).resolve() if ns.out else ROOT / "bench" / "results" / dt.date.today().isoformat()
     out_dir.mkdir(parents=True, exist_ok=True)
     if ns.rev:
         src, sha = systems.snapshot(ns.rev)
