@@ -6,15 +6,16 @@ now and then a full collection walking everything, start-up included. A gateway
 worker allocates many short-lived objects per request (tasks, cancel scopes,
 channels, events) that reference counting already frees; the request path leaves
 no reference cycles (``tests/test_h1.py`` checks the one it had). Measured at 64
-concurrent streams on one worker (an in-process hypercorn with ``gc.callbacks``
-timing each collection, 6 s): the collector took 17.5 % of the worker's CPU and
-collected nothing -- generation 0 6.2 %, 1 5.5 %, 2 5.8 %.
+concurrent streams on one worker (``python -m bench.gc_cost``: an in-process
+hypercorn, ``gc.callbacks`` timing each collection, 6 s): the collector took 12.6 %
+of the worker's CPU and collected nothing -- generation 0 4.9 %, 1 4.2 %, 2 3.5 %
+(17.5 % in an earlier run on a busier machine).
 
 :func:`tune`, once start-up is done: collect, then :func:`gc.freeze` what
 start-up built (modules, the config, compiled patterns, tokenizer tables: some
 73,000 objects that every full collection walked), and raise generation 0's
-threshold to :data:`GEN0_THRESHOLD`. Same load: 13 generation-0 collections
-instead of 1,165, and 1.8 % of the CPU. Cycles that error paths do make
+threshold to :data:`GEN0_THRESHOLD`. Same load: one generation-0 collection
+instead of 1,357, 0.1 % of the CPU. Cycles that error paths do make
 (exceptions and their tracebacks) are still collected, a little later.
 
 Only in a process of the hypercorn binary (:func:`~.startup.hypercorn_process`):
