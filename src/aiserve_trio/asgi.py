@@ -29,7 +29,7 @@ from .cache.service import build_cache
 from .config import Config, load_config, route_label
 from .embeddings import Embeddings
 from .errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
-from .http import coalesce
+from .http import coalesce, idle
 from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
@@ -230,6 +230,7 @@ class App:
         """
         log.info("hypercorn guard: %s", edge.install())
         log.info("hypercorn write coalescing: %s", coalesce.install())
+        log.info("hypercorn keep-alive timer without a lock: %s", idle.install())
         for adapter in self.adapters.values():
             await adapter.aopen(nursery)
         await self.bus.aopen()
