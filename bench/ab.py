@@ -1,6 +1,10 @@
 """Side-by-side throughput of the gateway at several git revisions (wrk, Node upstream).
 
     .venv/bin/python -m bench.ab BEFORE AFTER [--duration 8] [--rounds 2]
+    .venv/bin/python -m bench.ab HEAD@bench/configs/hypercorn-accesslog.toml HEAD
+
+``REV@FILE`` serves ``REV`` with the hypercorn config ``FILE`` instead of
+``bench/configs/hypercorn-bench.toml``.
 
 Each revision's ``src/`` is exported with ``git archive`` (``systems.snapshot``)
 and served by hypercorn (one Trio worker, pinned to CPU 0) in front of
@@ -8,7 +12,9 @@ and served by hypercorn (one Trio worker, pinned to CPU 0) in front of
 ``wrk`` drives it from CPU 1, non-streamed and streamed, at each concurrency.
 Revisions alternate within each round, so drift of the machine hits them
 alike; the table keeps each point's best round (noise only ever slows a
-point). wrk does ~14,000 streamed req/s against the upstream alone on one
+point). Each point also reports the gateway's CPU time per request (its
+processes' user + system time over the requests wrk counted): on a shared
+machine the steadier of the two numbers. wrk does ~14,000 streamed req/s against the upstream alone on one
 core here: far above what it measures.
 """
 
@@ -36,19 +42,26 @@ _JSON = re.compile(r"^JSON (\{.*\})$", re.M)
 
 
 @contextlib.contextmanager
-def node_upstream(deltas: int = 16) -> Iterator[Running]:
-    """bench/node/upstream.js on the load generator's CPU."""
+def node_upstream(deltas: int = 16, cpu: str | None = LOAD_CPU) -> Iterator[Running]:
+    """bench/node/upstream.js on the load generator's CPU (``cpu``; None: any)."""
     node = shutil.which("node")
     if node is None:
         raise RuntimeError("node is not installed (apt-get install nodejs)")
     port = free_port()
     cmd = [node, str(NODE_DIR / "upstream.js"), str(port), str(deltas)]
-    with systems.start("upstream", cmd, port=port, health="/v1/models", cpu=LOAD_CPU, ours=False) as r:
+    with systems.start("upstream", cmd, port=port, health="/v1/models", cpu=cpu, ours=False) as r:
         yield r
 
 
-def wrk(url: str, conc: int, seconds: float, *, stream: bool, key: str | None) -> dict[str, Any]:
-    """One wrk point: req/s, latency percentiles (ms), errors."""
+def wrk(
+    url: str, conc: int, seconds: float, *, stream: bool, key: str | None, headers: str = "",
+    cpu: str | None = LOAD_CPU,
+) -> dict[str, Any]:
+    """One wrk point: req/s, latency percentiles (ms), errors.
+
+    ``headers``: more request headers, ``"Name: value|Name: value"``; ``cpu``: where
+    wrk runs (None: anywhere).
+    """
     exe = shutil.which("wrk")
     if exe is None:
         raise RuntimeError("wrk is not installed (apt-get install wrk)")
@@ -56,9 +69,10 @@ def wrk(url: str, conc: int, seconds: float, *, stream: bool, key: str | None) -
     cmd = pinned(
         [exe, f"-t{threads}", f"-c{conc}", f"-d{seconds:g}s", "--latency",
          "-s", str(NODE_DIR / "post.lua"), url],
-        LOAD_CPU,
+        cpu,
     )
-    env = {**os.environ, "BENCH_STREAM": "1" if stream else "0", "BENCH_KEY": key or ""}
+    env = {**os.environ, "BENCH_STREAM": "1" if stream else "0", "BENCH_KEY": key or "",
+           "BENCH_HEADERS": headers}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
     m = _JSON.search(out)
     if m is None:
@@ -75,13 +89,16 @@ def wrk(url: str, conc: int, seconds: float, *, stream: bool, key: str | None) -
 
 
 @contextlib.contextmanager
-def gateway_at(rev_src: Path, upstream: Running, name: str) -> Iterator[tuple[Running, str | None]]:
+def gateway_at(
+    rev_src: Path, upstream: Running, name: str, hypercorn_config: Path | None = None
+) -> Iterator[tuple[Running, str | None]]:
     """The gateway from one snapshot, auth on with a fresh bench key."""
     saved = systems.SNAPSHOT
     systems.SNAPSHOT = rev_src
     try:
         auth = systems.gateway_auth()
-        with systems.gateway(name, {"/v1/chat/completions": upstream.base}, auth=auth) as gw:
+        with systems.gateway(name, {"/v1/chat/completions": upstream.base}, auth=auth,
+                             hypercorn_config=hypercorn_config) as gw:
             yield gw, auth.plain if auth is not None else None
     finally:
         systems.SNAPSHOT = saved
@@ -97,24 +114,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="markdown report (default bench/results/<date>/ab.md)")
     ns = ap.parse_args(argv)
     concs = [int(c) for c in ns.conc.split(",")]
-    snaps = {rev: systems.snapshot(rev) for rev in ns.revs}
+    snaps = {rev: systems.snapshot(rev.split("@")[0]) for rev in ns.revs}
     results: dict[str, dict[str, list[dict[str, Any]]]] = {rev: {} for rev in ns.revs}
     started = time.monotonic()
+    load0 = os.getloadavg()[0]
     with node_upstream() as up:
         for rnd in range(ns.rounds):
             for rev in ns.revs:
                 src, sha = snaps[rev]
-                with gateway_at(src, up, f"ab-{sha}") as (gw, key):
+                cfg = ROOT / rev.split("@")[1] if "@" in rev else None
+                with gateway_at(src, up, f"ab-{sha}", cfg) as (gw, key):
                     url = gw.base + "/v1/chat/completions"
                     wrk(url, 4, ns.warmup, stream=True, key=key)
                     for stream in (False, True):
                         for c in concs:
+                            cpu0 = gw.cpu_seconds()
                             point = wrk(url, c, ns.duration, stream=stream, key=key)
+                            cpu = gw.cpu_seconds() - cpu0
+                            point["cpu_us"] = cpu / max(point["requests"], 1) * 1e6
                             tag = f"{'stream' if stream else 'json'}-c{c}"
                             results[rev].setdefault(tag, []).append(point)
                             print(f"round {rnd + 1} {sha} {tag}: {point['rps']:.0f} req/s "
                                   f"p50 {point['p50_ms']:.2f} ms p99 {point['p99_ms']:.2f} ms "
-                                  f"errors {point['errors']}", flush=True)
+                                  f"{point['cpu_us']:.0f} us CPU/req errors {point['errors']}",
+                                  flush=True)
     best = {
         rev: {tag: max(points, key=lambda p: p["rps"]) for tag, points in tags.items()}
         for rev, tags in results.items()
@@ -125,15 +148,18 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `python -m bench.ab {' '.join(sys.argv[1:] if argv is None else argv)}` "
         f"({time.monotonic() - started:.0f} s). One hypercorn Trio worker on CPU {SYSTEM_CPU}; "
         f"`bench/node/upstream.js` (16 deltas, zero delay) and wrk on CPU {LOAD_CPU}; auth on; "
-        f"{ns.duration:g} s per point, best of {ns.rounds} interleaved rounds.",
+        f"{ns.duration:g} s per point, best of {ns.rounds} interleaved rounds (req/s; the "
+        f"lowest CPU per request). Load average {load0:.2f} at the start, "
+        f"{os.getloadavg()[0]:.2f} at the end.",
         "",
         "| revision | " + " | ".join(best[ns.revs[0]]) + " |",
         "|---|" + "---|" * len(best[ns.revs[0]]),
     ]
     for rev in ns.revs:
-        cells = [f"{p['rps']:.0f} req/s, p50 {p['p50_ms']:.2f} / p99 {p['p99_ms']:.2f} ms"
+        cells = [f"{p['rps']:.0f} req/s, p50 {p['p50_ms']:.2f} / p99 {p['p99_ms']:.2f} ms, "
+                 f"{min(q['cpu_us'] for q in results[rev][tag]):.0f} µs CPU/req"
                  + (f", {p['errors']} errors" if p["errors"] else "")
-                 for p in best[rev].values()]
+                 for tag, p in best[rev].items()]
         lines.append(f"| {snaps[rev][1]} ({rev}) | " + " | ".join(cells) + " |")
     out = Path(ns.out) if ns.out else ROOT / "bench" / "results" / dt.date.today().isoformat() / "ab.md"
     out.parent.mkdir(parents=True, exist_ok=True)

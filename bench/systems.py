@@ -97,6 +97,23 @@ class Running:
         """The pid that serves requests (the deepest child; the process itself if none)."""
         return self.pids()[-1]
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time used so far by the process tree (each process's own)."""
+        return cpu_seconds(self.pids())
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of ``pids`` (each its own, not its children's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
 
 class Recorder:
     """Collects every command a run started, for the report."""
@@ -235,12 +252,14 @@ def redis() -> Iterator[Running]:
         stop(proc)
 
 
-def hypercorn_cmd(port: int, app: str, extra: list[str] | None = None) -> list[str]:
-    """hypercorn with the bench's server settings (one Trio worker, no access log)."""
+def hypercorn_cmd(
+    port: int, app: str, extra: list[str] | None = None, config: Path | None = None
+) -> list[str]:
+    """hypercorn with the bench's server settings (one Trio worker, no access log), or ``config``."""
     return [
         str(BIN / "hypercorn"),
         "--config",
-        str(ROOT / "bench" / "configs" / "hypercorn-bench.toml"),
+        str(config or ROOT / "bench" / "configs" / "hypercorn-bench.toml"),
         "--bind",
         f"127.0.0.1:{port}",
         *(extra or []),
@@ -349,7 +368,7 @@ def held_sim_args(itl_ms: int, tokens: int) -> list[str]:
 def gateway(
     name: str, routes: dict[str, str], *, bus: str = "memory", redis_url: str | None = None,
     auth: GatewayAuth | None = None, extra: str = "", http2: bool = False,
-    hypercorn_args: list[str] | None = None,
+    hypercorn_args: list[str] | None = None, hypercorn_config: Path | None = None,
 ) -> Iterator[Running]:
     """aiserve-trio under hypercorn (one Trio worker) with a generated config."""
     port = free_port()
@@ -357,7 +376,7 @@ def gateway(
     cfg = WORK / f"{name}.toml"
     cfg.write_text(gateway_toml(routes, bus=bus, redis_url=redis_url, auth=auth, extra=extra, http2=http2))
     env = {"AISERVE_CONFIG": str(cfg.relative_to(ROOT))}
-    cmd = hypercorn_cmd(port, "aiserve_trio:app", hypercorn_args)
+    cmd = hypercorn_cmd(port, "aiserve_trio:app", hypercorn_args, hypercorn_config)
     with start(name, cmd, port=port, cpu=SYSTEM_CPU, env=env) as r:
         yield r
 

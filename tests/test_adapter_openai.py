@@ -77,6 +77,41 @@ def test_sse_byte_by_byte() -> None:
     assert events == EXPECTED
 
 
+#: What model backends send: every line ends in LF (the parser's fast path).
+LF_STREAM = (
+    b'data: {"a": 1}\n\n'
+    b": ping\n\n"
+    b"event: note\ndata: x\ndata:y\nid: 3\n\n"
+    b"data: \xe4\xbd\xa0\xe5\xa5\xbd\n\n"
+    b"data: [DONE]\n\n"
+)
+LF_EXPECTED = [
+    Event(data='{"a": 1}'),
+    Event(data="x\ny", event="note", id="3"),
+    Event(data="你好", id="3"),
+    Event(data="[DONE]", id="3"),
+]
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(LF_STREAM)), max_size=12))
+def test_sse_lf_stream_any_split_gives_the_same_events(cuts: list[int]) -> None:
+    parser = SSEParser()
+    points = [0, *sorted(cuts), len(LF_STREAM)]
+    events: list[Event] = []
+    for a, b in itertools.pairwise(points):
+        events += parser.feed(LF_STREAM[a:b])
+    assert events == LF_EXPECTED
+
+
+def test_sse_lf_stream_limits() -> None:
+    parser = SSEParser(max_line=10)
+    assert parser.feed(b"data: 1\n\ndata: 12") == [Event(data="1")]
+    with pytest.raises(SSEDecodeError):
+        parser.feed(b"34567")  # the unfinished line passed the limit
+    with pytest.raises(SSEDecodeError):
+        SSEParser().feed(b"data: ok\n\ndata: \xff\n\n")
+
+
 def test_sse_incomplete_event_is_held() -> None:
     parser = SSEParser()
     assert parser.feed(b"data: x\n") == []

@@ -4,6 +4,7 @@ function calling, structured output, reasoning, image parts and embeddings."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -24,10 +25,13 @@ class Forecast(BaseModel):
 
 
 @pytest.fixture
-def client(stack: tuple[str, str]) -> openai.OpenAI:
+def client(stack: tuple[str, str]) -> Iterator[openai.OpenAI]:
     base, _ = stack
     # Only base_url changes: the SDK posts to {base_url}/chat/completions and /embeddings.
-    return openai.OpenAI(api_key="unused-locally", base_url=f"{base}/sdk/v1", max_retries=0)
+    with openai.OpenAI(api_key="unused-locally", base_url=f"{base}/sdk/v1", max_retries=0) as sdk:
+        # Closed at the end: an SDK client collected with a pooled connection open
+        # warns (ResourceWarning), and the suite turns warnings into errors.
+        yield sdk
 
 
 TOOLS: Any = [

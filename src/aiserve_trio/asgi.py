@@ -26,6 +26,7 @@ from typing import Any
 import trio
 from opentelemetry.trace import TracerProvider
 
+from . import gctune
 from .adapters import Adapter, build_adapters
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
@@ -46,6 +47,7 @@ from .errors import (
     UnsupportedMediaType,
 )
 from .http.body import read_body
+from .http import coalesce
 from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
@@ -72,6 +74,7 @@ from .sessions.http import SessionEndpoints
 from .sessions.outbox import WriteBack
 from .stages.outcome import Outcome
 from .stages.types import RequestInfo, Route
+from .startup import hypercorn_process
 
 log = logging.getLogger("aiserve_trio")
 
@@ -398,6 +401,7 @@ class App:
         """
         log.info("hypercorn guard: %s", edge.install())
         self._nursery = nursery
+        log.info("hypercorn write coalescing: %s", coalesce.install())
         for adapter in self.adapters.values():
             await adapter.aopen(nursery)
         await self.bus.aopen()
@@ -407,6 +411,8 @@ class App:
             await nursery.start(self.recorder.run)
         await self._open_cache(self.runtime)
         await nursery.start(self._run_background)
+        if hypercorn_process() is not None:
+            log.info("garbage collector: %s", gctune.tune())
         self.ready = True
         log.info(
             "aiserve-trio ready: config %s, routes %s",

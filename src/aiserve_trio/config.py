@@ -248,6 +248,10 @@ class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
     tokenizer: str | None = None
     #: Extra headers sent upstream on every request.
     headers: dict[str, str] = msgspec.field(default_factory=dict)
+    #: The HTTP client. ``auto``: the gateway's own lean HTTP/1.1 client
+    #: (``adapters/h1.py``) for an ``http://`` backend without ``http2``, httpx2
+    #: otherwise (TLS, HTTP/2); ``httpx2``: httpx2 always.
+    client: Literal["auto", "httpx2"] = "auto"
 
     def __post_init__(self) -> None:
         _models(self.models)

@@ -1,6 +1,13 @@
-"""The ``openai`` adapter: any OpenAI-compatible HTTP backend, streamed over httpx2.
+"""The ``openai`` adapter: any OpenAI-compatible HTTP backend, streamed.
 
-Pooled :class:`httpx2.AsyncClient` s per adapter (keep-alive; HTTP/2 when
+A plain ``http://`` backend over HTTP/1.1 is spoken to with the gateway's own
+lean client (``h1.py``: a keep-alive pool, the request head built from a
+prefix made once, llhttp parsing the response); measured, a request through it
+costs a fraction of one through httpx2 (``python -m bench.h1_client``). TLS
+(``https://``) and HTTP/2 (``http2 = true``) go through httpx2, and so does
+everything when ``client = "httpx2"``.
+
+httpx2: pooled :class:`httpx2.AsyncClient` s per adapter (keep-alive; HTTP/2 when
 ``http2 = true``), closed at shutdown. httpx2 rather than httpx because,
 measured on Trio with 64 concurrent streams, httpx 0.28's single pool collapsed
 to 306 req/s (p99 1.26 s) while httpx2 held 1,064 req/s (p99 87 ms), as
@@ -25,7 +32,7 @@ request closes the upstream response at once. The upstream sees:
 
 Retries (connect errors, timeouts, 429, 5xx; ``Retry-After`` honoured) happen
 only before the first token has gone to the client (see ``retry.py``). The
-event stream is decoded by ``chat_stream.py`` (no I/O there); every httpx2
+event stream is decoded by ``chat_stream.py`` (no I/O there); every client
 failure is translated here into an ``UpstreamError``.
 """
 
@@ -38,9 +45,9 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from importlib.metadata import version as _version
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx2
 import msgspec
@@ -58,6 +65,7 @@ from ..errors import (
 )
 from ..observability.annotate import upstream_read
 from ..observability.events import NULL_HOOK, UpstreamHook
+from . import h1
 from .base import (
     Adapter,
     DeltaSink,
@@ -162,11 +170,25 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 @contextlib.contextmanager
 def translate_errors(where: str) -> Iterator[None]:
-    """Turn httpx2 and decoding exceptions into ``UpstreamError`` subclasses."""
+    """Turn client (h1, httpx2) and decoding exceptions into ``UpstreamError`` subclasses."""
     try:
         yield
     except UpstreamError:
         raise
+    except h1.H1Timeout as exc:
+        raise UpstreamTimeout(
+            f"{where}: the model backend timed out ({type(exc).__name__})"
+        ) from exc
+    except h1.ConnectError as exc:
+        raise UpstreamConnectError(f"{where}: cannot connect to the model backend") from exc
+    except (h1.ReadError, h1.WriteError) as exc:
+        raise UpstreamConnectError(f"{where}: the connection to the model backend broke") from exc
+    except h1.RemoteProtocolError as exc:
+        raise UpstreamProtocolError(
+            f"{where}: the model backend broke the HTTP protocol ({exc})"
+        ) from exc
+    except h1.H1Error as exc:
+        raise UpstreamError(f"{where}: upstream HTTP failure ({type(exc).__name__})") from exc
     except httpx2.TimeoutException as exc:
         raise UpstreamTimeout(
             f"{where}: the model backend timed out ({type(exc).__name__})"
@@ -212,6 +234,9 @@ class OpenAIAdapter(Adapter):
         self.config = config
         self._transport = transport
         self._clients: ClientPool | None = None
+        #: The lean HTTP/1.1 client's pool, when it serves this backend (see aopen).
+        self._lean: h1.H1Pool | None = None
+        self._lean_heads: dict[str, h1.RequestHead] = {}
         # Requests are built here, not by client.build_request, which re-merges
         # the base URL and the default headers on every call (~0.1 ms).
         self._url = httpx2.URL(config.base_url.rstrip("/") + "/chat/completions")
@@ -265,18 +290,66 @@ class OpenAIAdapter(Adapter):
             **{k.lower(): v for k, v in headers.items()},  # the config's win
         }
         self._headers = [(k.encode(), v.encode()) for k, v in fixed.items()]
+        url = self._url
+        if (
+            cfg.client == "auto"
+            and self._transport is None
+            and not cfg.http2
+            and url.scheme == "http"
+        ):
+            self._open_lean(fixed)
+
+    def _open_lean(self, fixed: dict[str, str]) -> None:
+        """The lean client's pool and request heads (httpx2 stays for nothing else)."""
+        url = self._url
+        port = url.port or 80
+        host = url.host if url.port is None else f"{url.host}:{url.port}"
+        # No accept-encoding: a backend compresses nothing then (h1 still decodes
+        # gzip and deflate should one do it anyway).
+        lean = [(k.encode(), v.encode()) for k, v in fixed.items() if k != "accept-encoding"]
+        try:
+            self._lean_heads = {
+                "chat": h1.RequestHead("POST", url.raw_path.decode("ascii"), host, lean),
+                "embed": h1.RequestHead(
+                    "POST", self._embed_url.raw_path.decode("ascii"), host, lean
+                ),
+                "models": h1.RequestHead(
+                    "GET", self._models_url.raw_path.decode("ascii"), host, lean
+                ),
+            }
+        except ValueError as exc:
+            raise ConfigError(f"adapter {self.name}: headers: {exc}") from exc
+        self._lean = h1.H1Pool(
+            url.host, port, max_connections=self.config.max_connections, keepalive_expiry=30.0
+        )
 
     async def aclose(self) -> None:
+        if self._lean is not None:
+            lean, self._lean = self._lean, None
+            await lean.aclose()
         if self._clients is not None:
             clients, self._clients = self._clients, None
             await clients.aclose()
 
     def connections(self) -> tuple[int, int] | None:
         """(open upstream connections, of which busy); None when this httpx2 cannot tell."""
+        if self._lean is not None:
+            return self._lean.connections()
         return self._clients.connections() if self._clients is not None else (0, 0)
 
     async def probe(self) -> bool:
         """``GET {base_url}/models`` answers 200 (cheap: no tokens are generated)."""
+        lean = self._lean
+        if lean is not None:
+            head = self._lean_heads["models"].build([], None)
+            timeout = self.config.connect_timeout_ms / 1000.0
+            try:
+                # The caller bounds the probe; these only keep a lost one from hanging.
+                async with lean.request(head, b"", h1.Timeouts(30.0, timeout)) as answer:
+                    await answer.read(1 << 20)  # to the end, so the connection is kept
+                    return answer.status == 200
+            except h1.H1Error:
+                return False
         clients = self._clients
         if clients is None:
             return False
@@ -301,8 +374,49 @@ class OpenAIAdapter(Adapter):
         if clients is None:
             raise UpstreamConnectError(f"adapter {self.name} is not open")
         body = chat_body(request, self.config.upstream_model or request.model)
+        lean = self._lean
+        if lean is not None:
+            await self._call_lean(lean, request, body, send)
+            return
         with clients.lease() as client:
             await self._call(client, request, body, send)
+
+    def _lean_request(
+        self,
+        kind: str,
+        body: bytes,
+        deadline: float,
+        request_id: str,
+        forward: dict[str, str],
+    ) -> tuple[bytes, h1.Timeouts]:
+        """The lean client's request head and timeouts: as :meth:`_request`'s."""
+        remaining = max(deadline - trio.current_time(), 1e-3)
+        timeouts = h1.Timeouts(remaining, min(self.config.connect_timeout_ms / 1000.0, remaining))
+        headers = [
+            (_BUDGET_HEADER, b"%d" % max(1, int(remaining * 1000))),
+            (b"x-request-id", request_id.encode()),
+            *((k.lower().encode(), v.encode()) for k, v in forward.items()),
+        ]
+        return self._lean_heads[kind].build(headers, body), timeouts
+
+    async def _call_lean(
+        self, pool: h1.H1Pool, request: InferenceRequest, body: bytes, send: DeltaSink
+    ) -> None:
+        with translate_errors(self.name):
+            head, timeouts = self._lean_request(
+                "chat", body, request.deadline, request.request_id, request.forward_headers
+            )
+            async with pool.request(head, body, timeouts) as response:
+                if response.status != 200:
+                    await self._raise_lean_status(response)
+                await self._relay(response, request, send)
+
+    async def _raise_lean_status(self, response: h1.Response) -> NoReturn:
+        raw = await response.read(_ERROR_BODY_LIMIT)
+        after = response.header(b"retry-after")
+        self._status_error(
+            response.status, raw, after.decode("latin-1") if after is not None else None
+        )
 
     def _request(
         self,
@@ -346,7 +460,8 @@ class OpenAIAdapter(Adapter):
                 response = await client.send(req, stream=True)
                 if response.status_code != 200:
                     await self._raise_status(response)
-                await self._relay(response, request, send)
+                async with contextlib.aclosing(response.aiter_bytes()) as chunks:
+                    await self._relay(chunks, request, send)
         finally:
             if response is not None:
                 # Shielded so that a cancelled request still closes the upstream
@@ -369,6 +484,20 @@ class OpenAIAdapter(Adapter):
             request.request_id,
             request.forward_headers,
         )
+        lean = self._lean
+        if lean is not None:
+            with translate_errors(self.name):
+                head, timeouts = self._lean_request(
+                    "embed",
+                    req.content,
+                    request.deadline,
+                    request.request_id,
+                    request.forward_headers,
+                )
+                async with lean.request(head, req.content, timeouts) as answer:
+                    if answer.status != 200:
+                        await self._raise_lean_status(answer)
+                    return b"".join([part async for part in answer])
         response: httpx2.Response | None = None
         with clients.lease() as client:
             try:
@@ -422,31 +551,32 @@ class OpenAIAdapter(Adapter):
                     with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
                         await response.aclose()
 
-    async def _raise_status(self, response: httpx2.Response) -> None:
+    async def _raise_status(self, response: httpx2.Response) -> NoReturn:
         raw = b""
         async with contextlib.aclosing(response.aiter_bytes()) as body:
             async for part in body:
                 raw += part
                 if len(raw) >= _ERROR_BODY_LIMIT:
                     break
+        self._status_error(response.status_code, raw, response.headers.get("retry-after"))
+
+    def _status_error(self, status: int, raw: bytes, retry_after: str | None) -> NoReturn:
         detail = raw[:_ERROR_BODY_LIMIT].decode("utf-8", "replace").strip()
-        status = response.status_code
         raise UpstreamStatusError(
             f"{self.name}: the model backend answered {status}: {detail[:300]}",
             upstream_status=status,
-            retry_after=parse_retry_after(response.headers.get("retry-after")),
+            retry_after=parse_retry_after(retry_after),
         )
 
     async def _relay(
-        self, response: httpx2.Response, request: InferenceRequest, send: DeltaSink
+        self, body: AsyncIterator[bytes], request: InferenceRequest, send: DeltaSink
     ) -> None:
         decoder = ChatStreamDecoder(self.name)
-        async with contextlib.aclosing(response.aiter_bytes()) as body:
-            async for raw in body:
-                upstream_read(len(raw))
-                for delta in decoder.feed(raw):
-                    await send.send(delta)
-                decoder.check()  # after the text that came before a bad event
+        async for raw in body:
+            upstream_read(len(raw))
+            for delta in decoder.feed(raw):
+                await send.send(delta)
+            decoder.check()  # after the text that came before a bad event
         final = decoder.end()
         if final.usage is None:  # the backend did not count: count the prompt here
             prompt = request.prompt_tokens  # counted already if fitting needed it

@@ -7,6 +7,11 @@ joined with ``\\n``; lines starting with ``:`` are comments (``: ping``
 keep-alives) and are dropped; a blank line ends the event; an event with no
 ``data`` is not dispatched. Bytes are decoded per line, so a multi-byte UTF-8
 character split across reads is reassembled first.
+
+Model backends end their lines with ``\n``: a read with no ``\r`` in it (and
+none pending) takes a fast path that decodes all its complete lines at once and
+splits them as text; any other read goes line by line. Both give the same events
+(the tests feed every split of a mixed stream).
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class SSEParser:
         Raises:
             SSEDecodeError: a line is not UTF-8 or is longer than ``max_line``.
         """
+        if not self._skip_lf and b"\r" not in chunk:
+            return self._feed_lf(chunk)
         out: list[Event] = []
         buf = self._buf
         for b in chunk.splitlines(keepends=True):
@@ -69,6 +76,53 @@ class SSEParser:
                 out.append(ev)
         return out
 
+    def _feed_lf(self, chunk: bytes) -> list[Event]:
+        """:meth:`feed` for a read whose lines all end in ``\n``."""
+        buf = self._buf
+        end = chunk.rfind(b"\n")
+        if end < 0:  # no line ends here
+            buf += chunk
+            if len(buf) > self.max_line:
+                raise SSEDecodeError(f"an SSE line exceeds {self.max_line} bytes")
+            return []
+        whole = chunk[:end]
+        if buf:
+            whole = bytes(buf) + whole
+            buf.clear()
+        buf += chunk[end + 1 :]
+        if len(buf) > self.max_line:
+            raise SSEDecodeError(f"an SSE line exceeds {self.max_line} bytes")
+        try:
+            text = whole.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SSEDecodeError("an SSE line is not valid UTF-8") from exc
+        out: list[Event] = []
+        data = self._data
+        for line in text.split("\n"):
+            if line.startswith("data:"):
+                data.append(line[6:] if line.startswith(" ", 5) else line[5:])
+            elif not line:
+                if data:
+                    out.append(
+                        Event(data="\n".join(data), event=self._event or "message", id=self._id)
+                    )
+                    data.clear()
+                self._event = ""
+            elif not line.startswith(":"):
+                self._field(line)
+        return out
+
+    def _field(self, line: str) -> None:
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
+
     def _line(self, raw: bytes) -> Event | None:
         try:
             line = raw.decode("utf-8")
@@ -82,15 +136,6 @@ class SSEParser:
             self._data.clear()
             self._event = ""
             return ev
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        if value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "id" and "\0" not in value:
-            self._id = value
+        if not line.startswith(":"):
+            self._field(line)
         return None

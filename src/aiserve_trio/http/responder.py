@@ -8,6 +8,7 @@ import trio
 
 from ..api import error_json
 from ..errors import GatewayError, WriteTimeout
+from .coalesce import DEFER
 from .types import JSON_HEADERS, Headers, Send
 
 
@@ -78,11 +79,17 @@ class Responder:
             self.writing_since = None
             self._lock.release()
 
-    async def start(self, status: int, headers: Headers) -> None:
+    async def start(self, status: int, headers: Headers, *, body_follows: bool = False) -> None:
+        """Send the head; ``body_follows``: the caller writes a body at once, so the
+        server may hold the head and write it with that body (``coalesce.py``)."""
         if self._headers:
             headers = [*headers, *self._headers]
         self.started = True
-        await self._write({"type": "http.response.start", "status": status, "headers": headers})
+        message: dict[str, Any] = {"type": "http.response.start", "status": status}
+        message["headers"] = headers
+        if body_follows:
+            message[DEFER] = True
+        await self._write(message)
 
     async def body(self, data: bytes, *, more: bool = True) -> None:
         if not more:
@@ -98,7 +105,7 @@ class Responder:
     async def complete(self, status: int, headers: Headers, data: bytes) -> None:
         """A whole response in one go (errors, JSON bodies)."""
         headers = [*headers, (b"content-length", b"%d" % len(data))]
-        await self.start(status, headers)
+        await self.start(status, headers, body_follows=True)
         await self.body(data, more=False)
 
     async def error(self, err: GatewayError, extra: Headers | None = None) -> None:

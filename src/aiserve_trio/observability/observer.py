@@ -58,6 +58,29 @@ class RecentList(msgspec.Struct, kw_only=True):
     requests: list[RecentRequest]
 
 
+class _RouteModel:
+    """The metric children one (route, model) pair touches at the end of every request."""
+
+    __slots__ = (
+        "completion",
+        "duration",
+        "model_completion",
+        "model_prompt",
+        "model_ttft",
+        "prompt",
+        "ttft",
+    )
+
+    def __init__(self, m: Metrics, route: str, model: str) -> None:
+        self.ttft = m.ttft.labels(route)
+        self.model_ttft = m.model_ttft.labels(route, model)
+        self.prompt = m.tokens.labels(route, "prompt")
+        self.completion = m.tokens.labels(route, "completion")
+        self.model_prompt = m.model_tokens.labels(route, model, "prompt")
+        self.model_completion = m.model_tokens.labels(route, model, "completion")
+        self.duration = m.request_duration.labels(route, model)
+
+
 class RequestObserver:
     """Records what the request path reports; one per app."""
 
@@ -78,6 +101,9 @@ class RequestObserver:
         self._tasks = {s: m.task_count.labels(s) for s in STAGES}
         self._latency = {s: m.stage_latency.labels(s) for s in STAGES}
         self._children: dict[tuple[Any, ...], Any] = {}
+        # Bounded: routes and models come from the config (unknown models are folded).
+        self._route_models: dict[tuple[str, str], _RouteModel] = {}
+        self._attempts: dict[tuple[str, str], Any] = {}
         #: The traffic recording, when ``[record]`` is on (set by the app).
         self.recorder: RecordSink | None = None
 
@@ -102,21 +128,28 @@ class RequestObserver:
 
     # --- upstream -------------------------------------------------------------
 
+    def _attempt(self, adapter: str, result: str) -> Any:
+        child = self._attempts.get((adapter, result))
+        if child is None:
+            child = self._attempts[adapter, result] = self.metrics.upstream_attempts.labels(
+                adapter, result
+            )
+        return child
+
     @contextmanager
     def attempt(self, adapter: str, number: int) -> Iterator[None]:
-        attempts = self.metrics.upstream_attempts
         with upstream_attempt(number, adapter=adapter) as span:
             try:
                 yield
             except Exception as exc:
                 code = getattr(exc, "code", None) or type(exc).__name__
                 span.set_attribute("aiserve.error_code", code)
-                attempts.labels(adapter, "failed").inc()
+                self._attempt(adapter, "failed").inc()
                 raise
             except BaseException:  # cancelled: a hedge's loser, a client gone, the deadline
-                attempts.labels(adapter, "cancelled").inc()
+                self._attempt(adapter, "cancelled").inc()
                 raise
-            attempts.labels(adapter, "ok").inc()
+            self._attempt(adapter, "ok").inc()
 
     def retrying(self, adapter: str, error: UpstreamError) -> None:
         self.metrics.upstream_retries.labels(adapter).inc()
@@ -156,21 +189,22 @@ class RequestObserver:
             if self.baseline is not None and outcome.cache != "bypass":
                 # The storm detector's hit ratio: answered without a model call or not.
                 self.baseline.record_cache(route, outcome.cache in ("hit", "coalesced"))
+        rm = self._route_models.get((route, model))
+        if rm is None:
+            rm = self._route_models[route, model] = _RouteModel(m, route, model)
         if outcome.first_token_at is not None:
             ttft = outcome.first_token_at - outcome.arrival
-            m.ttft.labels(route).observe(ttft)
-            m.model_ttft.labels(route, model).observe(ttft)
+            rm.ttft.observe(ttft)
+            rm.model_ttft.observe(ttft)
         usage = outcome.usage
         if usage is not None:
-            for direction, n in (
-                ("prompt", usage.prompt_tokens),
-                ("completion", usage.completion_tokens),
-            ):
-                m.tokens.labels(route, direction).inc(n)
-                m.model_tokens.labels(route, model, direction).inc(n)
+            rm.prompt.inc(usage.prompt_tokens)
+            rm.model_prompt.inc(usage.prompt_tokens)
+            rm.completion.inc(usage.completion_tokens)
+            rm.model_completion.inc(usage.completion_tokens)
         total = outcome.ended - outcome.arrival
         if outcome.ok:
-            m.request_duration.labels(route, model).observe(total)
+            rm.duration.observe(total)
             if self.baseline is not None:
                 self.baseline.record(route, total, usage.prompt_tokens if usage else 0)
         if outcome.info is not None and outcome.info.trace is not NOOP_TRACE:

@@ -265,7 +265,8 @@ class Gate:
 
     async def after_chat(self, principal: Principal | None, outcome: Outcome) -> None:
         """Charge a finished chat request's tokens to its key."""
-        if principal is not None and outcome.usage is not None:
+        # A key without a token rate has nothing to charge: no shielded scope for it.
+        if principal is not None and principal.tpm and outcome.usage is not None:
             used = outcome.usage.prompt_tokens + outcome.usage.completion_tokens
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 await self.limiter.charge(principal, used)

@@ -23,6 +23,7 @@ from ..cache.service import Cache, Ticket
 from ..errors import StageDeadlineExceeded
 from ..policies.base import OutputFilter, Policy, PolicyContext, redact_values
 from ..sessions.bus import SessionBusError, check_vars
+from .handoff import hand_on
 from .types import ParsedRequest, Prepared, RequestInfo
 
 if TYPE_CHECKING:
@@ -228,4 +229,4 @@ class ContextStage:
         self.result = prepared
         # The sse stage's copy first: it must be there when the first delta is.
         self.to_sse.send_nowait(prepared)
-        await self.to_inference.send(prepared)
+        await hand_on(self.to_inference, prepared)

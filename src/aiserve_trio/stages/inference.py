@@ -31,6 +31,7 @@ from ..cache.service import Cache
 from ..chains.run import ChainRun
 from ..errors import GatewayError, StageDeadlineExceeded, StepDeadlineExceeded
 from .assembler import ResponseAssembler
+from .handoff import EagerSink
 from .types import Prepared, RequestInfo
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class InferenceStage:
                 return
             if ticket is None or ticket.member is None or self.cache is None:
                 self.cache_result = ticket.result if ticket is not None else None
-                await info.route.adapter.stream(request, self.out)
+                await info.route.adapter.stream(request, EagerSink(self.out))
                 return
 
             async def produce(

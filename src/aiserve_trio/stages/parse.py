@@ -27,6 +27,7 @@ from ..errors import (
     UnsupportedMediaType,
 )
 from ..messages import Message, decode_message
+from .handoff import hand_on
 from .types import ParsedRequest, RequestInfo
 
 if TYPE_CHECKING:
@@ -295,7 +296,7 @@ class ParseStage:
             # 503 (429 for the tenant's cap) before the head.
             self.slots.enter_context(self.admission.stream(self.info.tenant))
         self.result = req
-        await self.out.send(req)
+        await hand_on(self.out, req)
 
     async def expired(self, _: None) -> None:
         raise StageDeadlineExceeded(

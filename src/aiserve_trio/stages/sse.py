@@ -86,12 +86,11 @@ class SSEStage:
         headers = response_headers(
             self.info, prepared, first.served, cache=self.cache_result, steps=first.steps
         )
-        limit = math.inf if route.max_stream_s is None else trio.current_time() + route.max_stream_s
-        with trio.move_on_at(limit) as capped:
-            if not asm.stream:
-                await self._whole(asm, first, headers)
-            else:
-                await self._streamed(asm, first, headers)
+        if route.max_stream_s is None:  # no cap: no cancel scope either
+            await self._write(asm, first, headers)
+            return asm.capped is not None
+        with trio.move_on_at(trio.current_time() + route.max_stream_s) as capped:
+            await self._write(asm, first, headers)
         if capped.cancelled_caught:
             raise ReplyCapExceeded(
                 f"the reply passed the route's limit of {route.max_stream_s} s",
@@ -100,11 +99,24 @@ class SSEStage:
             )
         return asm.capped is not None
 
+    async def _write(self, asm: ResponseAssembler, first: Delta, headers: Headers) -> None:
+        if not asm.stream:
+            await self._whole(asm, first, headers)
+        else:
+            await self._streamed(asm, first, headers)
+
     async def _whole(self, asm: ResponseAssembler, first: Delta, headers: Headers) -> None:
         asm.feed(first, trio.current_time())
-        while asm.capped is None:
+        # Until the finish (nothing may follow it) or a cap; a queued delta is taken
+        # without a trip through the scheduler.
+        while asm.capped is None and asm.finish_reason is None:
             try:
-                delta = await self.inbox.receive()
+                delta = self.inbox.receive_nowait()
+            except trio.WouldBlock:
+                try:
+                    delta = await self.inbox.receive()
+                except trio.EndOfChannel:
+                    break
             except trio.EndOfChannel:
                 break
             asm.feed(delta, trio.current_time())
@@ -114,12 +126,24 @@ class SSEStage:
         await self.responder.complete(200, [*JSON_HEADERS, *headers], body)
 
     async def _streamed(self, asm: ResponseAssembler, first: Delta, headers: Headers) -> None:
+        batch = self._queued(first)
+        if batch[-1].finish_reason is not None:
+            # The whole reply is in hand (a short one from a fast backend): one write,
+            # bounded by the write deadline; no keep-alive task, nothing to keep alive.
+            await self.responder.start(200, [*SSE_HEADERS, *headers], body_follows=True)
+            with trio.move_on_after(self.limits.write_timeout_ms / 1000.0) as stalled:
+                await self._stream(asm, batch)
+            if stalled.cancelled_caught:
+                self.responder.finished = True  # nothing more can usefully be sent
+                raise WriteTimeout("the client stopped reading the response")
+            return
         error: GatewayError | None = None
         async with trio.open_nursery() as nursery:
-            await self.responder.start(200, [*SSE_HEADERS, *headers])
+            # The first events are in hand: the head may go out with them.
+            await self.responder.start(200, [*SSE_HEADERS, *headers], body_follows=True)
             nursery.start_soon(self._keepalive, nursery.cancel_scope)
             try:
-                await self._stream(asm, first)
+                await self._stream(asm, batch)
             except GatewayError as exc:
                 error = exc
             nursery.cancel_scope.cancel(reason="stream written")
@@ -128,10 +152,21 @@ class SSEStage:
         if error is not None:
             raise error
 
-    async def _stream(self, asm: ResponseAssembler, first: Delta) -> None:
-        deltas = self.inbox
+    def _queued(self, first: Delta) -> list[Delta]:
+        """``first`` and the deltas queued behind it."""
         batch = [first]
+        while True:
+            try:
+                batch.append(self.inbox.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return batch
+
+    async def _stream(self, asm: ResponseAssembler, batch: list[Delta]) -> None:
+        deltas = self.inbox
         out = b""
+        # The head was promised a body at once (it may be held until one is written):
+        # the first write goes now, even empty (a filter may hold back all of it).
+        owed = True
         while True:
             # Deltas that queued up while the last write was in flight go out
             # in one write: fewer sends under load, no added wait when idle.
@@ -145,11 +180,12 @@ class SSEStage:
                 out += asm.feed(delta, now)
             # With the finish in hand, what is left goes out with the final
             # events, in one write.
-            if out and asm.finish_reason is None:
+            if (out or owed) and asm.finish_reason is None:
                 await self.responder.body(out)
                 out = b""
-            if asm.capped is not None:
-                break  # the reply is over, whatever the upstream still sends
+            owed = False
+            if asm.capped is not None or asm.finish_reason is not None:
+                break  # the reply is over (nothing follows a finish; a cap ends it)
             try:
                 batch = [await deltas.receive()]
             except trio.EndOfChannel:

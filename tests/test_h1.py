@@ -1,0 +1,645 @@
+"""The lean HTTP/1.1 client (``adapters/h1.py``): framing, keep-alive, cancel safety, timeouts.
+
+Most tests run a scripted backend on in-memory streams (Trio's virtual clock
+times the timeouts); a few use real sockets on 127.0.0.1 for what only a socket
+shows (a server closing an idle connection, a refused connect).
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+
+from aiserve_trio.adapters import h1
+from aiserve_trio.adapters.base import Delta, EmbeddingRequest, InferenceRequest, Message
+from aiserve_trio.adapters.openai import OpenAIAdapter
+from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
+from aiserve_trio.errors import UpstreamStatusError
+
+from .fakes import RecordingHook
+
+HEAD = h1.RequestHead("POST", "/v1/chat/completions", "up.test", [(b"accept", b"*/*")])
+BODY = b'{"stream":true}'
+
+#: What the scripted backend does with one request: bytes to send, or an action.
+Action = bytes | Callable[[trio.abc.Stream], Awaitable[None]]
+
+
+def ok(body: bytes, *headers: str) -> bytes:
+    """A 200 with a Content-Length body."""
+    extra = "".join(f"{h}\r\n" for h in headers)
+    return f"HTTP/1.1 200 OK\r\n{extra}content-length: {len(body)}\r\n\r\n".encode() + body
+
+
+def chunked(*parts: bytes, status: str = "200 OK", headers: str = "") -> bytes:
+    out = f"HTTP/1.1 {status}\r\n{headers}transfer-encoding: chunked\r\n\r\n".encode()
+    for p in parts:
+        out += b"%x\r\n%s\r\n" % (len(p), p)
+    return out + b"0\r\n\r\n"
+
+
+async def hang(stream: trio.abc.Stream) -> None:
+    await trio.sleep_forever()
+
+
+async def close(stream: trio.abc.Stream) -> None:
+    await stream.aclose()
+
+
+async def read_request(stream: trio.abc.Stream, buf: bytearray) -> bytes | None:
+    """One request (head and Content-Length body) from ``stream``; None at EOF."""
+    while b"\r\n\r\n" not in buf:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buf += data
+    end = buf.index(b"\r\n\r\n") + 4
+    head = bytes(buf[:end])
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    while len(buf) < end + length:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buf += data
+    request = bytes(buf[: end + length])
+    del buf[: end + length]
+    return request
+
+
+class Backend:
+    """A scripted backend on memory streams: each request gets the next action."""
+
+    def __init__(self, nursery: trio.Nursery, *script: Action) -> None:
+        self.nursery = nursery
+        self.script = list(script)
+        self.connections = 0
+        self.requests: list[bytes] = []
+        #: Connections whose client end was closed (the server read EOF).
+        self.closed = 0
+
+    async def connect(self) -> trio.abc.Stream:
+        client, server = trio.testing.memory_stream_pair()
+        self.connections += 1
+        self.nursery.start_soon(self._serve, server)
+        return client
+
+    async def _serve(self, stream: trio.abc.Stream) -> None:
+        buf = bytearray()
+        try:
+            while True:
+                request = await read_request(stream, buf)
+                if request is None:
+                    self.closed += 1
+                    return
+                self.requests.append(request)
+                action = self.script.pop(0)
+                if isinstance(action, bytes):
+                    await stream.send_all(action)
+                else:
+                    await action(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed += 1
+
+
+def pool(backend: Backend, **kw: float) -> h1.H1Pool:
+    opts: dict[str, float] = {"max_connections": 4, **kw}
+    return h1.H1Pool(
+        "up.test",
+        80,
+        max_connections=int(opts.pop("max_connections")),
+        connect=backend.connect,
+        **opts,
+    )
+
+
+T = h1.Timeouts(io=5.0, connect=1.0)
+
+
+async def fetch(p: h1.H1Pool, timeouts: h1.Timeouts = T) -> tuple[int, bytes]:
+    async with p.request(HEAD.build([], BODY), BODY, timeouts) as r:
+        return r.status, b"".join([part async for part in r])
+
+
+@asynccontextmanager
+async def backend(*script: Action) -> AsyncIterator[Backend]:
+    async with trio.open_nursery() as nursery:
+        yield Backend(nursery, *script)
+        nursery.cancel_scope.cancel()
+
+
+# --- the request head ------------------------------------------------------------
+
+
+def test_the_head_is_the_prefix_the_headers_and_the_length() -> None:
+    head = HEAD.build([(b"x-request-id", b"r1")], BODY)
+    assert head == (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: up.test\r\naccept: */*\r\n"
+        b"x-request-id: r1\r\ncontent-length: 15\r\n\r\n"
+    )
+    assert HEAD.build([], None).endswith(b"accept: */*\r\n\r\n")
+
+
+@pytest.mark.parametrize("bad", [b"a\r\nx-injected: 1", b"a\nb", b"a\0b"])
+def test_a_header_cannot_break_the_head(bad: bytes) -> None:
+    with pytest.raises(h1.HeaderError):
+        HEAD.build([(b"traceparent", bad)], BODY)
+    with pytest.raises(h1.HeaderError):
+        h1.RequestHead("GET", "/", "h", [(bad, b"v")])
+
+
+# --- framing -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "body"),
+    [
+        (ok(b"hello"), b"hello"),
+        (chunked(b"data: a\n\n", b"data: b\n\n"), b"data: a\n\ndata: b\n\n"),
+        (ok(gzip.compress(b"zipped " * 50), "content-encoding: gzip"), b"zipped " * 50),
+        (ok(zlib.compress(b"deflated"), "content-encoding: deflate"), b"deflated"),
+        # An informational head first: the real one follows.
+        (b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n" + ok(b"after"), b"after"),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", b""),
+    ],
+)
+async def test_bodies_by_their_framing(reply: bytes, body: bytes) -> None:
+    async with backend(reply, reply) as b:
+        p = pool(b)
+        assert await fetch(p) == (204 if body == b"" else 200, body)
+        assert await fetch(p) == (204 if body == b"" else 200, body)
+        assert b.connections == 1  # kept alive, reused
+    assert b.requests[0] == HEAD.build([], BODY) + BODY
+
+
+async def test_status_and_headers() -> None:
+    reply = b"HTTP/1.1 429 Too Many\r\nRetry-After: 2\r\ncontent-length: 4\r\n\r\nbusy"
+    async with backend(reply) as b:
+        p = pool(b)
+        async with p.request(HEAD.build([], BODY), BODY, T) as r:
+            assert r.status == 429
+            assert r.header(b"retry-after") == b"2"
+            assert r.header(b"nope") is None
+            assert await r.read(100) == b"busy"
+
+
+async def test_a_body_to_the_connections_end_closes_it() -> None:
+    close_delimited = b"HTTP/1.1 200 OK\r\n\r\nuntil the end"
+
+    async def answer(stream: trio.abc.Stream) -> None:
+        await stream.send_all(close_delimited)
+        await stream.aclose()
+
+    async with backend(answer, ok(b"second")) as b:
+        p = pool(b)
+        assert await fetch(p) == (200, b"until the end")
+        assert p.connections() == (0, 0)
+        assert await fetch(p) == (200, b"second")
+        assert b.connections == 2
+
+
+async def test_connection_close_is_not_kept() -> None:
+    async with backend(ok(b"a", "connection: close"), ok(b"b")) as b:
+        p = pool(b)
+        assert await fetch(p) == (200, b"a")
+        assert p.connections() == (0, 0)
+        assert await fetch(p) == (200, b"b")
+        assert b.connections == 2
+
+
+# --- broken replies ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"SPDY/9 what\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        ok(b"x", "content-encoding: br"),
+    ],
+)
+async def test_a_malformed_reply_is_a_protocol_error(reply: bytes) -> None:
+    async with backend(reply) as b:
+        p = pool(b)
+        with pytest.raises(h1.RemoteProtocolError):
+            await fetch(p)
+        assert p.connections() == (0, 0)
+
+
+async def test_a_cut_body_is_a_protocol_error_not_a_short_reply() -> None:
+    async def cut(stream: trio.abc.Stream) -> None:
+        await stream.send_all(chunked(b"data: a\n\n")[:-12])
+        await stream.aclose()
+
+    async with backend(cut) as b:
+        p = pool(b)
+        with pytest.raises(h1.RemoteProtocolError, match="before the end"):
+            await fetch(p)
+        assert p.connections() == (0, 0)
+
+
+async def test_no_reply_on_a_new_connection_is_a_protocol_error() -> None:
+    async with backend(close) as b:
+        with pytest.raises(h1.RemoteProtocolError, match="without a response"):
+            await fetch(pool(b))
+
+
+async def test_a_reused_connection_the_server_closed_is_replaced_once() -> None:
+    # The keep-alive race: the server closes the idle connection as the request goes.
+    async with backend(ok(b"first"), close, ok(b"again")) as b:
+        p = pool(b)
+        assert await fetch(p) == (200, b"first")
+        assert await fetch(p) == (200, b"again")
+        assert b.connections == 2
+        assert len(b.requests) == 3
+
+
+# --- cancel safety -------------------------------------------------------------------
+
+
+async def test_a_response_left_half_read_never_goes_back_to_the_pool(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def slow(stream: trio.abc.Stream) -> None:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await stream.send_all(b"7\r\ndata: a\r\n")  # and the rest never comes
+
+    async with backend(slow, ok(b"clean")) as b:
+        p = pool(b)
+        with trio.move_on_after(1):
+            async with p.request(HEAD.build([], BODY), BODY, T) as r:
+                async for part in r:
+                    assert part == b"data: a"
+        assert p.connections() == (0, 0)  # closed, not kept
+        await trio.testing.wait_all_tasks_blocked()
+        assert b.closed == 1  # the backend saw the connection go
+        # The next request gets a connection of its own and a whole, clean reply.
+        assert await fetch(p) == (200, b"clean")
+        assert b.connections == 2
+
+
+async def test_leaving_before_the_end_closes_the_connection() -> None:
+    async def first_part(stream: trio.abc.Stream) -> None:
+        await stream.send_all(chunked(b"a" * 10, b"b" * 10)[:-5])
+
+    async with backend(first_part, ok(b"next")) as b:
+        p = pool(b)
+        async with p.request(HEAD.build([], BODY), BODY, T) as r:
+            assert r.status == 200  # the body is not read to its end
+        assert p.connections() == (0, 0)
+        assert await fetch(p) == (200, b"next")
+        assert b.connections == 2
+
+
+async def test_a_reply_read_to_its_end_is_kept_whatever_the_caller_raises() -> None:
+    async with backend(ok(b"whole"), ok(b"next")) as b:
+        p = pool(b)
+
+        async def fails_after_the_end() -> None:
+            async with p.request(HEAD.build([], BODY), BODY, T) as r:
+                assert r.complete  # came with the head
+                raise KeyError("the caller's own error")
+
+        with pytest.raises(KeyError):
+            await fails_after_the_end()
+        assert p.connections() == (1, 0)
+        assert await fetch(p) == (200, b"next")
+        assert b.connections == 1
+
+
+# --- timeouts and the pool's limit ---------------------------------------------------
+
+
+async def test_read_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    async with backend(hang) as b:
+        p = pool(b)
+        t0 = trio.current_time()
+        with pytest.raises(h1.ReadTimeout):
+            await fetch(p, h1.Timeouts(io=2.5, connect=1.0))
+        assert trio.current_time() - t0 == pytest.approx(2.5)
+        assert p.connections() == (0, 0)
+
+
+async def test_connect_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    async def never() -> trio.abc.Stream:
+        await trio.sleep_forever()
+        raise AssertionError
+
+    p = h1.H1Pool("up.test", 80, max_connections=1, connect=never)
+    t0 = trio.current_time()
+    with pytest.raises(h1.ConnectTimeout):
+        await fetch(p, h1.Timeouts(io=5.0, connect=0.75))
+    assert trio.current_time() - t0 == pytest.approx(0.75)
+    assert p.connections() == (0, 0)
+
+
+async def test_requests_past_max_connections_wait_then_time_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def late(stream: trio.abc.Stream) -> None:
+        await trio.sleep(3)
+        await stream.send_all(ok(b"late"))
+
+    async with backend(late, ok(b"waited")) as b:
+        p = pool(b, max_connections=1)
+        got: list[tuple[int, bytes]] = []
+        async with trio.open_nursery() as n:
+            n.start_soon(lambda: _append(got, fetch(p)))
+            await trio.testing.wait_all_tasks_blocked()
+            assert p.connections() == (1, 1)
+            t0 = trio.current_time()
+            with pytest.raises(h1.PoolTimeout):
+                await fetch(p, h1.Timeouts(io=1.0, connect=1.0))
+            assert trio.current_time() - t0 == pytest.approx(1.0)
+            # Given time, the second waits for the first and reuses its connection.
+            got.append(await fetch(p))
+        assert sorted(got) == [(200, b"late"), (200, b"waited")]
+        assert b.connections == 1
+
+
+async def _append(out: list[tuple[int, bytes]], call: Awaitable[tuple[int, bytes]]) -> None:
+    out.append(await call)
+
+
+async def test_idle_connections_expire(autojump_clock: trio.testing.MockClock) -> None:
+    async with backend(ok(b"a"), ok(b"b"), ok(b"c")) as b:
+        p = pool(b, keepalive_expiry=5.0)
+        await fetch(p)
+        await trio.sleep(4)
+        await fetch(p)
+        assert b.connections == 1
+        await trio.sleep(6)
+        await fetch(p)
+        assert b.connections == 2
+
+
+# --- real sockets ------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def tcp_backend(
+    handler: Callable[[trio.SocketStream], Awaitable[None]],
+) -> AsyncIterator[int]:
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        yield int(listeners[0].socket.getsockname()[1])
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_over_tcp_an_idle_connection_the_server_closed_is_not_reused() -> None:
+    accepted = 0
+    closed = trio.Event()
+
+    async def handler(stream: trio.SocketStream) -> None:
+        nonlocal accepted
+        accepted += 1
+        if await read_request(stream, bytearray()) is not None:
+            await stream.send_all(ok(b"once"))
+        await stream.aclose()  # no keep-alive, though the reply did not say so
+        closed.set()
+
+    async with tcp_backend(handler) as port:
+        p = h1.H1Pool("127.0.0.1", port, max_connections=2)
+        assert await fetch(p) == (200, b"once")
+        assert p.connections() == (1, 0)
+        await closed.wait()
+        await trio.sleep(0.05)  # the FIN crosses loopback
+        assert p._idle[0].closed_by_peer()
+        assert await fetch(p) == (200, b"once")
+        assert accepted == 2
+        await p.aclose()
+        assert p.connections() == (0, 0)
+
+
+@pytest.mark.slow
+async def test_over_tcp_a_refused_connect_is_a_connect_error() -> None:
+    from .servers import free_port
+
+    p = h1.H1Pool("127.0.0.1", free_port(), max_connections=1)
+    with pytest.raises(h1.ConnectError):
+        await fetch(p)
+    assert p.connections() == (0, 0)
+
+
+# --- the openai adapter on the lean client -----------------------------------------
+
+
+def sse(*texts: str) -> bytes:
+    out = b""
+    for t in texts:
+        out += b'data: {"choices":[{"delta":{"content":"%s"}}]}\n\n' % t.encode()
+    out += b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n'
+    out += b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
+    return out + b"data: [DONE]\n\n"
+
+
+def adapter_for(port: int, **kw: object) -> OpenAIAdapter:
+    cfg = OpenAIAdapterConfig(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        models=["m"],
+        backoff_base_ms=1,
+        **kw,  # type: ignore[arg-type]
+    )
+    return OpenAIAdapter("up", cfg, hook=RecordingHook())
+
+
+def chat_request(deadline: float) -> InferenceRequest:
+    return InferenceRequest(
+        request_id="req-7",
+        model="m",
+        messages=[Message(role="user", content="hi")],
+        deadline=deadline,
+        forward_headers={"traceparent": "00-abc-def-01"},
+    )
+
+
+async def stream_all(adapter: OpenAIAdapter, deadline: float) -> list[Delta]:
+    send, recv = trio.open_memory_channel[Delta](100)
+    async with send:
+        await adapter.stream(chat_request(deadline), send)
+    return [d async for d in recv]
+
+
+class Upstream:
+    """A real TCP backend: answers each request with the next reply; keeps what it got."""
+
+    def __init__(self, *replies: Action) -> None:
+        self.replies = list(replies)
+        self.requests: list[bytes] = []
+        self.accepted = 0
+        self.eof = trio.Event()
+
+    async def handler(self, stream: trio.SocketStream) -> None:
+        self.accepted += 1
+        buf = bytearray()
+        try:
+            while (request := await read_request(stream, buf)) is not None:
+                self.requests.append(request)
+                action = self.replies.pop(0)
+                if isinstance(action, bytes):
+                    await stream.send_all(action)
+                else:
+                    await action(stream)
+        except trio.BrokenResourceError:
+            pass
+        self.eof.set()
+
+
+@pytest.mark.slow
+async def test_the_adapter_speaks_through_the_lean_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("H1_TEST_KEY", "sk-h1")
+    up = Upstream(chunked(sse("Hel", "lo")), chunked(sse("again")))
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port, api_key_env="H1_TEST_KEY", headers={"X-Team": "a"})
+        await adapter.aopen(nursery)
+        deltas = await stream_all(adapter, trio.current_time() + 5)
+        assert "".join(d.text for d in deltas) == "Hello"
+        assert deltas[-1].finish_reason == "stop"
+        assert deltas[-1].usage is not None
+        assert adapter.connections() == (1, 0)
+        deltas = await stream_all(adapter, trio.current_time() + 5)
+        assert "".join(d.text for d in deltas) == "again"
+        await adapter.aclose()
+    assert up.accepted == 1  # one keep-alive connection for both
+    head, _, body = up.requests[0].partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /v1/chat/completions HTTP/1.1"
+    fields = dict(line.split(b": ", 1) for line in lines[1:])
+    assert fields[b"host"] == f"127.0.0.1:{port}".encode()
+    assert fields[b"authorization"] == b"Bearer sk-h1"
+    assert fields[b"x-team"] == b"a"
+    assert fields[b"x-request-id"] == b"req-7"
+    assert fields[b"traceparent"] == b"00-abc-def-01"
+    assert 4000 < int(fields[b"x-request-timeout-ms"]) <= 5000
+    assert b"accept-encoding" not in fields  # nothing to decompress
+    assert json.loads(body)["stream"] is True
+
+
+@pytest.mark.slow
+async def test_the_adapter_retries_a_429_on_the_lean_client() -> None:
+    busy = b'HTTP/1.1 429 Too Many\r\nretry-after: 0\r\ncontent-length: 14\r\n\r\n{"error": {}}\n'
+    up = Upstream(busy, chunked(sse("ok")))
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port)
+        await adapter.aopen(nursery)
+        deltas = await stream_all(adapter, trio.current_time() + 5)
+        await adapter.aclose()
+    assert "".join(d.text for d in deltas) == "ok"
+    assert isinstance(adapter.hook, RecordingHook)
+    (retried,) = adapter.hook.retried
+    assert isinstance(retried, UpstreamStatusError)
+    assert retried.upstream_status == 429
+    assert up.accepted == 1  # the error body was read to its end: the connection kept
+
+
+@pytest.mark.slow
+async def test_a_cancelled_stream_closes_its_upstream_connection() -> None:
+    async def endless(stream: trio.abc.Stream) -> None:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        piece = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+        while True:
+            await stream.send_all(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await trio.sleep(0.01)
+
+    up = Upstream(endless, chunked(sse("fresh")))
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port)
+        await adapter.aopen(nursery)
+        send, recv = trio.open_memory_channel[Delta](100)
+        with trio.move_on_after(0.1):
+            await adapter.stream(chat_request(trio.current_time() + 5), send)
+        assert len(recv.receive_nowait().text) >= 1  # it was streaming when cancelled
+        assert adapter.connections() == (0, 0)
+        with trio.fail_after(5):
+            await up.eof.wait()  # the backend saw the connection close
+        deltas = await stream_all(adapter, trio.current_time() + 5)
+        assert "".join(d.text for d in deltas) == "fresh"
+        await adapter.aclose()
+    assert up.accepted == 2
+
+
+@pytest.mark.slow
+async def test_probe_and_embeddings_on_the_lean_client() -> None:
+    models = ok(b'{"object":"list","data":[]}')
+    vectors = ok(b'{"object":"list","data":[{"embedding":[0.5]}]}')
+    up = Upstream(models, vectors, b"HTTP/1.1 503 Busy\r\ncontent-length: 0\r\n\r\n")
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port)
+        await adapter.aopen(nursery)
+        assert await adapter.probe()
+        answer = await adapter.embed_once(
+            EmbeddingRequest(
+                request_id="e1",
+                model="m",
+                deadline=trio.current_time() + 5,
+                body={"model": msgspec.Raw(b'"m"'), "input": msgspec.Raw(b'"hi"')},
+            )
+        )
+        assert json.loads(answer)["data"][0]["embedding"] == [0.5]
+        assert not await adapter.probe()  # a 503
+        await adapter.aclose()
+    assert up.requests[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
+    assert up.requests[1].startswith(b"POST /v1/embeddings HTTP/1.1\r\n")
+    assert up.requests[1].endswith(b'{"model":"m","input":"hi"}')
+
+
+async def test_https_http2_and_the_httpx2_setting_keep_httpx2() -> None:
+    async with trio.open_nursery() as nursery:
+        for kw in (
+            {"base_url": "https://up.test/v1"},
+            {"base_url": "http://up.test/v1", "http2": True},
+            {"base_url": "http://up.test/v1", "client": "httpx2"},
+        ):
+            adapter = OpenAIAdapter("up", OpenAIAdapterConfig(models=["m"], **kw))
+            await adapter.aopen(nursery)
+            assert adapter._lean is None
+            await adapter.aclose()
+        adapter = OpenAIAdapter(
+            "up", OpenAIAdapterConfig(base_url="http://up.test/v1", models=["m"])
+        )
+        await adapter.aopen(nursery)
+        assert adapter._lean is not None
+        await adapter.aclose()
+
+
+async def test_a_configured_header_that_would_break_the_head_is_refused() -> None:
+    cfg = OpenAIAdapterConfig(
+        base_url="http://up.test/v1", models=["m"], headers={"X-Team": "a\r\nx-evil: 1"}
+    )
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(ConfigError, match="adapter up: headers"):
+            await OpenAIAdapter("up", cfg).aopen(nursery)
+
+
+async def test_a_finished_exchange_leaves_no_cycle_for_the_garbage_collector() -> None:
+    # The parser holds the response's callbacks: left as a cycle, every request's
+    # response waited for a collection (gen1 collections were 5 % of a worker's CPU).
+    async with backend(ok(b"a"), chunked(b"b")) as b:
+        p = pool(b)
+        gc.collect()
+        gc.disable()
+        try:
+            await fetch(p)
+            await fetch(p)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            assert not [o for o in gc.garbage if isinstance(o, h1.Response)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
