@@ -617,6 +617,20 @@ async def test_https_http2_and_the_httpx2_setting_keep_httpx2() -> None:
         await adapter.aclose()
 
 
+async def test_the_host_header_names_the_backend_as_its_url_does() -> None:
+    async with trio.open_nursery() as nursery:
+        for base, host in (
+            ("http://up.test/v1", b"host: up.test\r\n"),
+            ("http://127.0.0.1:8100/v1", b"host: 127.0.0.1:8100\r\n"),
+            ("http://[::1]:8100/v1", b"host: [::1]:8100\r\n"),
+        ):
+            adapter = OpenAIAdapter("up", OpenAIAdapterConfig(base_url=base, models=["m"]))
+            await adapter.aopen(nursery)
+            head = adapter._lean_heads["chat"].build([], b"{}")
+            assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n" + host), head
+            await adapter.aclose()
+
+
 async def test_a_configured_header_that_would_break_the_head_is_refused() -> None:
     cfg = OpenAIAdapterConfig(
         base_url="http://up.test/v1", models=["m"], headers={"X-Team": "a\r\nx-evil: 1"}

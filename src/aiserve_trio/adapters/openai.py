@@ -303,7 +303,8 @@ class OpenAIAdapter(Adapter):
         """The lean client's pool and request heads (httpx2 stays for nothing else)."""
         url = self._url
         port = url.port or 80
-        host = url.host if url.port is None else f"{url.host}:{url.port}"
+        name = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 literal
+        host = name if url.port is None else f"{name}:{url.port}"
         # No accept-encoding: a backend compresses nothing then (h1 still decodes
         # gzip and deflate should one do it anyway).
         lean = [(k.encode(), v.encode()) for k, v in fixed.items() if k != "accept-encoding"]
