@@ -46,8 +46,8 @@ from .errors import (
     Unprocessable,
     UnsupportedMediaType,
 )
-from .http.body import read_body
 from .http import coalesce
+from .http.body import read_body
 from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
