@@ -210,6 +210,40 @@ async def test_slow_uploads_cannot_take_every_slot(autojump_clock: Any) -> None:
     assert a.gate.admission.receiving == 0
 
 
+async def test_a_body_in_with_its_length_takes_no_upload_slot(autojump_clock: Any) -> None:
+    # hypercorn hands a body that came at once over as the whole body with more_body set,
+    # then an empty last message: such a request is served while uploads hold every slot.
+    a = app(max_receiving="1", body_min_rate="0", body_read_timeout_ms="60000",
+            body_total_timeout_ms="60000")
+    client = Client(a)
+    raw = json.dumps(chat_body("echo: in at once")).encode()
+    statuses: list[int] = []
+
+    async def slow() -> None:
+        r = await client.request(
+            "POST", "/v1/chat/completions", body=[raw[:5], raw[5:]], body_delay=5.0,
+            headers={"content-type": "application/json"},
+        )
+        statuses.append(r.status)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(slow)
+        await trio.testing.wait_all_tasks_blocked()
+        assert a.gate.admission.receiving == 1
+        whole = await client.request(
+            "POST", "/v1/chat/completions", body=[raw, b""],
+            headers={"content-type": "application/json", "content-length": str(len(raw))},
+        )
+        assert whole.status == 200
+        # Without a declared length the gateway cannot know the body is in: it needs a slot.
+        unsized = await client.request(
+            "POST", "/v1/chat/completions", body=[raw, b""],
+            headers={"content-type": "application/json"},
+        )
+        assert unsized.status == 503
+    assert statuses == [200]
+
+
 async def test_one_client_address_holds_at_most_its_share(autojump_clock: Any) -> None:
     a = app(max_per_client="2", ttft_ms="1000")
     client = Client(a)

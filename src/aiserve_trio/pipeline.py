@@ -192,6 +192,7 @@ class Pipeline:
                     self._watch,
                     run,
                     receive,
+                    _declared_length(info.headers),
                     body_send,
                     responder,
                     request_nursery.cancel_scope,
@@ -302,6 +303,7 @@ class Pipeline:
         self,
         run: _Run,
         receive: Receive,
+        declared: int | None,
         body: trio.MemorySendChannel[bytes],
         responder: Responder,
         request_scope: trio.CancelScope,
@@ -312,7 +314,10 @@ class Pipeline:
         A body that does not come in one piece takes one of the worker's slots
         for bodies arriving (``limits.max_receiving``) until it is in: slow
         uploads get their own, smaller share of the in-flight slots, and a
-        request whose body came at once never needs one.
+        request whose body came at once never needs one. hypercorn hands even a
+        body that came at once over as the whole body with ``more_body`` set and
+        an empty last message: a body that already has its declared
+        ``Content-Length`` is in, and takes no slot.
         """
         slot: BodySlot | None = None
         lim = self.config.limits
@@ -339,7 +344,12 @@ class Pipeline:
                     continue
                 chunk = msg.get("body", b"")
                 pace.add(len(chunk))
-                if slot is None and msg.get("more_body", False) and self.admission is not None:
+                if (
+                    slot is None
+                    and msg.get("more_body", False)
+                    and pace.received != declared
+                    and self.admission is not None
+                ):
                     try:
                         slot = slots.enter_context(self.admission.body())
                     except GatewayError as err:
@@ -401,3 +411,9 @@ def _cap_of(error: GatewayError | None, asm: ResponseAssembler | None) -> str | 
     if isinstance(error, ReplyCapExceeded):
         return error.code
     return asm.capped if asm is not None else None
+
+
+def _declared_length(headers: dict[str, str]) -> int | None:
+    """The request's ``Content-Length``; None when it has none (chunked) or not a number."""
+    value = headers.get("content-length")
+    return int(value) if value is not None and value.isdigit() else None
