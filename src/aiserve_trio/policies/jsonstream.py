@@ -30,7 +30,7 @@ spelling (``raw``) of the released text is emitted, so an unchanged string
 keeps its bytes (an empty chain is the identity). From the first character
 where the output differs (a replacement, a normalised character) the rest of
 that string is re-escaped canonically (``json.dumps`` with non-ASCII kept,
-surrogates as ``\\uXXXX``). Either way the output decodes to the chain's output,
+surrogates as ``\\u`` and four hex digits). Either way the output decodes to the chain's output,
 except that a lone high surrogate right before a lone low one can only be
 spelled as the pair: JSON has no other spelling for them.
 
