@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import abc
 import random
-from typing import Protocol, final
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar, final
 
 import msgspec
 import trio
@@ -33,6 +34,8 @@ from ..errors import BadRequest, UpstreamProtocolError, UpstreamTimeout
 from ..messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .retry import NO_RETRIES, Progress, RetryPolicy, run_with_retries
+
+_T = TypeVar("_T")
 
 
 class Usage(msgspec.Struct, kw_only=True):
@@ -333,25 +336,9 @@ class Adapter(abc.ABC):
             UpstreamTimeout: no time is left (before any try).
             UpstreamError: how the backend failed, after the retries.
         """
-        if request.deadline - trio.current_time() <= 0:
-            late = UpstreamTimeout("no time left for the upstream call")
-            self.hook.failed(self.name, late)
-            raise late
-        answer = b""
-
-        async def one_try(progress: Progress) -> None:
-            nonlocal answer
-            answer = await self.embed_once(request)
-
-        await run_with_retries(
-            one_try,
-            policy=self.policy,
-            deadline=request.deadline,
-            rng=self.rng,
-            adapter=self.name,
-            hook=self.hook,
+        return await self._whole_call(
+            request.deadline, "the upstream call", lambda: self.embed_once(request)
         )
-        return answer
 
     async def embed_once(self, request: EmbeddingRequest) -> bytes:
         """One try at an embeddings request (backends with ``capabilities.embeddings``).
@@ -377,25 +364,33 @@ class Adapter(abc.ABC):
             BadRequest: the audio cannot be read (a 400 from the backend included).
             UpstreamError: how the backend failed, after the retries.
         """
-        if request.deadline - trio.current_time() <= 0:
-            late = UpstreamTimeout("no time left for the transcription call")
+        return await self._whole_call(
+            request.deadline, "the transcription call", lambda: self.transcribe_once(request)
+        )
+
+    async def _whole_call(
+        self, deadline: float, what: str, once: Callable[[], Awaitable[_T]]
+    ) -> _T:
+        """``once()`` under the deadline guard and the retry policy: for calls whose
+        answer comes whole, so that a retry is always safe."""
+        if deadline - trio.current_time() <= 0:
+            late = UpstreamTimeout(f"no time left for {what}")
             self.hook.failed(self.name, late)
             raise late
-        text = ""
+        answers: list[_T] = []
 
         async def one_try(progress: Progress) -> None:
-            nonlocal text
-            text = await self.transcribe_once(request)
+            answers.append(await once())
 
         await run_with_retries(
             one_try,
             policy=self.policy,
-            deadline=request.deadline,
+            deadline=deadline,
             rng=self.rng,
             adapter=self.name,
             hook=self.hook,
         )
-        return text
+        return answers[-1]
 
     async def transcribe_once(self, request: TranscriptionRequest) -> str:
         """One try at a transcription (backends with ``capabilities.transcription``).
