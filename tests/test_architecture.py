@@ -145,11 +145,11 @@ def test_importing_the_package_leaves_hypercorn_alone() -> None:
 
 
 def test_the_guard_refuses_a_hypercorn_it_does_not_know() -> None:
-    from aiserve_trio.security import edge
+    from aiserve_trio.http.hypercorn_version import supported
 
-    assert edge.supported("0.18.0")
-    assert not edge.supported("0.19.1")
-    assert not edge.supported("garbage")
+    assert supported("0.18.0")
+    assert not supported("0.19.1")
+    assert not supported("garbage")
 
 
 def test_nothing_points_to_documents_outside_the_repository() -> None:

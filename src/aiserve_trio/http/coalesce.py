@@ -21,32 +21,21 @@ streams (``python -m bench.ab``, ``bench/results/2026-12-01``).
 
 Only HTTP/1.1 (hypercorn's ``H11Protocol``); HTTP/2 frames are written by their own
 path. The patch reaches into hypercorn's internals, so it is applied only to the
-versions it was written for (:data:`SUPPORTED`); elsewhere :data:`DEFER` is an
-unknown key the server ignores. Importing this module changes nothing; installing
-twice is harmless.
+versions it was written for (:data:`~.hypercorn_version.SUPPORTED`); elsewhere
+:data:`DEFER` is an unknown key the server ignores. Importing this module changes
+nothing; installing twice is harmless.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as dist_version
 from typing import Any, Final
+
+from .hypercorn_version import refusal
 
 #: Key of an ``http.response.start`` message: a body follows at once, the head may wait for it.
 DEFER: Final = "aiserve.body_follows"
-#: hypercorn versions (major, minor) whose internals the patch was written against.
-SUPPORTED = ((0, 18),)
 _installed = False
-
-
-def supported(version: str) -> bool:
-    """Whether ``version`` of hypercorn is one the patch was written for."""
-    parts = version.split(".")
-    try:
-        return (int(parts[0]), int(parts[1])) in SUPPORTED
-    except (IndexError, ValueError):
-        return False
 
 
 def install() -> str:
@@ -58,13 +47,8 @@ def install() -> str:
     global _installed
     if _installed:
         return "already installed"
-    try:
-        hv = dist_version("hypercorn")
-    except PackageNotFoundError:
-        return "not installed: hypercorn is not installed"
-    if not supported(hv):
-        known = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED)
-        return f"not installed: hypercorn {hv} is not a version it was written for ({known})"
+    if (why := refusal()) is not None:
+        return why
     _installed = True
 
     import h11

@@ -11,20 +11,19 @@ started with ``start_soon`` inside a cancel scope made beforehand, the old one
 cancelled through its scope. With no checkpoint in ``restart`` and ``stop``, two of
 them cannot interleave, which is what the lock was for. :func:`install` makes
 hypercorn's TCP server use it, for the hypercorn versions it was written for
-(:data:`SUPPORTED`); importing this module changes nothing.
+(:data:`~.hypercorn_version.SUPPORTED`); importing this module changes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as dist_version
 from typing import Any
 
 import trio
 
+from .hypercorn_version import refusal
+
 #: hypercorn versions (major, minor) whose internals the patch was written against.
-SUPPORTED = ((0, 18),)
 _installed = False
 
 
@@ -58,18 +57,8 @@ def install() -> str:
     global _installed
     if _installed:
         return "already installed"
-    try:
-        hv = dist_version("hypercorn")
-    except PackageNotFoundError:
-        return "not installed: hypercorn is not installed"
-    parts = hv.split(".")
-    try:
-        known = (int(parts[0]), int(parts[1])) in SUPPORTED
-    except (IndexError, ValueError):
-        known = False
-    if not known:
-        versions = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED)
-        return f"not installed: hypercorn {hv} is not a version it was written for ({versions})"
+    if (why := refusal()) is not None:
+        return why
     _installed = True
     from hypercorn.trio import tcp_server
 

@@ -21,7 +21,8 @@ address then goes into the worker's :class:`PenaltyBox` (sans-IO): its new
 connections are reset at accept for a while, so reconnecting costs the attacker
 its work and the server next to nothing. Settings are keys of hypercorn's TOML
 (:class:`EdgeSettings`). The patch reaches into hypercorn's internals, so it is
-applied only to the hypercorn versions it was written for (:data:`SUPPORTED`),
+applied only to the hypercorn versions it was written for
+(:data:`~aiserve_trio.http.hypercorn_version.SUPPORTED`),
 and the log says whether it was. Importing this module changes nothing;
 installing twice is harmless.
 """
@@ -36,7 +37,6 @@ import socket
 import struct
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 from typing import Any
 
@@ -47,6 +47,8 @@ import trio
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.trio.tcp_server import TCPServer
+
+from ..http.hypercorn_version import refusal
 
 log = logging.getLogger("aiserve_trio.edge")
 
@@ -63,7 +65,6 @@ RESET_MAX_RATIO = 0.5
 #: (a few hundred small frames; a 16 KiB DATA frame arrives in four).
 FEED_SLICE = 4096
 #: hypercorn versions (major, minor) whose internals the patch was written against.
-SUPPORTED = ((0, 18),)
 _installed = False
 #: This worker's settings (read from hypercorn's config at its first connection) and
 #: penalty box (None when turned off).
@@ -294,16 +295,6 @@ def control_frames(events: list[Any]) -> int:
     return n
 
 
-def supported(version: str) -> bool:
-    """Whether the guard was written for hypercorn ``version``."""
-    parts = version.split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return False
-    return (major, minor) in SUPPORTED
-
-
 def install() -> str:
     """Patch hypercorn with the guards above if its version is supported.
 
@@ -314,13 +305,8 @@ def install() -> str:
     global _installed
     if _installed:
         return "already installed"
-    try:
-        hv = dist_version("hypercorn")
-    except PackageNotFoundError:
-        return "not installed: hypercorn is not installed"
-    if not supported(hv):
-        known = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED)
-        return f"not installed: hypercorn {hv} is not a version it was written for ({known})"
+    if (why := refusal()) is not None:
+        return why
     _installed = True
 
     original_run: Callable[[Any], Awaitable[None]] = TCPServer.run
@@ -442,4 +428,4 @@ def install() -> str:
     TCPServer.run = run  # type: ignore[method-assign]
     H2Protocol._handle_events = handle_events  # type: ignore[method-assign]
     H2Protocol.handle = handle  # type: ignore[method-assign]
-    return f"installed (hypercorn {hv})"
+    return f"installed (hypercorn {dist_version('hypercorn')})"

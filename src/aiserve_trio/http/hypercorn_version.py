@@ -1,0 +1,36 @@
+"""The hypercorn versions whose internals the app's patches were written against.
+
+The guard (``security/edge.py``), the write coalescing (``http/coalesce.py``) and the
+keep-alive timer (``http/idle.py``) each replace a piece of hypercorn's internals; each
+installs only when :func:`refusal` finds the installed hypercorn is one of
+:data:`SUPPORTED`, and says why not otherwise.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+
+#: hypercorn versions (major, minor) whose internals the patches were written against.
+SUPPORTED = ((0, 18),)
+
+
+def supported(version: str) -> bool:
+    """Whether the patches were written for hypercorn ``version``."""
+    parts = version.split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) in SUPPORTED
+    except (IndexError, ValueError):
+        return False
+
+
+def refusal() -> str | None:
+    """Why a patch must not be installed on this hypercorn (for the start-up log), or None."""
+    try:
+        hv = dist_version("hypercorn")
+    except PackageNotFoundError:
+        return "not installed: hypercorn is not installed"
+    if not supported(hv):
+        known = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED)
+        return f"not installed: hypercorn {hv} is not a version it was written for ({known})"
+    return None
