@@ -189,3 +189,70 @@ def test_a_corrupted_stream_raises_only_protocol_errors(
     corrupted = raw[:i] + junk + raw[i + len(junk) :]
     with contextlib.suppress(UpstreamProtocolError):
         feed_all(corrupted, points)
+
+
+# --- a read of whole plain events: decoded in one call, with the same result ----------
+
+
+def plain(texts: list[str]) -> bytes:
+    """What a backend sends in one read: whole events of one ``data:`` line each."""
+    return stream(texts)[len(b": ping\n\n") :]
+
+
+def slow_feed(raw: bytes) -> tuple[list[Delta], ChatStreamDecoder]:
+    """Feed ``raw`` the event-by-event way (a comment first turns the batch path off)."""
+    d = ChatStreamDecoder("up")
+    return d.feed(b": ping\n\n" + raw), d
+
+
+def test_a_read_of_plain_events_is_decoded_without_the_event_by_event_parser(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d = ChatStreamDecoder("up")
+
+    def no(*_: object) -> None:
+        raise AssertionError("went event by event")
+
+    monkeypatch.setattr(type(d._parser), "feed", no)
+    assert d.feed(plain(["Hel", "lo"])) == [Delta(text="Hello", tokens=2)]
+    assert d.done
+    assert d.end() == Delta(finish_reason="stop", usage=Usage(prompt_tokens=5, completion_tokens=2))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"data: {not json\n\n",
+        b"data: \n\n",  # no object at all
+        b'data: {"choices": []}, {"choices": []}\n\n',  # two objects in one event
+        b'data: {"error": {"message": "overloaded"}}\n\n',
+        b'data: {"choices": "x"}\n\n',
+        b"data: [DONE]\n\n" + text_event("after"),
+    ],
+)
+def test_a_read_of_plain_events_ends_as_the_event_by_event_way_does(bad: bytes) -> None:
+    raw = text_event("ok") + bad + text_event("more")
+    fast = ChatStreamDecoder("up")
+    got = fast.feed(raw)
+    want, slow = slow_feed(raw)
+    assert got == want
+    assert fast.done == slow.done
+    for d in (fast, slow):
+        with contextlib.suppress(UpstreamProtocolError):
+            d.check()
+    assert type(fast._error) is type(slow._error)
+    assert str(fast._error) == str(slow._error)
+
+
+@given(st.lists(st.text(max_size=8), max_size=12), st.booleans())
+def test_plain_reads_and_the_event_by_event_way_agree(texts: list[str], done: bool) -> None:
+    raw = plain(texts) if done else stream(texts, done=False)[len(b": ping\n\n") :]
+    fast = ChatStreamDecoder("up")
+    want, slow = slow_feed(raw)
+    assert fast.feed(raw) == want
+    assert (fast.done, fast.finish_reason, fast.usage, fast.pieces) == (
+        slow.done,
+        slow.finish_reason,
+        slow.usage,
+        slow.pieces,
+    )

@@ -11,7 +11,9 @@ character split across reads is reassembled first.
 Model backends end their lines with ``\n``: a read with no ``\r`` in it (and
 none pending) takes a fast path that decodes all its complete lines at once and
 splits them as text; any other read goes line by line. Both give the same events
-(the tests feed every split of a mixed stream).
+(the tests feed every split of a mixed stream). A read that is nothing but whole
+one-line ``data:`` events can also be taken as one JSON array of their data
+(:meth:`SSEParser.whole_data_array`), for a decoder that decodes them in one call.
 """
 
 from __future__ import annotations
@@ -75,6 +77,31 @@ class SSEParser:
             if ev is not None:
                 out.append(ev)
         return out
+
+    def whole_data_array(self, chunk: bytes, last: bytes) -> tuple[bytes, int, bool] | None:
+        """The ``data`` of the events of ``chunk`` as one JSON array, when they are plain events.
+
+        The common read of a model backend: nothing pending from earlier reads,
+        and ``chunk`` is whole events of one ``data: ...`` line each, ending in
+        ``\n``. Then the result is ``(b"[data1,data2,...]", number of events,
+        whether the event ``data: LAST`` ended them)`` -- the data as they are,
+        not yet decoded or checked, and nothing after ``LAST`` -- and the parser
+        stays empty. For any other read, None, and nothing is consumed (give it
+        to :meth:`feed`).
+        """
+        if self._buf or self._data or self._event or self._skip_lf:
+            return None
+        if not chunk.startswith(b"data: ") or not chunk.endswith(b"\n\n") or b"\r" in chunk:
+            return None
+        body = chunk[6:-2]
+        data = body.split(b"\n\ndata: ")
+        # No line break but the blank lines between events: one data line per event.
+        if body.count(b"\n") != 2 * (len(data) - 1):
+            return None
+        done = last in data
+        if done:
+            del data[data.index(last) :]
+        return b"[" + b",".join(data) + b"]", len(data), done
 
     def _feed_lf(self, chunk: bytes) -> list[Event]:
         """:meth:`feed` for a read whose lines all end in ``\n``."""
