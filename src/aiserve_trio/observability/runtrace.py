@@ -43,7 +43,7 @@ from .annotate import TASK_LABEL, TaskLabel
 DEFAULT_MAX_EVENTS = 200_000
 
 # Record kinds (the first item of each record tuple); the second is the task's key.
-STEP = 0  # (STEP, key, t0, t1)
+STEP = 0  # (STEP, key, t0, t1[, label as of the step])
 SCHED = 1  # (SCHED, key, t, waker)  waker: a task's key, WOKEN_BY_IO or WOKEN_BY_LOOP
 SPAWN = 2  # (SPAWN, key, t)
 EXIT = 3  # (EXIT, key, t, name, label)
@@ -130,7 +130,10 @@ class RunTracer(trio.abc.Instrument):
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         t1 = _now()
         if len(self.records) < self.max_events:
-            self.records.append((STEP, self._current, self._step_t0, t1))
+            # The label as of this step: a task may serve several stages in turn
+            # (the request's task runs the last one).
+            label = task.context.get(TASK_LABEL)
+            self.records.append((STEP, self._current, self._step_t0, t1, label))
         else:
             self.dropped += 1
         self._current = WOKEN_BY_LOOP
@@ -288,7 +291,9 @@ def build_trace(
         seen.setdefault(tid, rec[2])
         name, label = info[tid]
         if kind == STEP:
-            _, _, t0, t1 = rec
+            _, _, t0, t1, *step_label = rec
+            if step_label and step_label[0] is not None:
+                label = step_label[0]
             args: dict[str, Any] = {**_label_args(label), "task": name}
             sched = scheduled.pop(tid, None)
             if sched is not None:
