@@ -46,7 +46,7 @@ from .errors import (
     Unprocessable,
     UnsupportedMediaType,
 )
-from .http import coalesce
+from .http import coalesce, datecache, idle
 from .http.body import read_body
 from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
@@ -402,6 +402,8 @@ class App:
         log.info("hypercorn guard: %s", edge.install())
         self._nursery = nursery
         log.info("hypercorn write coalescing: %s", coalesce.install())
+        log.info("hypercorn keep-alive timer without a lock: %s", idle.install())
+        log.info("hypercorn Date header once a second: %s", datecache.install())
         for adapter in self.adapters.values():
             await adapter.aopen(nursery)
         await self.bus.aopen()

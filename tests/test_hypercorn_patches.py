@@ -1,0 +1,54 @@
+"""The app's start-up puts its hypercorn patches in place; the Date header is the same text."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from wsgiref.handlers import format_date_time
+
+import pytest
+import trio
+from hypercorn import config as hypercorn_config
+from hypercorn.trio import tcp_server
+
+from aiserve_trio.asgi import App
+from aiserve_trio.http import coalesce, datecache, idle
+from aiserve_trio.http.idle import LeanSingleTask
+
+
+async def test_start_up_installs_the_keep_alive_timer_and_the_date_cache(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As a fresh worker finds hypercorn: nothing patched yet (restored after the test).
+    monkeypatch.setattr(idle, "_installed", False)
+    monkeypatch.setattr(datecache, "_installed", False)
+    monkeypatch.setattr(coalesce, "_installed", True)  # its own test covers it
+    monkeypatch.setattr(tcp_server, "TrioSingleTask", tcp_server.TrioSingleTask)
+    monkeypatch.setattr(hypercorn_config, "format_date_time", format_date_time)
+    app = make_app()
+    async with trio.open_nursery() as nursery:
+        await app.startup(nursery)
+        nursery.cancel_scope.cancel()
+    await app.shutdown()
+    assert tcp_server.TrioSingleTask is LeanSingleTask
+    assert hypercorn_config.format_date_time is not format_date_time
+    now = time.time()
+    assert hypercorn_config.format_date_time(now) == format_date_time(now)
+
+
+def test_the_date_is_formatted_once_a_second_and_reads_as_wsgirefs() -> None:
+    calls: list[float] = []
+
+    def counting(ts: float) -> Any:
+        calls.append(ts)
+        return format_date_time(ts)
+
+    fmt = datecache.cached(counting)
+    t = 1_796_000_000.0
+    for step in (0.0, 0.1, 0.5, 0.999):
+        assert fmt(t + step) == format_date_time(t + step)
+    assert len(calls) == 1
+    assert fmt(t + 1.0) == format_date_time(t + 1) != format_date_time(t)
+    assert fmt(t + 0.2) == format_date_time(t)  # a clock that stepped back still reads right
+    assert len(calls) == 3
