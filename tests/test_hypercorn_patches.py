@@ -9,12 +9,16 @@ from wsgiref.handlers import format_date_time
 
 import pytest
 import trio
-from hypercorn import config as hypercorn_config
-from hypercorn.trio import tcp_server
+from hypercorn import config as _config
+from hypercorn.trio import tcp_server as _tcp_server
 
 from aiserve_trio.asgi import App
 from aiserve_trio.http import coalesce, datecache, idle
 from aiserve_trio.http.idle import LeanSingleTask
+
+# The attributes the patches replace are hypercorn's module globals, not its API.
+hypercorn_config: Any = _config
+tcp_server: Any = _tcp_server
 
 
 async def test_start_up_installs_the_keep_alive_timer_and_the_date_cache(

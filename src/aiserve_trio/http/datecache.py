@@ -43,5 +43,5 @@ def install() -> str:
     _installed = True
     from hypercorn import config
 
-    config.format_date_time = cached(config.format_date_time)  # type: ignore[attr-defined]
+    config.format_date_time = cached(config.format_date_time)  # type: ignore[attr-defined,assignment]
     return "installed"
