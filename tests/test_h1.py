@@ -425,6 +425,36 @@ async def test_over_tcp_an_idle_connection_the_server_closed_is_not_reused() -> 
 
 
 @pytest.mark.slow
+async def test_over_tcp_a_body_larger_than_the_socket_buffer_and_a_reply_in_pieces() -> None:
+    """The direct write takes what the socket does, the rest waits for room; the
+    reads that find nothing wait for the next piece."""
+    big = bytes(range(256)) * 65536  # 16 MiB: more than one send() takes
+    seen: list[bool] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        request = await read_request(stream, buf)
+        assert request is not None
+        seen.append(request[request.index(b"\r\n\r\n") + 4 :] == big)
+        reply = chunked(b"first ", b"second ", b"third")
+        for i in range(0, len(reply), 7):  # a few bytes at a time, with pauses
+            await stream.send_all(reply[i : i + 7])
+            await trio.sleep(0.002)
+        await read_request(stream, buf)  # keep the connection open until the client is done
+
+    async with tcp_backend(handler) as port:
+        p = h1.H1Pool("127.0.0.1", port, max_connections=1)
+        head = HEAD.build([], big)
+        async with p.request(head, big, T) as r:
+            assert r.status == 200
+            assert b"".join([part async for part in r]) == b"first second third"
+        assert seen == [True]
+        (conn,) = p._idle
+        assert conn.sock is not None  # the direct path was the one taken
+        await p.aclose()
+
+
+@pytest.mark.slow
 async def test_over_tcp_a_refused_connect_is_a_connect_error() -> None:
     from .servers import free_port
 

@@ -15,7 +15,10 @@ httpx2's layers (send, redirects, auth, transport, pool, connection, h11):
   is fed to the parser, and the body bytes it held (chunked framing removed,
   gzip or deflate decoded) are handed on as one piece;
 - timeouts as httpx2 has them: connect, and each write and read bounded by the
-  time the caller gives (:class:`Timeouts`).
+  time the caller gives (:class:`Timeouts`);
+- on a TCP connection, a write or read the socket can do at once is done at once
+  (a non-blocking ``send`` or ``recv``): Trio's stream layer, its checkpoints and a
+  cancel scope are only for the write or read that has to wait.
 
 Cancel safety: a connection goes back to the pool only when its response was read
 to the end (and nothing after it) and both sides may keep it open. A response
@@ -31,6 +34,7 @@ backend never saw it as a request it answered.
 from __future__ import annotations
 
 import select
+import socket
 import zlib
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -165,12 +169,17 @@ class RequestHead:
 
 
 class _Conn:
-    """One connection to the backend."""
+    """One connection to the backend.
 
-    __slots__ = ("idle_since", "stream")
+    ``sock``: the connection's socket when it is TCP (its stream's own socket object,
+    non-blocking), for the writes and reads that need not wait; None for other streams.
+    """
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    __slots__ = ("idle_since", "sock", "stream")
+
+    def __init__(self, stream: trio.abc.Stream, sock: socket.socket | None = None) -> None:
         self.stream = stream
+        self.sock = sock
         self.idle_since = 0.0
 
     def closed_by_peer(self) -> bool:
@@ -186,6 +195,21 @@ class _Conn:
 
 
 Connector = Callable[[], Awaitable[trio.abc.Stream]]
+
+
+def _with_socket(stream: trio.abc.Stream) -> _Conn:
+    """A connection of ``stream``; a TCP one keeps its socket for direct writes and reads.
+
+    The socket is taken out of Trio's wrapper (``detach``) and wrapped again around a
+    stdlib socket object this module keeps: one descriptor, one owner that closes it.
+    """
+    if not isinstance(stream, trio.SocketStream):
+        return _Conn(stream)
+    wrapped = stream.socket
+    sock = socket.socket(wrapped.family, wrapped.type, wrapped.proto, fileno=wrapped.detach())
+    sock.setblocking(False)
+    # trio.SocketStream sets TCP_NODELAY on the socket it wraps: the request goes at once.
+    return _Conn(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), sock)
 
 
 class H1Pool:
@@ -273,7 +297,7 @@ class H1Pool:
                 raise ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         if waited.cancelled_caught:
             raise ConnectTimeout(f"connecting to {self.host}:{self.port} timed out")
-        return _Conn(stream)
+        return _with_socket(stream)
 
     def _keep(self, conn: _Conn) -> None:
         if self._closed:
@@ -422,15 +446,27 @@ class Response:
         of the response came (the caller tries a new one).
         """
         io = self._timeouts.io
-        with trio.move_on_after(io) as waited:
+        data = self._head + self._request_body
+        sent = 0
+        if conn.sock is not None:
             try:
-                await conn.stream.send_all(self._head + self._request_body)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                sent = conn.sock.send(data)
+            except BlockingIOError:
+                pass
+            except OSError as exc:  # reset, broken pipe: the server closed it
                 if reused:
                     return False
                 raise WriteError(f"the connection broke while sending: {exc}") from exc
-        if waited.cancelled_caught:
-            raise WriteTimeout("sending the request timed out")
+        if sent < len(data):  # the socket's buffer is full, or not a socket: wait
+            with trio.move_on_after(io) as waited:
+                try:
+                    await conn.stream.send_all(data[sent:] if sent else data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    if reused and not sent:
+                        return False
+                    raise WriteError(f"the connection broke while sending: {exc}") from exc
+            if waited.cancelled_caught:
+                raise WriteTimeout("sending the request timed out")
         first = True
         while not self._headers_done:
             data = await self._read(conn, io)
@@ -443,6 +479,14 @@ class Response:
         return True
 
     async def _read(self, conn: _Conn, io: float) -> bytes:
+        sock = conn.sock
+        if sock is not None:
+            try:
+                return sock.recv(READ_SIZE)
+            except BlockingIOError:
+                pass  # nothing yet: wait for it below
+            except OSError as exc:
+                raise ReadError(f"the connection broke while reading: {exc}") from exc
         with trio.move_on_after(io) as waited:
             try:
                 return bytes(await conn.stream.receive_some(READ_SIZE))
