@@ -272,3 +272,57 @@ async def test_behind_a_trusted_proxy_the_header_names_the_client(autojump_clock
         other = await client.chat(chat_body(), headers={"x-forwarded-for": "10.0.0.2"})
         assert other.status == 200  # same socket address, another client behind the proxy
     assert first.response.status == 200
+
+
+# --- receive() as hypercorn's Trio worker hands it: its queue's receive ---------------
+
+
+async def queued_exchange(
+    a: Any, parts: list[bytes], *, more: bool, wait_s: float
+) -> tuple[int, dict[str, Any], float]:
+    """Drive ``a`` as hypercorn does: the body parts queued on a memory channel before the
+    app runs (``more``: the body is not all there), ``receive`` the channel's own."""
+    from .asgi_client import make_scope
+
+    body = b"".join(parts)
+    headers = {"content-type": "application/json", "x-request-timeout-ms": "60000"}
+    if not more:
+        headers["content-length"] = str(len(body))
+    scope = make_scope("POST", "/v1/chat/completions", headers)
+    queue_in, queue_out = trio.open_memory_channel[dict[str, Any]](10)
+    for part in parts:
+        queue_in.send_nowait({"type": "http.request", "body": part, "more_body": True})
+    if not more:
+        queue_in.send_nowait({"type": "http.request", "body": b"", "more_body": False})
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            queue_in.send_nowait({"type": "http.disconnect"})  # as hypercorn does
+
+    start = trio.current_time()
+    with trio.fail_after(wait_s):
+        await a(scope, queue_out.receive, send)
+    status = sent[0]["status"]
+    payload = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    return status, payload, trio.current_time() - start
+
+
+async def test_a_body_queued_whole_on_the_servers_channel_is_served(autojump_clock: Any) -> None:
+    a = app(body_read_timeout_ms="500")
+    raw = json.dumps(chat_body()).encode()
+    status, payload, _ = await queued_exchange(a, [raw[:7], raw[7:]], more=False, wait_s=5)
+    assert status == 200
+    assert payload["choices"][0]["message"]["content"]
+    assert a.gate.admission.inflight == 0
+
+
+async def test_a_body_that_stops_on_the_servers_channel_is_still_refused_with_408(
+    autojump_clock: Any,
+) -> None:
+    a = app(body_read_timeout_ms="500")
+    status, payload, took = await queued_exchange(a, [b'{"model"'], more=True, wait_s=5)
+    assert (status, payload["error"]["code"]) == (408, "body_read_timeout")
+    assert took < 1.0
+    assert a.gate.admission.inflight == 0

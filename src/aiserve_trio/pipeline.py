@@ -25,6 +25,7 @@ immutable :class:`~.stages.outcome.Outcome`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -48,7 +49,7 @@ from .stages.types import STAGES, ParsedRequest, Prepared, RequestInfo, response
 if TYPE_CHECKING:
     from .config import Config
     from .http.responder import Responder
-    from .http.types import Receive
+    from .http.types import Message, Receive
     from .security.admission import Admission, BodySlot
     from .sessions.bus import SessionBus
     from .sessions.outbox import WriteBack
@@ -331,15 +332,25 @@ class Pipeline:
             total=lim.body_total_timeout_ms / 1000.0,
             min_rate=lim.body_min_rate,
         )
+        take = _receive_nowait(receive)
         async with body:
             while True:
-                limit, why = pace.deadline(trio.current_time())
-                with trio.move_on_at(limit) as wait:
-                    msg = await receive()
-                if wait.cancelled_caught:  # a slowloris body: refuse it, free the slot
-                    if run.fail("parse", BodyReadTimeout(why)):
-                        request_scope.cancel(reason="request body too slow")
-                    return
+                queued: Message | None = None
+                if take is not None:  # a message already queued needs no wait, nor a deadline
+                    try:
+                        queued = take()
+                    except trio.WouldBlock:
+                        queued = None
+                if queued is not None:
+                    msg = queued
+                else:
+                    limit, why = pace.deadline(trio.current_time())
+                    with trio.move_on_at(limit) as wait:
+                        msg = await receive()
+                    if wait.cancelled_caught:  # a slowloris body: refuse it, free the slot
+                        if run.fail("parse", BodyReadTimeout(why)):
+                            request_scope.cancel(reason="request body too slow")
+                        return
                 kind = msg["type"]
                 if kind == "http.disconnect":
                     self._disconnected(run, request_scope)
@@ -417,6 +428,20 @@ def _cap_of(error: GatewayError | None, asm: ResponseAssembler | None) -> str | 
     if isinstance(error, ReplyCapExceeded):
         return error.code
     return asm.capped if asm is not None else None
+
+
+def _receive_nowait(receive: Receive) -> Callable[[], Message] | None:
+    """``receive``'s non-waiting twin, when ``receive`` is a Trio memory channel's.
+
+    hypercorn's Trio worker hands the app its queue's ``receive``: the body it has
+    read is queued before the app runs, and taken with ``receive_nowait`` it costs
+    no checkpoint and no cancel scope. Any other server's ``receive``: None.
+    """
+    channel = getattr(receive, "__self__", None)
+    if isinstance(channel, trio.MemoryReceiveChannel):
+        nowait: Callable[[], Message] = channel.receive_nowait
+        return nowait
+    return None
 
 
 def _declared_length(headers: dict[str, str]) -> int | None:
