@@ -5,7 +5,7 @@
     receive() --body--> parse --ParsedRequest--> context --Prepared--> inference
         --Delta--> sse --> send()        (context also hands its Prepared to sse)
 
-The stages run as tasks joined by memory channels with buffers of 0 or 1, so a
+The stages run as tasks joined by channels (``stages/channel.py``) with buffers of 0 or 1, so a
 slow client's backpressure reaches the upstream. Every stage runs in the same
 shell (:meth:`Pipeline._stage`): it waits for the stage's input, runs the
 stage inside a cancel scope whose deadline is the stage's cumulative cut point
@@ -38,6 +38,7 @@ from .http.sse import DONE, ChatFramer
 from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
 from .observability.events import NULL_HOOK, Hook
 from .security.admission import BodyPace
+from .stages.channel import Inbox, Receiver, Sender, open_channel
 from .stages.context import ContextStage
 from .stages.handoff import hand_on
 from .stages.inference import InferenceStage
@@ -148,23 +149,22 @@ class Pipeline:
     async def _run(
         self, info: RequestInfo, receive: Receive, responder: Responder, slots: ExitStack
     ) -> Outcome:
-        # Typed by annotation, not open_memory_channel[T](n): subscripting it makes a
-        # generic alias to call on every request (a few microseconds each).
-        body_send: trio.MemorySendChannel[bytes]
-        body_recv: trio.MemoryReceiveChannel[bytes]
-        req_send: trio.MemorySendChannel[ParsedRequest]
-        req_recv: trio.MemoryReceiveChannel[ParsedRequest]
-        inf_send: trio.MemorySendChannel[Prepared]
-        inf_recv: trio.MemoryReceiveChannel[Prepared]
-        plan_send: trio.MemorySendChannel[Prepared]
-        plan_recv: trio.MemoryReceiveChannel[Prepared]
-        delta_send: trio.MemorySendChannel[Delta]
-        delta_recv: trio.MemoryReceiveChannel[Delta]
-        body_send, body_recv = trio.open_memory_channel(0)
-        req_send, req_recv = trio.open_memory_channel(0)
-        inf_send, inf_recv = trio.open_memory_channel(0)
-        plan_send, plan_recv = trio.open_memory_channel(1)
-        delta_send, delta_recv = trio.open_memory_channel(1)
+        # Typed by annotation: subscripting a generic to call it costs on every request.
+        body_send: Sender[bytes]
+        body_recv: Receiver[bytes]
+        req_send: Sender[ParsedRequest]
+        req_recv: Receiver[ParsedRequest]
+        inf_send: Sender[Prepared]
+        inf_recv: Receiver[Prepared]
+        plan_send: Sender[Prepared]
+        plan_recv: Receiver[Prepared]
+        delta_send: Sender[Delta]
+        delta_recv: Receiver[Delta]
+        body_send, body_recv = open_channel(0)
+        req_send, req_recv = open_channel(0)
+        inf_send, inf_recv = open_channel(0)
+        plan_send, plan_recv = open_channel(1)
+        delta_send, delta_recv = open_channel(1)
         cfg = self.config
         sc = cfg.sessions
         parse = ParseStage(info, body_recv, req_send, cfg.limits, self.admission, slots)
@@ -265,7 +265,7 @@ class Pipeline:
         self,
         run: _Run,
         stage: _Stage[Any],
-        inbox: trio.MemoryReceiveChannel[Any] | None,
+        inbox: Inbox[Any] | None,
         cancel: trio.CancelScope,
     ) -> None:
         """The one shell every stage runs in (see the module docstring)."""
@@ -308,7 +308,7 @@ class Pipeline:
         run: _Run,
         receive: Receive,
         declared: int | None,
-        body: trio.MemorySendChannel[bytes],
+        body: Sender[bytes],
         responder: Responder,
         request_scope: trio.CancelScope,
         slots: ExitStack,

@@ -23,6 +23,7 @@ from ..cache.service import Cache, Ticket
 from ..errors import StageDeadlineExceeded
 from ..policies.base import OutputFilter, Policy, PolicyContext, redact_values
 from ..sessions.bus import SessionBusError, check_vars
+from .channel import Inbox, Outbox
 from .handoff import hand_on
 from .types import ParsedRequest, Prepared, RequestInfo
 
@@ -96,9 +97,9 @@ class ContextStage:
     def __init__(
         self,
         info: RequestInfo,
-        inbox: trio.MemoryReceiveChannel[ParsedRequest],
-        to_inference: trio.MemorySendChannel[Prepared],
-        to_sse: trio.MemorySendChannel[Prepared],
+        inbox: Inbox[ParsedRequest],
+        to_inference: Outbox[Prepared],
+        to_sse: Outbox[Prepared],
         bus: SessionBus | None,
         system_template: str,
         history_turns: int,

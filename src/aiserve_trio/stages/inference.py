@@ -31,6 +31,7 @@ from ..cache.service import Cache
 from ..chains.run import ChainRun
 from ..errors import GatewayError, StageDeadlineExceeded, StepDeadlineExceeded
 from .assembler import ResponseAssembler
+from .channel import Inbox, Outbox
 from .handoff import EagerSink
 from .types import Prepared, RequestInfo
 
@@ -47,8 +48,8 @@ class InferenceStage:
     def __init__(
         self,
         info: RequestInfo,
-        inbox: trio.MemoryReceiveChannel[Prepared],
-        out: trio.MemorySendChannel[Delta],
+        inbox: Inbox[Prepared],
+        out: Outbox[Delta],
         cache: Cache | None = None,
     ) -> None:
         self.info = info

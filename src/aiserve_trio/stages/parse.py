@@ -14,7 +14,6 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 import msgspec
-import trio
 
 from ..api import request_decoder
 from ..config import LimitsConfig
@@ -27,6 +26,7 @@ from ..errors import (
     UnsupportedMediaType,
 )
 from ..messages import Message, decode_message
+from .channel import Inbox, Outbox
 from .handoff import hand_on
 from .types import ParsedRequest, RequestInfo
 
@@ -51,7 +51,7 @@ def check_content_type(value: str | None) -> None:
         )
 
 
-async def read_body(chunks: trio.MemoryReceiveChannel[bytes], max_bytes: int) -> bytes:
+async def read_body(chunks: Inbox[bytes], max_bytes: int) -> bytes:
     """Gather the body from ``chunks``, refusing it once it passes ``max_bytes``."""
     parts: list[bytes] = []
     size = 0
@@ -259,8 +259,8 @@ class ParseStage:
     def __init__(
         self,
         info: RequestInfo,
-        body: trio.MemoryReceiveChannel[bytes],
-        out: trio.MemorySendChannel[ParsedRequest],
+        body: Inbox[bytes],
+        out: Outbox[ParsedRequest],
         limits: LimitsConfig,
         admission: Admission | None,
         slots: ExitStack,

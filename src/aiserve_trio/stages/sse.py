@@ -28,6 +28,7 @@ from ..http.responder import Responder
 from ..http.sse import PING
 from ..http.types import JSON_HEADERS, SSE_HEADERS, Headers
 from .assembler import ResponseAssembler
+from .channel import Inbox
 from .types import Prepared, RequestInfo, response_headers
 
 
@@ -37,8 +38,8 @@ class SSEStage:
     def __init__(
         self,
         info: RequestInfo,
-        inbox: trio.MemoryReceiveChannel[Delta],
-        plan: trio.MemoryReceiveChannel[Prepared],
+        inbox: Inbox[Delta],
+        plan: Inbox[Prepared],
         responder: Responder,
         limits: LimitsConfig,
     ) -> None:
