@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import gzip
 import json
+import random
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -428,7 +429,7 @@ async def test_over_tcp_an_idle_connection_the_server_closed_is_not_reused() -> 
 async def test_over_tcp_a_body_larger_than_the_socket_buffer_and_a_reply_in_pieces() -> None:
     """The direct write takes what the socket does, the rest waits for room; the
     reads that find nothing wait for the next piece."""
-    big = bytes(range(256)) * 65536  # 16 MiB: more than one send() takes
+    big = random.Random(7).randbytes(16 << 20)  # 16 MiB: more than one send() takes
     seen: list[bool] = []
 
     async def handler(stream: trio.SocketStream) -> None:

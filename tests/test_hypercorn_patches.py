@@ -13,7 +13,7 @@ from hypercorn import config as _config
 from hypercorn.trio import tcp_server as _tcp_server
 
 from aiserve_trio.asgi import App
-from aiserve_trio.http import coalesce, datecache, idle
+from aiserve_trio.http import coalesce, datecache, directsend, idle
 from aiserve_trio.http.idle import LeanSingleTask
 
 # The attributes the patches replace are hypercorn's module globals, not its API.
@@ -21,12 +21,15 @@ hypercorn_config: Any = _config
 tcp_server: Any = _tcp_server
 
 
-async def test_start_up_installs_the_keep_alive_timer_and_the_date_cache(
+async def test_start_up_installs_the_keep_alive_timer_the_date_cache_and_direct_writes(
     make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # As a fresh worker finds hypercorn: nothing patched yet (restored after the test).
     monkeypatch.setattr(idle, "_installed", False)
     monkeypatch.setattr(datecache, "_installed", False)
+    monkeypatch.setattr(directsend, "_installed", False)
+    monkeypatch.setattr(tcp_server.TCPServer, "protocol_send", tcp_server.TCPServer.protocol_send)
+    unpatched = tcp_server.TCPServer.protocol_send
     monkeypatch.setattr(coalesce, "_installed", True)  # its own test covers it
     monkeypatch.setattr(tcp_server, "TrioSingleTask", tcp_server.TrioSingleTask)
     monkeypatch.setattr(hypercorn_config, "format_date_time", format_date_time)
@@ -36,6 +39,7 @@ async def test_start_up_installs_the_keep_alive_timer_and_the_date_cache(
         nursery.cancel_scope.cancel()
     await app.shutdown()
     assert tcp_server.TrioSingleTask is LeanSingleTask
+    assert tcp_server.TCPServer.protocol_send is not unpatched
     assert hypercorn_config.format_date_time is not format_date_time
     now = time.time()
     assert hypercorn_config.format_date_time(now) == format_date_time(now)

@@ -1,8 +1,8 @@
 """The hypercorn versions whose internals the app's patches were written against.
 
 The guard (``security/edge.py``), the write coalescing (``http/coalesce.py``), the
-keep-alive timer (``http/idle.py``) and the ``Date`` header (``http/datecache.py``) each
-replace a piece of hypercorn's internals; each
+direct writes (``http/directsend.py``), the keep-alive timer (``http/idle.py``) and the
+``Date`` header (``http/datecache.py``) each replace a piece of hypercorn's internals; each
 installs only when :func:`refusal` finds the installed hypercorn is one of
 :data:`SUPPORTED`, and says why not otherwise.
 """
