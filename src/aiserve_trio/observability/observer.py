@@ -10,7 +10,7 @@ say what happened.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,6 +58,14 @@ class RecentList(msgspec.Struct, kw_only=True):
     requests: list[RecentRequest]
 
 
+#: What is kept of a finished request for the listing: total and TTFT seconds, then the
+#: fields of :class:`RecentRequest` as the outcome had them (see ``_listed``).
+_Recent = tuple[
+    float, float | None, str, str, str, str, str, Mapping[str, tuple[float, float]], str | None,
+    str | None, int, int, int, int,
+]
+
+
 class _RouteModel:
     """The metric children one (route, model) pair touches at the end of every request."""
 
@@ -95,7 +103,7 @@ class RequestObserver:
         self.baseline = baseline
         self.keep_recent = keep_recent
         # The slowest are picked from a window ten times the listing's size.
-        self._recent: deque[RecentRequest] = deque(maxlen=max(keep_recent * 10, 1))
+        self._recent: deque[_Recent] = deque(maxlen=max(keep_recent * 10, 1))
         m = metrics
         # Children bound once: `labels()` is a dict lookup under a lock per call.
         self._tasks = {s: m.task_count.labels(s) for s in STAGES}
@@ -247,30 +255,50 @@ class RequestObserver:
         )
 
     def _remember(self, outcome: Outcome) -> None:
+        # The raw numbers only: the listing (rounded milliseconds) is built when asked for.
         arrival = outcome.arrival
         ttft = outcome.first_token_at
         self._recent.append(
-            RecentRequest(
-                request_id=outcome.request_id,
-                route=outcome.route,
-                model=outcome.model,
-                channel=outcome.channel,
-                outcome=outcome.status,
-                total_ms=round((outcome.ended - arrival) * 1000, 3),
-                ttft_ms=round((ttft - arrival) * 1000, 3) if ttft is not None else None,
-                stages_ms={
-                    name: round((t1 - t0) * 1000, 3) for name, (t0, t1) in outcome.stages.items()
-                },
-                trace_id=outcome.info.trace.trace_id if outcome.info is not None else None,
-                error_stage=outcome.error_stage,
-                client_writes=outcome.client_writes,
-                client_bytes=outcome.client_bytes,
-                upstream_reads=outcome.upstream_reads,
-                upstream_bytes=outcome.upstream_bytes,
+            (
+                outcome.ended - arrival,
+                None if ttft is None else ttft - arrival,
+                outcome.request_id,
+                outcome.route,
+                outcome.model,
+                outcome.channel,
+                outcome.status,
+                outcome.stages,
+                outcome.info.trace.trace_id if outcome.info is not None else None,
+                outcome.error_stage,
+                outcome.client_writes,
+                outcome.client_bytes,
+                outcome.upstream_reads,
+                outcome.upstream_bytes,
             )
         )
 
     def slowest(self) -> RecentList:
         """The slowest of the recent requests, slowest first."""
-        ranked = sorted(self._recent, key=lambda r: r.total_ms, reverse=True)
-        return RecentList(requests=ranked[: self.keep_recent])
+        ranked = sorted(self._recent, key=lambda r: r[0], reverse=True)[: self.keep_recent]
+        return RecentList(requests=[_listed(r) for r in ranked])
+
+
+def _listed(r: _Recent) -> RecentRequest:
+    (total, ttft, request_id, route, model, channel, status, stages, trace_id, error_stage,
+     writes, written, reads, read) = r
+    return RecentRequest(
+        request_id=request_id,
+        route=route,
+        model=model,
+        channel=channel,
+        outcome=status,
+        total_ms=round(total * 1000, 3),
+        ttft_ms=round(ttft * 1000, 3) if ttft is not None else None,
+        stages_ms={name: round((t1 - t0) * 1000, 3) for name, (t0, t1) in stages.items()},
+        trace_id=trace_id,
+        error_stage=error_stage,
+        client_writes=writes,
+        client_bytes=written,
+        upstream_reads=reads,
+        upstream_bytes=read,
+    )
