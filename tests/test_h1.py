@@ -456,6 +456,24 @@ async def test_over_tcp_a_body_larger_than_the_socket_buffer_and_a_reply_in_piec
 
 
 @pytest.mark.slow
+async def test_over_tcp_a_server_that_stops_answering_is_a_read_timeout() -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        await read_request(stream, buf)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf")
+        await trio.sleep_forever()  # the other half never comes
+
+    async with tcp_backend(handler) as port:
+        p = h1.H1Pool("127.0.0.1", port, max_connections=1)
+        start = trio.current_time()
+        with trio.fail_after(5), pytest.raises(h1.ReadTimeout):
+            await fetch(p, h1.Timeouts(io=0.2, connect=1.0))
+        assert 0.2 <= trio.current_time() - start < 2
+        assert p.connections() == (0, 0)  # a connection left mid-body is closed
+        await p.aclose()
+
+
+@pytest.mark.slow
 async def test_over_tcp_a_refused_connect_is_a_connect_error() -> None:
     from .servers import free_port
 

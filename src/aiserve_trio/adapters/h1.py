@@ -481,12 +481,7 @@ class Response:
     async def _read(self, conn: _Conn, io: float) -> bytes:
         sock = conn.sock
         if sock is not None:
-            try:
-                return sock.recv(READ_SIZE)
-            except BlockingIOError:
-                pass  # nothing yet: wait for it below
-            except OSError as exc:
-                raise ReadError(f"the connection broke while reading: {exc}") from exc
+            return await self._read_socket(sock, io)
         with trio.move_on_after(io) as waited:
             try:
                 return bytes(await conn.stream.receive_some(READ_SIZE))
@@ -495,6 +490,24 @@ class Response:
         if waited.cancelled_caught:
             raise ReadTimeout("reading the response timed out")
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    async def _read_socket(sock: socket.socket, io: float) -> bytes:
+        """A read on a TCP connection: at once when there are bytes, else one wait for them."""
+        while True:
+            try:
+                return sock.recv(READ_SIZE)
+            except BlockingIOError:
+                pass  # nothing yet: wait for it
+            except OSError as exc:
+                raise ReadError(f"the connection broke while reading: {exc}") from exc
+            with trio.move_on_after(io) as waited:
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                except trio.ClosedResourceError as exc:  # closed while waiting
+                    raise ReadError(f"the connection broke while reading: {exc}") from exc
+            if waited.cancelled_caught:
+                raise ReadTimeout("reading the response timed out")
 
     def _feed(self, data: bytes) -> None:
         parser = self._parser
