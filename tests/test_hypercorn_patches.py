@@ -14,7 +14,7 @@ from hypercorn.trio import tcp_server as _tcp_server
 
 from aiserve_trio.asgi import App
 from aiserve_trio.http import coalesce, datecache, directsend, idle
-from aiserve_trio.http.idle import LeanSingleTask
+from aiserve_trio.http.idle import IdleTimer
 
 # The attributes the patches replace are hypercorn's module globals, not its API.
 hypercorn_config: Any = _config
@@ -38,7 +38,7 @@ async def test_start_up_installs_the_keep_alive_timer_the_date_cache_and_direct_
         await app.startup(nursery)
         nursery.cancel_scope.cancel()
     await app.shutdown()
-    assert tcp_server.TrioSingleTask is LeanSingleTask
+    assert tcp_server.TrioSingleTask is IdleTimer
     assert tcp_server.TCPServer.protocol_send is not unpatched
     assert hypercorn_config.format_date_time is not format_date_time
     now = time.time()
