@@ -13,7 +13,7 @@ from hypercorn import config as _config
 from hypercorn.trio import tcp_server as _tcp_server
 
 from aiserve_trio.asgi import App
-from aiserve_trio.http import coalesce, datecache, directsend, idle
+from aiserve_trio.http import coalesce, datecache, directio, idle
 from aiserve_trio.http.idle import IdleTimer
 
 # The attributes the patches replace are hypercorn's module globals, not its API.
@@ -21,15 +21,16 @@ hypercorn_config: Any = _config
 tcp_server: Any = _tcp_server
 
 
-async def test_start_up_installs_the_keep_alive_timer_the_date_cache_and_direct_writes(
+async def test_start_up_installs_the_keep_alive_timer_the_date_cache_and_direct_io(
     make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # As a fresh worker finds hypercorn: nothing patched yet (restored after the test).
     monkeypatch.setattr(idle, "_installed", False)
     monkeypatch.setattr(datecache, "_installed", False)
-    monkeypatch.setattr(directsend, "_installed", False)
+    monkeypatch.setattr(directio, "_installed", False)
     monkeypatch.setattr(tcp_server.TCPServer, "protocol_send", tcp_server.TCPServer.protocol_send)
-    unpatched = tcp_server.TCPServer.protocol_send
+    monkeypatch.setattr(tcp_server.TCPServer, "_read_data", tcp_server.TCPServer._read_data)
+    unpatched = tcp_server.TCPServer.protocol_send, tcp_server.TCPServer._read_data
     monkeypatch.setattr(coalesce, "_installed", True)  # its own test covers it
     monkeypatch.setattr(tcp_server, "TrioSingleTask", tcp_server.TrioSingleTask)
     monkeypatch.setattr(hypercorn_config, "format_date_time", format_date_time)
@@ -39,7 +40,8 @@ async def test_start_up_installs_the_keep_alive_timer_the_date_cache_and_direct_
         nursery.cancel_scope.cancel()
     await app.shutdown()
     assert tcp_server.TrioSingleTask is IdleTimer
-    assert tcp_server.TCPServer.protocol_send is not unpatched
+    assert tcp_server.TCPServer.protocol_send is not unpatched[0]
+    assert tcp_server.TCPServer._read_data is not unpatched[1]
     assert hypercorn_config.format_date_time is not format_date_time
     now = time.time()
     assert hypercorn_config.format_date_time(now) == format_date_time(now)

@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from aiserve_trio.http import idle
+from aiserve_trio.http import directio, idle
 from aiserve_trio.http.idle import IdleTimer, LeanSingleTask
 
 
@@ -176,6 +176,7 @@ async def test_a_client_gone_mid_request_leaves_no_timer_behind() -> None:
     from .test_coalesce import HEAD, body, server
 
     assert idle.install() in ("installed", "already installed")
+    assert directio.install() in ("installed", "already installed")  # its read loop tells the timer
     answered = trio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:

@@ -46,7 +46,7 @@ from .errors import (
     Unprocessable,
     UnsupportedMediaType,
 )
-from .http import coalesce, datecache, directsend, idle
+from .http import coalesce, datecache, directio, idle
 from .http.body import read_body
 from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
@@ -404,7 +404,7 @@ class App:
         log.info("hypercorn write coalescing: %s", coalesce.install())
         log.info("hypercorn keep-alive timer without a lock: %s", idle.install())
         log.info("hypercorn Date header once a second: %s", datecache.install())
-        log.info("hypercorn writes made at once: %s", directsend.install())
+        log.info("hypercorn reads and writes made at once: %s", directio.install())
         for adapter in self.adapters.values():
             await adapter.aopen(nursery)
         await self.bus.aopen()

@@ -1,7 +1,7 @@
 """The hypercorn versions whose internals the app's patches were written against.
 
 The guard (``security/edge.py``), the write coalescing (``http/coalesce.py``), the
-direct writes (``http/directsend.py``), the keep-alive timer (``http/idle.py``) and the
+direct reads and writes (``http/directio.py``), the keep-alive timer (``http/idle.py``) and the
 ``Date`` header (``http/datecache.py``) each replace a piece of hypercorn's internals; each
 installs only when :func:`refusal` finds the installed hypercorn is one of
 :data:`SUPPORTED`, and says why not otherwise.

@@ -14,9 +14,10 @@ task, no cancellation, no checkpoint (so two of them cannot interleave, which is
 what the lock was for). When the deadline passes while idle, or the server shuts
 down while the connection is idle, the task closes the connection as hypercorn's
 own ``_idle_timeout`` does; a shutdown during a request closes the connection once
-it is answered. When the connection reads no more (the client closed it), the task
-ends at once -- hypercorn's kept an idle connection's task, and its socket, until the
-timeout. An action that is not the TCP server's idle timeout runs as
+it is answered. When the connection reads no more (the client closed it; hypercorn's
+read loop, as ``http/directio.py`` installs it, calls :meth:`IdleTimer.reading_ended`),
+the task ends at once -- hypercorn's kept an idle connection's task, and its socket,
+until the timeout. An action that is not the TCP server's idle timeout runs as
 :class:`LeanSingleTask` runs it: a task started in a cancel scope made beforehand,
 stopped through the scope.
 
@@ -145,14 +146,4 @@ def install() -> str:
     from hypercorn.trio import tcp_server
 
     tcp_server.TrioSingleTask = IdleTimer  # type: ignore[attr-defined,assignment]
-    read_data: Callable[[Any], Awaitable[None]] = tcp_server.TCPServer._read_data
-
-    async def read_data_then_end_the_timer(self: Any) -> None:
-        try:
-            await read_data(self)
-        finally:
-            if isinstance(self.idle_task, IdleTimer):
-                self.idle_task.reading_ended()
-
-    tcp_server.TCPServer._read_data = read_data_then_end_the_timer  # type: ignore[method-assign]
     return "installed"

@@ -1,5 +1,6 @@
-"""hypercorn's writes made at once (``http/directsend.py``): the same bytes, in order,
-whether the socket takes them whole, in part, or not at all (a client gone)."""
+"""hypercorn's reads and writes made at once (``http/directio.py``): the same bytes, in
+order, whether the socket takes them whole, in part, or not at all (a client gone); requests
+in pieces or pipelined; the read timeout."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import h11
 import pytest
 import trio
 
-from aiserve_trio.http import directsend
+from aiserve_trio.http import directio, idle
 
 from .test_coalesce import HEAD, Scope, body, exchange, server
 
@@ -34,7 +35,7 @@ class Fallbacks:
 async def test_replies_go_out_directly_and_a_large_one_finishes_the_usual_way(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert directsend.install() in ("installed", "already installed")
+    assert directio.install() in ("installed", "already installed")
     fallbacks = Fallbacks(monkeypatch)
     big = random.Random(7).randbytes(16 << 20)  # more than the socket takes at once
 
@@ -69,7 +70,7 @@ async def test_replies_go_out_directly_and_a_large_one_finishes_the_usual_way(
 
 
 async def test_a_client_gone_mid_reply_ends_the_reply_quietly_and_the_server_serves_on() -> None:
-    assert directsend.install() in ("installed", "already installed")
+    assert directio.install() in ("installed", "already installed")
     sent = trio.Event()
     finished: list[str] = []
     ended = trio.Event()
@@ -106,4 +107,66 @@ async def test_a_client_gone_mid_reply_ends_the_reply_quietly_and_the_server_ser
         assert finished == ["sent"]  # the app's sends did not raise: the reply just ended
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         assert await exchange(stream, h11.Connection(h11.CLIENT)) == (200, b"ok")
+        await stream.aclose()
+
+
+async def test_a_request_in_pieces_and_two_pipelined_are_read_and_answered_in_order() -> None:
+    assert directio.install() in ("installed", "already installed")
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        data = scope["path"].encode()
+        await send({**HEAD, "headers": [(b"content-length", str(len(data)).encode())]})
+        await send(body(data))
+
+    async with server(app) as port:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        for piece in (b"GET /one HT", b"TP/1.1\r\nhost:", b" x\r\n\r\n"):
+            await stream.send_all(piece)
+            await trio.sleep(0.05)  # each piece a read of its own, after a wait
+        await stream.send_all(
+            b"GET /two HTTP/1.1\r\nhost: x\r\n\r\nGET /three HTTP/1.1\r\nhost: x\r\n\r\n"
+        )
+        conn = h11.Connection(h11.CLIENT)
+        conn.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+        conn.send(h11.EndOfMessage())
+        got: list[bytes] = []
+        data = b""
+        while len(got) < 3:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await stream.receive_some(65536))
+            elif isinstance(event, h11.Data):
+                data += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                got.append(data)
+                data = b""
+                conn.start_next_cycle()
+                if len(got) < 3:
+                    conn.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+                    conn.send(h11.EndOfMessage())
+        assert got == [b"/one", b"/two", b"/three"]
+        await stream.aclose()
+
+
+async def test_a_connection_silent_past_the_read_timeout_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hypercorn.config import Config
+
+    assert directio.install() in ("installed", "already installed")
+    # With the keep-alive timer the app installs, the timeout closes it at once
+    # (hypercorn's own timer kept it open up to keep_alive_timeout more).
+    assert idle.install() in ("installed", "already installed")
+    monkeypatch.setattr(Config, "read_timeout", 0.2)
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        await send({**HEAD, "headers": [(b"content-length", b"2")]})
+        await send(body(b"ok"))
+
+    async with server(app) as port:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        start = trio.current_time()
+        with trio.fail_after(5):
+            assert await stream.receive_some(10) == b""  # closed: it sent nothing
+        assert trio.current_time() - start >= 0.2
         await stream.aclose()
