@@ -47,7 +47,8 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from importlib.metadata import version as _version
-from typing import Any, NoReturn
+from types import TracebackType
+from typing import Any, NoReturn, final
 
 import httpx2
 import msgspec
@@ -168,43 +169,62 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, secs) if math.isfinite(secs) else None
 
 
-@contextlib.contextmanager
-def translate_errors(where: str) -> Iterator[None]:
-    """Turn client (h1, httpx2) and decoding exceptions into ``UpstreamError`` subclasses."""
-    try:
-        yield
-    except UpstreamError:
-        raise
-    except h1.H1Timeout as exc:
-        raise UpstreamTimeout(
-            f"{where}: the model backend timed out ({type(exc).__name__})"
-        ) from exc
-    except h1.ConnectError as exc:
-        raise UpstreamConnectError(f"{where}: cannot connect to the model backend") from exc
-    except (h1.ReadError, h1.WriteError) as exc:
-        raise UpstreamConnectError(f"{where}: the connection to the model backend broke") from exc
-    except h1.RemoteProtocolError as exc:
-        raise UpstreamProtocolError(
-            f"{where}: the model backend broke the HTTP protocol ({exc})"
-        ) from exc
-    except h1.H1Error as exc:
-        raise UpstreamError(f"{where}: upstream HTTP failure ({type(exc).__name__})") from exc
-    except httpx2.TimeoutException as exc:
-        raise UpstreamTimeout(
-            f"{where}: the model backend timed out ({type(exc).__name__})"
-        ) from exc
-    except (httpx2.ConnectError, httpx2.UnsupportedProtocol, httpx2.ProxyError) as exc:
-        raise UpstreamConnectError(f"{where}: cannot connect to the model backend") from exc
-    except (httpx2.ReadError, httpx2.WriteError, httpx2.CloseError) as exc:
-        raise UpstreamConnectError(f"{where}: the connection to the model backend broke") from exc
-    except httpx2.RemoteProtocolError as exc:
-        raise UpstreamProtocolError(
+def translate_errors(where: str) -> _Translate:
+    """A block that turns client (h1, httpx2) and decoding exceptions into ``UpstreamError``
+    subclasses (a class, not a generator: it is entered on every upstream call)."""
+    return _Translate(where)
+
+
+@final
+class _Translate:
+    __slots__ = ("where",)
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None or isinstance(exc, UpstreamError):
+            return
+        translated = _translated(self.where, exc)
+        if translated is not None:
+            raise translated from exc
+
+
+def _translated(where: str, exc: BaseException) -> UpstreamError | None:
+    """The ``UpstreamError`` a client or decoding exception stands for; None: not one of them."""
+    if isinstance(exc, h1.H1Timeout):
+        return UpstreamTimeout(f"{where}: the model backend timed out ({type(exc).__name__})")
+    if isinstance(exc, h1.ConnectError):
+        return UpstreamConnectError(f"{where}: cannot connect to the model backend")
+    if isinstance(exc, (h1.ReadError, h1.WriteError)):
+        return UpstreamConnectError(f"{where}: the connection to the model backend broke")
+    if isinstance(exc, h1.RemoteProtocolError):
+        return UpstreamProtocolError(f"{where}: the model backend broke the HTTP protocol ({exc})")
+    if isinstance(exc, h1.H1Error):
+        return UpstreamError(f"{where}: upstream HTTP failure ({type(exc).__name__})")
+    if isinstance(exc, httpx2.TimeoutException):
+        return UpstreamTimeout(f"{where}: the model backend timed out ({type(exc).__name__})")
+    if isinstance(exc, (httpx2.ConnectError, httpx2.UnsupportedProtocol, httpx2.ProxyError)):
+        return UpstreamConnectError(f"{where}: cannot connect to the model backend")
+    if isinstance(exc, (httpx2.ReadError, httpx2.WriteError, httpx2.CloseError)):
+        return UpstreamConnectError(f"{where}: the connection to the model backend broke")
+    if isinstance(exc, httpx2.RemoteProtocolError):
+        return UpstreamProtocolError(
             f"{where}: the model backend broke the HTTP protocol (connection closed mid-reply?)"
-        ) from exc
-    except (httpx2.HTTPError, httpx2.StreamError) as exc:
-        raise UpstreamError(f"{where}: upstream HTTP failure ({type(exc).__name__})") from exc
-    except (SSEDecodeError, msgspec.DecodeError) as exc:
-        raise UpstreamProtocolError(f"{where}: the model backend sent a malformed event") from exc
+        )
+    if isinstance(exc, (httpx2.HTTPError, httpx2.StreamError)):
+        return UpstreamError(f"{where}: upstream HTTP failure ({type(exc).__name__})")
+    if isinstance(exc, (SSEDecodeError, msgspec.DecodeError)):
+        return UpstreamProtocolError(f"{where}: the model backend sent a malformed event")
+    return None
 
 
 class OpenAIAdapter(Adapter):

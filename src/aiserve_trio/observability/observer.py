@@ -10,11 +10,14 @@ say what happened.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from functools import partial
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
+from opentelemetry.trace import Span
 
 from .baseline import BaselineMonitor
 from .metrics import STAGES, Metrics, label_value
@@ -106,7 +109,11 @@ class RequestObserver:
         self._recent: deque[_Recent] = deque(maxlen=max(keep_recent * 10, 1))
         m = metrics
         # Children bound once: `labels()` is a dict lookup under a lock per call.
-        self._tasks = {s: m.task_count.labels(s) for s in STAGES}
+        # Live stage tasks: plain counts, which the gauge reads when it is scraped
+        # (two updates per stage per request; a gauge's inc and dec each take a lock).
+        self._live = dict.fromkeys(STAGES, 0)
+        for stage in STAGES:
+            m.task_count.labels(stage).set_function(partial(self._live.__getitem__, stage))
         self._latency = {s: m.stage_latency.labels(s) for s in STAGES}
         self._children: dict[tuple[Any, ...], Any] = {}
         # Bounded: routes and models come from the config (unknown models are folded).
@@ -125,10 +132,10 @@ class RequestObserver:
     # --- stages ---------------------------------------------------------------
 
     def stage_started(self, stage: str) -> None:
-        self._tasks[stage].inc()
+        self._live[stage] += 1
 
     def stage_ended(self, stage: str, worked: float | None, expired: bool) -> None:
-        self._tasks[stage].dec()
+        self._live[stage] -= 1
         if worked is not None:
             self._latency[stage].observe(worked)
         if expired:
@@ -144,20 +151,9 @@ class RequestObserver:
             )
         return child
 
-    @contextmanager
-    def attempt(self, adapter: str, number: int) -> Iterator[None]:
-        with upstream_attempt(number, adapter=adapter) as span:
-            try:
-                yield
-            except Exception as exc:
-                code = getattr(exc, "code", None) or type(exc).__name__
-                span.set_attribute("aiserve.error_code", code)
-                self._attempt(adapter, "failed").inc()
-                raise
-            except BaseException:  # cancelled: a hedge's loser, a client gone, the deadline
-                self._attempt(adapter, "cancelled").inc()
-                raise
-            self._attempt(adapter, "ok").inc()
+    def attempt(self, adapter: str, number: int) -> _Attempt:
+        """One upstream try: its span, and its result counted (ok, failed, cancelled)."""
+        return _Attempt(self, adapter, upstream_attempt(number, adapter=adapter))
 
     def retrying(self, adapter: str, error: UpstreamError) -> None:
         self.metrics.upstream_retries.labels(adapter).inc()
@@ -302,3 +298,38 @@ def _listed(r: _Recent) -> RecentRequest:
         upstream_reads=reads,
         upstream_bytes=read,
     )
+
+
+class _Attempt:
+    """:meth:`RequestObserver.attempt`'s block (a class: entered on every upstream try)."""
+
+    __slots__ = ("_adapter", "_observer", "_span", "_span_cm")
+
+    def __init__(
+        self, observer: RequestObserver, adapter: str, span: AbstractContextManager[Span]
+    ) -> None:
+        self._observer = observer
+        self._adapter = adapter
+        self._span_cm = span
+        self._span: Span | None = None
+
+    def __enter__(self) -> None:
+        self._span = self._span_cm.__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if exc is None:
+            result = "ok"
+        elif isinstance(exc, Exception):
+            code = getattr(exc, "code", None) or type(exc).__name__
+            if self._span is not None:
+                self._span.set_attribute("aiserve.error_code", code)
+            result = "failed"
+        else:  # cancelled: a hedge's loser, a client gone, the deadline
+            result = "cancelled"
+        self._observer._attempt(self._adapter, result).inc()
+        return self._span_cm.__exit__(exc_type, exc, tb)

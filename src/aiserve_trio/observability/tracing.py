@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -79,9 +79,12 @@ class RequestTrace:
         """A ``trio.current_time()`` reading as wall-clock nanoseconds."""
         return self._wall0 + int((clock - self._clock0) * 1e9)
 
-    @contextmanager
-    def live_stage(self, name: str) -> Iterator[Span]:
+    def live_stage(self, name: str) -> AbstractContextManager[Span]:
         """A live child span (the inference stage); upstream attempts nest under it."""
+        return self._live_stage(name)
+
+    @contextmanager
+    def _live_stage(self, name: str) -> Iterator[Span]:
         with self._tracer.start_as_current_span(
             name, context=self._ctx, record_exception=False, set_status_on_exception=False
         ) as span:
@@ -91,11 +94,16 @@ class RequestTrace:
             finally:
                 _CURRENT.reset(token)
 
-    @contextmanager
-    def live_step(self, name: str, kind: str, *, current: bool = True) -> Iterator[Span]:
+    def live_step(
+        self, name: str, kind: str, *, current: bool = True
+    ) -> AbstractContextManager[Span]:
         """A live span for one step of a chain, under the current span (inference);
         the step's upstream attempts nest under it -- unless ``current`` is off (a
         step that runs alongside another, whose attempts they are)."""
+        return self._live_step(name, kind, current)
+
+    @contextmanager
+    def _live_step(self, name: str, kind: str, current: bool) -> Iterator[Span]:
         attributes = {"aiserve.step": name, "aiserve.step_kind": kind}
         if not current:
             span = self._tracer.start_span(f"step {name}", attributes=attributes)
@@ -164,18 +172,22 @@ class RequestTrace:
         self.span.end(end_time=self.wall_ns(end))
 
 
+#: The span of an operation that is not traced: one context manager for all of them.
+_NO_SPAN: AbstractContextManager[Span] = nullcontext(trace.INVALID_SPAN)
+
+
 class _NoopTrace(RequestTrace):
     def __init__(self) -> None:
         self.span = trace.INVALID_SPAN
         self._ctx = Context()
 
-    @contextmanager
-    def live_stage(self, name: str) -> Iterator[Span]:
-        yield trace.INVALID_SPAN
+    def live_stage(self, name: str) -> AbstractContextManager[Span]:
+        return _NO_SPAN
 
-    @contextmanager
-    def live_step(self, name: str, kind: str, *, current: bool = True) -> Iterator[Span]:
-        yield trace.INVALID_SPAN
+    def live_step(
+        self, name: str, kind: str, *, current: bool = True
+    ) -> AbstractContextManager[Span]:
+        return _NO_SPAN
 
     def inject(self, span: Span | None = None) -> dict[str, str]:
         return {}
@@ -197,21 +209,18 @@ class _NoopTrace(RequestTrace):
 NOOP_TRACE: RequestTrace = _NoopTrace()
 
 
-@contextmanager
-def upstream_attempt(attempt: int, **attributes: Any) -> Iterator[Span]:
+def upstream_attempt(attempt: int, **attributes: Any) -> AbstractContextManager[Span]:
     """A span for one upstream attempt, under the current inference span.
 
     Adapters call this around each try; outside a traced request it is a no-op.
     """
     rt = _CURRENT.get()
     if rt is None or rt is NOOP_TRACE:
-        yield trace.INVALID_SPAN
-        return
+        return _NO_SPAN
     attrs = {"aiserve.attempt": attempt, **{f"aiserve.{k}": v for k, v in attributes.items()}}
-    with rt._tracer.start_as_current_span(
+    return rt._tracer.start_as_current_span(
         "upstream_attempt", attributes=attrs, record_exception=False
-    ) as span:
-        yield span
+    )
 
 
 def configure_otlp(endpoint: str, service_name: str) -> TracerProvider:

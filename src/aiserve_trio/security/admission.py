@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import TracebackType
 
 from ..errors import Overloaded, RateLimited
 
@@ -101,6 +102,15 @@ class Admission:
         finally:
             self.inflight -= 1
 
+    def hold(self, address: str | None) -> Held:
+        """:meth:`request` and :meth:`client` in one block (a class: one per request).
+
+        Raises:
+            Overloaded: ``max_inflight`` requests are already in flight.
+            RateLimited: the address has ``max_per_client`` requests in flight.
+        """
+        return Held(self, address)
+
     @contextmanager
     def client(self, address: str | None) -> Iterator[None]:
         """Hold one of ``address``'s in-flight slots for the block.
@@ -178,6 +188,49 @@ class Admission:
             yield
         finally:
             self.close_stream(tenant)
+
+
+class Held:
+    """The in-flight slot and the client address's slot one request holds (see ``hold``)."""
+
+    __slots__ = ("_address", "_adm")
+
+    def __init__(self, adm: Admission, address: str | None) -> None:
+        self._adm = adm
+        self._address = address if adm.max_per_client else None
+
+    def __enter__(self) -> None:
+        adm = self._adm
+        if adm.inflight >= adm.max_inflight:
+            raise adm._refuse("requests in flight", adm.max_inflight)
+        address = self._address
+        if address is not None:
+            held = adm.by_client.get(address, 0)
+            if held >= adm.max_per_client:
+                adm.shed += 1
+                raise RateLimited(
+                    f"this client address has {held} requests in flight, its limit",
+                    code="too_many_connections",
+                    headers={"Retry-After": str(adm.retry_after_s)},
+                )
+            adm.by_client[address] = held + 1
+        adm.inflight += 1
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        adm = self._adm
+        adm.inflight -= 1
+        address = self._address
+        if address is not None:
+            left = adm.by_client[address] - 1
+            if left:
+                adm.by_client[address] = left
+            else:
+                del adm.by_client[address]
 
 
 class BodySlot:

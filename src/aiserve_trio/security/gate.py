@@ -18,7 +18,6 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
@@ -159,21 +158,20 @@ class Gate:
         if not self.shared_secret:
             log.warning("stream tokens use a per-worker secret: set the token secret env var")
 
-    @contextlib.contextmanager
-    def admit(self, endpoint: Endpoint, scope: Scope, headers: dict[str, str]) -> Iterator[None]:
+    def admit(
+        self, endpoint: Endpoint, scope: Scope, headers: dict[str, str]
+    ) -> contextlib.AbstractContextManager[None]:
         """Hold the slots ``endpoint`` takes for the block (probes take none):
         an in-flight slot and one of the client address's.
 
-        Raises:
+        Raises (entering the block):
             Overloaded: the worker is at ``limits.max_inflight``.
             RateLimited: the client address is at ``limits.max_per_client``.
         """
         if endpoint.admission is Admit.NONE:
-            yield
-            return
+            return contextlib.nullcontext()
         adm = self.admission
-        with adm.request(), adm.client(self.client_address(scope, headers)):
-            yield
+        return adm.hold(self.client_address(scope, headers) if adm.max_per_client else None)
 
     def client_address(self, scope: Scope, headers: dict[str, str]) -> str | None:
         """Who the request comes from: the trusted proxy's header, or the connection's peer."""
