@@ -51,3 +51,17 @@ async def app(
     for i in range(10):
         await send({"type": "http.response.body", "body": _CHUNK % i, "more_body": True})
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+async def patched(
+    scope: MutableMapping[str, Any],
+    receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+    send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+) -> None:
+    """:func:`app` on a hypercorn with the gateway's patches in (``bench.floor_patches``)."""
+    if scope["type"] == "lifespan":
+        from aiserve_trio.http import coalesce, datecache, directio, idle
+
+        for patch in (coalesce, idle, datecache, directio):
+            patch.install()
+    await app(scope, receive, send)
