@@ -10,10 +10,11 @@ from wsgiref.handlers import format_date_time
 import pytest
 import trio
 from hypercorn import config as _config
+from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.trio import tcp_server as _tcp_server
 
 from aiserve_trio.asgi import App
-from aiserve_trio.http import coalesce, datecache, directio, idle
+from aiserve_trio.http import coalesce, datecache, directio, disconnect, idle
 from aiserve_trio.http.idle import IdleTimer
 
 # The attributes the patches replace are hypercorn's module globals, not its API.
@@ -28,6 +29,9 @@ async def test_start_up_installs_the_keep_alive_timer_the_date_cache_and_direct_
     monkeypatch.setattr(idle, "_installed", False)
     monkeypatch.setattr(datecache, "_installed", False)
     monkeypatch.setattr(directio, "_installed", False)
+    monkeypatch.setattr(disconnect, "_installed", False)
+    monkeypatch.setattr(HTTPStream, "handle", HTTPStream.handle)
+    unpatched_handle = HTTPStream.handle
     monkeypatch.setattr(tcp_server.TCPServer, "protocol_send", tcp_server.TCPServer.protocol_send)
     monkeypatch.setattr(tcp_server.TCPServer, "_read_data", tcp_server.TCPServer._read_data)
     unpatched = tcp_server.TCPServer.protocol_send, tcp_server.TCPServer._read_data
@@ -42,6 +46,7 @@ async def test_start_up_installs_the_keep_alive_timer_the_date_cache_and_direct_
     assert tcp_server.TrioSingleTask is IdleTimer
     assert tcp_server.TCPServer.protocol_send is not unpatched[0]
     assert tcp_server.TCPServer._read_data is not unpatched[1]
+    assert HTTPStream.handle is not unpatched_handle
     assert hypercorn_config.format_date_time is not format_date_time
     now = time.time()
     assert hypercorn_config.format_date_time(now) == format_date_time(now)

@@ -46,9 +46,10 @@ from .errors import (
     Unprocessable,
     UnsupportedMediaType,
 )
-from .http import coalesce, datecache, directio, idle
+from .http import coalesce, datecache, directio, disconnect, idle
 from .http.body import read_body
 from .http.cors import Cors
+from .http.disconnect import DisconnectHook
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
 from .http.sse import shutdown_event
@@ -405,6 +406,7 @@ class App:
         log.info("hypercorn keep-alive timer without a lock: %s", idle.install())
         log.info("hypercorn Date header once a second: %s", datecache.install())
         log.info("hypercorn reads and writes made at once: %s", directio.install())
+        log.info("hypercorn calls the app on a disconnect: %s", disconnect.install())
         for adapter in self.adapters.values():
             await adapter.aopen(nursery)
         await self.bus.aopen()
@@ -739,7 +741,9 @@ class App:
             headers=headers,
             trace=self.tracing.start(route.label, headers, request.arrival),
         )
-        outcome = await rt.pipeline.run(info, request.receive, request.responder)
+        outcome = await rt.pipeline.run(
+            info, request.receive, request.responder, DisconnectHook.of(request.scope)
+        )
         await rt.gate.after_chat(request.principal, outcome)
 
     async def _embed(self, rt: Runtime, route: Route, request: Request) -> None:

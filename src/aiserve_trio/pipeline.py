@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
@@ -49,6 +50,7 @@ from .stages.types import STAGES, ParsedRequest, Prepared, RequestInfo, response
 
 if TYPE_CHECKING:
     from .config import Config
+    from .http.disconnect import DisconnectHook
     from .http.responder import Responder
     from .http.types import Message, Receive
     from .security.admission import Admission, BodySlot
@@ -132,22 +134,39 @@ class Pipeline:
         self.hook = hook
         self._clear_vars = frozenset(config.sessions.clear_vars)
 
-    async def run(self, info: RequestInfo, receive: Receive, responder: Responder) -> Outcome:
+    async def run(
+        self,
+        info: RequestInfo,
+        receive: Receive,
+        responder: Responder,
+        disconnect: DisconnectHook | None = None,
+    ) -> Outcome:
         """Serve one chat request, report it, and write its turns to the session bus.
 
-        Never raises a GatewayError: it is written instead.
+        ``disconnect``: when the server calls a function on the client's disconnect
+        (``http/disconnect.py``), a request whose body is all there needs no task
+        waiting in ``receive()``. Never raises a GatewayError: it is written instead.
         """
         # The slots a request takes as it goes (a body still arriving, an open
         # stream), all given back when it ends.
         with ExitStack() as slots:
-            outcome = await self._run(info, receive, responder, slots)
+            try:
+                outcome = await self._run(info, receive, responder, slots, disconnect)
+            finally:
+                if disconnect is not None:
+                    disconnect.clear()
         self.hook.request_complete(outcome)
         if self.writeback is not None and info.session_id is not None:
             await self.writeback.after_request(outcome)
         return outcome
 
     async def _run(
-        self, info: RequestInfo, receive: Receive, responder: Responder, slots: ExitStack
+        self,
+        info: RequestInfo,
+        receive: Receive,
+        responder: Responder,
+        slots: ExitStack,
+        disconnect: DisconnectHook | None,
     ) -> Outcome:
         # Typed by annotation: subscripting a generic to call it costs on every request.
         body_send: Sender[bytes]
@@ -160,7 +179,29 @@ class Pipeline:
         plan_recv: Receiver[Prepared]
         delta_send: Sender[Delta]
         delta_recv: Receiver[Delta]
-        body_send, body_recv = open_channel(0)
+        declared = _declared_length(info.headers)
+        # The body hypercorn queued before the app ran: taken now. When it is the whole
+        # body and the server will call on a disconnect, no watcher task is needed.
+        first: Message | None = None
+        take = _receive_nowait(receive) if disconnect is not None else None
+        if take is not None:
+            try:
+                first = take()
+            except trio.WouldBlock:
+                first = None
+        whole = (
+            first is not None
+            and first["type"] == "http.request"
+            and (not first.get("more_body", False) or len(first.get("body", b"")) == declared)
+        )
+        if whole:
+            assert first is not None
+            body_send, body_recv = open_channel(1)
+            if first.get("body"):
+                body_send.send_nowait(first["body"])
+            body_send.close()
+        else:
+            body_send, body_recv = open_channel(0)
         req_send, req_recv = open_channel(0)
         inf_send, inf_recv = open_channel(0)
         plan_send, plan_recv = open_channel(1)
@@ -189,16 +230,23 @@ class Pipeline:
         UPSTREAM_IO.set(upstream)
         try:
             async with trio.open_nursery() as request_nursery:
-                request_nursery.start_soon(
-                    self._watch,
-                    run,
-                    receive,
-                    _declared_length(info.headers),
-                    body_send,
-                    responder,
-                    request_nursery.cancel_scope,
-                    slots,
-                )
+                if whole:
+                    assert disconnect is not None
+                    disconnect.set(
+                        partial(self._client_gone, run, responder, request_nursery.cancel_scope)
+                    )
+                else:
+                    request_nursery.start_soon(
+                        self._watch,
+                        run,
+                        receive,
+                        declared,
+                        body_send,
+                        responder,
+                        request_nursery.cancel_scope,
+                        slots,
+                        first,
+                    )
                 async with trio.open_nursery() as stages:
                     cancel = stages.cancel_scope
                     stages.start_soon(self._stage, run, parse, None, cancel)
@@ -312,8 +360,11 @@ class Pipeline:
         responder: Responder,
         request_scope: trio.CancelScope,
         slots: ExitStack,
+        first: Message | None = None,
     ) -> None:
         """Own ``receive()``: forward the body, then wait for a disconnect.
+
+        ``first``: a message already received (taken before the stages started).
 
         A body that does not come in one piece takes one of the worker's slots
         for bodies arriving (``limits.max_receiving``) until it is in: slow
@@ -335,8 +386,9 @@ class Pipeline:
         take = _receive_nowait(receive)
         async with body:
             while True:
-                queued: Message | None = None
-                if take is not None:  # a message already queued needs no wait, nor a deadline
+                queued: Message | None = first
+                first = None
+                if queued is None and take is not None:  # queued: no wait, nor a deadline
                     try:
                         queued = take()
                     except trio.WouldBlock:
@@ -391,6 +443,13 @@ class Pipeline:
                 if not responder.finished:
                     self._disconnected(run, request_scope)
                 return
+
+    def _client_gone(
+        self, run: _Run, responder: Responder, request_scope: trio.CancelScope
+    ) -> None:
+        """The server's call on the stream's close: a disconnect, unless the reply was done."""
+        if not responder.finished:
+            self._disconnected(run, request_scope)
 
     @staticmethod
     def _disconnected(run: _Run, request_scope: trio.CancelScope) -> None:

@@ -1,8 +1,9 @@
 """The hypercorn versions whose internals the app's patches were written against.
 
 The guard (``security/edge.py``), the write coalescing (``http/coalesce.py``), the
-direct reads and writes (``http/directio.py``), the keep-alive timer (``http/idle.py``) and the
-``Date`` header (``http/datecache.py``) each replace a piece of hypercorn's internals; each
+direct reads and writes (``http/directio.py``), the keep-alive timer (``http/idle.py``), the
+``Date`` header (``http/datecache.py``) and the disconnect call (``http/disconnect.py``) each
+replace a piece of hypercorn's internals; each
 installs only when :func:`refusal` finds the installed hypercorn is one of
 :data:`SUPPORTED`, and says why not otherwise.
 """
