@@ -229,13 +229,17 @@ class Pipeline:
         upstream = UpstreamReads()
         UPSTREAM_IO.set(upstream)
         try:
-            async with trio.open_nursery() as request_nursery:
-                if whole:
-                    assert disconnect is not None
-                    disconnect.set(
-                        partial(self._client_gone, run, responder, request_nursery.cancel_scope)
-                    )
-                else:
+            stages = (parse, context, inference, sse)
+            inboxes = (req_recv, inf_recv, delta_recv)
+            if whole:
+                # The server calls on a disconnect: the stages' nursery is the request's.
+                assert disconnect is not None
+                async with trio.open_nursery() as nursery:
+                    cancel = nursery.cancel_scope
+                    disconnect.set(partial(self._client_gone, run, responder, cancel))
+                    await self._stages(run, nursery, stages, inboxes)
+            else:
+                async with trio.open_nursery() as request_nursery:
                     request_nursery.start_soon(
                         self._watch,
                         run,
@@ -247,15 +251,9 @@ class Pipeline:
                         slots,
                         first,
                     )
-                async with trio.open_nursery() as stages:
-                    cancel = stages.cancel_scope
-                    stages.start_soon(self._stage, run, parse, None, cancel)
-                    stages.start_soon(self._stage, run, context, req_recv, cancel)
-                    stages.start_soon(self._stage, run, inference, inf_recv, cancel)
-                    # The last stage runs in the nursery's own task: one task fewer
-                    # to spawn per request, and the same shell, scope and channels.
-                    await self._stage(run, sse, delta_recv, cancel)
-                request_nursery.cancel_scope.cancel(reason="request finished")
+                    async with trio.open_nursery() as nursery:
+                        await self._stages(run, nursery, stages, inboxes)
+                    request_nursery.cancel_scope.cancel(reason="request finished")
             TASK_LABEL.set(label)
         except Exception as exc:  # a bug in a stage: log it, tell the client nothing of it
             log.exception("request %s failed inside the gateway", info.request_id, exc_info=exc)
@@ -308,6 +306,26 @@ class Pipeline:
             cache=cache,
             chain=chain,
         )
+
+    async def _stages(
+        self,
+        run: _Run,
+        nursery: trio.Nursery,
+        stages: tuple[_Stage[Any], _Stage[Any], _Stage[Any], _Stage[Any]],
+        inboxes: tuple[Inbox[Any], Inbox[Any], Inbox[Any]],
+    ) -> None:
+        """Start parse, context and inference in ``nursery``; run sse in this task.
+
+        The last stage runs in the nursery's own task: one task fewer to spawn per
+        request, and the same shell, scope and channels. A stage's failure cancels
+        ``nursery``.
+        """
+        parse, context, inference, sse = stages
+        cancel = nursery.cancel_scope
+        nursery.start_soon(self._stage, run, parse, None, cancel)
+        nursery.start_soon(self._stage, run, context, inboxes[0], cancel)
+        nursery.start_soon(self._stage, run, inference, inboxes[1], cancel)
+        await self._stage(run, sse, inboxes[2], cancel)
 
     async def _stage(
         self,
