@@ -107,7 +107,7 @@ async def _drive(requests: int, stream: bool) -> dict[str, float]:
                         hook()
                     queue_in.send_nowait({"type": "http.disconnect"})
 
-        this = dict(scope)
+        this: dict[str, Any] = dict(scope)
         await app(this, queue_out.receive, send)
         firsts.append(first[0])
         return status
