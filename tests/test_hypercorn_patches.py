@@ -26,16 +26,16 @@ async def test_start_up_installs_the_keep_alive_timer_the_date_cache_and_direct_
     make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # As a fresh worker finds hypercorn: nothing patched yet (restored after the test).
-    monkeypatch.setattr(idle, "_installed", False)
-    monkeypatch.setattr(datecache, "_installed", False)
-    monkeypatch.setattr(directio, "_installed", False)
-    monkeypatch.setattr(disconnect, "_installed", False)
+    monkeypatch.setattr(idle.install, "installed", False)
+    monkeypatch.setattr(datecache.install, "installed", False)
+    monkeypatch.setattr(directio.install, "installed", False)
+    monkeypatch.setattr(disconnect.install, "installed", False)
     monkeypatch.setattr(HTTPStream, "handle", HTTPStream.handle)
     unpatched_handle = HTTPStream.handle
     monkeypatch.setattr(tcp_server.TCPServer, "protocol_send", tcp_server.TCPServer.protocol_send)
     monkeypatch.setattr(tcp_server.TCPServer, "_read_data", tcp_server.TCPServer._read_data)
     unpatched = tcp_server.TCPServer.protocol_send, tcp_server.TCPServer._read_data
-    monkeypatch.setattr(coalesce, "_installed", True)  # its own test covers it
+    monkeypatch.setattr(coalesce.install, "installed", True)  # its own test covers it
     monkeypatch.setattr(tcp_server, "TrioSingleTask", tcp_server.TrioSingleTask)
     monkeypatch.setattr(hypercorn_config, "format_date_time", format_date_time)
     app = make_app()

@@ -31,26 +31,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from .hypercorn_version import refusal
+from .hypercorn_version import Patch
 
 #: Key of an ``http.response.start`` message: a body follows at once, the head may wait for it.
 DEFER: Final = "aiserve.body_follows"
-_installed = False
 
 
-def install() -> str:
-    """Patch hypercorn's HTTP/1.1 writes if its version is supported.
-
-    Returns:
-        what was done, for the start-up log.
-    """
-    global _installed
-    if _installed:
-        return "already installed"
-    if (why := refusal()) is not None:
-        return why
-    _installed = True
-
+def _apply() -> None:
+    """Patch hypercorn's HTTP/1.1 writes (see :data:`install`)."""
     import h11
     from hypercorn.events import RawData
     from hypercorn.protocol.events import Body, EndBody, Response
@@ -109,4 +97,6 @@ def install() -> str:
     H11Protocol._send_h11_event = send_h11_event  # type: ignore[method-assign]
     H11Protocol.stream_send = stream_send  # type: ignore[method-assign]
     HTTPStream.app_send = app_send  # type: ignore[method-assign]
-    return "installed"
+
+
+install = Patch(_apply)

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .hypercorn_version import refusal
-
-_installed = False
+from .hypercorn_version import Patch
 
 
 def cached(format_date_time: Callable[[float], str]) -> Callable[[float], str]:
@@ -33,15 +31,11 @@ def cached(format_date_time: Callable[[float], str]) -> Callable[[float], str]:
     return format_cached
 
 
-def install() -> str:
-    """Make hypercorn format its ``Date`` header once a second, if its version is supported."""
-    global _installed
-    if _installed:
-        return "already installed"
-    if (why := refusal()) is not None:
-        return why
-    _installed = True
+def _apply() -> None:
+    """Make hypercorn format its ``Date`` header once a second (see :data:`install`)."""
     from hypercorn import config
 
     config.format_date_time = cached(config.format_date_time)  # type: ignore[attr-defined,assignment]
-    return "installed"
+
+
+install = Patch(_apply)

@@ -37,21 +37,14 @@ from typing import Any
 
 import trio
 
-from .hypercorn_version import refusal
+from .hypercorn_version import Patch
 
-_installed = False
 #: hypercorn's read size (``hypercorn.trio.tcp_server.MAX_RECV``).
 MAX_RECV = 2**16
 
 
-def install() -> str:
-    """Patch hypercorn's ``TCPServer`` writes and reads, if its version is supported."""
-    global _installed
-    if _installed:
-        return "already installed"
-    if (why := refusal()) is not None:
-        return why
-    _installed = True
+def _apply() -> None:
+    """Patch hypercorn's ``TCPServer`` writes and reads (see :data:`install`)."""
     from hypercorn.events import Closed, RawData
     from hypercorn.trio.tcp_server import TCPServer
 
@@ -94,7 +87,9 @@ def install() -> str:
 
     TCPServer.protocol_send = protocol_send  # type: ignore[method-assign]
     TCPServer._read_data = read_data  # type: ignore[method-assign]
-    return "installed"
+
+
+install = Patch(_apply)
 
 
 async def _read_loop(server: Any, sock: Any, closed: type, raw_data: type) -> None:

@@ -22,13 +22,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
-from .hypercorn_version import refusal
+from .hypercorn_version import Patch
 
 #: Scope key: the server will call ``HOOK`` when the stream closes.
 SUPPORTED: Final = "aiserve.disconnect_call"
 #: Scope key: what the server calls (no arguments) when the stream closes.
 HOOK: Final = "aiserve.on_disconnect"
-_installed = False
 
 
 class DisconnectHook:
@@ -52,14 +51,8 @@ class DisconnectHook:
         self._scope.pop(HOOK, None)
 
 
-def install() -> str:
-    """Patch hypercorn's ``HTTPStream.handle``, if its version is supported."""
-    global _installed
-    if _installed:
-        return "already installed"
-    if (why := refusal()) is not None:
-        return why
-    _installed = True
+def _apply() -> None:
+    """Patch hypercorn's ``HTTPStream.handle`` (see :data:`install`)."""
     from hypercorn.protocol.events import Request, StreamClosed
     from hypercorn.protocol.http_stream import HTTPStream
 
@@ -77,4 +70,6 @@ def install() -> str:
             self.scope[SUPPORTED] = True
 
     HTTPStream.handle = handle  # type: ignore[method-assign]
-    return "installed"
+
+
+install = Patch(_apply)

@@ -10,6 +10,7 @@ installs only when :func:`refusal` finds the installed hypercorn is one of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 
@@ -36,3 +37,28 @@ def refusal() -> str | None:
         known = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED)
         return f"not installed: hypercorn {hv} is not a version it was written for ({known})"
     return None
+
+
+class Patch:
+    """One of the app's patches of hypercorn: ``install()`` applies it at most once, and only
+    to a hypercorn of :data:`SUPPORTED`.
+
+    Calling it returns what was done, for the start-up log: ``installed``, ``already
+    installed``, or ``not installed: ...`` (hypercorn missing, or a version the patch does
+    not know). ``installed`` says whether it has been applied (tests reset it).
+    """
+
+    __slots__ = ("_apply", "installed")
+
+    def __init__(self, apply: Callable[[], str | None]) -> None:
+        """``apply`` patches hypercorn; it may return what to say instead of ``installed``."""
+        self._apply = apply
+        self.installed = False
+
+    def __call__(self) -> str:
+        if self.installed:
+            return "already installed"
+        if (why := refusal()) is not None:
+            return why
+        self.installed = True
+        return self._apply() or "installed"

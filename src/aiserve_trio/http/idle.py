@@ -34,10 +34,7 @@ from typing import Any
 
 import trio
 
-from .hypercorn_version import refusal
-
-#: hypercorn versions (major, minor) whose internals the patch was written against.
-_installed = False
+from .hypercorn_version import Patch
 
 
 async def _in_scope(scope: trio.CancelScope, action: Callable[[], Awaitable[None]]) -> None:
@@ -135,15 +132,11 @@ class IdleTimer:
             await server._initiate_server_close()
 
 
-def install() -> str:
-    """Make hypercorn's TCP server use :class:`IdleTimer`, if its version is supported."""
-    global _installed
-    if _installed:
-        return "already installed"
-    if (why := refusal()) is not None:
-        return why
-    _installed = True
+def _apply() -> None:
+    """Make hypercorn's TCP server use :class:`IdleTimer` (see :data:`install`)."""
     from hypercorn.trio import tcp_server
 
     tcp_server.TrioSingleTask = IdleTimer  # type: ignore[attr-defined,assignment]
-    return "installed"
+
+
+install = Patch(_apply)

@@ -48,7 +48,7 @@ from hypercorn.events import Closed, RawData
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.trio.tcp_server import TCPServer
 
-from ..http.hypercorn_version import refusal
+from ..http.hypercorn_version import Patch
 
 log = logging.getLogger("aiserve_trio.edge")
 
@@ -64,8 +64,6 @@ RESET_MAX_RATIO = 0.5
 #: Bytes of one read handed to h2 at a time, the meters judging between slices
 #: (a few hundred small frames; a 16 KiB DATA frame arrives in four).
 FEED_SLICE = 4096
-#: hypercorn versions (major, minor) whose internals the patch was written against.
-_installed = False
 #: This worker's settings (read from hypercorn's config at its first connection) and
 #: penalty box (None when turned off).
 _settings: EdgeSettings | None = None
@@ -295,20 +293,8 @@ def control_frames(events: list[Any]) -> int:
     return n
 
 
-def install() -> str:
-    """Patch hypercorn with the guards above if its version is supported.
-
-    Returns:
-        what was done, for the start-up log: ``installed``, ``already installed``,
-        ``not installed: ...`` (hypercorn missing, or a version the patch does not know).
-    """
-    global _installed
-    if _installed:
-        return "already installed"
-    if (why := refusal()) is not None:
-        return why
-    _installed = True
-
+def _apply() -> str:
+    """Patch hypercorn with the guards above; say which hypercorn (``install`` calls it)."""
     original_run: Callable[[Any], Awaitable[None]] = TCPServer.run
     original_events: Callable[[Any, list[Any]], Awaitable[None]] = H2Protocol._handle_events
     original_handle: Callable[[Any, Any], Awaitable[None]] = H2Protocol.handle
@@ -429,3 +415,6 @@ def install() -> str:
     H2Protocol._handle_events = handle_events  # type: ignore[method-assign]
     H2Protocol.handle = handle  # type: ignore[method-assign]
     return f"installed (hypercorn {dist_version('hypercorn')})"
+
+
+install = Patch(_apply)
