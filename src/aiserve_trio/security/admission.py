@@ -87,57 +87,14 @@ class Admission:
             headers={"Retry-After": str(self.retry_after_s)},
         )
 
-    @contextmanager
-    def request(self) -> Iterator[None]:
-        """Hold one in-flight slot for the block.
+    def request(self, address: str | None = None) -> Held:
+        """Hold one in-flight slot for the block, and one of ``address``'s when given.
 
-        Raises:
-            Overloaded: ``max_inflight`` requests are already in flight.
-        """
-        if self.inflight >= self.max_inflight:
-            raise self._refuse("requests in flight", self.max_inflight)
-        self.inflight += 1
-        try:
-            yield
-        finally:
-            self.inflight -= 1
-
-    def hold(self, address: str | None) -> Held:
-        """:meth:`request` and :meth:`client` in one block (a class: one per request).
-
-        Raises:
+        Raises (entering the block):
             Overloaded: ``max_inflight`` requests are already in flight.
             RateLimited: the address has ``max_per_client`` requests in flight.
         """
         return Held(self, address)
-
-    @contextmanager
-    def client(self, address: str | None) -> Iterator[None]:
-        """Hold one of ``address``'s in-flight slots for the block.
-
-        Raises:
-            RateLimited: the address has ``max_per_client`` requests in flight.
-        """
-        if address is None or not self.max_per_client:
-            yield
-            return
-        held = self.by_client.get(address, 0)
-        if held >= self.max_per_client:
-            self.shed += 1
-            raise RateLimited(
-                f"this client address has {held} requests in flight, its limit",
-                code="too_many_connections",
-                headers={"Retry-After": str(self.retry_after_s)},
-            )
-        self.by_client[address] = held + 1
-        try:
-            yield
-        finally:
-            left = self.by_client[address] - 1
-            if left:
-                self.by_client[address] = left
-            else:
-                del self.by_client[address]
 
     def body(self) -> BodySlot:
         """A slot for a request whose body is still arriving; release it when it has.
@@ -191,7 +148,7 @@ class Admission:
 
 
 class Held:
-    """The in-flight slot and the client address's slot one request holds (see ``hold``)."""
+    """The in-flight slot and the client address's slot one request holds (see ``request``)."""
 
     __slots__ = ("_address", "_adm")
 

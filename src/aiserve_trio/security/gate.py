@@ -171,7 +171,7 @@ class Gate:
         if endpoint.admission is Admit.NONE:
             return contextlib.nullcontext()
         adm = self.admission
-        return adm.hold(self.client_address(scope, headers) if adm.max_per_client else None)
+        return adm.request(self.client_address(scope, headers) if adm.max_per_client else None)
 
     def client_address(self, scope: Scope, headers: dict[str, str]) -> str | None:
         """Who the request comes from: the trusted proxy's header, or the connection's peer."""
