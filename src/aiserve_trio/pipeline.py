@@ -182,23 +182,12 @@ class Pipeline:
         declared = _declared_length(info.headers)
         # The body hypercorn queued before the app ran: taken now. When it is the whole
         # body and the server will call on a disconnect, no watcher task is needed.
-        first: Message | None = None
-        take = _receive_nowait(receive) if disconnect is not None else None
-        if take is not None:
-            try:
-                first = take()
-            except trio.WouldBlock:
-                first = None
-        whole = (
-            first is not None
-            and first["type"] == "http.request"
-            and (not first.get("more_body", False) or len(first.get("body", b"")) == declared)
-        )
-        if whole:
-            assert first is not None
+        first = _queued(receive) if disconnect is not None else None
+        whole = _whole_body(first, declared)
+        if whole is not None:
             body_send, body_recv = open_channel(1)
-            if first.get("body"):
-                body_send.send_nowait(first["body"])
+            if whole:
+                body_send.send_nowait(whole)
             body_send.close()
         else:
             body_send, body_recv = open_channel(0)
@@ -231,7 +220,7 @@ class Pipeline:
         try:
             stages = (parse, context, inference, sse)
             inboxes = (req_recv, inf_recv, delta_recv)
-            if whole:
+            if whole is not None:
                 # The server calls on a disconnect: the stages' nursery is the request's.
                 assert disconnect is not None
                 async with trio.open_nursery() as nursery:
@@ -401,16 +390,11 @@ class Pipeline:
             total=lim.body_total_timeout_ms / 1000.0,
             min_rate=lim.body_min_rate,
         )
-        take = _receive_nowait(receive)
         async with body:
             while True:
-                queued: Message | None = first
+                # A message already there needs no wait, nor a deadline.
+                queued = first if first is not None else _queued(receive)
                 first = None
-                if queued is None and take is not None:  # queued: no wait, nor a deadline
-                    try:
-                        queued = take()
-                    except trio.WouldBlock:
-                        queued = None
                 if queued is not None:
                     msg = queued
                 else:
@@ -519,6 +503,26 @@ def _receive_nowait(receive: Receive) -> Callable[[], Message] | None:
         nowait: Callable[[], Message] = channel.receive_nowait
         return nowait
     return None
+
+
+def _queued(receive: Receive) -> Message | None:
+    """The message the server has already queued for ``receive``, if it can tell."""
+    take = _receive_nowait(receive)
+    if take is None:
+        return None
+    try:
+        return take()
+    except trio.WouldBlock:
+        return None
+
+
+def _whole_body(first: Message | None, declared: int | None) -> bytes | None:
+    """The request's body when ``first`` holds all of it (the last part, or the
+    declared ``Content-Length``); None when more may follow."""
+    if first is None or first["type"] != "http.request":
+        return None
+    body: bytes = first.get("body", b"")
+    return body if not first.get("more_body", False) or len(body) == declared else None
 
 
 def _declared_length(headers: dict[str, str]) -> int | None:
