@@ -4,20 +4,17 @@ writes nothing and shows up as the last refusal."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from aiserve_trio.asgi import App
-from aiserve_trio.config import load_config
 
 from .asgi_client import Client
 from .authcfg import KEY_A, KEY_ADMIN, OFF, auth_toml, bearer
 from .conftest import config_text
+from .test_reload import read, running
 
 CHAIN = """
 # The bank's chain; keep the comments.
@@ -57,22 +54,6 @@ def path(tmp_path: Path) -> Path:
     assert "reload_watch_s = 0" in text
     p.write_text(text + CHAIN)
     return p
-
-
-@asynccontextmanager
-async def running(path: Path) -> AsyncIterator[App]:
-    app = App(load_config(path))
-    async with trio.open_nursery() as nursery:
-        await app.startup(nursery)
-        try:
-            yield app
-        finally:
-            await app.shutdown()
-            nursery.cancel_scope.cancel()
-
-
-def read(p: Path) -> str:
-    return p.read_text()
 
 
 async def steps_run(app: App) -> str:
