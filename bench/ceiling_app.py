@@ -58,10 +58,9 @@ async def patched(
     receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
     send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
 ) -> None:
-    """:func:`app` on a hypercorn with the gateway's patches in (``bench.floor_patches``)."""
+    """:func:`app` on a hypercorn with the gateway's seam in (``bench.floor_patches``)."""
     if scope["type"] == "lifespan":
-        from aiserve_trio.http import coalesce, datecache, directio, idle
+        from aiserve_trio import hypercorn_seam
 
-        for patch in (coalesce, idle, datecache, directio):
-            patch.install()
+        hypercorn_seam.install()
     await app(scope, receive, send)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from aiserve_trio import hypercorn_seam
 from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, default_config_text, parse_config
 
@@ -30,6 +31,15 @@ def config_text(**mock: str) -> str:
 def make_config(extra: str = "", **mock: str) -> Config:
     """The default config (fast mock), with ``extra`` TOML appended."""
     return parse_config(config_text(**mock) + "\n" + extra, source="<test>")
+
+
+@pytest.fixture(autouse=True)
+def _hypercorn_as_shipped() -> Iterator[None]:
+    """Each test starts and ends with hypercorn as shipped (an app's start-up installs the
+    seam: taken out again here, so no test runs on a seam it did not ask for)."""
+    hypercorn_seam.uninstall()
+    yield
+    hypercorn_seam.uninstall()
 
 
 @pytest.fixture

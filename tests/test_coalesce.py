@@ -14,9 +14,10 @@ import trio
 from hypercorn.config import Config
 from hypercorn.events import RawData
 from hypercorn.trio import serve
-from hypercorn.trio.tcp_server import TCPServer
 
+from aiserve_trio import hypercorn_seam
 from aiserve_trio.http import coalesce
+from aiserve_trio.hypercorn_seam import GatewayTCPServer
 
 from .servers import free_port
 
@@ -40,19 +41,21 @@ class Writes:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sizes: list[int] = []
-        original = TCPServer.protocol_send
+        original = GatewayTCPServer.protocol_send
 
         async def counting(server: Any, event: Any) -> None:
             if isinstance(event, RawData):
                 self.sizes.append(len(event.data))
             await original(server, event)
 
-        monkeypatch.setattr(TCPServer, "protocol_send", counting)
+        monkeypatch.setattr(GatewayTCPServer, "protocol_send", counting)
 
 
 @asynccontextmanager
 async def server(app: App) -> AsyncIterator[int]:
-    assert coalesce.install() in ("installed", "already installed")
+    # hypercorn's Trio worker picks its server class as it starts serving: the seam's.
+    hypercorn_seam.install()
+    assert hypercorn_seam.installed()
     port = free_port()
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]

@@ -1,5 +1,6 @@
-"""A request whose body was all there, on a server that calls the app on a disconnect
-(``http/disconnect.py``): no task waits in ``receive()``, and a disconnect still ends it."""
+"""How the pipeline hears of a disconnect (``http/disconnect.py``): the server's call
+(hypercorn through the seam, for real, and a scope driven by hand) or a task waiting in
+``receive()`` (any other server, and hypercorn as shipped)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from aiserve_trio.http.disconnect import HOOK, SUPPORTED
+from aiserve_trio.http.disconnect import EXTENSION, ServerCall
 
 from .asgi_client import chat_body, make_scope
 from .authcfg import OFF, auth_app
@@ -22,7 +23,8 @@ class Exchange:
         raw = json.dumps(body).encode()
         headers = {"content-type": "application/json", "content-length": str(len(raw))}
         self.scope = make_scope("POST", "/v1/chat/completions", headers)
-        self.scope[SUPPORTED] = True
+        self.call = ServerCall()
+        self.scope.setdefault("extensions", {})[EXTENSION] = self.call
         self.queue_in, self.queue_out = trio.open_memory_channel[dict[str, Any]](10)
         self.queue_in.send_nowait({"type": "http.request", "body": raw, "more_body": True})
         self.queue_in.send_nowait({"type": "http.request", "body": b"", "more_body": False})
@@ -44,9 +46,7 @@ class Exchange:
 
     def close(self) -> None:
         """The stream closes (the reply ended, or the client went): as hypercorn does."""
-        callback = self.scope.pop(HOOK, None)
-        if callback is not None:
-            callback()
+        self.call.closed()
         self.queue_in.send_nowait({"type": "http.disconnect"})
 
     async def wait_for_chunks(self, n: int) -> None:
@@ -96,15 +96,108 @@ async def test_the_servers_call_on_a_disconnect_ends_the_stream(autojump_clock: 
     assert b"w w w w w w w w w w w w w w w w w w w w" not in b"".join(ex.chunks)
 
 
-async def test_a_scope_without_the_mark_keeps_a_task_in_receive(autojump_clock: Any) -> None:
+async def test_a_scope_without_the_call_keeps_a_task_in_receive(autojump_clock: Any) -> None:
     app = auth_app(OFF, ttft_ms="10", itl_ms="100")
     ex = Exchange(app, chat_body("echo: " + " ".join(["w"] * 200), stream=True))
-    del ex.scope[SUPPORTED]
+    del ex.scope["extensions"][EXTENSION]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ex.run)
         await ex.wait_for_chunks(3)
-        assert HOOK not in ex.scope  # nothing registered: the watcher reads receive()
         ex.queue_in.send_nowait({"type": "http.disconnect"})
         with trio.fail_after(5):
             await ex.done.wait()
     assert disconnects(app) == 1
+
+
+def test_a_call_set_after_the_stream_closed_is_made_at_once() -> None:
+    call = ServerCall()
+    calls: list[str] = []
+    call.set(lambda: calls.append("first"))
+    call.closed()
+    call.closed()  # once only
+    assert calls == ["first"]
+    call.set(lambda: calls.append("late"))  # the request asks after the close: told now
+    assert calls == ["first", "late"]
+    cleared = ServerCall()
+    cleared.set(lambda: calls.append("cleared"))
+    cleared.clear()
+    cleared.closed()
+    assert calls == ["first", "late"]
+
+
+# --- the real hypercorn, in this process, with and without the seam -------------------
+
+
+class Served:
+    """The gateway under hypercorn's Trio worker; records each HTTP scope's disconnect call."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.calls: list[object] = []
+        self.finished = trio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.calls.append(scope["extensions"].get(EXTENSION))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.finished.set()
+
+
+async def serve_and_disconnect(app: Any) -> tuple[Served, float]:
+    """Serve ``app`` on hypercorn; a client streams, leaves after a few chunks; how long
+    the gateway took to notice."""
+    from functools import partial
+
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    from .servers import free_port
+
+    served = Served(app)
+    port = free_port()
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    done = trio.Event()
+    raw = json.dumps(chat_body("echo: " + " ".join(["w"] * 300), stream=True)).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(raw), raw)
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(serve, served, config, shutdown_trigger=done.wait))
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(request)
+            got = b""
+            while got.count(b"data: ") < 3:
+                got += await stream.receive_some(65536)
+            await stream.aclose()
+            left = trio.current_time()
+            await served.finished.wait()
+            noticed = trio.current_time() - left
+            assert disconnects(app) == 1
+        done.set()
+    return served, noticed
+
+
+async def test_through_the_seam_hypercorn_calls_and_the_stream_ends_at_once() -> None:
+    app = auth_app(OFF, ttft_ms="5", itl_ms="50")  # 300 words: 15 s if it went on
+    served, noticed = await serve_and_disconnect(app)
+    # The app's start-up installed the seam; hypercorn's worker then built its server.
+    assert [type(c) for c in served.calls] == [ServerCall]
+    assert noticed < 1.0
+
+
+async def test_on_hypercorn_as_shipped_the_watcher_hears_the_disconnect(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setenv("AISERVE_HYPERCORN_PATCHES", "off")
+    app = auth_app(OFF, ttft_ms="5", itl_ms="50")
+    served, noticed = await serve_and_disconnect(app)
+    assert served.calls == [None]  # no call offered: the pipeline's watcher reads receive()
+    assert noticed < 1.0

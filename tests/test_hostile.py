@@ -24,11 +24,10 @@ import trio
 from bench import hostile
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData
-from hypercorn.protocol.h2 import H2Protocol
-from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
+from aiserve_trio.hypercorn_seam import GatewayH2, GatewayTCPServer
 from aiserve_trio.security import edge
 from aiserve_trio.security.edge import (
     EdgeSettings,
@@ -218,12 +217,11 @@ class FakeTasks:
         pass  # hypercorn's send task: nothing to send in these tests
 
 
-async def h2_server() -> tuple[H2Protocol, FakeTasks, bytearray]:
-    """hypercorn's H2Protocol with the guard installed, as a TCPServer would drive it."""
-    assert edge.install().startswith(("installed", "already installed"))
+async def h2_server() -> tuple[GatewayH2, FakeTasks, bytearray]:
+    """The seam's HTTP/2 protocol (hypercorn's, guarded), as a TCPServer would drive it."""
     tasks = FakeTasks()
     out = bytearray()
-    proto: H2Protocol
+    proto: GatewayH2
 
     async def send(event: Event) -> None:
         if isinstance(event, RawData):
@@ -231,11 +229,11 @@ async def h2_server() -> tuple[H2Protocol, FakeTasks, bytearray]:
         elif isinstance(event, Closed):  # TCPServer closes the socket, then tells it so
             await proto.handle(Closed())
 
-    proto = H2Protocol(
-        None,  # type: ignore[arg-type]  # never called: FakeTasks starts no app
+    proto = GatewayH2(
+        None,  # never called: FakeTasks starts no app
         Config(),
         WorkerContext(None),  # the trio one, as in hypercorn's worker
-        tasks,  # type: ignore[arg-type]
+        tasks,
         ConnectionState({}),
         False,
         ("127.0.0.9", 1),
@@ -407,12 +405,11 @@ class FakeTLS:
 
 
 async def test_an_address_in_the_penalty_box_is_refused_before_tls(box: PenaltyBox) -> None:
-    assert edge.install().startswith(("installed", "already installed"))
     box.punish("127.0.0.9", trio.current_time())
 
     async def connect(host: str) -> FakeTLS:
         stream = FakeTLS(host)
-        server = TCPServer(None, Config(), WorkerContext(None), {}, stream)  # type: ignore[arg-type]
+        server = GatewayTCPServer(None, Config(), WorkerContext(None), {}, stream)
         await server.run()
         return stream
 

@@ -9,7 +9,6 @@ import pytest
 import trio
 import trio.testing
 
-from aiserve_trio.http import directio, idle
 from aiserve_trio.http.idle import IdleTimer, LeanSingleTask
 
 
@@ -53,7 +52,6 @@ async def test_an_idle_connection_is_still_closed_and_a_busy_one_is_not(
 
     from .test_coalesce import HEAD, body, exchange, server
 
-    assert idle.install() in ("installed", "already installed")
     monkeypatch.setattr(Config, "keep_alive_timeout", 0.3)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -175,8 +173,6 @@ async def test_a_client_gone_mid_request_leaves_no_timer_behind() -> None:
     """The connection's task ends when the client does: shutdown does not wait for it."""
     from .test_coalesce import HEAD, body, server
 
-    assert idle.install() in ("installed", "already installed")
-    assert directio.install() in ("installed", "already installed")  # its read loop tells the timer
     answered = trio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import trio
 from opentelemetry.trace import TracerProvider
 
-from . import gctune
+from . import gctune, hypercorn_seam
 from .adapters import Adapter, build_adapters
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
@@ -46,10 +46,9 @@ from .errors import (
     Unprocessable,
     UnsupportedMediaType,
 )
-from .http import coalesce, datecache, directio, disconnect, idle
 from .http.body import read_body
 from .http.cors import Cors
-from .http.disconnect import DisconnectHook
+from .http.disconnect import server_call
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
 from .http.sse import shutdown_event
@@ -67,7 +66,6 @@ from .policies.registry import build_policies
 from .record.recorder import build_recorder, recorded_routes
 from .reload import Reloader, Staged
 from .runtime import Closer, Generations, Held, Runtime, carry_adapters, close_all
-from .security import edge
 from .security.gate import Gate
 from .sessions import build_bus
 from .sessions.bus import SessionBus, check_session_id
@@ -75,7 +73,7 @@ from .sessions.http import SessionEndpoints
 from .sessions.outbox import WriteBack
 from .stages.outcome import Outcome
 from .stages.types import RequestInfo, Route
-from .startup import hypercorn_process
+from .startup import hypercorn_process, refuse_to_start
 
 log = logging.getLogger("aiserve_trio")
 
@@ -118,6 +116,8 @@ class App:
         self._background: trio.CancelScope | None = None
         #: The app's lifetime nursery and its background nursery (set by startup).
         self._nursery: trio.Nursery | None = None
+        #: hypercorn's config, when hypercorn's lifespan started the app (its TOML's keys).
+        self.server_config: object | None = None
         self._tasks: trio.Nursery | None = None
         # Profiles and run traces of this worker (one of each at a time, whatever
         # the config): auth on or off follows the current config.
@@ -373,6 +373,8 @@ class App:
             await self._lifespan(receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
+        # hypercorn's lifespan hands its own receive: its config is the server's.
+        self.server_config = getattr(getattr(receive, "__self__", None), "config", None)
         await receive()  # lifespan.startup
         _show_startup_logs()
         # The app's pools and background tasks live in this nursery: opened
@@ -400,13 +402,8 @@ class App:
             nursery: lives as long as the app (until after :meth:`shutdown`):
                 adapters' connection tasks and the app's background tasks run in it.
         """
-        log.info("hypercorn guard: %s", edge.install())
+        self._install_seam()
         self._nursery = nursery
-        log.info("hypercorn write coalescing: %s", coalesce.install())
-        log.info("hypercorn keep-alive timer without a lock: %s", idle.install())
-        log.info("hypercorn Date header once a second: %s", datecache.install())
-        log.info("hypercorn reads and writes made at once: %s", directio.install())
-        log.info("hypercorn calls the app on a disconnect: %s", disconnect.install())
         for adapter in self.adapters.values():
             await adapter.aopen(nursery)
         await self.bus.aopen()
@@ -424,6 +421,17 @@ class App:
             self.config.source,
             ", ".join(self.routes),
         )
+
+    def _install_seam(self) -> None:
+        """The hypercorn seam (``hypercorn_seam.py``); a hypercorn it does not know refuses
+        the start, as a bad config does (unless hypercorn's TOML allows it)."""
+        try:
+            log.info("hypercorn seam: %s", hypercorn_seam.install(self.server_config))
+        except hypercorn_seam.SeamRefused as exc:
+            role = hypercorn_process()
+            if role is None:
+                raise
+            refuse_to_start(str(exc), role)
 
     async def _open_cache(self, rt: Runtime) -> None:
         """Open ``rt``'s cache backend if it is a new one (in a task of its own: see ``Held``)."""
@@ -742,7 +750,7 @@ class App:
             trace=self.tracing.start(route.label, headers, request.arrival),
         )
         outcome = await rt.pipeline.run(
-            info, request.receive, request.responder, DisconnectHook.of(request.scope)
+            info, request.receive, request.responder, server_call(request.scope)
         )
         await rt.gate.after_chat(request.principal, outcome)
 

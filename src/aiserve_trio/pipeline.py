@@ -11,10 +11,12 @@ shell (:meth:`Pipeline._stage`): it waits for the stage's input, runs the
 stage inside a cancel scope whose deadline is the stage's cumulative cut point
 (``Budget.cut``), reports its start, end and expiry to the event hook, closes
 the stage's channels when it ends (so end-of-stream needs no sentinel), and
-records its failure. A watcher task owns ``receive()``: it forwards the body
-to the parse stage and then waits for ``http.disconnect``, which cancels the
-whole request. (hypercorn's ``send()`` does not raise after a disconnect, so a
-loop that only sends would never notice.)
+records its failure. A body still arriving is forwarded to the parse stage by a
+task that owns ``receive()``. A disconnect cancels the whole request; the pipeline
+hears of it through one interface (``http/disconnect.py``): the server's call where
+the server makes one (hypercorn through the gateway's seam), a task waiting in
+``receive()`` for ``http.disconnect`` anywhere else. (hypercorn's ``send()`` does not
+raise after a disconnect, so a loop that only sends would never notice.)
 
 The first failure in pipeline order wins and is written once at the end -- an
 HTTP error with the OpenAI envelope before the first byte, the assembler's
@@ -35,6 +37,7 @@ import trio
 from .adapters.base import Delta
 from .cache.service import Cache
 from .errors import BodyReadTimeout, GatewayError, InternalError, ReplyCapExceeded
+from .http.disconnect import Disconnect, ReceiveWatcher
 from .http.sse import DONE, ChatFramer
 from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
 from .observability.events import NULL_HOOK, Hook
@@ -50,7 +53,7 @@ from .stages.types import STAGES, ParsedRequest, Prepared, RequestInfo, response
 
 if TYPE_CHECKING:
     from .config import Config
-    from .http.disconnect import DisconnectHook
+    from .http.disconnect import ServerCall
     from .http.responder import Responder
     from .http.types import Message, Receive
     from .security.admission import Admission, BodySlot
@@ -139,13 +142,14 @@ class Pipeline:
         info: RequestInfo,
         receive: Receive,
         responder: Responder,
-        disconnect: DisconnectHook | None = None,
+        disconnect: ServerCall | None = None,
     ) -> Outcome:
         """Serve one chat request, report it, and write its turns to the session bus.
 
         ``disconnect``: when the server calls a function on the client's disconnect
         (``http/disconnect.py``), a request whose body is all there needs no task
-        waiting in ``receive()``. Never raises a GatewayError: it is written instead.
+        waiting in ``receive()``; None: a watcher task waits there. Never raises a
+        GatewayError: it is written instead.
         """
         # The slots a request takes as it goes (a body still arriving, an open
         # stream), all given back when it ends.
@@ -166,7 +170,7 @@ class Pipeline:
         receive: Receive,
         responder: Responder,
         slots: ExitStack,
-        disconnect: DisconnectHook | None,
+        disconnect: ServerCall | None,
     ) -> Outcome:
         # Typed by annotation: subscripting a generic to call it costs on every request.
         body_send: Sender[bytes]
@@ -229,6 +233,11 @@ class Pipeline:
                     await self._stages(run, nursery, stages, inboxes)
             else:
                 async with trio.open_nursery() as request_nursery:
+                    gone: Disconnect = (
+                        disconnect
+                        if disconnect is not None
+                        else ReceiveWatcher(receive, request_nursery)
+                    )
                     request_nursery.start_soon(
                         self._watch,
                         run,
@@ -239,6 +248,7 @@ class Pipeline:
                         request_nursery.cancel_scope,
                         slots,
                         first,
+                        gone,
                     )
                     async with trio.open_nursery() as nursery:
                         await self._stages(run, nursery, stages, inboxes)
@@ -367,9 +377,10 @@ class Pipeline:
         responder: Responder,
         request_scope: trio.CancelScope,
         slots: ExitStack,
-        first: Message | None = None,
+        first: Message | None,
+        disconnect: Disconnect,
     ) -> None:
-        """Own ``receive()``: forward the body, then wait for a disconnect.
+        """Own ``receive()``: forward the body, then have ``disconnect`` tell of a disconnect.
 
         ``first``: a message already received (taken before the stages started).
 
@@ -438,18 +449,13 @@ class Pipeline:
                     break
         if slot is not None:
             slot.release()  # the body is in: the slot goes to the next upload
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                # hypercorn also reports the end of a completed response this way.
-                if not responder.finished:
-                    self._disconnected(run, request_scope)
-                return
+        disconnect.set(partial(self._client_gone, run, responder, request_scope))
 
     def _client_gone(
         self, run: _Run, responder: Responder, request_scope: trio.CancelScope
     ) -> None:
-        """The server's call on the stream's close: a disconnect, unless the reply was done."""
+        """The stream closed: a disconnect, unless the reply was done (hypercorn also
+        reports the end of a completed exchange this way)."""
         if not responder.finished:
             self._disconnected(run, request_scope)
 

@@ -8,7 +8,8 @@ reply that is in hand at once (a short answer, a cache hit, an error) took three
 four writes, and those writes were a fifth of the worker's time at 16 concurrent
 streams (``python -m bench.ab``, ``bench/results/2026-12-01``).
 
-:func:`install` patches three methods, keeping hypercorn's own code:
+:class:`HeldWrites` is the rule, used by the seam's HTTP/1.1 protocol
+(``hypercorn_seam.py``):
 
 - an ``http.response.start`` message carrying :data:`DEFER` -- the app's promise
   that a body follows at once -- has its head held, not written;
@@ -19,11 +20,8 @@ streams (``python -m bench.ab``, ``bench/results/2026-12-01``).
   is reordered and nothing is held past the app's send that made it. Empty writes
   are skipped.
 
-Only HTTP/1.1 (hypercorn's ``H11Protocol``); HTTP/2 frames are written by their own
-path. The patch reaches into hypercorn's internals, so it is applied only to the
-versions it was written for (:data:`~.hypercorn_version.SUPPORTED`); elsewhere
-:data:`DEFER` is an unknown key the server ignores. Importing this module changes
-nothing; installing twice is harmless.
+On hypercorn as shipped (``AISERVE_HYPERCORN_PATCHES=off``), :data:`DEFER` is an
+unknown key the server ignores.
 """
 
 from __future__ import annotations
@@ -31,72 +29,59 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from .hypercorn_version import Patch
-
 #: Key of an ``http.response.start`` message: a body follows at once, the head may wait for it.
 DEFER: Final = "aiserve.body_follows"
 
 
-def _apply() -> None:
-    """Patch hypercorn's HTTP/1.1 writes (see :data:`install`)."""
-    import h11
-    from hypercorn.events import RawData
-    from hypercorn.protocol.events import Body, EndBody, Response
-    from hypercorn.protocol.h11 import H11Protocol
-    from hypercorn.protocol.http_stream import HTTPStream
+class HeldWrites:
+    """The bytes an HTTP/1.1 connection holds back while one ASGI message is made (sans-IO)."""
 
-    original_event: Callable[[Any, Any], Awaitable[None]] = H11Protocol._send_h11_event
-    original_stream_send: Callable[[Any, Any], Awaitable[None]] = H11Protocol.stream_send
-    original_app_send: Callable[[Any, Any], Awaitable[None]] = HTTPStream.app_send
-    # The bytes an H11Protocol holds; None: it holds nothing and writes as it goes.
-    H11Protocol._aiserve_held = None  # type: ignore[attr-defined]
+    __slots__ = ("held",)
 
-    async def send_h11_event(self: Any, event: Any) -> None:
-        held: list[bytes] | None = self._aiserve_held
-        if held is None:
-            await original_event(self, event)
-            return
-        try:
-            data = self.connection.send(event)
-        except h11.LocalProtocolError:
-            if self.connection.their_state != h11.ERROR:
-                raise
-        else:
-            if data:
-                held.append(data)
+    def __init__(self) -> None:
+        #: None: nothing is held, writes go out as they are made.
+        self.held: list[bytes] | None = None
 
-    async def flush(protocol: Any) -> None:
-        held: list[bytes] | None = protocol._aiserve_held
-        protocol._aiserve_held = None
-        if held:
-            await protocol.send(RawData(data=b"".join(held)))
-
-    async def stream_send(self: Any, event: Any) -> None:
-        if self._aiserve_held is not None and not isinstance(event, Response | Body | EndBody):
-            await flush(self)  # the stream's close, websocket data: what was held goes first
-        await original_stream_send(self, event)
-
-    async def app_send(self: Any, message: Any) -> None:
-        protocol = getattr(self.send, "__self__", None)
-        if not isinstance(protocol, H11Protocol):
-            await original_app_send(self, message)
-            return
+    def begin(self, message: Any) -> bool:
+        """Start holding for the app's ``message``; True when its writes must go out
+        after it (False: the head of a promised body, held until that body)."""
         kind = None if message is None else message.get("type")
         if kind == "http.response.start" and message.get(DEFER):
-            if protocol._aiserve_held is None:  # type: ignore[attr-defined]
-                protocol._aiserve_held = []  # type: ignore[attr-defined]
-            await original_app_send(self, message)
-            return  # held until the body the app promised
-        if kind == "http.response.body" and protocol._aiserve_held is None:  # type: ignore[attr-defined]
-            protocol._aiserve_held = []  # type: ignore[attr-defined]
-        try:
-            await original_app_send(self, message)
-        finally:
-            await flush(protocol)
+            if self.held is None:
+                self.held = []
+            return False
+        if kind == "http.response.body" and self.held is None:
+            self.held = []
+        return True
 
-    H11Protocol._send_h11_event = send_h11_event  # type: ignore[method-assign]
-    H11Protocol.stream_send = stream_send  # type: ignore[method-assign]
-    HTTPStream.app_send = app_send  # type: ignore[method-assign]
+    def hold(self, data: bytes) -> bool:
+        """Keep ``data`` if writes are held; False when it must be written now."""
+        if self.held is None:
+            return False
+        if data:
+            self.held.append(data)
+        return True
+
+    def take(self) -> bytes:
+        """What is held, in one piece; writes go out as they are made again."""
+        held, self.held = self.held, None
+        return b"".join(held) if held else b""
 
 
-install = Patch(_apply)
+async def send_coalesced(
+    writes: HeldWrites,
+    app_send: Callable[[Any], Awaitable[None]],
+    flush: Callable[[bytes], Awaitable[None]],
+    message: Any,
+) -> None:
+    """The app's ``send`` of ``message`` through hypercorn's ``app_send``, its writes held
+    by ``writes`` and given to ``flush`` in one piece when the message is done."""
+    if not writes.begin(message):
+        await app_send(message)
+        return  # held until the body the app promised
+    try:
+        await app_send(message)
+    finally:
+        data = writes.take()
+        if data:
+            await flush(data)

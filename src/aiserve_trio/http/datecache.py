@@ -2,17 +2,13 @@
 
 hypercorn 0.18 formats the header for every response (``Config.response_headers``
 calls ``wsgiref.handlers.format_date_time(time())``: a ``gmtime`` and a string
-format each time), though its value only changes once a second. :func:`install`
-gives hypercorn's config module a ``format_date_time`` that keeps the last
-second's text: the same header, byte for byte. Importing this module changes
-nothing; installing twice is harmless.
+format each time), though its value only changes once a second. The seam's config
+view (``hypercorn_seam.py``) uses :func:`cached`: the same header, byte for byte.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-
-from .hypercorn_version import Patch
 
 
 def cached(format_date_time: Callable[[float], str]) -> Callable[[float], str]:
@@ -29,13 +25,3 @@ def cached(format_date_time: Callable[[float], str]) -> Callable[[float], str]:
         return last_text
 
     return format_cached
-
-
-def _apply() -> None:
-    """Make hypercorn format its ``Date`` header once a second (see :data:`install`)."""
-    from hypercorn import config
-
-    config.format_date_time = cached(config.format_date_time)  # type: ignore[attr-defined,assignment]
-
-
-install = Patch(_apply)

@@ -1,4 +1,5 @@
-"""hypercorn's socket reads and writes made at once when the socket can do them.
+"""hypercorn's socket reads and writes made at once when the socket can do them, and
+a read loop that yields to the other connections every so often.
 
 hypercorn 0.18 writes every chunk of bytes through ``TCPServer.protocol_send``: the
 connection's send lock, a shielded cancel scope, and Trio's ``send_all`` (a conflict
@@ -8,97 +9,66 @@ nearly always. It reads through ``TCPServer._read_data``: a cancel scope per rea
 (even with no read timeout set) and Trio's ``receive_some``, which tries the socket,
 waits, reads, and then yields to the scheduler once more.
 
-:func:`install` puts direct attempts in their place on plain TCP connections:
+The seam's ``GatewayTCPServer`` (``hypercorn_seam.py``) uses direct attempts instead on
+plain TCP connections:
 
-- a write, when nothing else is writing on the connection (its send lock is free),
-  goes to the socket with one non-blocking ``send`` on its descriptor; what the
-  socket does not take, and every write it cannot try (TLS, another write in
-  progress), goes hypercorn's own way, after the part already written; a broken
-  connection is reported as hypercorn reports it (``Closed``);
-- a read takes what the socket has at once, and otherwise waits until the socket
-  is readable (within ``read_timeout`` when one is set) and reads then. The end of
-  the stream, a reset, a timeout and a close end the loop as they end hypercorn's,
-  with ``Closed`` handed to the protocol.
+- :func:`write_now`: a write, when nothing else is writing on the connection (its
+  send lock is free), goes to the socket with one non-blocking ``send`` on its
+  descriptor; what the socket does not take, and every write it cannot try (TLS,
+  another write in progress), goes hypercorn's own way, after the part already
+  written;
+- :func:`read_loop`: a read takes what the socket has at once, and otherwise waits
+  until the socket is readable (within ``read_timeout`` when one is set) and reads
+  then. The end of the stream, a reset, a timeout and a close end the loop as they
+  end hypercorn's, with ``Closed`` handed to the protocol.
 
-When reading ends, the connection's keep-alive timer (``http/idle.py``) is told, so
-that its task ends with the connection.
-
-No two writes interleave: the direct one is synchronous and only runs while no
-other write holds the lock. Versions other than :data:`~.hypercorn_version.SUPPORTED`
-are left alone; importing this module changes nothing; installing twice is harmless.
+A loop that never waits never lets another task run: a client that keeps the
+socket readable with bytes that need no answer would hold the worker. So the read
+loop reaches a Trio checkpoint once it has handed on :data:`YIELD_BYTES` bytes or
+made :data:`YIELD_READS` reads since it last waited or yielded (``docs/hypercorn.md``
+has the measurement behind the numbers). No two writes interleave: the direct one
+is synchronous and only runs while no other write holds the lock.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
-from .hypercorn_version import Patch
-
 #: hypercorn's read size (``hypercorn.trio.tcp_server.MAX_RECV``).
 MAX_RECV = 2**16
+#: The read loop yields after handing on this many bytes without waiting ...
+YIELD_BYTES = 2**16
+#: ... or after this many reads without waiting (small segments).
+YIELD_READS = 16
 
 
-def _apply() -> None:
-    """Patch hypercorn's ``TCPServer`` writes and reads (see :data:`install`)."""
-    from hypercorn.events import Closed, RawData
-    from hypercorn.trio.tcp_server import TCPServer
+def write_now(stream: Any, data: bytes) -> int | None:
+    """Write what the socket of ``stream`` takes of ``data`` at once.
 
-    original: Callable[[Any, Any], Awaitable[None]] = TCPServer.protocol_send
-
-    async def protocol_send(self: Any, event: Any) -> None:
-        stream = self.stream
-        if (
-            type(event) is RawData
-            and type(stream) is trio.SocketStream
-            and not self.send_lock.locked()
-        ):
-            data = event.data
-            try:
-                sent = os.write(stream.socket.fileno(), data)
-            except BlockingIOError:
-                sent = 0
-            except OSError:  # reset, broken pipe, closed: the client is gone
-                await self.protocol.handle(Closed())
-                return
-            if sent == len(data):
-                return
-            if sent:
-                event = RawData(data=data[sent:])
-        await original(self, event)
-
-    original_read: Callable[[Any], Awaitable[None]] = TCPServer._read_data
-
-    async def read_data(self: Any) -> None:
-        try:
-            stream = self.stream
-            if type(stream) is not trio.SocketStream:  # TLS: hypercorn's own loop
-                await original_read(self)
-                return
-            await _read_loop(self, stream.socket, Closed, RawData)
-        finally:
-            ended = getattr(self.idle_task, "reading_ended", None)
-            if ended is not None:
-                ended()
-
-    TCPServer.protocol_send = protocol_send  # type: ignore[method-assign]
-    TCPServer._read_data = read_data  # type: ignore[method-assign]
+    Returns:
+        the bytes written (0: none, the socket is full); None: the connection is gone
+        (reset, broken pipe, closed).
+    """
+    try:
+        return os.write(stream.socket.fileno(), data)
+    except BlockingIOError:
+        return 0
+    except OSError:
+        return None
 
 
-install = Patch(_apply)
-
-
-async def _read_loop(server: Any, sock: Any, closed: type, raw_data: type) -> None:
+async def read_loop(server: Any, sock: Any, closed: type, raw_data: type) -> None:
     """hypercorn's read loop, reading the socket directly (see the module docstring)."""
     timeout = server.config.read_timeout or math.inf
     protocol = server.protocol
+    unyielded = reads = 0
     while True:
         try:
-            data = os.read(sock.fileno(), MAX_RECV)
+            data = os.read(sock.fileno(), MAX_RECV)  # -1 once closed: an OSError
         except BlockingIOError:
             try:
                 if timeout == math.inf:
@@ -108,10 +78,16 @@ async def _read_loop(server: Any, sock: Any, closed: type, raw_data: type) -> No
                         await trio.lowlevel.wait_readable(sock)
             except (trio.ClosedResourceError, trio.TooSlowError):
                 break
+            unyielded = reads = 0
             continue
         except OSError:  # reset, or closed under us
             break
         await protocol.handle(raw_data(data=data))
         if not data:
             break
+        unyielded += len(data)
+        reads += 1
+        if unyielded >= YIELD_BYTES or reads >= YIELD_READS:
+            await trio.lowlevel.checkpoint()
+            unyielded = reads = 0
     await protocol.handle(closed())

@@ -1,4 +1,4 @@
-"""A client's disconnect told to the app by a call, not only by ``receive()``.
+"""How the pipeline hears that its client went away: one interface, two implementations.
 
 ASGI tells an app that its client went away only through ``receive()``
 (``http.disconnect``), and hypercorn's ``send()`` does not raise after a
@@ -7,69 +7,94 @@ request whose body was all there when it started, that task did nothing else --
 it was spawned, woke once more when hypercorn queued the disconnect that ends every
 exchange, and exited: a task per request for one bit.
 
-:func:`install` makes hypercorn's HTTP stream (HTTP/1.1 and HTTP/2) mark each
-scope it hands the app as one whose disconnect it will also *call* (``SUPPORTED``),
-and call the function the app put under ``HOOK`` in the scope, if any, when the
-stream closes -- the moment it queues ``http.disconnect``. :class:`DisconnectHook`
-is the app's side. A scope without the mark (another server, a test's client) has
-no hook, and the app waits in ``receive()`` as before. hypercorn versions other than
-:data:`~.hypercorn_version.SUPPORTED` are left alone; importing this module changes
-nothing; installing twice is harmless.
+:class:`Disconnect` is what the pipeline asks: ``set(callback)`` to be called once
+when the client's stream closes, ``clear()`` when the request is over.
+
+- :class:`ServerCall`: the server calls. The seam (``hypercorn_seam.py``) puts one in
+  every HTTP scope's ``extensions`` under :data:`EXTENSION` and calls it when the
+  stream closes -- the moment hypercorn queues ``http.disconnect``.
+- :class:`ReceiveWatcher`: any other ASGI server (or hypercorn as shipped). A task in
+  the request's nursery waits in ``receive()`` for ``http.disconnect`` and calls.
+
+:func:`of` picks one for a scope.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Protocol
 
-from .hypercorn_version import Patch
+import trio
 
-#: Scope key: the server will call ``HOOK`` when the stream closes.
-SUPPORTED: Final = "aiserve.disconnect_call"
-#: Scope key: what the server calls (no arguments) when the stream closes.
-HOOK: Final = "aiserve.on_disconnect"
+#: ``scope["extensions"]`` key: the :class:`ServerCall` of a server that calls on a disconnect.
+EXTENSION: Final = "aiserve.disconnect"
 
 
-class DisconnectHook:
-    """The app's side: a function for the server to call when the client's stream closes."""
-
-    __slots__ = ("_scope",)
-
-    def __init__(self, scope: MutableMapping[str, Any]) -> None:
-        self._scope = scope
-
-    @classmethod
-    def of(cls, scope: MutableMapping[str, Any]) -> DisconnectHook | None:
-        """The hook of ``scope``; None when its server will not call one."""
-        return cls(scope) if scope.get(SUPPORTED) else None
+class Disconnect(Protocol):
+    """Tells the request once that its client's stream closed."""
 
     def set(self, callback: Callable[[], None]) -> None:
-        """Have ``callback`` called (once, from the server's task) when the stream closes."""
-        self._scope[HOOK] = callback
+        """Have ``callback`` called (once) when the client's stream closes."""
 
     def clear(self) -> None:
-        self._scope.pop(HOOK, None)
+        """No more calls: the request is over."""
 
 
-def _apply() -> None:
-    """Patch hypercorn's ``HTTPStream.handle`` (see :data:`install`)."""
-    from hypercorn.protocol.events import Request, StreamClosed
-    from hypercorn.protocol.http_stream import HTTPStream
+class ServerCall:
+    """The server's side: it calls :meth:`closed` when the stream closes."""
 
-    original: Callable[[Any, Any], Awaitable[None]] = HTTPStream.handle
+    __slots__ = ("_callback", "_closed")
 
-    async def handle(self: Any, event: Any) -> None:
-        if type(event) is StreamClosed and not self.closed:
-            scope = getattr(self, "scope", None)
-            callback = scope.pop(HOOK, None) if scope is not None else None
-            if callback is not None:
-                callback()
-        await original(self, event)
-        # The app is spawned (start_soon) inside the original and has not run yet.
-        if type(event) is Request and getattr(self, "scope", None) is not None:
-            self.scope[SUPPORTED] = True
+    def __init__(self) -> None:
+        self._callback: Callable[[], None] | None = None
+        self._closed = False
 
-    HTTPStream.handle = handle  # type: ignore[method-assign]
+    def set(self, callback: Callable[[], None]) -> None:
+        """``callback`` is called when the stream closes, or now if it has closed already."""
+        if self._closed:
+            callback()
+        else:
+            self._callback = callback
+
+    def clear(self) -> None:
+        self._callback = None
+
+    def closed(self) -> None:
+        """The stream closed: call what was set, once (from the server's task)."""
+        self._closed = True
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            callback()
 
 
-install = Patch(_apply)
+class ReceiveWatcher:
+    """A task in ``nursery`` waits in ``receive()`` for ``http.disconnect`` and calls."""
+
+    __slots__ = ("_callback", "_nursery", "_receive")
+
+    def __init__(
+        self, receive: Callable[[], Awaitable[Mapping[str, Any]]], nursery: trio.Nursery
+    ) -> None:
+        self._receive = receive
+        self._nursery = nursery
+        self._callback: Callable[[], None] | None = None
+
+    def set(self, callback: Callable[[], None]) -> None:
+        self._callback = callback
+        self._nursery.start_soon(self._watch)
+
+    def clear(self) -> None:
+        self._callback = None
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            callback()
+
+
+def server_call(scope: Mapping[str, Any]) -> ServerCall | None:
+    """The :class:`ServerCall` the server put in ``scope``; None when it will not call."""
+    call = (scope.get("extensions") or {}).get(EXTENSION)
+    return call if isinstance(call, ServerCall) else None

@@ -21,9 +21,7 @@ until the timeout. An action that is not the TCP server's idle timeout runs as
 :class:`LeanSingleTask` runs it: a task started in a cancel scope made beforehand,
 stopped through the scope.
 
-:func:`install` makes hypercorn's TCP server use it, for the hypercorn versions it
-was written for (:data:`~.hypercorn_version.SUPPORTED`); importing this module
-changes nothing.
+The seam's ``GatewayTCPServer`` (``hypercorn_seam.py``) uses it as its ``idle_task``.
 """
 
 from __future__ import annotations
@@ -33,8 +31,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
-
-from .hypercorn_version import Patch
 
 
 async def _in_scope(scope: trio.CancelScope, action: Callable[[], Awaitable[None]]) -> None:
@@ -130,13 +126,3 @@ class IdleTimer:
             self._scope = trio.CancelScope(deadline=math.inf)
         with trio.CancelScope(shield=True):
             await server._initiate_server_close()
-
-
-def _apply() -> None:
-    """Make hypercorn's TCP server use :class:`IdleTimer` (see :data:`install`)."""
-    from hypercorn.trio import tcp_server
-
-    tcp_server.TrioSingleTask = IdleTimer  # type: ignore[attr-defined,assignment]
-
-
-install = Patch(_apply)

@@ -1,54 +1,37 @@
-"""Guards around hypercorn's connection handling, installed by the app's start-up.
+"""The edge guard's rules: meters and a penalty box, pure counters with a clock argument.
 
-hypercorn 0.18 has two failure modes we measured (see docs/architecture.md):
+hypercorn 0.18 has failure modes we measured (see docs/architecture.md):
 
 - an exception in one connection's handler (``priority.TooManyStreamsError``
   from a PRIORITY or HEADERS flood) escapes ``trio.serve_listeners`` and ends
   the worker, and hypercorn's parent then stops every worker: one hostile
   client takes the whole server down;
-- HTTP/2 control-frame floods (rapid reset, SETTINGS, PING, PRIORITY) cost the
+- HTTP/2 floods (rapid reset, SETTINGS, PING, PRIORITY, and frames that need no
+  answer at all: WINDOW_UPDATE, unknown types, empty DATA, CONTINUATION) cost the
   server work per frame with no limit, starving well-behaved clients.
 
-:func:`install` patches three methods, keeping hypercorn's own code: the
-connection runner refuses addresses in the penalty box and contains any
-exception to its connection (logged, the connection closed), and the HTTP/2
-protocol meters control frames per connection with a token bucket
-(:class:`FloodMeter`, sans-IO) and counts the streams its client resets before
-they are answered (:class:`ResetMeter`, the rapid-reset rule of Envoy) -- a
-client over either gets ``GOAWAY(ENHANCE_YOUR_CALM)`` and is disconnected, as
-Envoy and nginx do, and no ASGI task is started for anything else it sent. Its
-address then goes into the worker's :class:`PenaltyBox` (sans-IO): its new
-connections are reset at accept for a while, so reconnecting costs the attacker
-its work and the server next to nothing. Settings are keys of hypercorn's TOML
-(:class:`EdgeSettings`). The patch reaches into hypercorn's internals, so it is
-applied only to the hypercorn versions it was written for
-(:data:`~aiserve_trio.http.hypercorn_version.SUPPORTED`),
-and the log says whether it was. Importing this module changes nothing;
-installing twice is harmless.
+The gateway's seam (``hypercorn_seam.py``) applies these rules to every connection:
+its server contains any exception to its connection and refuses addresses in the
+:class:`PenaltyBox` at accept; its HTTP/2 protocol meters control frames
+(:func:`control_frames`) and frames that cost work but get no answer
+(:func:`idle_frames`, counted with :class:`FrameCounter`) per connection with token
+buckets (:class:`FloodMeter`), and counts the streams its client resets before they
+are answered (:class:`ResetMeter`, the rapid-reset rule of Envoy). A client over
+any of them gets ``GOAWAY(ENHANCE_YOUR_CALM)`` and is disconnected, as Envoy and
+nginx do, and its address goes into the worker's penalty box. Settings are keys of
+hypercorn's TOML (:class:`EdgeSettings`). Nothing here does I/O or touches hypercorn.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import ipaddress
 import logging
-import socket
-import struct
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from importlib.metadata import version as dist_version
+from collections.abc import Callable
 from typing import Any
 
-import h2.errors
 import h2.events as ev
-import priority.priority as priority
-import trio
-from hypercorn.events import Closed, RawData
-from hypercorn.protocol.h2 import H2Protocol
-from hypercorn.trio.tcp_server import TCPServer
-
-from ..http.hypercorn_version import Patch
 
 log = logging.getLogger("aiserve_trio.edge")
 
@@ -61,9 +44,16 @@ FLOOD_RATE = 200.0
 #: a Python task, and an attacker is caught after one or two reads).
 RESET_MIN_STREAMS = 100
 RESET_MAX_RATIO = 0.5
+#: Frames that cost work but get no answer a connection may send in a burst, and per
+#: second after it (a client reading a large download sends a WINDOW_UPDATE every
+#: few frames it receives: far below this).
+IDLE_BURST = 4_000
+IDLE_RATE = 2_000.0
 #: Bytes of one read handed to h2 at a time, the meters judging between slices
 #: (a few hundred small frames; a 16 KiB DATA frame arrives in four).
 FEED_SLICE = 4096
+#: The HTTP/2 client connection preface (RFC 9113, 3.4).
+PREFACE_LENGTH = 24
 #: This worker's settings (read from hypercorn's config at its first connection) and
 #: penalty box (None when turned off).
 _settings: EdgeSettings | None = None
@@ -282,6 +272,11 @@ def configure(config: object) -> EdgeSettings:
     return _settings
 
 
+def box() -> PenaltyBox | None:
+    """This worker's penalty box (None: turned off, or no connection yet)."""
+    return _box
+
+
 def control_frames(events: list[Any]) -> int:
     """How many of h2's ``events`` are control frames a flood is made of."""
     n = 0
@@ -293,128 +288,56 @@ def control_frames(events: list[Any]) -> int:
     return n
 
 
-def _apply() -> str:
-    """Patch hypercorn with the guards above; say which hypercorn (``install`` calls it)."""
-    original_run: Callable[[Any], Awaitable[None]] = TCPServer.run
-    original_events: Callable[[Any, list[Any]], Awaitable[None]] = H2Protocol._handle_events
-    original_handle: Callable[[Any, Any], Awaitable[None]] = H2Protocol.handle
+def idle_frames(events: list[Any], frames: int) -> int:
+    """How many of the ``frames`` that made h2's ``events`` cost work without an answer.
 
-    async def refused(self: Any) -> bool:
-        # Before TLS and before h2: a refusal must cost less than what it saves.
-        box = _box
-        transport = getattr(self.stream, "transport_stream", self.stream)  # TLS: the TCP below
-        sock = transport.socket
-        if box is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-            return False
-        try:
-            host = sock.getpeername()[0]
-        except OSError:
-            return False  # already gone: hypercorn's own code deals with it
-        if not box.refuses(peer_key(host), trio.current_time()):
-            return False
-        with contextlib.suppress(OSError):
-            # A reset, not a FIN: no TIME_WAIT kept here for it, and the client's
-            # next write fails at once.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        await transport.aclose()
-        return True
-
-    async def run(self: Any) -> None:
-        try:
-            configure(self.config)
-            if await refused(self):
-                return
-            await original_run(self)
-        except Exception:
-            # One connection's failure must not end the worker and, through
-            # hypercorn's parent, every other worker.
-            log.exception("a connection handler failed; the connection was closed")
-        except BaseExceptionGroup as group:
-            errors, rest = group.split(Exception)
-            if errors is not None:
-                log.error("a connection handler failed", exc_info=errors)
-            if rest is not None:
-                raise rest from None
-
-    async def calm_down(self: Any, why: str) -> None:
-        self._aiserve_closed = True
-        client = getattr(self, "client", None)
-        box = _box
-        if box is not None and client:
-            penalty = box.punish(peer_key(client[0]), trio.current_time())
-            why += f"; its address is refused for {penalty:g} s ({box.refused} refused so far)"
-        log.warning("HTTP/2 client %s disconnected: %s", client, why)
-        self.connection.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
-        await self._flush()
-        await self.send(Closed())
-
-    def unanswered(self: Any, stream_id: int) -> bool:
-        # hypercorn's stream is in state REQUEST (HANDSHAKE for a WebSocket) until
-        # the app sends the response head; a stream it no longer holds is done.
-        stream = self.streams.get(stream_id)
-        state = getattr(stream, "state", None)
-        return getattr(state, "name", "") in ("REQUEST", "HANDSHAKE")
-
-    async def handle_events(self: Any, events: list[Any]) -> None:
-        meter: FloodMeter | None = self.__dict__.get("_aiserve_meter")
-        resets: ResetMeter | None = self.__dict__.get("_aiserve_resets")
-        now = trio.current_time()
-        if meter is None:
-            meter = self.__dict__["_aiserve_meter"] = FloodMeter(now)
-        if resets is None:
-            settings = configure(self.config)
-            resets = self.__dict__["_aiserve_resets"] = ResetMeter(
-                settings.h2_reset_min_streams, settings.h2_reset_max_ratio
-            )
-        if not meter.spend(now, control_frames(events)):
-            await calm_down(self, "control-frame flood")
-            return
-        opened, premature, cancelled = early_resets(events, lambda sid: unanswered(self, sid))
-        if not resets.count(opened, premature):
-            why = f"rapid reset ({resets.premature} of {resets.streams} streams reset unanswered)"
-            await calm_down(self, why)
-            return
-        if cancelled:
-            events = skip_streams(self, events, cancelled)
-        await original_events(self, events)
-
-    def skip_streams(self: Any, events: list[Any], cancelled: set[int]) -> list[Any]:
-        # Streams the client opened and reset within one read: hypercorn would start
-        # an app task for each only to cancel it. Their body bytes still count
-        # against the connection's flow-control window, so they are acknowledged.
-        kept = []
-        for e in events:
-            if getattr(e, "stream_id", None) not in cancelled:
-                kept.append(e)
-            elif isinstance(e, ev.DataReceived):
-                self.connection.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
-        return kept
-
-    async def handle(self: Any, event: Any) -> None:
-        if not isinstance(event, RawData):
-            await guarded_handle(self, event)
-            return
-        # hypercorn reads up to 64 KiB, and h2 parses all of it before the meters see
-        # one event: some 2,000 rapid-reset streams or 4,000 SETTINGS frames. In
-        # slices the meters judge every few hundred frames, and what follows a
-        # verdict is dropped unparsed.
-        data = event.data
-        for at in range(0, max(len(data), 1), FEED_SLICE):  # b"" (EOF) still goes through
-            if getattr(self, "_aiserve_closed", False) or self.closed:
-                return
-            await guarded_handle(self, RawData(data=data[at : at + FEED_SLICE]))
-
-    async def guarded_handle(self: Any, event: Any) -> None:
-        try:
-            await original_handle(self, event)
-        except priority.PriorityError as exc:
-            if not getattr(self, "_aiserve_closed", False):
-                await calm_down(self, f"priority tree refused it ({type(exc).__name__})")
-
-    TCPServer.run = run  # type: ignore[method-assign]
-    H2Protocol._handle_events = handle_events  # type: ignore[method-assign]
-    H2Protocol.handle = handle  # type: ignore[method-assign]
-    return f"installed (hypercorn {dist_version('hypercorn')})"
+    WINDOW_UPDATE, PING acks, SETTINGS acks, unknown frame types and empty DATA frames
+    make an event and nothing else; a frame that made no event at all (a CONTINUATION,
+    a frame for a stream already gone) is counted as the frames left over.
+    """
+    n = 0
+    for e in events:
+        if isinstance(
+            e,
+            ev.WindowUpdated
+            | ev.UnknownFrameReceived
+            | ev.PingAckReceived
+            | ev.SettingsAcknowledged
+            | ev.AlternativeServiceAvailable,
+        ) or (isinstance(e, ev.DataReceived) and not e.flow_controlled_length):
+            n += 1
+    return n + max(0, frames - len(events))
 
 
-install = Patch(_apply)
+class FrameCounter:
+    """Counts the HTTP/2 frames in a client's bytes as they arrive (sans-IO).
+
+    The bytes start with the client preface; each frame is a 9-byte header whose
+    first three bytes are its payload's length. A frame is counted when its header
+    is complete.
+    """
+
+    __slots__ = ("_header", "_skip")
+
+    def __init__(self) -> None:
+        self._skip = PREFACE_LENGTH
+        self._header = b""
+
+    def feed(self, data: bytes) -> int:
+        """The frames whose headers end in ``data``."""
+        frames = 0
+        at, end = 0, len(data)
+        while at < end:
+            if self._skip:
+                step = min(self._skip, end - at)
+                self._skip -= step
+                at += step
+                continue
+            need = 9 - len(self._header)
+            self._header += data[at : at + need]
+            at += need
+            if len(self._header) == 9:
+                frames += 1
+                self._skip = int.from_bytes(self._header[:3], "big")
+                self._header = b""
+        return frames

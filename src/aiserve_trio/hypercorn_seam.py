@@ -1,0 +1,522 @@
+"""The gateway's one seam into hypercorn: its own server class for hypercorn's Trio worker.
+
+hypercorn's Trio worker (``hypercorn.trio.run.worker_serve``) builds one ``TCPServer``
+per accepted connection, looked up by that name in its module when the worker
+starts serving -- after the app's lifespan start-up. :func:`install`, called from
+that start-up, replaces that one name with :class:`GatewayTCPServer`, a subclass the
+project owns; everything the gateway changes in hypercorn hangs off it:
+
+- :class:`GatewayTCPServer`: direct socket reads and writes with a fairness
+  checkpoint (``http/directio.py``), the keep-alive timer as one task
+  (``http/idle.py``), one connection's exception contained to it and addresses in
+  the penalty box refused at accept (``security/edge.py``), the config seen
+  through :class:`DatedConfig` (the ``Date`` header formatted once a second);
+- :class:`GatewayTaskGroup`: starts the app with a :class:`~.http.disconnect.ServerCall`
+  in the scope's ``extensions`` and HTTP/1.1 writes coalesced (``http/coalesce.py``);
+- :class:`GatewayProtocols`: picks :class:`GatewayH11` or :class:`GatewayH2`;
+- :class:`GatewayH11`: holds the writes one ASGI message makes;
+- :class:`GatewayH2`: meters floods (``security/edge.py``) and feeds h2 in slices,
+  yielding between them.
+
+Every hypercorn method these override, reimplement or call is pinned by a
+fingerprint of its source (``http/hypercorn_version.py``). Before it replaces
+anything, :func:`install` checks the version and every fingerprint; on a mismatch
+it raises :class:`SeamRefused` (the app then refuses to start) unless hypercorn's
+TOML has ``aiserve_allow_unpatched = true``, which logs an ERROR and leaves
+hypercorn as shipped. ``AISERVE_HYPERCORN_PATCHES=off`` leaves it as shipped too,
+on purpose. Importing this module changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from functools import partial
+from time import time
+from typing import Any, Final
+from wsgiref.handlers import format_date_time
+
+import h2.errors
+import h2.events
+import h11
+import priority.priority as priority
+import trio
+from hypercorn.config import Config
+from hypercorn.events import Closed, Event, RawData
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.events import Body, EndBody, Response
+from hypercorn.protocol.h2 import H2Protocol
+from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError, H11Protocol
+from hypercorn.trio.task_group import TaskGroup, _handle
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.utils import parse_socket_addr
+
+from .http import datecache, directio
+from .http.coalesce import HeldWrites, send_coalesced
+from .http.disconnect import EXTENSION, ServerCall
+from .http.hypercorn_version import problems
+from .http.idle import IdleTimer
+from .security import edge
+from .security.edge import FloodMeter, FrameCounter, ResetMeter
+
+log = logging.getLogger("aiserve_trio.seam")
+
+#: Environment switch: ``off`` runs hypercorn exactly as shipped.
+SWITCH: Final = "AISERVE_HYPERCORN_PATCHES"
+#: hypercorn's TOML key: a hypercorn the seam does not know runs as shipped (ERROR logged).
+ALLOW_UNPATCHED: Final = "aiserve_allow_unpatched"
+#: The one attribute of hypercorn the seam replaces: (module, name).
+SEAM: Final = ("hypercorn.trio.run", "TCPServer")
+
+
+class SeamRefused(Exception):
+    """The installed hypercorn is not the one the seam was written against."""
+
+
+# --- the config, with the Date header formatted once a second -------------------------
+
+
+_date = datecache.cached(format_date_time)
+
+
+class DatedConfig(Config):
+    """hypercorn's config, whose ``Date`` header is formatted once a second.
+
+    Made by :func:`dated` as a view sharing the config's attributes, so it reads
+    exactly what hypercorn loaded.
+    """
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        if self.alt_svc_headers or self._quic_addresses:  # HTTP/3 advertised: hypercorn's own
+            return super().response_headers(protocol)
+        headers = []
+        if self.include_date_header:
+            headers.append((b"date", _date(time()).encode("ascii")))
+        if self.include_server_header:
+            headers.append((b"server", f"hypercorn-{protocol}".encode("ascii")))
+        return headers
+
+
+_views: dict[int, tuple[Config, DatedConfig]] = {}
+
+
+def dated(config: Config) -> DatedConfig:
+    """The :class:`DatedConfig` view of ``config`` (one per config)."""
+    if isinstance(config, DatedConfig):
+        return config
+    held = _views.get(id(config))
+    if held is None or held[0] is not config:
+        view = object.__new__(DatedConfig)
+        view.__dict__ = config.__dict__  # the same attributes, not a copy
+        held = _views[id(config)] = (config, view)
+    return held[1]
+
+
+# --- the server -----------------------------------------------------------------------
+
+
+class GatewayTCPServer(TCPServer):
+    """hypercorn's connection handler, as the gateway runs it (module docstring)."""
+
+    def __init__(self, app: Any, config: Config, context: Any, state: Any, stream: Any) -> None:
+        super().__init__(app, dated(config), context, state, stream)
+        self.idle_task = IdleTimer()  # type: ignore[assignment]
+
+    async def run(self) -> None:
+        try:
+            edge.configure(self.config)
+            if await refused(self.stream):
+                return
+            await self._serve()
+        except Exception:
+            # One connection's failure must not end the worker and, through
+            # hypercorn's parent, every other worker.
+            log.exception("a connection handler failed; the connection was closed")
+        except BaseExceptionGroup as group:
+            errors, rest = group.split(Exception)
+            if errors is not None:
+                log.error("a connection handler failed", exc_info=errors)
+            if rest is not None:
+                raise rest from None
+
+    async def _serve(self) -> None:
+        # hypercorn's TCPServer.run, with the seam's task group and protocols.
+        try:
+            try:
+                with trio.fail_after(self.config.ssl_handshake_timeout):
+                    await self.stream.do_handshake()
+            except (trio.BrokenResourceError, trio.TooSlowError):
+                return  # Handshake failed
+            alpn_protocol = self.stream.selected_alpn_protocol()
+            sock = self.stream.transport_stream.socket
+            ssl = True
+        except AttributeError:  # Not SSL
+            alpn_protocol = "http/1.1"
+            sock = self.stream.socket
+            ssl = False
+        try:
+            client = parse_socket_addr(sock.family, sock.getpeername())
+            server = parse_socket_addr(sock.family, sock.getsockname())
+            async with GatewayTaskGroup() as task_group:
+                self._task_group = task_group
+                self.protocol = GatewayProtocols(
+                    self.app,
+                    self.config,
+                    self.context,
+                    task_group,
+                    self.state,
+                    ssl,
+                    client,
+                    server,
+                    self.protocol_send,
+                    alpn_protocol,
+                )
+                await self.protocol.initiate()
+                await self.idle_task.restart(self._task_group, self._idle_timeout)
+                await self._read_data()
+        except OSError:
+            pass
+        finally:
+            await self._close()
+
+    async def protocol_send(self, event: Event) -> None:
+        stream: Any = self.stream  # hypercorn types it as TLS; plain TCP is the common case
+        if (
+            type(event) is RawData
+            and type(stream) is trio.SocketStream
+            and not self.send_lock.locked()
+        ):
+            data = event.data
+            sent = directio.write_now(stream, data)
+            if sent is None:  # the client is gone
+                await self.protocol.handle(Closed())
+                return
+            if sent == len(data):
+                return
+            if sent:
+                event = RawData(data=data[sent:])
+        await super().protocol_send(event)
+
+    async def _read_data(self) -> None:
+        try:
+            stream: Any = self.stream
+            if type(stream) is not trio.SocketStream:  # TLS: hypercorn's loop (it yields per read)
+                await super()._read_data()
+                return
+            await directio.read_loop(self, stream.socket, Closed, RawData)
+        finally:
+            timer: Any = self.idle_task
+            timer.reading_ended()
+
+
+async def refused(stream: Any) -> bool:
+    """Close ``stream`` at once if its peer is in the penalty box; whether it was.
+
+    Before TLS and before h2: a refusal must cost less than what it saves.
+    """
+    box = edge.box()
+    transport = getattr(stream, "transport_stream", stream)  # TLS: the TCP below
+    sock = transport.socket
+    if box is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    try:
+        host = sock.getpeername()[0]
+    except OSError:
+        return False  # already gone: hypercorn's own code deals with it
+    if not box.refuses(edge.peer_key(host), trio.current_time()):
+        return False
+    with contextlib.suppress(OSError):
+        # A reset, not a FIN: no TIME_WAIT kept here for it, and the client's
+        # next write fails at once.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await transport.aclose()
+    return True
+
+
+# --- the task group that starts the app -------------------------------------------------
+
+
+class GatewayTaskGroup(TaskGroup):
+    """Starts each app with the disconnect call in its scope, HTTP/1.1 writes coalesced."""
+
+    async def spawn_app(
+        self,
+        app: Any,
+        config: Config,
+        scope: Any,
+        send: Callable[[Any], Awaitable[None]],
+    ) -> Callable[[Any], Awaitable[None]]:
+        app_send_channel, app_receive_channel = trio.open_memory_channel[Any](
+            config.max_app_queue_size
+        )
+        put: Callable[[Any], Awaitable[None]] = app_send_channel.send
+        if scope["type"] == "http":
+            call = ServerCall()
+            scope["extensions"][EXTENSION] = call
+            put = partial(_put, call, put)
+            # send is the HTTPStream's app_send; its send, the protocol's stream_send.
+            protocol = getattr(
+                getattr(getattr(send, "__self__", None), "send", None), "__self__", None
+            )
+            if isinstance(protocol, GatewayH11):
+                send = partial(send_coalesced, protocol.writes, send, protocol.write_held)
+        assert self._nursery is not None
+        self._nursery.start_soon(
+            _handle,
+            app,
+            config,
+            scope,
+            app_receive_channel.receive,
+            send,
+            trio.to_thread.run_sync,
+            trio.from_thread.run,
+        )
+        return put
+
+
+async def _put(call: ServerCall, put: Callable[[Any], Awaitable[None]], message: Any) -> None:
+    """hypercorn queues a message for the app; a disconnect is also called."""
+    if message["type"] == "http.disconnect":
+        call.closed()
+    await put(message)
+
+
+# --- the protocols ------------------------------------------------------------------------
+
+
+class GatewayProtocols(ProtocolWrapper):
+    """hypercorn's protocol wrapper, picking the seam's HTTP/1.1 and HTTP/2 protocols."""
+
+    def __init__(
+        self,
+        app: Any,
+        config: Config,
+        context: Any,
+        task_group: Any,
+        state: Any,
+        ssl: bool,
+        client: tuple[str, int] | None,
+        server: tuple[str, int] | None,
+        send: Callable[[Event], Awaitable[None]],
+        alpn_protocol: str | None = None,
+    ) -> None:
+        self.app = app
+        self.config = config
+        self.context = context
+        self.task_group = task_group
+        self.ssl = ssl
+        self.client = client
+        self.server = server
+        self.send = send
+        self.state = state
+        kind = GatewayH2 if alpn_protocol == "h2" else GatewayH11
+        self.protocol = self._make(kind)
+
+    def _make(self, kind: type[GatewayH11 | GatewayH2]) -> Any:
+        return kind(
+            self.app,
+            self.config,
+            self.context,
+            self.task_group,
+            self.state,
+            self.ssl,
+            self.client,
+            self.server,
+            self.send,
+        )
+
+    async def handle(self, event: Event) -> None:
+        try:
+            return await self.protocol.handle(event)
+        except H2ProtocolAssumedError as error:
+            self.protocol = self._make(GatewayH2)
+            await self.protocol.initiate()
+            if error.data != b"":
+                return await self.protocol.handle(RawData(data=error.data))
+        except H2CProtocolRequiredError as error:
+            h2_protocol: GatewayH2 = self._make(GatewayH2)
+            self.protocol = h2_protocol
+            await h2_protocol.initiate(error.headers, error.settings)
+            if error.data != b"":
+                return await self.protocol.handle(RawData(data=error.data))
+
+
+class GatewayH11(H11Protocol):
+    """hypercorn's HTTP/1.1 protocol, writing what one ASGI message makes at once."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.writes = HeldWrites()
+
+    async def write_held(self, data: bytes) -> None:
+        await self.send(RawData(data=data))
+
+    async def _send_h11_event(self, event: Any) -> None:
+        if self.writes.held is None:
+            await super()._send_h11_event(event)
+            return
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
+        else:
+            if data:
+                self.writes.hold(data)
+
+    async def stream_send(self, event: Any) -> None:
+        if self.writes.held is not None and not isinstance(event, Response | Body | EndBody):
+            data = (
+                self.writes.take()
+            )  # the stream's close, websocket data: what was held goes first
+            if data:
+                await self.write_held(data)
+        await super().stream_send(event)
+
+
+class GatewayH2(H2Protocol):
+    """hypercorn's HTTP/2 protocol, metered (``security/edge.py``) and fed in slices."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        now = trio.current_time()
+        settings = edge.configure(self.config)
+        self._control = FloodMeter(now)
+        self._idle = FloodMeter(now, edge.IDLE_BURST, edge.IDLE_RATE)
+        self._resets = ResetMeter(settings.h2_reset_min_streams, settings.h2_reset_max_ratio)
+        self._frames = FrameCounter()
+        self._slice_frames = 0
+        self.calmed = False
+
+    async def handle(self, event: Event) -> None:
+        if not isinstance(event, RawData):
+            await self._guarded(event)
+            return
+        # hypercorn reads up to 64 KiB, and h2 parses all of it before the meters see
+        # one event: thousands of small frames. In slices the meters judge every few
+        # hundred frames, what follows a verdict is dropped unparsed, and the other
+        # connections get the loop between slices.
+        data = event.data
+        for at in range(0, max(len(data), 1), edge.FEED_SLICE):  # b"" (EOF) still goes through
+            if at:
+                await trio.lowlevel.checkpoint()
+            if self.calmed or self.closed:
+                return
+            piece = data[at : at + edge.FEED_SLICE]
+            self._slice_frames = self._frames.feed(piece)
+            await self._guarded(RawData(data=piece))
+
+    async def _guarded(self, event: Event) -> None:
+        try:
+            await super().handle(event)
+        except priority.PriorityError as exc:
+            if not self.calmed:
+                await self.calm_down(f"priority tree refused it ({type(exc).__name__})")
+
+    async def _handle_events(self, events: list[Any]) -> None:
+        now = trio.current_time()
+        frames, self._slice_frames = self._slice_frames, 0
+        if not self._control.spend(now, edge.control_frames(events)):
+            await self.calm_down("control-frame flood")
+            return
+        if not self._idle.spend(now, edge.idle_frames(events, frames)):
+            await self.calm_down("flood of frames that need no answer")
+            return
+        opened, premature, cancelled = edge.early_resets(events, self._unanswered)
+        if not self._resets.count(opened, premature):
+            r = self._resets
+            await self.calm_down(
+                f"rapid reset ({r.premature} of {r.streams} streams reset unanswered)"
+            )
+            return
+        if cancelled:
+            events = self._skip_streams(events, cancelled)
+        await super()._handle_events(events)
+
+    def _unanswered(self, stream_id: int) -> bool:
+        # hypercorn's stream is in state REQUEST (HANDSHAKE for a WebSocket) until
+        # the app sends the response head; a stream it no longer holds is done.
+        stream = self.streams.get(stream_id)
+        state = getattr(stream, "state", None)
+        return getattr(state, "name", "") in ("REQUEST", "HANDSHAKE")
+
+    def _skip_streams(self, events: list[Any], cancelled: set[int]) -> list[Any]:
+        # Streams the client opened and reset within one slice: hypercorn would start
+        # an app task for each only to cancel it. Their body bytes still count
+        # against the connection's flow-control window, so they are acknowledged.
+        kept = []
+        for e in events:
+            if getattr(e, "stream_id", None) not in cancelled:
+                kept.append(e)
+            elif isinstance(e, h2.events.DataReceived):
+                self.connection.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+        return kept
+
+    async def calm_down(self, why: str) -> None:
+        """Close the connection with GOAWAY(ENHANCE_YOUR_CALM), its address into the box."""
+        self.calmed = True
+        box = edge.box()
+        if box is not None and self.client:
+            penalty = box.punish(edge.peer_key(self.client[0]), trio.current_time())
+            why += f"; its address is refused for {penalty:g} s ({box.refused} refused so far)"
+        log.warning("HTTP/2 client %s disconnected: %s", self.client, why)
+        self.connection.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        await self._flush()
+        await self.send(Closed())
+
+
+# --- installing it ------------------------------------------------------------------------
+
+
+def _worker_module() -> Any:
+    import importlib
+
+    return importlib.import_module(SEAM[0])
+
+
+def installed() -> bool:
+    """Whether hypercorn's Trio worker builds :class:`GatewayTCPServer` now."""
+    return getattr(_worker_module(), SEAM[1], None) is GatewayTCPServer
+
+
+def install(config: object | None = None, *, pinned: dict[str, str] | None = None) -> str:
+    """Put the seam in place (once); say what was done, for the start-up log.
+
+    Args:
+        config: hypercorn's config (its TOML's ``aiserve_allow_unpatched``); None
+            outside hypercorn's worker.
+        pinned: the fingerprints to check (tests); hypercorn_version.PINNED by default.
+    Raises:
+        SeamRefused: this hypercorn is not the one the seam was written against, and
+            ``aiserve_allow_unpatched`` is not set.
+    """
+    if os.environ.get(SWITCH, "").strip().lower() == "off":
+        return f"off ({SWITCH}=off): hypercorn as shipped, without the edge guard"
+    if installed():
+        return "already installed"
+    found = problems(pinned)
+    if found:
+        why = "; ".join(found)
+        if getattr(config, ALLOW_UNPATCHED, False) is True:
+            log.error(
+                "hypercorn seam not installed, running hypercorn as shipped without the edge"
+                " guard (%s = true): %s",
+                ALLOW_UNPATCHED,
+                why,
+            )
+            return "not installed (hypercorn as shipped)"
+        raise SeamRefused(
+            f"the hypercorn seam cannot be installed: {why} (pin hypercorn>=0.18,<0.19, or set"
+            f" {ALLOW_UNPATCHED} = true in hypercorn's TOML to run hypercorn as shipped)"
+        )
+    setattr(_worker_module(), SEAM[1], GatewayTCPServer)
+    return f"installed: {SEAM[0]}.{SEAM[1]} = {__name__}.GatewayTCPServer"
+
+
+def uninstall() -> None:
+    """Put hypercorn's own ``TCPServer`` back (tests)."""
+    setattr(_worker_module(), SEAM[1], TCPServer)
