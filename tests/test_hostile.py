@@ -26,12 +26,15 @@ from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aiserve_trio.hypercorn_seam import GatewayH2, GatewayTCPServer
 from aiserve_trio.security import edge
 from aiserve_trio.security.edge import (
     EdgeSettings,
     FloodMeter,
+    FrameCounter,
     PenaltyBox,
     ResetMeter,
     control_frames,
@@ -270,7 +273,7 @@ async def test_streams_opened_and_reset_in_one_read_start_no_app_task() -> None:
 
     proto.connection.acknowledge_received_data = record  # type: ignore[method-assign,assignment]
     c = h2_client()
-    for sid in range(1, 41, 2):
+    for sid in range(1, 25, 2):
         c.send_headers(sid, HEAD)
         c.send_data(sid, b"x" * 100)
         c.reset_stream(sid)
@@ -279,7 +282,7 @@ async def test_streams_opened_and_reset_in_one_read_start_no_app_task() -> None:
     await proto.handle(RawData(data=data))
     assert tasks.apps == 0
     # Their bytes were acknowledged all the same: the connection's window stays open.
-    assert sum(acked) == 20 * 100
+    assert sum(acked) == 12 * 100
     assert not proto.closed
 
 
@@ -323,6 +326,148 @@ async def test_a_rapid_reset_connection_is_closed_and_the_rest_of_the_read_dropp
     # frames) were never parsed: h2 answers each one it parses.
     pongs = [e for e in said if isinstance(e, ev.PingAckReceived)]
     assert len(pongs) < 500, len(pongs)
+
+
+def frame_bytes(kinds: list[int]) -> bytes:
+    """The client preface and one frame of each ``kinds`` length (type 0xFA, stream 0)."""
+    out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    for length in kinds:
+        out += length.to_bytes(3, "big") + b"\xfa\x00\x00\x00\x00\x00" + b"p" * length
+    return out
+
+
+@given(
+    lengths=st.lists(st.integers(0, 300), max_size=40),
+    cuts=st.lists(st.integers(0, 20_000), max_size=12),
+)
+def test_the_frame_counter_counts_every_frame_however_the_bytes_are_cut(
+    lengths: list[int], cuts: list[int]
+) -> None:
+    data = frame_bytes(lengths)
+    counter = FrameCounter()
+    at = 0
+    total = 0
+    for cut in [*sorted({c % (len(data) + 1) for c in cuts}), len(data)]:
+        total += counter.feed(data[at:cut])
+        at = cut
+    assert total == len(lengths)
+
+
+def server_events(data: bytes) -> tuple[list[ev.Event], int]:
+    """What h2 (as a server) makes of a client's ``data`` after its set-up, and how many
+    frames that was."""
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    server.initiate_connection()
+    c = h2_client()
+    c.send_headers(1, HEAD)  # stream 1 open, for DATA
+    server.receive_data(c.data_to_send())
+    return server.receive_data(data), FrameCounter().feed(b"\0" * 24 + data)
+
+
+def test_idle_frames_counts_frames_that_get_no_answer() -> None:
+    window_update = b"\x00\x00\x04\x08\x00\x00\x00\x00\x00\x00\x00\x00\x01"
+    ping_ack = b"\x00\x00\x08\x06\x01\x00\x00\x00\x00" + b"\x00" * 8
+    unknown = b"\x00\x00\x00\xfa\x00\x00\x00\x00\x00"
+    empty_data = b"\x00\x00\x00\x00\x00\x00\x00\x00\x01"
+    ping = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"\x00" * 8
+    for frame in (window_update, ping_ack, unknown, empty_data):
+        events, frames = server_events(frame * 3)
+        assert frames == 3
+        assert edge.idle_frames(events, frames) == 3, events
+    events, frames = server_events(ping * 3)  # answered: the control meter's, not this one's
+    assert edge.idle_frames(events, frames) == 0
+    # Frames that made no event at all are counted as the frames left over.
+    assert edge.idle_frames([], 2) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "frame"),
+    [
+        ("WINDOW_UPDATE", b"\x00\x00\x04\x08\x00\x00\x00\x00\x00\x00\x00\x00\x01"),
+        ("unknown type", b"\x00\x00\x00\xfa\x00\x00\x00\x00\x00"),
+        ("PING ACK", b"\x00\x00\x08\x06\x01\x00\x00\x00\x00" + b"\x00" * 8),
+    ],
+)
+async def test_a_flood_of_frames_that_need_no_answer_is_closed(name: str, frame: bytes) -> None:
+    proto, _, out = await h2_server()
+    c = h2_client()
+    await proto.handle(RawData(data=c.data_to_send()))
+    sent = 0
+    while not proto.closed and sent < 100_000:
+        await proto.handle(RawData(data=frame * 1000))
+        sent += 1000
+    assert proto.closed, name
+    assert sent <= edge.IDLE_BURST + 1000  # caught within the burst
+    goaway = [e for e in server_said(out) if isinstance(e, ev.ConnectionTerminated)]
+    assert [e.error_code for e in goaway] == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM]
+
+
+async def test_the_http2_protocol_lets_others_run_between_slices_of_one_read() -> None:
+    proto, _, _ = await h2_server()
+    proto._idle = FloodMeter(0.0, 10**9, 1e9)  # the meters out of the way: fairness alone
+    c = h2_client()
+    await proto.handle(RawData(data=c.data_to_send()))
+    ran = 0
+
+    async def other() -> None:
+        nonlocal ran
+        while True:
+            await trio.lowlevel.checkpoint()
+            ran += 1
+
+    read = b"\x00\x00\x00\xfa\x00\x00\x00\x00\x00" * 7000  # ~64 KiB of unknown frames
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        await trio.lowlevel.checkpoint()  # it has started
+        before = ran
+        await proto.handle(RawData(data=read))
+        nursery.cancel_scope.cancel()
+    assert not proto.closed
+    # The other task ran between every two slices (and not once otherwise: no other yield).
+    assert ran - before >= len(read) // edge.FEED_SLICE - 1
+
+
+async def test_the_read_loop_yields_to_others_while_a_client_keeps_it_busy() -> None:
+    from aiserve_trio.http import directio
+
+    a, b = trio.socket.socketpair()
+    handled: list[int] = []
+
+    class Busy:
+        async def handle(self, event: Any) -> None:  # never yields, as a frame flood
+            handled.append(len(getattr(event, "data", b"")))
+
+    class Server:
+        config = Config()
+        protocol = Busy()
+
+    ran = 0
+
+    async def other() -> None:
+        nonlocal ran
+        while True:
+            await trio.lowlevel.checkpoint()
+            ran += 1
+
+    async def client() -> None:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        for _ in range(30):  # all of it there before the loop reads: it never has to wait
+            await a.send(b"x")
+            await a.send(b"y" * 3000)
+        a.close()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        await client()
+        before = ran
+        await directio.read_loop(Server(), b, Closed, RawData)  # all queued: no wait needed
+        nursery.cancel_scope.cancel()
+    b.close()
+    received = sum(handled)
+    assert received == 30 * 3001
+    big_reads = sum(1 for n in handled if n >= directio.YIELD_BYTES)
+    assert big_reads >= 2
+    assert ran - before >= big_reads  # each read of a slice or more was followed by a yield
 
 
 @pytest.fixture(autouse=True)

@@ -49,9 +49,10 @@ RESET_MAX_RATIO = 0.5
 #: few frames it receives: far below this).
 IDLE_BURST = 4_000
 IDLE_RATE = 2_000.0
-#: Bytes of one read handed to h2 at a time, the meters judging between slices
-#: (a few hundred small frames; a 16 KiB DATA frame arrives in four).
-FEED_SLICE = 4096
+#: Bytes of one read handed to h2 at a time, the meters judging and the other
+#: connections getting the loop between slices: the worst frame type (HEADERS +
+#: RST_STREAM) costs about 4 ms a slice, a checkpoint 3 µs (``bench/fairness.py``).
+FEED_SLICE = 2048
 #: The HTTP/2 client connection preface (RFC 9113, 3.4).
 PREFACE_LENGTH = 24
 #: This worker's settings (read from hypercorn's config at its first connection) and
