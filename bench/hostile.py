@@ -59,7 +59,7 @@ CHAT = json.dumps(
 #: The address attacks connect from (set per attack process by ``--source``).
 SOURCE = "127.0.0.1"
 #: How long each flood lasts (seconds), and the baseline measured the same way.
-FLOOD_SECONDS = 3.0
+FLOOD_SECONDS = 5.0
 
 
 def _code(code: int | None) -> str:
@@ -282,10 +282,14 @@ def flood_over() -> None:
 _in_attack_process = False
 
 
-def _flood(port: int, seconds: float, max_frames: int, frame: Callable[..., None]) -> str:
+def _flood(
+    port: int, seconds: float, max_frames: int, frame: Callable[..., bytes | None]
+) -> str:
     """Frames in batches of 100 for ``seconds`` or ``max_frames``, reconnecting when closed.
 
-    Returns how the connections ended (counted) and how many frames were sent.
+    ``frame`` has h2 make a frame, or returns the bytes of one h2 cannot make (they go
+    after what h2 made in the same batch). Returns how the connections ended (counted)
+    and how many frames were sent.
     """
     end = time.monotonic() + seconds
     sent = 0
@@ -310,11 +314,12 @@ def _flood(port: int, seconds: float, max_frames: int, frame: Callable[..., None
             except OSError:
                 peek.closed()
             while time.monotonic() < end and sent < max_frames and not peek.poll():
+                raw = bytearray()
                 for _ in range(100):
-                    frame(conn, sent)
+                    raw += frame(conn, sent) or b""
                     sent += 1
                 try:
-                    sock.sendall(conn.data_to_send())
+                    sock.sendall(conn.data_to_send() + raw)
                 except OSError:
                     peek.poll()
                     peek.closed()
@@ -367,6 +372,98 @@ def priority_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
         conn.prioritize(2 * i + 1, weight=16)
 
     return _flood(port, seconds, 1_500, frame)
+
+
+def window_update_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
+    """WINDOW_UPDATE frames of 1 byte on the connection: no answer, no app work."""
+
+    def frame(conn: h2.connection.H2Connection, i: int) -> None:
+        conn.increment_flow_control_window(1)
+
+    return _flood(port, seconds, 1_000_000, frame)
+
+
+def unknown_frame_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
+    """Frames of an unknown type (0xFA, empty): RFC 9113 says ignore them."""
+
+    def frame(conn: h2.connection.H2Connection, i: int) -> bytes:
+        return b"\x00\x00\x00\xfa\x00\x00\x00\x00\x00"
+
+    return _flood(port, seconds, 1_000_000, frame)
+
+
+def ping_ack_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
+    """PING frames with the ACK flag, never asked for: nothing to answer."""
+
+    def frame(conn: h2.connection.H2Connection, i: int) -> bytes:
+        return b"\x00\x00\x08\x06\x01\x00\x00\x00\x00" + i.to_bytes(8, "big")
+
+    return _flood(port, seconds, 1_000_000, frame)
+
+
+def empty_data_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
+    """One chat request whose body never ends, sent as empty DATA frames."""
+
+    def frame(conn: h2.connection.H2Connection, i: int) -> None:
+        sid = 1
+        if conn.streams.get(sid) is None:
+            conn.send_headers(sid, _headers("/v1/chat/completions", "POST"))
+        conn.send_data(sid, b"")
+
+    return _flood(port, seconds, 1_000_000, frame)
+
+
+def pipelined_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
+    """HTTP/1.1 requests pipelined 100 at a time on one connection, answers never read."""
+    batch = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 100
+    sock = connect(port)
+    sock.settimeout(0.5)
+    end = time.monotonic() + seconds
+    sent = 0
+    how = "still open"
+    try:
+        while time.monotonic() < end:
+            try:
+                sock.sendall(batch)
+            except TimeoutError:
+                continue  # the server stopped reading: its answers fill our buffer
+            except OSError:
+                how = "connection closed"
+                break
+            sent += 100
+    finally:
+        sock.close()
+    flood_over()
+    return f"{sent} requests pipelined, {how}"
+
+
+def one_byte_segments(port: int, seconds: float = FLOOD_SECONDS) -> str:
+    """A chat body sent one byte per TCP segment (TCP_NODELAY), as fast as it goes."""
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000000\r\n\r\n{"
+    )
+    sock = connect(port)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(0.5)
+    end = time.monotonic() + seconds
+    sent = 0
+    how = "still open"
+    try:
+        sock.sendall(head)
+        while time.monotonic() < end:
+            try:
+                sock.send(b" ")
+            except TimeoutError:
+                continue
+            except OSError:
+                how = "connection closed"
+                break
+            sent += 1
+    finally:
+        sock.close()
+    flood_over()
+    return f"{sent} one-byte segments, {how}"
 
 
 def continuation_flood(port: int, seconds: float = 2.0) -> str:
@@ -608,6 +705,12 @@ ATTACKS: dict[str, Callable[[int], str]] = {
     "h2 PING flood": ping_flood,
     "h2 PRIORITY flood, 1,500 idle streams": priority_flood,
     "h2 CONTINUATION flood": continuation_flood,
+    "h2 WINDOW_UPDATE flood": window_update_flood,
+    "h2 unknown frame type flood": unknown_frame_flood,
+    "h2 PING ACK flood": ping_ack_flood,
+    "h2 empty DATA flood": empty_data_flood,
+    "h1 pipelined requests, answers never read": pipelined_flood,
+    "h1 one-byte segments": one_byte_segments,
     "h2 oversized header block": oversized_headers,
     "h2 1-byte flow-control window reader": one_byte_window,
     "h1 slowloris headers": slowloris_headers,
@@ -631,6 +734,37 @@ class Row:
     up: bool
     #: The 1-minute load average when the attack ended (the whole machine's).
     load: float
+    #: The worker's scheduler lag during the attack (``trio_scheduler_lag_seconds``).
+    lag: str = "-"
+
+
+def lag_counts(port: int) -> dict[float, float] | None:
+    """The worker's ``trio_scheduler_lag_seconds`` buckets now (le -> cumulative count)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("trio_scheduler_lag_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def lag_summary(before: dict[float, float] | None, after: dict[float, float] | None) -> str:
+    """The worst lag the probe saw between two scrapes, and how many samples were over 20 ms."""
+    if not before or not after:
+        return "no probe"
+    delta = {le: after[le] - before.get(le, 0.0) for le in after}
+    total = delta[float("inf")]
+    if not total:
+        return "no samples"
+    worst = min(le for le, n in delta.items() if n == total)
+    over = total - max((n for le, n in delta.items() if le <= 0.0205), default=0.0)
+    bound = "over 0.33 s" if worst == float("inf") else f"<= {worst * 1000:.1f} ms"
+    return f"worst {bound}; {over:.0f} of {total:.0f} samples over 20 ms"
 
 
 _sources = iter(f"127.0.0.{n}" for n in range(10, 255))
@@ -639,6 +773,7 @@ _sources = iter(f"127.0.0.{n}" for n in range(10, 255))
 def run_attack(name: str, port: int, pid: int) -> tuple[Row, Polite]:
     """``name`` from its own process and loopback address while the polite client runs."""
     before = rss_mb(pid)
+    lag_before = lag_counts(port)
     polite = Polite(port)
     cmd = [sys.executable, "-m", "bench.hostile", "--attack", name, "--port", str(port)]
     child = subprocess.Popen(
@@ -661,6 +796,7 @@ def run_attack(name: str, port: int, pid: int) -> tuple[Row, Polite]:
         child.stdout.close()
         child.wait(30)
     up = alive(pid)
+    lag = lag_summary(lag_before, lag_counts(port)) if up else "-"
     return (
         Row(
             name,
@@ -670,6 +806,7 @@ def run_attack(name: str, port: int, pid: int) -> tuple[Row, Polite]:
             rss_mb(pid) if up else 0.0,
             up,
             os.getloadavg()[0],
+            lag,
         ),
         polite,
     )
@@ -711,6 +848,8 @@ def main() -> None:
     ap.add_argument("--attack", help="run one attack (the attacker process of run_attack)")
     ap.add_argument("--port", type=int)
     ap.add_argument("--source", default="127.0.0.1")
+    ap.add_argument("--only", action="append", help="run only attacks whose name has this text")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "hostile.md")
     args = ap.parse_args()
     if args.attack:
         attack_process(args.attack, args.port, args.source)
@@ -719,6 +858,8 @@ def main() -> None:
     rows = []
     with gateway() as (port, pid, _):
         for name in ATTACKS:
+            if args.only and name != BASELINE and not any(o in name for o in args.only):
+                continue
             row, _ = run_attack(name, port, pid)
             rows.append(row)
             print(row)
@@ -730,9 +871,10 @@ def main() -> None:
         if split
         else "one CPU, nothing pinned"
     )
-    out = ROOT / "bench" / "results" / "hostile.md"
+    out = args.out
+    mode = os.environ.get("AISERVE_HYPERCORN_PATCHES", "on")
     lines = [
-        "# Hostile clients against hypercorn + aiserve_trio (one worker, loopback)",
+        f"# Hostile clients against hypercorn + aiserve_trio (one worker, loopback, AISERVE_HYPERCORN_PATCHES={mode})",
         "",
         "`.venv/bin/python -m bench.hostile`; each attack bounded to a few seconds (floods:",
         f"{FLOOD_SECONDS:.0f} s, in batches of 100 frames, reconnecting when closed) from its own process",
@@ -742,12 +884,12 @@ def main() -> None:
         f"Load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)};"
         f" after: {', '.join(f'{x:.2f}' for x in load_after)}.",
         "",
-        "| attack | what the server did | polite client during it | worker RSS before -> after | server up | load (1 min) |",
-        "|---|---|---|---|---|---|",
+        "| attack | what the server did | polite client during it | scheduler lag | worker RSS before -> after | server up | load (1 min) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r.attack} | {r.outcome} | {r.polite} | {r.rss_before:.0f} -> {r.rss_after:.0f} MB | {'yes' if r.up else 'NO'} | {r.load:.2f} |"
+            f"| {r.attack} | {r.outcome} | {r.polite} | {r.lag} | {r.rss_before:.0f} -> {r.rss_after:.0f} MB | {'yes' if r.up else 'NO'} | {r.load:.2f} |"
         )
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
