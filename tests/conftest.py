@@ -42,6 +42,15 @@ def _hypercorn_as_shipped() -> Iterator[None]:
     hypercorn_seam.uninstall()
 
 
+def seam_on() -> None:
+    """Install the hypercorn seam for this test, whatever ``AISERVE_HYPERCORN_PATCHES`` says
+    (tests of the seam itself; the autouse fixture above takes it out again)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(hypercorn_seam.SWITCH, raising=False)
+        hypercorn_seam.install()
+    assert hypercorn_seam.installed()
+
+
 @pytest.fixture
 def make_app() -> Callable[..., App]:
     def build(extra: str = "", *, config: Config | None = None, **kwargs: Any) -> App:

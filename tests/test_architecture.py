@@ -136,9 +136,11 @@ def test_importing_the_package_leaves_hypercorn_alone() -> None:
         "print(aiserve_trio.hypercorn_seam.install())\n"
         "assert run.TCPServer is not before, 'install() did nothing'\n"
     )
+    env = {k: v for k, v in os.environ.items() if k != "AISERVE_HYPERCORN_PATCHES"}
     out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
-    )
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False,
+        env=env,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("installed: hypercorn.trio.run.TCPServer")
 

@@ -15,10 +15,10 @@ from hypercorn.config import Config
 from hypercorn.events import RawData
 from hypercorn.trio import serve
 
-from aiserve_trio import hypercorn_seam
 from aiserve_trio.http import coalesce
 from aiserve_trio.hypercorn_seam import GatewayTCPServer
 
+from .conftest import seam_on
 from .servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -54,8 +54,7 @@ class Writes:
 @asynccontextmanager
 async def server(app: App) -> AsyncIterator[int]:
     # hypercorn's Trio worker picks its server class as it starts serving: the seam's.
-    hypercorn_seam.install()
-    assert hypercorn_seam.installed()
+    seam_on()
     port = free_port()
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]

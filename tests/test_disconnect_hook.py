@@ -185,7 +185,10 @@ async def serve_and_disconnect(app: Any) -> tuple[Served, float]:
     return served, noticed
 
 
-async def test_through_the_seam_hypercorn_calls_and_the_stream_ends_at_once() -> None:
+async def test_through_the_seam_hypercorn_calls_and_the_stream_ends_at_once(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.delenv("AISERVE_HYPERCORN_PATCHES", raising=False)
     app = auth_app(OFF, ttft_ms="5", itl_ms="50")  # 300 words: 15 s if it went on
     served, noticed = await serve_and_disconnect(app)
     # The app's start-up installed the seam; hypercorn's worker then built its server.

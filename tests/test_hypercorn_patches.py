@@ -65,8 +65,9 @@ async def start_and_stop(app: App) -> None:
 
 
 async def test_start_up_replaces_one_hypercorn_attribute_the_worker_server_class(
-    make_app: Callable[..., App],
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv(hypercorn_seam.SWITCH, raising=False)
     before = hypercorn_attributes()
     await start_and_stop(make_app())
     assert changed(before, hypercorn_attributes()) == ["hypercorn.trio.run.TCPServer"]
@@ -92,7 +93,10 @@ def test_every_pinned_method_matches_this_hypercorn() -> None:
     assert all(path.startswith("hypercorn.") for path in PINNED)
 
 
-def test_a_changed_method_is_refused_and_named(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_changed_method_is_refused_and_named(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(hypercorn_seam.SWITCH, raising=False)
     path = "hypercorn.protocol.h2:H2Protocol._handle_events"
     pins = {**PINNED, path: "0" * 16}
     assert problems(pins) == [
