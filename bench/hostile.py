@@ -374,13 +374,17 @@ def priority_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
     return _flood(port, seconds, 1_500, frame)
 
 
+#: Frames a cheap flood may send: enough for its whole time (h2 makes the others slowly).
+RAW_MAX_FRAMES = 100_000_000
+
+
 def window_update_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
     """WINDOW_UPDATE frames of 1 byte on the connection: no answer, no app work."""
 
     def frame(conn: h2.connection.H2Connection, i: int) -> None:
         conn.increment_flow_control_window(1)
 
-    return _flood(port, seconds, 1_000_000, frame)
+    return _flood(port, seconds, RAW_MAX_FRAMES, frame)
 
 
 def unknown_frame_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
@@ -389,7 +393,7 @@ def unknown_frame_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
     def frame(conn: h2.connection.H2Connection, i: int) -> bytes:
         return b"\x00\x00\x00\xfa\x00\x00\x00\x00\x00"
 
-    return _flood(port, seconds, 1_000_000, frame)
+    return _flood(port, seconds, RAW_MAX_FRAMES, frame)
 
 
 def ping_ack_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
@@ -398,7 +402,7 @@ def ping_ack_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
     def frame(conn: h2.connection.H2Connection, i: int) -> bytes:
         return b"\x00\x00\x08\x06\x01\x00\x00\x00\x00" + i.to_bytes(8, "big")
 
-    return _flood(port, seconds, 1_000_000, frame)
+    return _flood(port, seconds, RAW_MAX_FRAMES, frame)
 
 
 def empty_data_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
@@ -410,7 +414,7 @@ def empty_data_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:
             conn.send_headers(sid, _headers("/v1/chat/completions", "POST"))
         conn.send_data(sid, b"")
 
-    return _flood(port, seconds, 1_000_000, frame)
+    return _flood(port, seconds, RAW_MAX_FRAMES, frame)
 
 
 def pipelined_flood(port: int, seconds: float = FLOOD_SECONDS) -> str:

@@ -16,7 +16,7 @@ Systems, all measured in the same run on the same machine:
 Every system under test runs on CPU 0 (``taskset -c 0``), the upstream and the
 load generators on CPU 1. Measured:
 
-1. ``wrk`` (Lua, ``bench/node/post.lua``), non-streamed and streamed, c = 1, 16, 64:
+1. ``wrk`` (Lua, ``bench/node/post.lua``), non-streamed and streamed, c = 1, 16, 64, 256:
    req/s and latency percentiles; best of the interleaved rounds;
 2. time to first content byte at c = 1 (a blocking-socket client, one keep-alive
    connection), added = system - direct, p50 and p99;
@@ -57,7 +57,7 @@ from .ab import node_upstream, wrk
 from .systems import LOAD_CPU, ROOT, SYSTEM_CPU, WORK, Running, cpu_seconds, free_port, pinned
 
 ALL = ("direct", "floor", "portkey", "litellm", "aiserve")
-CONCS = (1, 16, 64)
+CONCS = (1, 16, 64, 256)
 PORTKEY_DIR = WORK / "portkey"
 #: The first content delta of bench/node/upstream.js's reply, as any system frames it.
 FIRST_CONTENT = b'"w0'
@@ -489,6 +489,7 @@ def report(res: Results, plan: Plan, names: list[str], argv: list[str], started:
         "aiserve": f"aiserve-trio ({snapshot})",
     }
     load = ", ".join(f"{when} {v:.2f}" for when, v in res.load)
+    cs = " / ".join(f"c={c}" for c in CONCS)
     lines = [
         f"# aiserve-trio against its peers ({dt.date.today().isoformat()})",
         "",
@@ -499,8 +500,8 @@ def report(res: Results, plan: Plan, names: list[str], argv: list[str], started:
         f"{plan.rounds} interleaved round(s). Load average (1 min): {load}; "
         f"this machine has {os.cpu_count()} CPUs and may be shared: compare within this file only.",
         "",
-        "| system | non-streamed req/s c=1 / c=16 / c=64 | p50 c=1 | streamed (16 deltas) req/s "
-        "c=1 / c=16 / c=64 | added TTFT p50 / p99 c=1 |",
+        f"| system | non-streamed req/s {cs} | p50 c=1 | streamed (16 deltas) req/s "
+        f"{cs} | added TTFT p50 / p99 c=1 |",
         "|---|---|---|---|---|",
     ]
     for name in names:
