@@ -92,7 +92,8 @@ class Metrics:
         )
         self.stage_expiries = Counter(
             "aiserve_stage_deadline_expiries",
-            "Stage cancel scopes that reached their cut point.",
+            "Deadlines run out, by the stage or chain step named: cut points passed, and "
+            "refusals to start an upstream call with too little of the budget left.",
             ["stage"],
             registry=r,
         )
