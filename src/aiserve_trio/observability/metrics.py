@@ -169,7 +169,8 @@ class Metrics:
         self.record_dropped = Counter(
             "aiserve_record_dropped",
             "Requests the recording dropped: its buffer was full (the disk is slow), "
-            "writing failed, or the request could not be recorded.",
+            "writing failed, the request could not be recorded, or aiserve-replay sent it "
+            "(left out unless [record] include_replays = true).",
             ["reason"],
             registry=r,
         )
