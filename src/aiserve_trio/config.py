@@ -142,8 +142,8 @@ class LimitsConfig(_Section):
     max_content_chars: int = 262_144
     max_tokens: int = 32_768
     #: Per worker: requests in flight and open event streams; beyond, a fast 503.
-    max_inflight: int = 1_024
-    max_streams: int = 512
+    max_inflight: int = 4_096
+    max_streams: int = 4_096
     #: Open streams one tenant may hold in a worker (0: no cap); beyond, 429.
     tenant_max_streams: int = 0
     #: A client that accepts no byte of a write for this long is dropped.
@@ -243,7 +243,7 @@ class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
     http2: bool = False
     #: Concurrent upstream streams before requests queue (HTTP/1.1: one
     #: connection each; HTTP/2: up to 100 per connection).
-    max_connections: int = 512
+    max_connections: int = 4_096
     connect_timeout_ms: int = 2_000
     #: Retries before the first token (connect errors, timeouts, 429, 5xx).
     max_retries: int = 2
