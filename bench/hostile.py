@@ -776,7 +776,7 @@ _sources = iter(f"127.0.0.{n}" for n in range(10, 255))
 
 def run_attack(name: str, port: int, pid: int) -> tuple[Row, Polite]:
     """``name`` from its own process and loopback address while the polite client runs."""
-    before = rss_mb(pid)
+    before = rss_mb(pid) if alive(pid) else 0.0
     lag_before = lag_counts(port)
     polite = Polite(port)
     cmd = [sys.executable, "-m", "bench.hostile", "--attack", name, "--port", str(port)]
@@ -853,6 +853,7 @@ def main() -> None:
     ap.add_argument("--port", type=int)
     ap.add_argument("--source", default="127.0.0.1")
     ap.add_argument("--only", action="append", help="run only attacks whose name has this text")
+    ap.add_argument("--skip", action="append", help="leave out attacks whose name has this text")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "hostile.md")
     args = ap.parse_args()
     if args.attack:
@@ -864,6 +865,11 @@ def main() -> None:
         for name in ATTACKS:
             if args.only and name != BASELINE and not any(o in name for o in args.only):
                 continue
+            if args.skip and any(s in name for s in args.skip):
+                continue
+            if not alive(pid):
+                print(f"the worker is gone: {name} and the rest not run")
+                break
             row, _ = run_attack(name, port, pid)
             rows.append(row)
             print(row)

@@ -9,6 +9,7 @@ hypercorn in-process, with hypercorn's own protocol objects and no network.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 from collections.abc import Callable, Iterator
@@ -588,11 +589,57 @@ def baseline(gateway: tuple[int, int, Path]) -> hostile.Polite:
 
 
 CLOSES = ("connection closed", "GOAWAY", "connection reset")
+#: Whether this run has the hypercorn seam (``.ci/run`` runs this file again without it).
+SEAM = os.environ.get("AISERVE_HYPERCORN_PATCHES", "").strip().lower() != "off"
 #: Floods that reconnect whenever they are closed: the penalty box must refuse them.
-RECONNECTING = ("h2 rapid reset (HEADERS + RST_STREAM)", "h2 SETTINGS flood", "h2 PING flood")
+RECONNECTING = (
+    "h2 rapid reset (HEADERS + RST_STREAM)",
+    "h2 SETTINGS flood",
+    "h2 PING flood",
+    "h2 WINDOW_UPDATE flood",
+    "h2 unknown frame type flood",
+    "h2 PING ACK flood",
+)
 #: Floods during which the polite client must keep at least half its no-attack
-#: throughput, with a p99 under 500 ms (issue 14, item 2).
-TARGETED = (*RECONNECTING, "h2 PRIORITY flood, 1,500 idle streams", "h2 CONTINUATION flood")
+#: throughput, with a p99 under 500 ms (issue 14, item 2; issue 25).
+TARGETED = (
+    *RECONNECTING,
+    "h2 PRIORITY flood, 1,500 idle streams",
+    "h2 CONTINUATION flood",
+    "h2 empty DATA flood",
+    "h1 pipelined requests, answers never read",
+    "h1 one-byte segments",
+)
+#: What hypercorn as shipped cannot survive or contain: its worker dies of a PRIORITY
+#: flood (priority.TooManyStreamsError), and control-frame floods starve every other
+#: client (bench/results/2026-12-01/seam/hostile-after-off.md). The defence is the seam's
+#: edge guard, so with the seam off these are not run.
+NEEDS_THE_GUARD = (
+    "h2 rapid reset (HEADERS + RST_STREAM)",
+    "h2 SETTINGS flood",
+    "h2 PING flood",
+    "h2 PRIORITY flood, 1,500 idle streams",
+)
+ATTACKS = [
+    ("h2 rapid reset (HEADERS + RST_STREAM)", CLOSES),
+    ("h2 SETTINGS flood", CLOSES),
+    ("h2 PING flood", CLOSES),
+    ("h2 PRIORITY flood, 1,500 idle streams", ("GOAWAY ENHANCE_YOUR_CALM",)),
+    ("h2 CONTINUATION flood", CLOSES),
+    ("h2 WINDOW_UPDATE flood", CLOSES),
+    ("h2 unknown frame type flood", CLOSES),
+    ("h2 PING ACK flood", CLOSES),
+    ("h2 empty DATA flood", CLOSES),
+    ("h1 pipelined requests, answers never read", ("requests pipelined",)),
+    ("h1 one-byte segments", ("one-byte segments",)),
+    ("h2 oversized header block", ("GOAWAY", "status 431", "RST_STREAM", "connection closed")),
+    ("h2 1-byte flow-control window reader", ("bytes taken",)),
+    ("h1 slowloris headers", ("closed after",)),
+    ("h1 slowloris body", ("answers ['408']",)),
+    ("h1 pipelined garbage", ("answers ['200']",)),
+    ("h1 smuggling CL + TE", ("answers ['400']",)),
+    ("h1 smuggling TE + TE", ("answers ['501']", "answers ['400']")),
+]
 
 
 def meets_target(polite: hostile.Polite, baseline: hostile.Polite) -> bool:
@@ -601,20 +648,7 @@ def meets_target(polite: hostile.Polite, baseline: hostile.Polite) -> bool:
 
 @pytest.mark.parametrize(
     ("attack", "expect"),
-    [
-        ("h2 rapid reset (HEADERS + RST_STREAM)", CLOSES),
-        ("h2 SETTINGS flood", CLOSES),
-        ("h2 PING flood", CLOSES),
-        ("h2 PRIORITY flood, 1,500 idle streams", ("GOAWAY ENHANCE_YOUR_CALM",)),
-        ("h2 CONTINUATION flood", CLOSES),
-        ("h2 oversized header block", ("GOAWAY", "status 431", "RST_STREAM", "connection closed")),
-        ("h2 1-byte flow-control window reader", ("bytes taken",)),
-        ("h1 slowloris headers", ("closed after",)),
-        ("h1 slowloris body", ("answers ['408']",)),
-        ("h1 pipelined garbage", ("answers ['200']",)),
-        ("h1 smuggling CL + TE", ("answers ['400']",)),
-        ("h1 smuggling TE + TE", ("answers ['501']", "answers ['400']")),
-    ],
+    [a for a in ATTACKS if SEAM or a[0] not in NEEDS_THE_GUARD],
 )
 def test_attack_is_contained(
     gateway: tuple[int, int, Path],
@@ -636,7 +670,10 @@ def test_attack_is_contained(
     else:
         first = "-"
     assert row.up, f"the worker died during {attack}"
-    assert any(e in row.outcome for e in expect), row.outcome
+    if SEAM or not attack.startswith("h2 "):
+        # Without the guard hypercorn closes HTTP/2 floods its own way, or not at all:
+        # there only the polite client counts.
+        assert any(e in row.outcome for e in expect), row.outcome
     # The polite client kept being served during the attack.
     assert polite.failures == 0, row.polite
     assert len(polite.latencies) >= 5, row.polite
@@ -648,7 +685,7 @@ def test_attack_is_contained(
         )
         assert polite.rate >= 0.5 * baseline.rate, figures
         assert polite.p99 < 0.5, figures
-    if attack in RECONNECTING:
+    if attack in RECONNECTING and SEAM:
         # The first connection was condemned, and the attacker's reconnects were
         # refused at accept while its address sat in the penalty box.
         assert "GOAWAY ENHANCE_YOUR_CALM" in row.outcome, row.outcome
