@@ -507,6 +507,19 @@ async def test_the_verdict_puts_the_address_in_the_penalty_box(box: PenaltyBox) 
     assert not box.refuses("127.0.0.1", trio.current_time())
 
 
+async def test_a_client_that_breaks_the_protocol_goes_into_the_penalty_box(
+    box: PenaltyBox,
+) -> None:
+    proto, _, out = await h2_server()
+    c = h2_client()
+    await proto.handle(RawData(data=c.data_to_send()))
+    await proto.handle(RawData(data=b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x"))  # DATA, stream 0
+    assert proto.closed
+    goaway = [e for e in server_said(out) if isinstance(e, ev.ConnectionTerminated)]
+    assert [e.error_code for e in goaway] == [h2.errors.ErrorCodes.PROTOCOL_ERROR]
+    assert box.refuses("127.0.0.9", trio.current_time())
+
+
 async def test_the_rapid_reset_rule_is_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(edge, "_settings", EdgeSettings(h2_reset_min_streams=1000))
     proto, _, _ = await h2_server()
@@ -610,15 +623,20 @@ TARGETED = (
     "h1 pipelined requests, answers never read",
     "h1 one-byte segments",
 )
-#: What hypercorn as shipped cannot survive or contain: its worker dies of a PRIORITY
-#: flood (priority.TooManyStreamsError), and control-frame floods starve every other
-#: client (bench/results/2026-12-01/seam/hostile-after-off.md). The defence is the seam's
-#: edge guard, so with the seam off these are not run.
+#: What hypercorn as shipped cannot survive or contain: every HTTP/2 flood but the
+#: CONTINUATION one starves the polite client (0.4-0.8 answers/s against ~38), and a
+#: PRIORITY or empty-DATA flood ends its worker with an exception
+#: (bench/results/2026-12-01/seam/hostile-after-off.md). The defence is the seam's edge
+#: guard, so with the seam off these are not run.
 NEEDS_THE_GUARD = (
     "h2 rapid reset (HEADERS + RST_STREAM)",
     "h2 SETTINGS flood",
     "h2 PING flood",
     "h2 PRIORITY flood, 1,500 idle streams",
+    "h2 WINDOW_UPDATE flood",
+    "h2 unknown frame type flood",
+    "h2 PING ACK flood",
+    "h2 empty DATA flood",
 )
 ATTACKS = [
     ("h2 rapid reset (HEADERS + RST_STREAM)", CLOSES),

@@ -42,6 +42,7 @@ from wsgiref.handlers import format_date_time
 
 import h2.errors
 import h2.events
+import h2.exceptions
 import h11
 import priority.priority as priority
 import trio
@@ -412,7 +413,19 @@ class GatewayH2(H2Protocol):
 
     async def _guarded(self, event: Event) -> None:
         try:
-            await super().handle(event)
+            if not isinstance(event, RawData):
+                await super().handle(event)
+                return
+            # hypercorn's handle of RawData, and a client that broke the protocol is
+            # remembered: reconnecting to break it again is refused at accept.
+            try:
+                events = self.connection.receive_data(event.data)
+            except h2.exceptions.ProtocolError as exc:
+                await self._flush()
+                await self.send(Closed())
+                self.punish(f"protocol error ({type(exc).__name__})")
+            else:
+                await self._handle_events(events)
         except priority.PriorityError as exc:
             if not self.calmed:
                 await self.calm_down(f"priority tree refused it ({type(exc).__name__})")
@@ -456,14 +469,18 @@ class GatewayH2(H2Protocol):
                 self.connection.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
         return kept
 
-    async def calm_down(self, why: str) -> None:
-        """Close the connection with GOAWAY(ENHANCE_YOUR_CALM), its address into the box."""
+    def punish(self, why: str) -> None:
+        """Put the client's address into the penalty box, and say so."""
         self.calmed = True
         box = edge.box()
         if box is not None and self.client:
             penalty = box.punish(edge.peer_key(self.client[0]), trio.current_time())
             why += f"; its address is refused for {penalty:g} s ({box.refused} refused so far)"
         log.warning("HTTP/2 client %s disconnected: %s", self.client, why)
+
+    async def calm_down(self, why: str) -> None:
+        """Close the connection with GOAWAY(ENHANCE_YOUR_CALM), its address into the box."""
+        self.punish(why)
         self.connection.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         await self._flush()
         await self.send(Closed())
