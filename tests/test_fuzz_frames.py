@@ -37,8 +37,9 @@ SENT: collections.Counter[str] = collections.Counter()
 FLOOD_S = 0.5
 #: The worst scheduler lag accepted during an example. The invariant is 20 ms of work
 #: between checkpoints (held exactly by test_hostile's in-process tests); on a machine
-#: shared with other test runs the kernel's own preemption of a busy worker adds to it.
-LAG_BOUND_S = 0.164
+#: shared with other test runs (load average 8 on 2 CPUs) the kernel preempting a busy
+#: worker added up to ~300 ms; before the seam, a flood held the loop for seconds.
+LAG_BOUND_S = 0.328
 
 
 @st.composite
