@@ -4,7 +4,8 @@ second from their own loopback address, while a polite HTTP/1.1 client on 127.0.
 for chat completions. The worker must stay up, keep the polite client answered, and keep
 its scheduler lag (``trio_scheduler_lag_seconds``, sampled every 50 ms) bounded.
 
-Runs in both modes (``AISERVE_HYPERCORN_PATCHES=off`` too: ``.ci/run``)."""
+With the seam only: hypercorn as shipped (``AISERVE_HYPERCORN_PATCHES=off``) has no edge
+guard, and random frames end its worker (``docs/hypercorn.md``)."""
 
 from __future__ import annotations
 
