@@ -826,8 +826,10 @@ def attack_process(name: str, port: int, source: str) -> None:
 
 
 @contextlib.contextmanager
-def gateway() -> Iterator[tuple[int, int, Path]]:
+def gateway(env: dict[str, str] | None = None) -> Iterator[tuple[int, int, Path]]:
     """A real hypercorn + gateway on a free port: (port, worker pid, error log path).
+
+    ``env``: added to the server's environment.
 
     The worker is pinned to the server's CPU (see :func:`cpu_split`).
     """
@@ -838,7 +840,7 @@ def gateway() -> Iterator[tuple[int, int, Path]]:
         cfg = gateway_config(Path(d))
         errlog = Path(d) / "error.log"
         args = ["--access-logfile", os.devnull, "--error-logfile", str(errlog)]
-        with hypercorn_gateway(cfg, extra_args=args) as (base, proc):
+        with hypercorn_gateway(cfg, extra_args=args, env=env) as (base, proc):
             port = int(base.rsplit(":", 1)[1])
             pid = worker_pid(proc.pid)
             split = cpu_split()

@@ -4,8 +4,8 @@ second from their own loopback address, while a polite HTTP/1.1 client on 127.0.
 for chat completions. The worker must stay up, keep the polite client answered, and keep
 its scheduler lag (``trio_scheduler_lag_seconds``, sampled every 50 ms) bounded.
 
-With the seam only: hypercorn as shipped (``AISERVE_HYPERCORN_PATCHES=off``) has no edge
-guard, and random frames end its worker (``docs/hypercorn.md``)."""
+The server always runs with the seam: hypercorn as shipped (``AISERVE_HYPERCORN_PATCHES=off``)
+has no edge guard, and random frames end its worker (``docs/hypercorn.md``)."""
 
 from __future__ import annotations
 
@@ -124,7 +124,8 @@ def flood(port: int, data: bytes, seconds: float) -> int:
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[tuple[int, int]]:
-    with hostile.gateway() as (port, pid, _):
+    # The seam's fairness is what is fuzzed: on, whatever this run's switch says.
+    with hostile.gateway(env={"AISERVE_HYPERCORN_PATCHES": "on"}) as (port, pid, _):
         yield port, pid
 
 
