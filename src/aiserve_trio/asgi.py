@@ -73,6 +73,8 @@ from .sessions import build_bus
 from .sessions.bus import SessionBus, check_session_id
 from .sessions.http import SessionEndpoints
 from .sessions.outbox import WriteBack
+from .spend.metrics import SpendMetrics
+from .spend.prices import build_pricing, unpriced_models
 from .stages.outcome import Outcome
 from .stages.types import RequestInfo, Route
 from .startup import hypercorn_process
@@ -130,6 +132,8 @@ class App:
         #: ``[record]``: finished requests go to it through the observer.
         self.recorder = build_recorder(config, self.routes, self.metrics)
         self.observer.recorder = self.recorder
+        #: ``aiserve_spend_total``, ``aiserve_spend_saved_total``.
+        self.observer.sinks.append(SpendMetrics(self.metrics.registry, config.pricing.currency))
         self.metrics.watch_cache(self._cache_held, self._cache_flights, self._cache_server)
         #: Reloads the config without a restart (``reload.py``).
         reloads = self.metrics.config_reloads
@@ -184,6 +188,7 @@ class App:
         rt = Runtime(config)
         rt.adapters = adapters
         rt.gate = Gate(config) if previous is None else previous.gate.successor(config)
+        pricing = build_pricing(config)
         rt.routes = {
             rc.path: Route(
                 config=rc,
@@ -192,6 +197,7 @@ class App:
                 policies=build_policies(rc.policies, config),
                 tenant=rc.tenant or config.server.default_tenant,
                 chain=build_chain(rc, route_label(rc), adapters, config),
+                pricing=pricing,
             )
             for rc in config.routes
         }
@@ -419,6 +425,8 @@ class App:
         if hypercorn_process() is not None:
             log.info("garbage collector: %s", gctune.tune())
         self.ready = True
+        if self.config.pricing.models and (unpriced := unpriced_models(self.config)):
+            log.warning("no price in [pricing] (these cost 0): %s", ", ".join(unpriced))
         log.info(
             "aiserve-trio ready: config %s, routes %s",
             self.config.source,
@@ -740,6 +748,7 @@ class App:
             tenant=rt.gate.tenant(request.principal, route.tenant),
             headers=headers,
             trace=self.tracing.start(route.label, headers, request.arrival),
+            key_id=request.principal.key_id if request.principal is not None else None,
         )
         outcome = await rt.pipeline.run(
             info, request.receive, request.responder, DisconnectHook.of(request.scope)

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .audit.settings import AuditConfig as AuditConfig
 from .chains.plan import AdapterFacts, check_chain
 from .chains.steps import StepConfig as StepConfig
 from .decoding import decode_toml, field_error
@@ -35,6 +36,7 @@ from .policies.base import Policy, PolicySpec
 from .policies.registry import build_policies, decode_policies, known_policies
 from .record.settings import RecordConfig, check_record
 from .security.auth import check_hash
+from .spend.settings import Period, PricingConfig, TenantConfig, check_budget
 from .tenants import check_tenant
 
 DEFAULT_CONFIG_NAME = "aiserve.toml"
@@ -535,8 +537,13 @@ class AuthKey(_Section):
     #: Requests and tokens (prompt + completion) per minute; 0: unlimited.
     rpm: int = 0
     tpm: int = 0
+    #: Spend allowed per ``budget_period`` in ``[pricing] currency`` (None: no budget).
+    budget: float | None = None
+    budget_period: Period = "month"
+    budget_alert_at: float = 0.8
 
     def __post_init__(self) -> None:
+        check_budget(self.budget, self.budget_alert_at)
         if not _KEY_ID_RE.match(self.id):
             raise field_error("id", "must be 1-32 lower-case letters/digits")
         try:
@@ -592,6 +599,7 @@ CORS_EXPOSE_HEADERS = (
     "x-aiserve-deployment",
     "x-aiserve-fallback",
     "x-aiserve-steps",
+    "x-aiserve-cost",
 )
 _HEADER_NAME_RE = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
 _ORIGIN_RE = re.compile(
@@ -703,6 +711,12 @@ class Config(_Section):
     record: RecordConfig = msgspec.field(default_factory=RecordConfig)
     #: Where routes with ``cache`` keep their entries.
     cache: CacheConfig = msgspec.field(default_factory=CacheConfig)
+    #: Prices per model (spend/settings.py); a model without one costs 0.
+    pricing: PricingConfig = msgspec.field(default_factory=PricingConfig)
+    #: Budgets per tenant (``[tenants.NAME]``).
+    tenants: dict[str, TenantConfig] = msgspec.field(default_factory=dict)
+    #: The audit log (audit/settings.py); off unless ``[audit]`` is there.
+    audit: AuditConfig | None = None
     #: Where the config came from, and the folder relative paths in it start from
     #: (both set by the loader; values written in the TOML are replaced).
     source: str = "<memory>"
@@ -855,6 +869,13 @@ def check_config(cfg: Config) -> None:
         for j, ch in enumerate(k.channels):
             if ch != "*" and ch not in cfg.server.channels:
                 raise fail(f"{key}.channels[{j}]", f"unknown channel {ch!r}")
+    for name in cfg.tenants:
+        try:
+            check_tenant(name)
+        except ValueError as exc:
+            raise fail(f"tenants.{name}", str(exc)) from None
+    if cfg.audit is not None and cfg.audit.backend == "postgres":
+        raise fail("audit.backend", "`postgres` is not available in this build; use `sqlite`")
 
     _check_groups(cfg, fail)
     policy_names = known_policies(cfg)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
-from .adapters.base import Delta
+from .adapters.base import Delta, Usage
 from .cache.service import Cache
 from .errors import BodyReadTimeout, GatewayError, InternalError, ReplyCapExceeded
 from .http.sse import DONE, ChatFramer
@@ -266,6 +266,8 @@ class Pipeline:
         asm = sse.assembler
         prepared = context.result
         parsed = parse.result
+        usage = asm.usage if asm is not None else None
+        served_model, cost, saved = _priced(info, parsed, sse, usage, cache)
         return Outcome(
             request_id=info.request_id,
             route=info.route.label,
@@ -282,7 +284,7 @@ class Pipeline:
             policy=context.policy,
             stages=run.times,
             first_token_at=asm.first_token_at if asm is not None else None,
-            usage=asm.usage if asm is not None else None,
+            usage=usage,
             finish_reason=asm.finish_reason if asm is not None else None,
             delivered=asm.delivered if asm is not None else "",
             tool_calls=asm.tool_calls if asm is not None else [],
@@ -294,6 +296,12 @@ class Pipeline:
             upstream_bytes=upstream.bytes,
             cache=cache,
             chain=chain,
+            tenant=info.tenant,
+            key_id=info.key_id,
+            served=sse.served,
+            served_model=served_model,
+            cost=cost,
+            saved=saved,
         )
 
     async def _stages(
@@ -482,6 +490,23 @@ class Pipeline:
                 if tail is None:  # the head went out without a framed event
                     tail = ChatFramer(info.request_id, "", info.created).error(err) + DONE
                 await responder.body(tail, more=False)
+
+
+def _priced(
+    info: RequestInfo,
+    parsed: ParsedRequest | None,
+    sse: SSEStage,
+    usage: Usage | None,
+    cache: str | None,
+) -> tuple[str, float, float]:
+    """(served model, cost, saved) of a request that ended (see ``spend/prices.py``)."""
+    pricing = info.route.pricing
+    if parsed is None:
+        return "", 0.0, 0.0
+    if pricing is None:
+        return parsed.model, 0.0, 0.0
+    served = sse.served.deployment if sse.served is not None else None
+    return pricing.charge(parsed.model, served, usage, cache)
 
 
 def _cap_of(error: GatewayError | None, asm: ResponseAssembler | None) -> str | None:

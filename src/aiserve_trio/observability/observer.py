@@ -121,6 +121,8 @@ class RequestObserver:
         self._attempts: dict[tuple[str, str], Any] = {}
         #: The traffic recording, when ``[record]`` is on (set by the app).
         self.recorder: RecordSink | None = None
+        #: More takers of every finished request: the spend counters, the audit log.
+        self.sinks: list[RecordSink] = []
 
     def _child(self, metric: Counter | Histogram, *values: str) -> Any:
         key = (metric, *values)
@@ -217,6 +219,8 @@ class RequestObserver:
             self._remember(outcome)
         if self.recorder is not None:
             self.recorder.offer(outcome)
+        for sink in self.sinks:
+            sink.offer(outcome)
 
     @staticmethod
     def _trace(outcome: Outcome) -> None:

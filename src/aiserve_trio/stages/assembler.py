@@ -157,6 +157,7 @@ class ResponseAssembler:
         "_logprobs",
         "_max_bytes",
         "_max_tokens",
+        "_price",
         "_reasoning",
         "_recorded",
         "_refusal",
@@ -165,6 +166,7 @@ class ResponseAssembler:
         "_thought",
         "_tokens",
         "capped",
+        "cost",
         "created",
         "finish_reason",
         "first_token_at",
@@ -186,6 +188,7 @@ class ResponseAssembler:
         max_tokens: int | None = None,
         max_bytes: int | None = None,
         record: bool = False,
+        price: Callable[[Usage | None], float] | None = None,
     ) -> None:
         """Args:
         filters: the content's output filters, in policy order.
@@ -195,6 +198,8 @@ class ResponseAssembler:
             before a delta would take it past this many upstream tokens.
         max_bytes: :meth:`feed` raises once more bytes than this were released.
         record: keep the released pieces (see :meth:`take_recorded`).
+        price: the reply's cost from its usage; with it, the usage the client
+            gets carries ``cost`` (kept in :attr:`cost`).
         """
         self._max_tokens = max_tokens
         self._max_bytes = max_bytes
@@ -222,6 +227,9 @@ class ResponseAssembler:
         #: Clock time at which the first text of the reply was released.
         self.first_token_at: float | None = None
         self._recorded: list[Replayed] | None = [] if record else None
+        self._price = price
+        #: What the reply cost, once :meth:`finish` priced it.
+        self.cost: float | None = None
 
     # --- what it knows --------------------------------------------------------
 
@@ -511,6 +519,8 @@ class ResponseAssembler:
             wire.prompt_tokens_details = u.prompt_details
         if u is not None and u.completion_details is not None:
             wire.completion_tokens_details = u.completion_details
+        if self._price is not None:
+            wire.cost = self.cost = self._price(u)
         return wire
 
 

@@ -1,0 +1,152 @@
+"""What a request cost: prices per model applied to its usage (pure: no I/O).
+
+A request is priced at the model that answered (``served``): a group that fell
+back to another deployment is charged at what that deployment serves, not at
+what the client asked for. A model without a price costs 0 (start-up names
+the served models that have none: :meth:`Pricing.unpriced`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from ..adapters.base import Usage
+    from ..config import Config
+    from .settings import ModelPrice, PricingConfig
+
+MTOK = 1_000_000.0
+
+
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: int = 0
+
+
+class _CompletionDetails(msgspec.Struct):
+    reasoning_tokens: int = 0
+
+
+_prompt_details = msgspec.json.Decoder(_PromptDetails)
+_completion_details = msgspec.json.Decoder(_CompletionDetails)
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A model's prices per token (not per million)."""
+
+    input: float
+    output: float
+    cached_input: float
+    reasoning: float
+
+    @classmethod
+    def of(cls, price: ModelPrice) -> Rate:
+        cached = price.cached_input_per_mtok
+        reasoning = price.reasoning_per_mtok
+        return cls(
+            input=price.input_per_mtok / MTOK,
+            output=price.output_per_mtok / MTOK,
+            cached_input=(price.input_per_mtok if cached is None else cached) / MTOK,
+            reasoning=(price.output_per_mtok if reasoning is None else reasoning) / MTOK,
+        )
+
+
+def _cached(raw: msgspec.Raw | None) -> int:
+    if raw is None:
+        return 0
+    try:
+        return max(0, _prompt_details.decode(raw).cached_tokens)
+    except msgspec.DecodeError:
+        return 0
+
+
+def _reasoning(raw: msgspec.Raw | None) -> int:
+    if raw is None:
+        return 0
+    try:
+        return max(0, _completion_details.decode(raw).reasoning_tokens)
+    except msgspec.DecodeError:
+        return 0
+
+
+class Pricing:
+    """``[pricing]`` with the adapters' model lists: a request's cost from its usage."""
+
+    def __init__(self, config: PricingConfig, served_by: Mapping[str, Iterable[str]]) -> None:
+        """Args:
+        config: ``[pricing]``.
+        served_by: every adapter's name -> the models it serves (``models``).
+        """
+        self.currency = config.currency
+        self._rates = {model: Rate.of(price) for model, price in config.models.items()}
+        self._served_by = {name: tuple(models) for name, models in served_by.items()}
+
+    @property
+    def priced(self) -> bool:
+        return bool(self._rates)
+
+    def served_model(self, asked: str, deployment: str | None) -> str:
+        """The model that answered: ``asked``, unless the deployment that answered
+        (a group's member or fallback) does not serve it -- then that one's first model."""
+        if deployment is None:
+            return asked
+        models = self._served_by.get(deployment, ())
+        if not models or asked in models:
+            return asked
+        return models[0]
+
+    def cost(self, model: str, usage: Usage | None) -> float:
+        """What ``usage`` of ``model`` cost in :attr:`currency` (0 without a price or usage)."""
+        rate = self._rates.get(model)
+        if rate is None or usage is None:
+            return 0.0
+        cached = min(_cached(usage.prompt_details), usage.prompt_tokens)
+        reasoning = min(_reasoning(usage.completion_details), usage.completion_tokens)
+        return (
+            (usage.prompt_tokens - cached) * rate.input
+            + cached * rate.cached_input
+            + (usage.completion_tokens - reasoning) * rate.output
+            + reasoning * rate.reasoning
+        )
+
+    def charge(
+        self, asked: str, deployment: str | None, usage: Usage | None, cache: str | None
+    ) -> tuple[str, float, float]:
+        """(the model that answered, what the request cost, what the cache saved)."""
+        model = self.served_model(asked, deployment)
+        cost = self.cost(model, usage)
+        return (model, 0.0, cost) if free(cache) else (model, cost, 0.0)
+
+    def unpriced(self, models: Iterable[str]) -> list[str]:
+        """The ``models`` without a price, sorted."""
+        return sorted({m for m in models if m not in self._rates})
+
+
+def free(cache: str | None) -> bool:
+    """The reply came from the response cache (stored, or shared with an identical request)."""
+    return cache in ("hit", "coalesced")
+
+
+def decimal(cost: float) -> str:
+    """``cost`` as the ``X-Aiserve-Cost`` header writes it: a plain decimal, no exponent."""
+    text = f"{cost:.10f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def build_pricing(config: Config) -> Pricing | None:
+    """The pricing of ``config`` (None when ``[pricing]`` prices no model)."""
+    if not config.pricing.models:
+        return None
+    served = {name: getattr(a, "models", None) or [] for name, a in config.adapters.items()}
+    return Pricing(config.pricing, served)
+
+
+def unpriced_models(config: Config) -> list[str]:
+    """The models ``config``'s routes serve that ``[pricing]`` has no price for."""
+    pricing = Pricing(config.pricing, {})
+    served = (getattr(a, "models", None) or [] for a in config.adapters.values())
+    return pricing.unpriced(m for models in served for m in models)

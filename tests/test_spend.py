@@ -1,0 +1,158 @@
+"""Prices: a request's cost from its usage at the served model's price, on the
+response (``X-Aiserve-Cost``, ``usage.cost``), the Outcome and the metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import msgspec
+import pytest
+
+from aiserve_trio.adapters.base import Usage
+from aiserve_trio.asgi import App
+from aiserve_trio.config import ConfigError, parse_config
+from aiserve_trio.spend.prices import Pricing, decimal, unpriced_models
+from aiserve_trio.spend.settings import ModelPrice, PricingConfig
+
+from .asgi_client import Client, chat_body
+from .conftest import config_text
+
+PRICES = """
+[pricing]
+currency = "USD"
+[pricing.models."aiserve-mock"]
+input_per_mtok = 3.0
+output_per_mtok = 15.0
+"""
+
+
+def priced_app(extra: str = PRICES) -> App:
+    return App(parse_config(config_text() + "\n" + extra, source="<test>"))
+
+
+def metric(app: App, name: str, **labels: str) -> float:
+    value = app.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+# --- the arithmetic (pure) ---------------------------------------------------------
+
+
+def pricing(**models: ModelPrice) -> Pricing:
+    served = {"big": ["gpt-big"], "small": ["gpt-small", "gpt-small-2"], "group": ["gpt-big"]}
+    return Pricing(PricingConfig(models=models), served)
+
+
+def test_cost_is_tokens_times_price_per_million():
+    p = pricing(**{"gpt-big": ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0)})
+    cost = p.cost("gpt-big", Usage(prompt_tokens=1_000, completion_tokens=2_000))
+    assert cost == pytest.approx(1_000 * 3e-6 + 2_000 * 15e-6)
+
+
+def test_cached_and_reasoning_tokens_have_their_own_prices():
+    price = ModelPrice(
+        input_per_mtok=4.0, output_per_mtok=10.0, cached_input_per_mtok=1.0, reasoning_per_mtok=20.0
+    )
+    p = pricing(**{"gpt-big": price})
+    usage = Usage(
+        prompt_tokens=1_000,
+        completion_tokens=500,
+        prompt_details=msgspec.Raw(b'{"cached_tokens": 600}'),
+        completion_details=msgspec.Raw(b'{"reasoning_tokens": 100}'),
+    )
+    expected = (400 * 4.0 + 600 * 1.0 + 400 * 10.0 + 100 * 20.0) / 1e6
+    assert p.cost("gpt-big", usage) == pytest.approx(expected)
+
+
+def test_a_model_without_a_price_or_a_reply_without_usage_costs_nothing():
+    p = pricing(**{"gpt-big": ModelPrice(input_per_mtok=3.0)})
+    assert p.cost("gpt-other", Usage(prompt_tokens=10, completion_tokens=10)) == 0.0
+    assert p.cost("gpt-big", None) == 0.0
+
+
+def test_a_fallback_is_priced_as_the_model_that_answered():
+    p = pricing(
+        **{
+            "gpt-big": ModelPrice(input_per_mtok=10.0, output_per_mtok=10.0),
+            "gpt-small": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0),
+        }
+    )
+    usage = Usage(prompt_tokens=1_000_000, completion_tokens=0)
+    # The client asked for gpt-big; the group fell back to the small deployment.
+    assert p.charge("gpt-big", "small", usage, None) == pytest.approx(("gpt-small", 1.0, 0.0))
+    # Answered by a deployment that serves what was asked: that price.
+    assert p.charge("gpt-big", "big", usage, None) == pytest.approx(("gpt-big", 10.0, 0.0))
+    assert p.served_model("gpt-small-2", "small") == "gpt-small-2"
+
+
+def test_a_cache_hit_costs_nothing_and_counts_as_saved():
+    p = pricing(**{"gpt-big": ModelPrice(input_per_mtok=2.0)})
+    usage = Usage(prompt_tokens=500_000, completion_tokens=0)
+    for hit in ("hit", "coalesced"):
+        assert p.charge("gpt-big", None, usage, hit) == pytest.approx(("gpt-big", 0.0, 1.0))
+    assert p.charge("gpt-big", None, usage, "miss") == pytest.approx(("gpt-big", 1.0, 0.0))
+
+
+def test_the_header_writes_a_plain_decimal():
+    assert decimal(0.000123) == "0.000123"
+    assert decimal(2.0) == "2.0"
+    assert "e" not in decimal(1e-9)
+
+
+def test_start_up_names_the_served_models_without_a_price():
+    cfg = parse_config(config_text() + PRICES.replace('"aiserve-mock"', '"other"'))
+    assert unpriced_models(cfg) == ["aiserve-mock"]
+    assert unpriced_models(parse_config(config_text() + PRICES)) == []
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ('[pricing.models.m]\ninput_per_mtok = -1.0\n', "pricing.models[...].input_per_mtok"),
+        ('[pricing]\ncurrency = "$"\n', "pricing.currency"),
+        ('[pricing.models.m]\nprice = 1.0\n', "pricing.models[...]"),
+    ],
+)
+def test_bad_prices_are_refused_naming_the_key(toml, key):
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        parse_config(config_text() + "\n" + toml, source="<test>")
+
+
+# --- on the wire ------------------------------------------------------------------------
+
+
+async def test_every_answer_carries_its_cost(autojump_clock):
+    app = priced_app()
+    r = await Client(app).chat(chat_body("echo: what did this cost"))
+    assert r.status == 200
+    usage = r.json()["usage"]
+    expected = usage["prompt_tokens"] * 3e-6 + usage["completion_tokens"] * 15e-6
+    assert float(r.headers["x-aiserve-cost"]) == pytest.approx(expected)
+    assert float(r.headers["x-aiserve-cost"]) > 0
+    assert usage["cost"] == pytest.approx(expected)
+    spent = metric(
+        app, "aiserve_spend_total", tenant="default", key="none", route="chat",
+        model="aiserve-mock",
+    )
+    assert spent == pytest.approx(expected)
+
+
+async def test_a_stream_carries_the_cost_in_its_usage_chunk(autojump_clock):
+    app = priced_app()
+    body = chat_body("echo: streamed", stream=True, stream_options={"include_usage": True})
+    r = await Client(app).chat(body)
+    assert r.status == 200
+    assert "x-aiserve-cost" not in r.headers  # the head left before the usage was known
+    last = json.loads(r.events()[-2])
+    usage = last["usage"]
+    expected = usage["prompt_tokens"] * 3e-6 + usage["completion_tokens"] * 15e-6
+    assert usage["cost"] == pytest.approx(expected)
+    assert expected > 0
+
+
+async def test_without_prices_there_is_no_cost(autojump_clock):
+    r = await Client(priced_app("")).chat(chat_body("echo: free"))
+    assert r.status == 200
+    assert "x-aiserve-cost" not in r.headers
+    assert "cost" not in r.json()["usage"]
