@@ -30,6 +30,8 @@ from . import gctune
 from .adapters import Adapter, build_adapters
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
+from .audit.log import build_audit
+from .audit.usage import UsageEndpoints
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .cache.service import Cache, build_cache, cache_plans
 from .chains.run import build_chain
@@ -68,11 +70,13 @@ from .record.recorder import build_recorder, recorded_routes
 from .reload import Reloader, Staged
 from .runtime import Closer, Generations, Held, Runtime, carry_adapters, close_all
 from .security import edge
+from .security.auth import Principal
 from .security.gate import Gate
 from .sessions import build_bus
 from .sessions.bus import SessionBus, check_session_id
 from .sessions.http import SessionEndpoints
 from .sessions.outbox import WriteBack
+from .spend.ledger import LedgerMetrics
 from .spend.metrics import SpendMetrics
 from .spend.prices import build_pricing, unpriced_models
 from .stages.outcome import Outcome
@@ -126,6 +130,11 @@ class App:
         self.debug = DebugEndpoints(auth_enabled=config.auth is not None and config.auth.enabled)
         #: ``/admin/``: the operator console (one for the worker, whatever the config).
         self.console = Console.of(self)
+        #: ``[audit]``: a row per finished request, through the observer.
+        self.audit = build_audit(config, self.metrics.registry)
+        if self.audit is not None:
+            self.observer.sinks.append(self.audit)
+        self.usage = UsageEndpoints(self.audit, config.pricing.currency)
         built = build_adapters(config.adapters, self.observer, adapters)
         #: The current runtime and the retired ones still serving their requests.
         self.generations = Generations(self._build(config, built, None))
@@ -134,6 +143,7 @@ class App:
         self.observer.recorder = self.recorder
         #: ``aiserve_spend_total``, ``aiserve_spend_saved_total``.
         self.observer.sinks.append(SpendMetrics(self.metrics.registry, config.pricing.currency))
+        self.gate.ledger.metrics = LedgerMetrics(self.metrics.registry)
         self.metrics.watch_cache(self._cache_held, self._cache_flights, self._cache_server)
         #: Reloads the config without a restart (``reload.py``).
         reloads = self.metrics.config_reloads
@@ -362,6 +372,13 @@ class App:
                 "admin_config_reload",
             ),
         ]
+        # Spend read back from the audit log: everyone's (admin), the caller's own.
+        table += [
+            Endpoint(
+                "/admin/usage", get, Auth.ADMIN, req, partial(self._usage, rt), "admin_usage"
+            ),
+            Endpoint("/v1/usage", get, Auth.KEY, req, self.usage.own, "usage"),
+        ]
         if rt.config.observability.debug_requests:
             table.append(
                 Endpoint("/debug/requests/recent", get, Auth.ADMIN, req, self._recent, "debug")
@@ -420,6 +437,8 @@ class App:
         if self.recorder is not None:
             # Outside the background scope: shutdown lets it write what is queued.
             await nursery.start(self.recorder.run)
+        if self.audit is not None:
+            await nursery.start(self.audit.run)  # likewise
         await self._open_cache(self.runtime)
         await nursery.start(self._run_background)
         if hypercorn_process() is not None:
@@ -516,6 +535,8 @@ class App:
                 await self.writeback.flush()
             if self.recorder is not None:
                 await self.recorder.aclose()
+            if self.audit is not None:
+                await self.audit.aclose()
             # Every runtime still alive (a retired one may be finishing requests).
             held: dict[int, Closer] = {}
             for rt in self.generations.live:
@@ -554,6 +575,8 @@ class App:
         cors = rt.cors
         extra = cors.response_headers(hdrs.get("origin")) if cors is not None else None
         responder = Responder(send, write_timeout, extra)
+        principal: Principal | None = None
+        handled = False
         if cors is not None and cors.is_preflight(scope["method"], hdrs):
             # Before the gate: a browser sends no key with a preflight.
             try:
@@ -568,12 +591,17 @@ class App:
                 request = Request(
                     scope, scope["method"], path, hdrs, receive, responder, arrival, params
                 )
-                request.principal = await rt.gate.authenticate(endpoint, request)
+                request.principal = principal = await rt.gate.authenticate(endpoint, request)
+                if chat:
+                    await rt.gate.within_budget(principal)
                 with rt.gate.stream_slot(endpoint):
+                    handled = True  # from here the handler reports how the request ended
                     await endpoint.handler(request)
         except GatewayError as err:
             if not responder.started:
                 await responder.error(err)
+            if chat and not handled:
+                self._refused(rt, endpoint, principal, hdrs, err, arrival)
         except BaseException:
             # Cancelled by hypercorn after its graceful_timeout: end an open stream
             # with a final event instead of tearing the connection.
@@ -582,6 +610,32 @@ class App:
                     last = shutdown_event(session_stream=endpoint.admission is Admission.STREAM)
                     await responder.body(last, more=False)
             raise
+
+    def _refused(
+        self,
+        rt: Runtime,
+        endpoint: Endpoint,
+        principal: Principal | None,
+        headers: dict[str, str],
+        err: GatewayError,
+        arrival: float,
+    ) -> None:
+        """A chat request the gate refused (key, rate, budget): the audit log's row."""
+        now = trio.current_time()
+        self.observer.request_refused(
+            Outcome(
+                request_id=f"refused-{secrets.token_hex(12)}",
+                route=endpoint.name,
+                channel=headers.get("x-channel", "none")[:16].strip().lower() or "none",
+                arrival=arrival,
+                ended=now,
+                status=status_label(err.status),
+                error=err,
+                error_stage="gate",
+                tenant=rt.gate.tenant(principal, rt.config.server.default_tenant),
+                key_id=principal.key_id if principal is not None else None,
+            )
+        )
 
     async def _healthz(self, request: Request) -> None:
         await request.responder.complete(200, JSON_HEADERS, b'{"status":"ok"}')
@@ -658,6 +712,11 @@ class App:
             }
         )
         await request.responder.complete(200, [*JSON_HEADERS, *version], body)
+
+    async def _usage(self, rt: Runtime, request: Request) -> None:
+        """``GET /admin/usage`` (audit/usage.py)."""
+        self._admin_client(rt, request)
+        await self.usage.admin(request)
 
     async def _readyz(self, rt: Runtime, request: Request) -> None:
         problems: list[str] = []

@@ -78,6 +78,7 @@ class Embeddings:
             if not request.responder.started:
                 await request.responder.error(err, extra)
         usage = None
+        principal = request.principal
         if prompt_tokens is not None:
             usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0)
         outcome = Outcome(
@@ -92,6 +93,10 @@ class Embeddings:
             error_stage=None if error is None else "inference",
             usage=usage,
             finish_reason=None if error is not None else "stop",
+            tenant=principal.tenant if principal is not None else route.tenant,
+            key_id=principal.key_id if principal is not None else None,
+            served_model=model,
+            cost=route.pricing.cost(model, usage) if route.pricing is not None else 0.0,
         )
         self.hook.request_complete(outcome)
         return outcome

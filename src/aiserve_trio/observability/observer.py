@@ -222,6 +222,13 @@ class RequestObserver:
         for sink in self.sinks:
             sink.offer(outcome)
 
+    def request_refused(self, outcome: Outcome) -> None:
+        """A chat request the gate refused before its handler ran (bad key, rate,
+        budget): only the sinks (the audit log) take it; the request metrics count
+        what reached a route."""
+        for sink in self.sinks:
+            sink.offer(outcome)
+
     @staticmethod
     def _trace(outcome: Outcome) -> None:
         assert outcome.info is not None

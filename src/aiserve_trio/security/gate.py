@@ -30,6 +30,8 @@ from ..http.endpoints import Admission as Admit
 from ..http.endpoints import Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Scope
 from ..sessions.bus import check_session_id
+from ..spend.budget import Budgets, check
+from ..spend.ledger import Ledger
 from .admission import Admission
 from .auth import KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
 from .ratelimit import Limiter, MemoryLimiter, RedisLimiter
@@ -114,6 +116,10 @@ class Gate:
             else:
                 self.limiter = MemoryLimiter()
             self._verify = trio.CapacityLimiter(_VERIFY_LIMIT)
+        #: Spend budgets per key and tenant; the ledger (the spend) is worker-wide.
+        self.budgets = Budgets.of(config)
+        self.currency = config.pricing.currency
+        self.ledger: Ledger = previous.ledger if previous is not None else build_ledger(config)
         self.tokens = StreamTokens(self._secret, ttl)
         console_ttl = auth.console_token_ttl_s if auth is not None else 900
         self.console_tokens = StreamTokens(self._secret, console_ttl, purpose="console")
@@ -136,9 +142,11 @@ class Gate:
     async def aopen(self) -> None:
         if isinstance(self.limiter, RedisLimiter):
             await self.limiter.aopen()
+        await self.ledger.aopen()
         self.announce()
 
     async def aclose(self) -> None:
+        await self.ledger.aclose()
         if isinstance(self.limiter, RedisLimiter):
             await self.limiter.aclose()
 
@@ -261,13 +269,40 @@ class Gate:
         """A console token for an admin key: ``Authorization: Bearer`` on the console's API."""
         return self.console_tokens.issue(principal, CONSOLE_SUBJECT)
 
+    async def within_budget(self, principal: Principal | None) -> None:
+        """Refuse a chat request whose key's or tenant's budget is spent.
+
+        Raises:
+            BudgetExceeded: naming the budget and when it resets (``Retry-After``).
+        """
+        if not self.budgets or principal is None:
+            return
+        limits = self.budgets.limits(principal.key_id, principal.tenant)
+        if limits:
+            now = time.time()
+            check(limits, await self.ledger.spent(limits, now), now, self.currency)
+
     async def after_chat(self, principal: Principal | None, outcome: Outcome) -> None:
-        """Charge a finished chat request's tokens to its key."""
+        """Charge a finished chat request's tokens to its key, and its cost to its budgets."""
         # A key without a token rate has nothing to charge: no shielded scope for it.
         if principal is not None and principal.tpm and outcome.usage is not None:
             used = outcome.usage.prompt_tokens + outcome.usage.completion_tokens
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 await self.limiter.charge(principal, used)
+        if principal is not None and outcome.cost > 0 and self.budgets:
+            limits = self.budgets.limits(principal.key_id, principal.tenant)
+            if limits:
+                with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                    await self.ledger.charge(limits, outcome.cost, time.time())
+
+
+def build_ledger(config: Config) -> Ledger:
+    """The spend ledger: in the session bus's Redis when there is one and a budget
+    to keep, else in this worker (a budget added by a reload is then kept per worker)."""
+    sc = config.sessions
+    if sc.backend == "redis" and Budgets.of(config):
+        return Ledger(sc.url, sc.key_prefix)
+    return Ledger()
 
 
 def _query_token(query: bytes) -> str | None:

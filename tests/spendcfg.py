@@ -1,0 +1,82 @@
+"""Configs for the spend, budget and audit tests: prices, keys with budgets, an audit file."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from aiserve_trio.asgi import App
+from aiserve_trio.config import Config, parse_config
+from aiserve_trio.security.auth import hash_key
+
+from .asgi_client import Client
+from .authcfg import OFF
+from .conftest import config_text
+
+KEY_CAROL = "aik_carol_" + "d" * 32  # tenant shop, a tiny daily budget
+KEY_DAN = "aik_dan_" + "e" * 32  # tenant shop, no budget of its own
+KEY_OPS = "aik_ops_" + "f" * 32  # admin
+_H = {k: hash_key(k, log_n=4) for k in (KEY_CAROL, KEY_DAN, KEY_OPS)}
+
+PRICES = """
+[pricing]
+currency = "USD"
+[pricing.models."aiserve-mock"]
+input_per_mtok = 3.0
+output_per_mtok = 15.0
+"""
+
+
+def spend_toml(*, carol_budget: str = "0.00001", tenant: str = "", audit: str = "") -> str:
+    return f"""[auth]
+enabled = true
+token_secret_env = "AISERVE_TEST_TOKEN_SECRET_UNSET"
+
+[[auth.keys]]
+id = "carol"
+hash = "{_H[KEY_CAROL]}"
+tenant = "shop"
+budget = {carol_budget}
+budget_period = "day"
+
+[[auth.keys]]
+id = "dan"
+hash = "{_H[KEY_DAN]}"
+tenant = "shop"
+
+[[auth.keys]]
+id = "ops"
+hash = "{_H[KEY_OPS]}"
+tenant = "shop"
+admin = true
+{PRICES}
+{tenant}
+{audit}
+"""
+
+
+def spend_config(tmp: Path | None = None, *, audit_extra: str = "", **kw: str) -> Config:
+    audit = ""
+    if tmp is not None:
+        audit = f'[audit]\npath = "{tmp / "audit.db"}"\nretention_days = 30\n{audit_extra}'
+    text = config_text().replace(OFF, spend_toml(audit=audit, **kw))
+    return parse_config(text, source="<test>")
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+@asynccontextmanager
+async def running(app: App) -> AsyncIterator[Client]:
+    """The app started (its writer tasks run) and shut down (the audit log flushed)."""
+    async with trio.open_nursery() as nursery:
+        await app.startup(nursery)
+        try:
+            yield Client(app)
+        finally:
+            await app.shutdown()
+            nursery.cancel_scope.cancel()
