@@ -58,11 +58,16 @@ admin = true
 """
 
 
-def spend_config(tmp: Path | None = None, *, audit_extra: str = "", **kw: str) -> Config:
+def spend_config(
+    tmp: Path | None = None, *, audit_extra: str = "", redis: str | None = None, **kw: str
+) -> Config:
     audit = ""
     if tmp is not None:
         audit = f'[audit]\npath = "{tmp / "audit.db"}"\nretention_days = 30\n{audit_extra}'
     text = config_text().replace(OFF, spend_toml(audit=audit, **kw))
+    if redis is not None:  # the session bus (and so the spend) in this Redis
+        sessions = f'[sessions]\nbackend = "redis"\nurl = "{redis}"\nkey_prefix = "spendtest"\n'
+        text = text.replace('[sessions]\nbackend = "memory"\n', sessions, 1)
     return parse_config(text, source="<test>")
 
 
