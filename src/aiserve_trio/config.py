@@ -874,8 +874,6 @@ def check_config(cfg: Config) -> None:
             check_tenant(name)
         except ValueError as exc:
             raise fail(f"tenants.{name}", str(exc)) from None
-    if cfg.audit is not None and cfg.audit.backend == "postgres":
-        raise fail("audit.backend", "`postgres` is not available in this build; use `sqlite`")
 
     _check_groups(cfg, fail)
     policy_names = known_policies(cfg)

@@ -33,6 +33,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 import trio
 from prometheus_client import Counter
 
+from ..errors import ConfigError
 from .row import Row, RowBuilder, access_line
 
 if TYPE_CHECKING:
@@ -276,13 +277,29 @@ class AuditLog:
 
 
 def build_audit(config: Config, registry: CollectorRegistry) -> AuditLog | None:
-    """The audit log ``[audit]`` asks for (None when it is absent or ``backend = "off"``)."""
+    """The audit log ``[audit]`` asks for (None when it is absent or ``backend = "off"``).
+
+    Raises:
+        ConfigError: ``backend = "postgres"`` and the DSN's environment variable is unset.
+    """
     settings = config.audit
     if settings is None or settings.backend == "off":
         return None
-    from .sqlite import SQLiteDatabase
+    db: Database
+    if settings.backend == "postgres":
+        dsn = os.environ.get(settings.dsn_env)
+        if not dsn:
+            raise ConfigError(
+                f"{config.source}: key `audit.dsn_env`: ${settings.dsn_env} is not set "
+                "(the PostgreSQL DSN, e.g. postgresql://user@host:5432/db)"
+            )
+        from .postgres import PostgresDatabase  # late: psycopg only with this backend
 
-    db: Database = SQLiteDatabase(Path(os.path.normpath(Path(config.base_dir) / settings.path)))
+        db = PostgresDatabase(dsn, name=f"postgres (${settings.dsn_env})")
+    else:
+        from .sqlite import SQLiteDatabase
+
+        db = SQLiteDatabase(Path(os.path.normpath(Path(config.base_dir) / settings.path)))
     key_text = os.environ.get(config.record.session_key_env)
     key = key_text.encode() if key_text else secrets.token_bytes(32)
     builder = RowBuilder(key, content=settings.content == "redacted")
