@@ -34,7 +34,7 @@ def database(postgres_up: PostgresServer) -> Iterator[str]:  # noqa: F811
     name = f"audit_{secrets.token_hex(4)}"
     with psycopg.connect(postgres_up.dsn, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
-    yield postgres_up.dsn.rsplit("/", 1)[0] + "/" + name
+    return postgres_up.dsn.rsplit("/", 1)[0] + "/" + name
 
 
 def gateway_config(tmp_path: Path) -> Path:

@@ -14,6 +14,7 @@ advisory lock: one applies the migrations, the other finds them applied.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,10 +56,8 @@ class PostgresDatabase:
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
+            with contextlib.suppress(psycopg.Error):
                 conn.close()
-            except psycopg.Error:
-                pass
 
     def open(self) -> int:
         """Connect and migrate; returns the schema version.
