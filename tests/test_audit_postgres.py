@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -29,11 +29,11 @@ WAIT_S = 20.0
 
 
 @pytest.fixture
-def database(postgres_up: PostgresServer) -> Iterator[str]:  # noqa: F811
+def database(postgres_up: PostgresServer) -> str:  # noqa: F811
     """A fresh database on the test server; its DSN."""
     name = f"audit_{secrets.token_hex(4)}"
     with psycopg.connect(postgres_up.dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
+        conn.execute(f"CREATE DATABASE {name}")
     return postgres_up.dsn.rsplit("/", 1)[0] + "/" + name
 
 
@@ -46,11 +46,11 @@ def gateway_config(tmp_path: Path) -> Path:
 
 def count(dsn: str, where: str = "1=1") -> int:
     with psycopg.connect(dsn) as conn:
-        row = conn.execute(f"SELECT count(*) FROM audit_requests WHERE {where}").fetchone()  # type: ignore[arg-type]
+        row = conn.execute(f"SELECT count(*) FROM audit_requests WHERE {where}").fetchone()
     return int(row[0]) if row else 0
 
 
-def eventually(check, what: str) -> None:  # type: ignore[no-untyped-def]
+def eventually(check: Callable[[], bool], what: str) -> None:
     end = time.monotonic() + WAIT_S
     while time.monotonic() < end:
         if check():

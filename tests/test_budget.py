@@ -28,8 +28,8 @@ from .spendcfg import KEY_CAROL, KEY_DAN, auth, running, spend_config
 RULES = Path(__file__).parent.parent / "configs" / "prometheus"
 
 
-def utc(*args: int) -> float:
-    return dt.datetime(*args, tzinfo=dt.UTC).timestamp()
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> float:
+    return dt.datetime(year, month, day, hour, minute, tzinfo=dt.UTC).timestamp()
 
 
 # --- periods and the check (pure) ----------------------------------------------------

@@ -74,7 +74,7 @@ class PostgresDatabase:
             current = int(row[0]) if row and row[0] is not None else 0
             for version, statements in pending(current):
                 for stmt in statements:
-                    conn.execute(stmt.replace("\n", " "))  # type: ignore[arg-type]
+                    conn.execute(stmt.replace("\n", " "))
                 conn.execute("DELETE FROM audit_schema")
                 conn.execute("INSERT INTO audit_schema (version) VALUES (%s)", (version,))
                 current = version
@@ -84,7 +84,7 @@ class PostgresDatabase:
         try:
             conn = self._require()
             with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(_INSERT, rows)  # type: ignore[arg-type]
+                cur.executemany(_INSERT, rows)
         except psycopg.Error:
             self._drop()  # the next batch connects again
             raise
@@ -102,7 +102,7 @@ class PostgresDatabase:
     def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """A read on a connection of its own (the usage endpoints)."""
         with psycopg.connect(self._dsn, connect_timeout=CONNECT_TIMEOUT_S) as conn:
-            return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(sql, params).fetchall()
 
     def close(self) -> None:
         self._drop()

@@ -60,7 +60,7 @@ class Group(Totals, kw_only=True):
     group: str | None
 
 
-class Usage(msgspec.Struct, kw_only=True):
+class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
     start: str
     end: str
     group_by: str

@@ -251,6 +251,9 @@ class RequestObserver:
             attrs["cache"] = outcome.cache
         if outcome.chain is not None:
             attrs["steps"] = ",".join(outcome.chain.names)
+        if outcome.cost or outcome.saved:
+            attrs["cost"] = outcome.cost
+            attrs["served_model"] = outcome.served_model
         error = outcome.error.message if outcome.error is not None else None
         outcome.info.trace.finish(
             stages=stages,
