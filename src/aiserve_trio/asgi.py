@@ -135,6 +135,7 @@ class App:
         if self.audit is not None:
             self.observer.sinks.append(self.audit)
         self.usage = UsageEndpoints(self.audit, config.pricing.currency)
+        self.console.usage = self.usage
         built = build_adapters(config.adapters, self.observer, adapters)
         #: The current runtime and the retired ones still serving their requests.
         self.generations = Generations(self._build(config, built, None))
