@@ -215,3 +215,18 @@ async def test_a_budget_is_shared_by_two_gateways_over_redis(redis_up: RedisServ
         refused = await b.chat(chat_body("echo: on two"), headers=auth(KEY_CAROL))
         assert refused.status == 429
         assert refused.json()["error"]["code"] == "budget_exceeded"
+
+
+async def test_a_redis_outage_never_fails_a_request(redis_up: RedisServer):
+    app = App(spend_config(carol_budget="100.0", redis=redis_up.url))
+    async with running(app) as client:
+        assert (await client.chat(chat_body("echo: before"), headers=auth(KEY_CAROL))).status == 200
+        redis_up.stop()
+        try:
+            during = await client.chat(chat_body("echo: during"), headers=auth(KEY_CAROL))
+        finally:
+            redis_up.start()
+        assert during.status == 200
+        assert float(during.headers["x-aiserve-cost"]) > 0
+    kept = app.metrics.registry.get_sample_value("aiserve_spend_ledger_local_total")
+    assert kept == 1  # carol's charge; the tenant has no budget

@@ -156,3 +156,53 @@ async def test_without_prices_there_is_no_cost(autojump_clock):
     assert r.status == 200
     assert "x-aiserve-cost" not in r.headers
     assert "cost" not in r.json()["usage"]
+
+
+# --- the cache, embeddings, start-up -------------------------------------------------------
+
+
+async def test_a_cache_hit_costs_nothing_and_the_saving_is_counted(autojump_clock):
+    from .cachefakes import ask, cache_config_text
+    from .spendcfg import running
+
+    app = App(parse_config(cache_config_text("{}", PRICES), source="<test>"))
+    async with running(app) as client:
+        miss = await client.chat(ask("echo: cache me"))
+        hit = await client.chat(ask("echo: cache me"))
+    assert (miss.headers["x-aiserve-cache"], hit.headers["x-aiserve-cache"]) == ("miss", "hit")
+    paid = float(miss.headers["x-aiserve-cost"])
+    assert paid > 0
+    assert float(hit.headers["x-aiserve-cost"]) == 0.0
+    assert hit.json()["usage"]["cost"] == 0.0
+    labels = {"tenant": "default", "key": "none", "route": "chat", "model": "aiserve-mock"}
+    assert metric(app, "aiserve_spend_total", **labels) == pytest.approx(paid)
+    assert metric(app, "aiserve_spend_saved_total", **labels) == pytest.approx(paid)
+
+
+async def test_embeddings_are_priced_and_refused_over_budget_in_the_envelope(autojump_clock):
+    from .spendcfg import KEY_CAROL, auth, running, spend_config
+
+    app = App(spend_config())
+    async with running(app) as client:
+        body = {"model": "aiserve-mock", "input": "a long enough text to cost something"}
+        ok = await client.request("POST", "/v1/embeddings", json_body=body, headers=auth(KEY_CAROL))
+        assert ok.status == 200
+        refused = await client.request(
+            "POST", "/v1/embeddings", json_body=body, headers=auth(KEY_CAROL)
+        )
+    assert refused.status == 429
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("budget_exceeded", "key:carol")
+    spent = metric(app, "aiserve_spend_total", tenant="shop", key="carol", route="embeddings",
+                   model="aiserve-mock")
+    assert spent > 0
+
+
+async def test_start_up_warns_about_served_models_without_a_price(caplog):
+    from .spendcfg import running
+
+    app = priced_app(PRICES.replace('"aiserve-mock"', '"gpt-unused"'))
+    with caplog.at_level("WARNING", logger="aiserve_trio"):
+        async with running(app):
+            pass
+    assert "no price in [pricing] (these cost 0): aiserve-mock" in caplog.text
