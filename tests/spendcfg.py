@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-import trio
-
-from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, parse_config
 from aiserve_trio.security.auth import hash_key
 
-from .asgi_client import Client
 from .authcfg import OFF
 from .conftest import config_text
+from .sim_gateway import running as running  # the app started, its writers flushed at the end
 
 KEY_CAROL = "aik_carol_" + "d" * 32  # tenant shop, a tiny daily budget
 KEY_DAN = "aik_dan_" + "e" * 32  # tenant shop, no budget of its own
@@ -73,15 +68,3 @@ def spend_config(
 
 def auth(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
-
-
-@asynccontextmanager
-async def running(app: App) -> AsyncIterator[Client]:
-    """The app started (its writer tasks run) and shut down (the audit log flushed)."""
-    async with trio.open_nursery() as nursery:
-        await app.startup(nursery)
-        try:
-            yield Client(app)
-        finally:
-            await app.shutdown()
-            nursery.cancel_scope.cancel()

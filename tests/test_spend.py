@@ -17,14 +17,7 @@ from aiserve_trio.spend.settings import ModelPrice, PricingConfig
 
 from .asgi_client import Client, chat_body
 from .conftest import config_text
-
-PRICES = """
-[pricing]
-currency = "USD"
-[pricing.models."aiserve-mock"]
-input_per_mtok = 3.0
-output_per_mtok = 15.0
-"""
+from .spendcfg import PRICES
 
 
 def priced_app(extra: str = PRICES) -> App:

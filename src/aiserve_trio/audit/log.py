@@ -34,6 +34,7 @@ import trio
 from prometheus_client import Counter
 
 from ..errors import ConfigError
+from ..record.recorder import batch_of
 from .row import Row, RowBuilder, access_line
 
 if TYPE_CHECKING:
@@ -197,12 +198,7 @@ class AuditLog:
                 await self._purge()
                 next_purge = trio.current_time() + PURGE_EVERY_S
                 continue
-            batch = [first]
-            while len(batch) < limit:
-                try:
-                    batch.append(self._inbox.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
+            batch = batch_of(first, self._inbox, limit)
             await self._write(await self._rows(batch))
             self._settled += len(batch)
             self._progress.set()

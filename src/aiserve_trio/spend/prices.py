@@ -22,16 +22,24 @@ if TYPE_CHECKING:
 MTOK = 1_000_000.0
 
 
-class _PromptDetails(msgspec.Struct):
+class _Details(msgspec.Struct):
+    """What ``prompt_tokens_details`` / ``completion_tokens_details`` say that is priced."""
+
     cached_tokens: int = 0
-
-
-class _CompletionDetails(msgspec.Struct):
     reasoning_tokens: int = 0
 
 
-_prompt_details = msgspec.json.Decoder(_PromptDetails)
-_completion_details = msgspec.json.Decoder(_CompletionDetails)
+_details = msgspec.json.Decoder(_Details)
+_NONE = _Details()
+
+
+def _read(raw: msgspec.Raw | None) -> _Details:
+    if raw is None:
+        return _NONE
+    try:
+        return _details.decode(raw)
+    except msgspec.DecodeError:
+        return _NONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,24 +61,6 @@ class Rate:
             cached_input=(price.input_per_mtok if cached is None else cached) / MTOK,
             reasoning=(price.output_per_mtok if reasoning is None else reasoning) / MTOK,
         )
-
-
-def _cached(raw: msgspec.Raw | None) -> int:
-    if raw is None:
-        return 0
-    try:
-        return max(0, _prompt_details.decode(raw).cached_tokens)
-    except msgspec.DecodeError:
-        return 0
-
-
-def _reasoning(raw: msgspec.Raw | None) -> int:
-    if raw is None:
-        return 0
-    try:
-        return max(0, _completion_details.decode(raw).reasoning_tokens)
-    except msgspec.DecodeError:
-        return 0
 
 
 class Pricing:
@@ -104,8 +94,10 @@ class Pricing:
         rate = self._rates.get(model)
         if rate is None or usage is None:
             return 0.0
-        cached = min(_cached(usage.prompt_details), usage.prompt_tokens)
-        reasoning = min(_reasoning(usage.completion_details), usage.completion_tokens)
+        cached = min(max(0, _read(usage.prompt_details).cached_tokens), usage.prompt_tokens)
+        reasoning = min(
+            max(0, _read(usage.completion_details).reasoning_tokens), usage.completion_tokens
+        )
         return (
             (usage.prompt_tokens - cached) * rate.input
             + cached * rate.cached_input
