@@ -9,7 +9,7 @@ import re
 import msgspec
 import pytest
 
-from aiserve_trio.adapters.base import Usage
+from aiserve_trio.adapters.base import Adapter, Usage
 from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, parse_config
 from aiserve_trio.spend.prices import Pricing, decimal, unpriced_models
@@ -33,8 +33,7 @@ def metric(app: App, name: str, **labels: str) -> float:
 
 
 def pricing(**models: ModelPrice) -> Pricing:
-    served = {"big": ["gpt-big"], "small": ["gpt-small", "gpt-small-2"], "group": ["gpt-big"]}
-    return Pricing(PricingConfig(models=models), served)
+    return Pricing(PricingConfig(models=models))
 
 
 def test_cost_is_tokens_times_price_per_million():
@@ -64,27 +63,32 @@ def test_a_model_without_a_price_or_a_reply_without_usage_costs_nothing():
     assert p.cost("gpt-big", None) == 0.0
 
 
-def test_a_fallback_is_priced_as_the_model_that_answered():
-    p = pricing(
-        **{
-            "gpt-big": ModelPrice(input_per_mtok=10.0, output_per_mtok=10.0),
-            "gpt-small": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0),
-        }
+async def test_a_fallback_is_priced_as_the_model_that_answered(autojump_clock):
+    from .test_group import GROUP_TOML, Fake, Script
+
+    prices = PRICES.replace("aiserve-mock", "pooled") + (
+        '[pricing.models."sorry-model"]\ninput_per_mtok = 1.0\noutput_per_mtok = 1.0\n'
     )
-    usage = Usage(prompt_tokens=1_000_000, completion_tokens=0)
-    # The client asked for gpt-big; the group fell back to the small deployment.
-    assert p.charge("gpt-big", "small", usage, None) == pytest.approx(("gpt-small", 1.0, 0.0))
-    # Answered by a deployment that serves what was asked: that price.
-    assert p.charge("gpt-big", "big", usage, None) == pytest.approx(("gpt-big", 10.0, 0.0))
-    assert p.served_model("gpt-small-2", "small") == "gpt-small-2"
+    config = parse_config(config_text() + GROUP_TOML + prices, source="<test>")
+    # Both deployments fail before a token: the group's fallback (sorry-model) answers.
+    fail: dict[str, Adapter] = {"a": Fake("a", Script(ttft=None)), "b": Fake("b", Script(ttft=None))}
+    app = App(config, adapters=fail)
+    r = await Client(app).request("POST", "/v1/pool", json_body=chat_body("hi", model="pooled"))
+    assert r.status == 200
+    assert r.headers["x-aiserve-fallback"] == "1"
+    usage = r.json()["usage"]
+    at_fallback_price = (usage["prompt_tokens"] + usage["completion_tokens"]) * 1e-6
+    assert float(r.headers["x-aiserve-cost"]) == pytest.approx(at_fallback_price)
+    assert metric(app, "aiserve_spend_total", tenant="default", key="none", route="pool",
+                  model="sorry_model") == pytest.approx(at_fallback_price)
 
 
 def test_a_cache_hit_costs_nothing_and_counts_as_saved():
     p = pricing(**{"gpt-big": ModelPrice(input_per_mtok=2.0)})
     usage = Usage(prompt_tokens=500_000, completion_tokens=0)
     for hit in ("hit", "coalesced"):
-        assert p.charge("gpt-big", None, usage, hit) == pytest.approx(("gpt-big", 0.0, 1.0))
-    assert p.charge("gpt-big", None, usage, "miss") == pytest.approx(("gpt-big", 1.0, 0.0))
+        assert p.charge("gpt-big", usage, hit) == pytest.approx((0.0, 1.0))
+    assert p.charge("gpt-big", usage, "miss") == pytest.approx((1.0, 0.0))
 
 
 def test_the_header_writes_a_plain_decimal():
@@ -126,7 +130,7 @@ async def test_every_answer_carries_its_cost(autojump_clock):
     assert usage["cost"] == pytest.approx(expected)
     spent = metric(
         app, "aiserve_spend_total", tenant="default", key="none", route="chat",
-        model="aiserve-mock",
+        model="aiserve_mock",
     )
     assert spent == pytest.approx(expected)
 
@@ -167,7 +171,7 @@ async def test_a_cache_hit_costs_nothing_and_the_saving_is_counted(autojump_cloc
     assert paid > 0
     assert float(hit.headers["x-aiserve-cost"]) == 0.0
     assert hit.json()["usage"]["cost"] == 0.0
-    labels = {"tenant": "default", "key": "none", "route": "chat", "model": "aiserve-mock"}
+    labels = {"tenant": "default", "key": "none", "route": "chat", "model": "aiserve_mock"}
     assert metric(app, "aiserve_spend_total", **labels) == pytest.approx(paid)
     assert metric(app, "aiserve_spend_saved_total", **labels) == pytest.approx(paid)
 
@@ -187,7 +191,7 @@ async def test_embeddings_are_priced_and_refused_over_budget_in_the_envelope(aut
     error = refused.json()["error"]
     assert (error["code"], error["param"]) == ("budget_exceeded", "key:carol")
     spent = metric(app, "aiserve_spend_total", tenant="shop", key="carol", route="embeddings",
-                   model="aiserve-mock")
+                   model="aiserve_mock")
     assert spent > 0
 
 

@@ -273,7 +273,8 @@ class Pipeline:
         prepared = context.result
         parsed = parse.result
         usage = asm.usage if asm is not None else None
-        served_model, cost, saved = _priced(info, parsed, sse, usage, cache)
+        served_model = asm.model if asm is not None and asm.answered else ""
+        cost, saved = _priced(info, served_model, usage, cache)
         return Outcome(
             request_id=info.request_id,
             route=info.route.label,
@@ -283,6 +284,7 @@ class Pipeline:
             status=status_of(run.error, run.disconnected),
             info=info,
             model=parsed.model if parsed is not None else "",
+            served_model=served_model,
             stream=parsed.stream if parsed is not None else False,
             error=None if run.disconnected else run.error,
             error_stage=run.disconnect_stage if run.disconnected else run.error_stage,
@@ -305,7 +307,6 @@ class Pipeline:
             tenant=info.tenant,
             key_id=info.key_id,
             served=sse.served,
-            served_model=served_model,
             cost=cost,
             saved=saved,
         )
@@ -504,20 +505,13 @@ class Pipeline:
 
 
 def _priced(
-    info: RequestInfo,
-    parsed: ParsedRequest | None,
-    sse: SSEStage,
-    usage: Usage | None,
-    cache: str | None,
-) -> tuple[str, float, float]:
-    """(served model, cost, saved) of a request that ended (see ``spend/prices.py``)."""
+    info: RequestInfo, served_model: str, usage: Usage | None, cache: str | None
+) -> tuple[float, float]:
+    """(cost, saved) of a request that ended (see ``spend/prices.py``)."""
     pricing = info.route.pricing
-    if parsed is None:
-        return "", 0.0, 0.0
-    if pricing is None:
-        return parsed.model, 0.0, 0.0
-    served = sse.served.deployment if sse.served is not None else None
-    return pricing.charge(parsed.model, served, usage, cache)
+    if pricing is None or not served_model:
+        return 0.0, 0.0
+    return pricing.charge(served_model, usage, cache)
 
 
 def _cap_of(error: GatewayError | None, asm: ResponseAssembler | None) -> str | None:

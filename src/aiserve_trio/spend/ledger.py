@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 from prometheus_client import Counter, Gauge
 
+from ..observability.metrics import label_value
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
@@ -63,8 +65,9 @@ class LedgerMetrics:
 
     def seen(self, limit: Limit, spent: float) -> None:
         ratio = spent / limit.amount if limit.amount > 0 else (1.0 if spent > 0 else 0.0)
-        self.used.labels(limit.scope, limit.name).set(ratio)
-        self.alert_at.labels(limit.scope, limit.name).set(limit.alert_at)
+        name = label_value(limit.name)  # tenant names may have dashes
+        self.used.labels(limit.scope, name).set(ratio)
+        self.alert_at.labels(limit.scope, name).set(limit.alert_at)
 
 
 class Ledger:

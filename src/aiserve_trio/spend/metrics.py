@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
+from ..observability.metrics import label_value
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
@@ -35,8 +37,12 @@ class SpendMetrics:
         if not (outcome.cost or outcome.saved):
             return
         metric = self.spend if outcome.cost else self.saved
-        labels = (outcome.tenant or "none", outcome.key_id or "none", outcome.route,
-                  outcome.served_model)
+        labels = (
+            label_value(outcome.tenant or "none"),
+            label_value(outcome.key_id or "none"),
+            outcome.route,
+            label_value(outcome.served_model or "none"),
+        )
         child = self._children.get((metric, *labels))
         if child is None:
             child = self._children[(metric, *labels)] = metric.labels(*labels)

@@ -1,14 +1,14 @@
 """What a request cost: prices per model applied to its usage (pure: no I/O).
 
-A request is priced at the model that answered (``served``): a group that fell
-back to another deployment is charged at what that deployment serves, not at
-what the client asked for. A model without a price costs 0 (start-up names
-the served models that have none: :meth:`Pricing.unpriced`).
+A request is priced at the model that answered (the first delta names it,
+``Delta.model``): a group that fell back to another model is charged at that
+model's price, not at what the client asked for. A model without a price costs
+0 (start-up names the served models that have none: :func:`unpriced_models`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,30 +64,11 @@ class Rate:
 
 
 class Pricing:
-    """``[pricing]`` with the adapters' model lists: a request's cost from its usage."""
+    """``[pricing]``: a request's cost from its usage."""
 
-    def __init__(self, config: PricingConfig, served_by: Mapping[str, Iterable[str]]) -> None:
-        """Args:
-        config: ``[pricing]``.
-        served_by: every adapter's name -> the models it serves (``models``).
-        """
+    def __init__(self, config: PricingConfig) -> None:
         self.currency = config.currency
         self._rates = {model: Rate.of(price) for model, price in config.models.items()}
-        self._served_by = {name: tuple(models) for name, models in served_by.items()}
-
-    @property
-    def priced(self) -> bool:
-        return bool(self._rates)
-
-    def served_model(self, asked: str, deployment: str | None) -> str:
-        """The model that answered: ``asked``, unless the deployment that answered
-        (a group's member or fallback) does not serve it -- then that one's first model."""
-        if deployment is None:
-            return asked
-        models = self._served_by.get(deployment, ())
-        if not models or asked in models:
-            return asked
-        return models[0]
 
     def cost(self, model: str, usage: Usage | None) -> float:
         """What ``usage`` of ``model`` cost in :attr:`currency` (0 without a price or usage)."""
@@ -105,13 +86,10 @@ class Pricing:
             + reasoning * rate.reasoning
         )
 
-    def charge(
-        self, asked: str, deployment: str | None, usage: Usage | None, cache: str | None
-    ) -> tuple[str, float, float]:
-        """(the model that answered, what the request cost, what the cache saved)."""
-        model = self.served_model(asked, deployment)
+    def charge(self, model: str, usage: Usage | None, cache: str | None) -> tuple[float, float]:
+        """(what a request answered by ``model`` cost, what the cache saved)."""
         cost = self.cost(model, usage)
-        return (model, 0.0, cost) if free(cache) else (model, cost, 0.0)
+        return (0.0, cost) if free(cache) else (cost, 0.0)
 
     def unpriced(self, models: Iterable[str]) -> list[str]:
         """The ``models`` without a price, sorted."""
@@ -131,14 +109,11 @@ def decimal(cost: float) -> str:
 
 def build_pricing(config: Config) -> Pricing | None:
     """The pricing of ``config`` (None when ``[pricing]`` prices no model)."""
-    if not config.pricing.models:
-        return None
-    served = {name: getattr(a, "models", None) or [] for name, a in config.adapters.items()}
-    return Pricing(config.pricing, served)
+    return Pricing(config.pricing) if config.pricing.models else None
 
 
 def unpriced_models(config: Config) -> list[str]:
     """The models ``config``'s routes serve that ``[pricing]`` has no price for."""
-    pricing = Pricing(config.pricing, {})
+    pricing = Pricing(config.pricing)
     served = (getattr(a, "models", None) or [] for a in config.adapters.values())
     return pricing.unpriced(m for models in served for m in models)

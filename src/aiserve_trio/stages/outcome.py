@@ -40,6 +40,9 @@ class Outcome:
     info: RequestInfo | None = None
     #: The model the client asked for; "" if the body was never decoded.
     model: str = ""
+    #: The model that answered, as the reply names it (a group's fallback or a chain's
+    #: step may answer with another); "" when nothing answered.
+    served_model: str = ""
     stream: bool = False
     error: GatewayError | None = None
     error_stage: str | None = None
@@ -77,9 +80,8 @@ class Outcome:
     key_id: str | None = None
     #: Which deployment of a group answered (None: not a group, or no answer).
     served: ServedBy | None = None
-    #: The model the reply is priced at (the answering deployment's); "" without an answer.
-    served_model: str = ""
-    #: What the request cost in ``[pricing] currency`` (0 for a cache hit or an unpriced model).
+    #: What the request cost in ``[pricing] currency``, at ``served_model``'s price (0 for
+    #: a cache hit or an unpriced model).
     cost: float = 0.0
     #: What a cache hit would have cost had the model answered.
     saved: float = 0.0

@@ -80,8 +80,7 @@ class SSEStage:
         pricing = self.info.route.pricing
         price = None
         if pricing is not None:
-            served = first.served.deployment if first.served is not None else None
-            model = pricing.served_model(parsed.model, served)
+            model = first.model or parsed.model  # the model that answered
             # An answer from the cache cost nothing (the saving is counted at the end).
             price = _free if free(self.cache_result) else partial(pricing.cost, model)
         asm = self.assembler = ResponseAssembler(
