@@ -22,11 +22,14 @@ from aiserve_trio.audit.schema import COLUMNS, MIGRATIONS, VERSION, SchemaTooNew
 from aiserve_trio.audit.settings import AuditConfig
 from aiserve_trio.audit.sqlite import SQLiteDatabase
 from aiserve_trio.audit.usage import UsageQuery, parse_query
+from aiserve_trio.config import parse_config
 from aiserve_trio.errors import BadRequest
 from aiserve_trio.stages.outcome import Outcome
 
 from .asgi_client import chat_body
-from .spendcfg import KEY_CAROL, KEY_DAN, KEY_OPS, auth, running, spend_config
+from .authcfg import OFF
+from .conftest import config_text
+from .spendcfg import KEY_CAROL, KEY_DAN, KEY_OPS, auth, running, spend_config, spend_toml
 
 
 def rows(path: Path, where: str = "1=1") -> list[dict[str, Any]]:
@@ -283,3 +286,17 @@ def test_session_ids_are_kept_as_a_keyed_hash():
     assert a.session_hash("s1") == a.session_hash("s1") != a.session_hash("s2")
     assert a.session_hash("s1") != b.session_hash("s1")
     assert "s1" not in (a.session_hash("s1") or "")
+
+
+async def test_redacted_content_never_holds_what_the_routes_redaction_removed(tmp_path):
+    audit = f'[audit]\npath = "{tmp_path / "audit.db"}"\ncontent = "redacted"\n'
+    toml = config_text().replace("policies = []", 'policies = ["gdpr-redact"]', 1)
+    app = App(parse_config(toml.replace(OFF, spend_toml(audit=audit)), source="<test>"))
+    async with running(app) as client:
+        card = "echo: my card is 4111 1111 1111 1111"
+        r = await client.chat(chat_body(card), headers=auth(KEY_DAN))
+        assert r.status == 200
+    (row,) = rows(tmp_path / "audit.db")
+    assert "4111" not in row["prompt"]
+    assert "4111" not in row["reply"]
+    assert "[CARD]" in row["prompt"]
