@@ -230,3 +230,32 @@ async def test_a_redis_outage_never_fails_a_request(redis_up: RedisServer):
         assert float(during.headers["x-aiserve-cost"]) > 0
     kept = app.metrics.registry.get_sample_value("aiserve_spend_ledger_local_total")
     assert kept == 1  # carol's charge; the tenant has no budget
+
+
+@pytest.mark.slow
+async def test_spend_kept_in_an_outage_is_merged_back_without_another_charge(
+    redis_up: RedisServer,
+):
+    limit = Limit("key", "quiet", 10.0, "day", 0.8)
+    registry = CollectorRegistry()
+    ledger = Ledger(redis_up.url, "budgettest3", merge_every_s=0.05)
+    ledger.metrics = LedgerMetrics(registry)
+    await ledger.aopen()
+    try:
+        redis_up.stop()
+        try:
+            await ledger.charge([limit], 2.0, time.time())
+        finally:
+            redis_up.start()
+        # No more charges: the background task merges it within a few of its rounds.
+        with trio.move_on_after(1.0):
+            await ledger.run()
+        assert registry.get_sample_value("aiserve_spend_ledger_merged_total") == 1
+    finally:
+        await ledger.aclose()
+    reader = Ledger(redis_up.url, "budgettest3")
+    await reader.aopen()
+    try:
+        assert await reader.spent([limit], time.time()) == [pytest.approx(2.0)]
+    finally:
+        await reader.aclose()

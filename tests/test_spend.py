@@ -190,6 +190,7 @@ async def test_embeddings_are_priced_and_refused_over_budget_in_the_envelope(aut
     assert refused.status == 429
     error = refused.json()["error"]
     assert (error["code"], error["param"]) == ("budget_exceeded", "key:carol")
+    assert float(ok.headers["x-aiserve-cost"]) > 0
     spent = metric(app, "aiserve_spend_total", tenant="shop", key="carol", route="embeddings",
                    model="aiserve_mock")
     assert spent > 0
@@ -203,3 +204,15 @@ async def test_start_up_warns_about_served_models_without_a_price(caplog):
         async with running(app):
             pass
     assert "no price in [pricing] (these cost 0): aiserve-mock" in caplog.text
+
+
+def test_the_recording_keeps_the_cost():
+    from aiserve_trio.record.line import recorded_outcome
+    from aiserve_trio.stages.outcome import Outcome
+
+    def ended(cost: float) -> Outcome:
+        return Outcome(request_id="r", route="chat", channel="api", arrival=0.0, ended=1.0,
+                       status="ok", cost=cost)
+
+    assert recorded_outcome(ended(0.25)).cost == 0.25
+    assert recorded_outcome(ended(0.0)).cost is None  # no prices: left out of the line

@@ -8,7 +8,8 @@ numbers back (one ``MGET``), so every gateway sees every gateway's spend.
 A Redis outage never fails a request: a charge that cannot reach Redis is
 kept in this worker (``aiserve_spend_ledger_local_total``), checks use the
 last numbers read plus what is kept here, and the next charge that reaches
-Redis merges the kept spend back (``aiserve_spend_ledger_merged_total``).
+Redis -- or the background task, every few seconds -- merges the kept spend back
+(``aiserve_spend_ledger_merged_total``).
 While Redis is away, gateways do not see each other's new spend: the
 overshoot bound then grows by what the other gateways charge meanwhile.
 """
@@ -36,6 +37,8 @@ log = logging.getLogger("aiserve_trio.spend")
 REDIS_TIMEOUT_S = 1.0
 #: Kept a day past the end of its period (a late charge of the old period still lands).
 EXPIRE_GRACE_S = 86_400
+#: Seconds between two tries to merge spend kept during an outage (besides each charge).
+MERGE_EVERY_S = 5.0
 
 
 class LedgerMetrics:
@@ -73,7 +76,10 @@ class LedgerMetrics:
 class Ledger:
     """Spend per budget period (see the module docstring)."""
 
-    def __init__(self, redis_url: str | None = None, prefix: str = "aiserve") -> None:
+    def __init__(
+        self, redis_url: str | None = None, prefix: str = "aiserve", *,
+        merge_every_s: float = MERGE_EVERY_S,
+    ) -> None:
         self._client: Any = None
         if redis_url is not None:
             from ..sessions.redis_streams import client_for_url  # late: coredis is optional
@@ -88,6 +94,7 @@ class Ledger:
         #: When each kept slot's period ends (for its expiry once merged).
         self._ends: dict[str, float] = {}
         self._down = False
+        self._merge_every = merge_every_s
         self.metrics: LedgerMetrics | None = None
 
     @property
@@ -104,6 +111,16 @@ class Ledger:
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()
+
+    async def run(self) -> None:
+        """Merge spend kept during an outage once Redis is back, also when no request
+        charges anything (in the app's background nursery; returns at once without Redis)."""
+        if self._client is None:
+            return
+        while True:
+            await trio.sleep(self._merge_every)
+            if self._local:
+                await self._merge()
 
     def _key(self, slot: str) -> str:
         return f"{self._prefix}:spend:{slot}"
