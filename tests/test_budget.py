@@ -259,3 +259,19 @@ async def test_spend_kept_in_an_outage_is_merged_back_without_another_charge(
         assert await reader.spent([limit], time.time()) == [pytest.approx(2.0)]
     finally:
         await reader.aclose()
+
+
+async def test_with_auth_off_the_routes_tenant_budget_applies(autojump_clock):
+    from aiserve_trio.config import parse_config
+
+    from .conftest import config_text
+    from .spendcfg import PRICES
+
+    budget = '[tenants.default]\nbudget = 0.00001\nbudget_period = "week"\n'
+    app = App(parse_config(config_text() + PRICES + budget, source="<test>"))
+    async with running(app) as client:
+        assert (await client.chat(chat_body("echo: first"))).status == 200
+        refused = await client.chat(chat_body("echo: second"))
+    assert refused.status == 429
+    assert refused.json()["error"]["param"] == "tenant:default"
+    assert "week budget of tenant 'default'" in refused.json()["error"]["message"]

@@ -597,7 +597,7 @@ class App:
                 )
                 request.principal = principal = await rt.gate.authenticate(endpoint, request)
                 if chat:
-                    await rt.gate.within_budget(principal)
+                    await rt.gate.within_budget(principal, self._tenant_of(rt, path, principal))
                 with rt.gate.stream_slot(endpoint):
                     handled = True  # from here the handler reports how the request ended
                     await endpoint.handler(request)
@@ -614,6 +614,13 @@ class App:
                     last = shutdown_event(session_stream=endpoint.admission is Admission.STREAM)
                     await responder.body(last, more=False)
             raise
+
+    @staticmethod
+    def _tenant_of(rt: Runtime, path: str, principal: Principal | None) -> str:
+        """The tenant a request to ``path`` acts for: the key's, else its route's."""
+        route = rt.routes.get(path)
+        fallback = route.tenant if route is not None else rt.config.server.default_tenant
+        return rt.gate.tenant(principal, fallback)
 
     def _refused(
         self,
@@ -636,7 +643,7 @@ class App:
                 status=status_label(err.status),
                 error=err,
                 error_stage="gate",
-                tenant=rt.gate.tenant(principal, rt.config.server.default_tenant),
+                tenant=self._tenant_of(rt, endpoint.path, principal),
                 key_id=principal.key_id if principal is not None else None,
             )
         )

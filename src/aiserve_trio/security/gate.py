@@ -269,15 +269,18 @@ class Gate:
         """A console token for an admin key: ``Authorization: Bearer`` on the console's API."""
         return self.console_tokens.issue(principal, CONSOLE_SUBJECT)
 
-    async def within_budget(self, principal: Principal | None) -> None:
+    async def within_budget(self, principal: Principal | None, tenant: str) -> None:
         """Refuse a chat request whose key's or tenant's budget is spent.
+
+        Args:
+            tenant: the tenant the request acts for (with auth off, its route's).
 
         Raises:
             BudgetExceeded: naming the budget and when it resets (``Retry-After``).
         """
-        if not self.budgets or principal is None:
+        if not self.budgets:
             return
-        limits = self.budgets.limits(principal.key_id, principal.tenant)
+        limits = self.budgets.limits(principal.key_id if principal else None, tenant)
         if limits:
             now = time.time()
             check(limits, await self.ledger.spent(limits, now), now, self.currency)
@@ -289,8 +292,8 @@ class Gate:
             used = outcome.usage.prompt_tokens + outcome.usage.completion_tokens
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 await self.limiter.charge(principal, used)
-        if principal is not None and outcome.cost > 0 and self.budgets:
-            limits = self.budgets.limits(principal.key_id, principal.tenant)
+        if outcome.cost > 0 and self.budgets:
+            limits = self.budgets.limits(outcome.key_id, outcome.tenant)
             if limits:
                 with trio.CancelScope(shield=True), trio.move_on_after(2.0):
                     await self.ledger.charge(limits, outcome.cost, time.time())
