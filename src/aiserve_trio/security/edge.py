@@ -64,6 +64,11 @@ RESET_MAX_RATIO = 0.5
 #: Bytes of one read handed to h2 at a time, the meters judging between slices
 #: (a few hundred small frames; a 16 KiB DATA frame arrives in four).
 FEED_SLICE = 4096
+#: Failed authentications one address may make in a burst, and per second after it,
+#: before it goes into the penalty box (a client with a typo in its key retries a few
+#: times; a flood of guessed keys does not stop).
+STRIKE_BURST = 30
+STRIKE_RATE = 1.0
 #: This worker's settings (read from hypercorn's config at its first connection) and
 #: penalty box (None when turned off).
 _settings: EdgeSettings | None = None
@@ -158,7 +163,7 @@ class PenaltyBox:
     many addresses misbehave (they then get shorter memories, not more memory).
     """
 
-    __slots__ = ("_peers", "capacity", "first", "longest", "refused")
+    __slots__ = ("_peers", "_strikes", "capacity", "first", "longest", "refused")
 
     def __init__(self, first: float, longest: float, capacity: int) -> None:
         self.first = first
@@ -166,6 +171,8 @@ class PenaltyBox:
         self.capacity = capacity
         #: peer -> (offences, refused until): least recently punished first.
         self._peers: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        #: peer -> its lesser offences (failed authentications), least recent first.
+        self._strikes: OrderedDict[str, FloodMeter] = OrderedDict()
         #: Connections refused so far (for the log).
         self.refused = 0
 
@@ -183,6 +190,20 @@ class PenaltyBox:
         while len(self._peers) > self.capacity:
             self._peers.popitem(last=False)
         return penalty
+
+    def strike(self, peer: str, now: float) -> float:
+        """Record a lesser offence by ``peer`` (a failed authentication): one in a
+        burst of :data:`STRIKE_BURST`, or beyond :data:`STRIKE_RATE` per second, is an
+        offence (:meth:`punish`). Returns how long ``peer`` is refused from ``now`` (0: not)."""
+        meter = self._strikes.pop(peer, None)
+        if meter is None:
+            meter = FloodMeter(now, STRIKE_BURST, STRIKE_RATE)
+        self._strikes[peer] = meter
+        while len(self._strikes) > self.capacity:
+            self._strikes.popitem(last=False)
+        if meter.spend(now, 1):
+            return 0.0
+        return self.punish(peer, now)
 
     def refuses(self, peer: str, now: float) -> bool:
         """Whether a connection from ``peer`` is refused at ``now`` (counted if so)."""
@@ -280,6 +301,13 @@ def configure(config: object) -> EdgeSettings:
             )
         _settings = settings
     return _settings
+
+
+def strike(host: str) -> float:
+    """Count a failed authentication by ``host`` in this worker's penalty box; how long
+    its new connections are refused (0: not refused, or no box in this process)."""
+    box = _box
+    return box.strike(peer_key(host), trio.current_time()) if box is not None else 0.0
 
 
 def control_frames(events: list[Any]) -> int:
