@@ -17,7 +17,12 @@ from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, load_config, parse_config
 from aiserve_trio.security.auth import hash_key
 from aiserve_trio.security.browser import BrowserGuard
-from aiserve_trio.security.edge import STRIKE_BURST, STRIKE_RATE, PenaltyBox
+from aiserve_trio.security.edge import (
+    STRIKE_BURST,
+    STRIKE_RATE,
+    WORKER_STRIKE_BURST,
+    PenaltyBox,
+)
 
 from .asgi_client import Client, Exchange, chat_body, make_scope
 from .authcfg import KEY_A, KEY_B, auth_app, auth_toml, bearer
@@ -76,15 +81,26 @@ def test_failed_authentications_put_an_address_in_the_penalty_box() -> None:
     box = PenaltyBox(first=1.0, longest=60.0, capacity=16)
     for _ in range(STRIKE_BURST):
         assert box.strike("127.0.0.9", 0.0) == 0.0  # a client with a typo retries a little
-    assert box.strike("127.0.0.9", 0.0) == 1.0
-    assert box.refuses("127.0.0.9", 0.5)
-    assert not box.refuses("127.0.0.8", 0.5)  # others are not affected
-    assert not box.refuses("127.0.0.9", 1.0)
-    # Out again, it keeps failing: each offence doubles the penalty.
-    assert box.strike("127.0.0.9", 1.0) == 2.0
+    assert box.strike("127.0.0.9", 0.0) == 4.0  # a guesser's first penalty is the third's
+    assert box.refuses("127.0.0.9", 3.9)
+    assert not box.refuses("127.0.0.8", 3.9)  # others are not affected
+    assert not box.refuses("127.0.0.9", 4.0)
+    # Out again, it keeps failing: its allowance refilled at the rate only, and each
+    # offence is longer.
+    assert [box.strike("127.0.0.9", 4.0) for _ in range(2)] == [0.0, 32.0]
     # An address that fails at the allowed rate is never refused.
     steady = PenaltyBox(first=1.0, longest=60.0, capacity=16)
     assert all(steady.strike("h", i / STRIKE_RATE) == 0.0 for i in range(10 * STRIKE_BURST))
+
+
+def test_a_flood_from_many_addresses_boxes_each_at_its_first_failure() -> None:
+    box = PenaltyBox(first=1.0, longest=60.0, capacity=4096)
+    first = [box.strike(f"127.1.{i // 250}.{i % 250 + 1}", 0.0) for i in range(1_100)]
+    assert first[:WORKER_STRIKE_BURST] == [0.0] * WORKER_STRIKE_BURST
+    assert set(first[WORKER_STRIKE_BURST:]) == {4.0}
+    assert box.refuses("127.1.4.1", 1.0)
+    # Once the worker's failures are back under their rate, one address's typo is not.
+    assert box.strike("127.0.0.1", 60.0) == 0.0
 
 
 def test_the_failure_counts_are_bounded() -> None:
