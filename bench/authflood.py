@@ -31,6 +31,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
+import trio.lowlevel
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_KEY = "aik_demo_hEn8rpOr9Rcn00wlo27yMqWGG6cqnbVQ"
@@ -72,8 +74,6 @@ def gateway_config(dir_: Path) -> Path:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -193,7 +193,7 @@ async def _attack(port: int, connections: int, seconds: float) -> Counter[str]:
         for i in range(connections):
             nursery.start_soon(_attacker, port, source(i), end, counts)
             if i % 50 == 49:
-                await trio.sleep(0)  # let the first ones connect while the rest start
+                await trio.lowlevel.checkpoint()  # the first ones connect while the rest start
     return counts
 
 
@@ -258,8 +258,6 @@ class Valid:
 
 def probe(port: int, n: int) -> dict[str, list[float]]:
     """Answer times (s) of wrong keys: ``unknown`` ids and the ``known`` demo id."""
-    import socket
-
     times: dict[str, list[float]] = {"unknown": [], "known": []}
     for i in range(2 * n):
         kind = "known" if i % 2 else "unknown"
