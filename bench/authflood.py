@@ -73,47 +73,16 @@ def gateway_config(dir_: Path) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def gateway() -> Iterator[int]:
     """The gateway under hypercorn (one worker) on a free port."""
-    port = free_port()
+    sys.path.insert(0, str(ROOT))
+    from tests.servers import hypercorn_gateway
+
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "AISERVE_CONFIG": str(gateway_config(Path(tmp)))}
-        args = [
-            str(Path(sys.executable).parent / "hypercorn"),
-            "--config",
-            str(ROOT / "configs" / "hypercorn.toml"),
-            "--bind",
-            f"127.0.0.1:{port}",
-            "aiserve_trio:app",
-        ]
-        proc = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).read()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError("the gateway did not start") from None
-                    time.sleep(0.1)
-            yield port
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        args = ["--access-logfile", os.devnull]
+        with hypercorn_gateway(gateway_config(Path(tmp)), extra_args=args) as (base, _):
+            yield int(base.rsplit(":", 1)[1])
 
 
 #: How long an attacker waits before it connects again after a reset.

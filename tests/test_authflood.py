@@ -10,7 +10,6 @@ How fast is measured by the bench, not here.
 from __future__ import annotations
 
 import pytest
-
 from bench import authflood
 
 pytestmark = pytest.mark.slow
@@ -21,7 +20,9 @@ def test_a_flood_of_wrong_secrets_leaves_a_valid_client_served() -> None:
     statuses = result["valid_statuses"]
     assert isinstance(statuses, dict)
     assert sum(statuses.values()) >= 5
-    assert result["valid_served"] >= 0.9, statuses
+    served = result["valid_served"]
+    assert isinstance(served, float)
+    assert served >= 0.9, statuses
     assert "503" not in statuses
     attacker = result["attacker"]
     assert isinstance(attacker, dict)

@@ -24,9 +24,10 @@ from aiserve_trio.security.edge import (
     PenaltyBox,
 )
 
-from .asgi_client import Client, Exchange, chat_body, make_scope
+from .asgi_client import Client, Response, chat_body
 from .authcfg import KEY_A, KEY_B, auth_app, auth_toml, bearer
 from .conftest import config_text, make_config
+from .test_console_api import call
 from .test_reload import running
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,22 +38,15 @@ UNKNOWN = "aik_nobody_" + "w" * 32
 SID = "s-42"
 
 
-def error(r: Any) -> dict[str, Any]:
+def error(r: Response) -> dict[str, Any]:
     return dict(r.json()["error"])
 
 
 async def request_from(
     app: App, method: str, path: str, headers: dict[str, str], *, client: str, body: bytes = b""
-) -> Any:
+) -> Response:
     """One request from the peer address ``client``."""
-    scope = make_scope(method, path, headers)
-    scope["client"] = (client, 40000)
-    ex = Exchange(app, scope, [body])
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ex.run)
-        await ex.done.wait()
-        ex.disconnect()
-    return ex.response
+    return await call(app, method, path, headers=headers, client=(client, 40000), body=body)
 
 
 # --- item 1: a wrong key costs no slot and no slow hash --------------------------------
