@@ -75,6 +75,34 @@ def test_every_wrong_key_is_refused_by_the_same_work() -> None:
     assert store.check(KEY_A) == principal()
 
 
+def test_unknown_ids_and_wrong_secrets_cost_the_same_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = KeyStore([KeyEntry(principal(), hash_key(KEY_A))])
+    calls: list[str] = []
+    sha256, compare = auth.hashlib.sha256, auth.hmac.compare_digest
+
+    def counted_sha256(data: bytes) -> Any:
+        calls.append("sha256")
+        return sha256(data)
+
+    def counted_compare(a: bytes, b: bytes) -> bool:
+        calls.append(f"compare {len(a)} {len(b)}")
+        return compare(a, b)
+
+    def no_scrypt(*args: object, **kwargs: object) -> bytes:
+        raise AssertionError("no scrypt for a key of the new format")
+
+    monkeypatch.setattr(auth.hashlib, "sha256", counted_sha256)
+    monkeypatch.setattr(auth.hmac, "compare_digest", counted_compare)
+    monkeypatch.setattr(auth.hashlib, "scrypt", no_scrypt)
+    work = {}
+    for name, key in (("unknown", "aik_nobody_" + "a" * 32), ("known", "aik_alice_" + "z" * 32)):
+        calls.clear()
+        with pytest.raises(Unauthorized):
+            store.check(key)
+        work[name] = list(calls)
+    assert work["unknown"] == work["known"] == ["sha256", "compare 32 32"]
+
+
 def test_a_legacy_scrypt_key_is_migrated_on_first_use(caplog: pytest.LogCaptureFixture) -> None:
     store = KeyStore([KeyEntry(principal(), legacy_hash(KEY_A, log_n=4))])
     assert store.legacy == ["alice"]

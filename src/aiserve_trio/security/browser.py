@@ -60,7 +60,7 @@ class BrowserGuard:
                 ``Origin`` (``Sec-Fetch-Site``) is another site's.
             UnsupportedMediaType: a body that is neither JSON nor TOML.
         """
-        host = headers.get("host") or headers.get(":authority")
+        host = headers.get("host")  # hypercorn puts HTTP/2's :authority here
         if not self.auth_enabled:
             if admin and not is_loopback(client):
                 raise Forbidden(
