@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import json
 import sys
@@ -78,7 +80,7 @@ def test_every_wrong_key_is_refused_by_the_same_work() -> None:
 def test_unknown_ids_and_wrong_secrets_cost_the_same_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     store = KeyStore([KeyEntry(principal(), hash_key(KEY_A))])
     calls: list[str] = []
-    sha256, compare = auth.hashlib.sha256, auth.hmac.compare_digest
+    sha256, compare = hashlib.sha256, hmac.compare_digest
 
     def counted_sha256(data: bytes) -> Any:
         calls.append("sha256")
@@ -86,14 +88,14 @@ def test_unknown_ids_and_wrong_secrets_cost_the_same_calls(monkeypatch: pytest.M
 
     def counted_compare(a: bytes, b: bytes) -> bool:
         calls.append(f"compare {len(a)} {len(b)}")
-        return compare(a, b)
+        return bool(compare(a, b))
 
     def no_scrypt(*args: object, **kwargs: object) -> bytes:
         raise AssertionError("no scrypt for a key of the new format")
 
-    monkeypatch.setattr(auth.hashlib, "sha256", counted_sha256)
-    monkeypatch.setattr(auth.hmac, "compare_digest", counted_compare)
-    monkeypatch.setattr(auth.hashlib, "scrypt", no_scrypt)
+    monkeypatch.setattr(hashlib, "sha256", counted_sha256)
+    monkeypatch.setattr(hmac, "compare_digest", counted_compare)
+    monkeypatch.setattr(hashlib, "scrypt", no_scrypt)
     work = {}
     for name, key in (("unknown", "aik_nobody_" + "a" * 32), ("known", "aik_alice_" + "z" * 32)):
         calls.clear()
