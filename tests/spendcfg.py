@@ -14,7 +14,7 @@ from .sim_gateway import running as running  # the app started, its writers flus
 KEY_CAROL = "aik_carol_" + "d" * 32  # tenant shop, a tiny daily budget
 KEY_DAN = "aik_dan_" + "e" * 32  # tenant shop, no budget of its own
 KEY_OPS = "aik_ops_" + "f" * 32  # admin
-_H = {k: hash_key(k, log_n=4) for k in (KEY_CAROL, KEY_DAN, KEY_OPS)}
+_H = {k: hash_key(k) for k in (KEY_CAROL, KEY_DAN, KEY_OPS)}
 
 PRICES = """
 [pricing]
