@@ -17,10 +17,12 @@ import pytest
 from aiserve_trio.audit.postgres import PostgresDatabase
 from aiserve_trio.audit.schema import COLUMNS, VERSION
 
+from .authcfg import OFF
 from .conftest import config_text
 from .pg_server import PostgresServer, postgres_server, postgres_up  # noqa: F401
+from .redis_server import RedisServer
 from .servers import hypercorn_gateway
-from .spendcfg import PRICES
+from .spendcfg import KEY_CAROL, KEY_OPS, PRICES, auth, spend_toml
 
 pytestmark = pytest.mark.slow
 
@@ -59,9 +61,10 @@ def eventually(check: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"not within {WAIT_S} s: {what}")
 
 
-def chat(base: str, text: str) -> httpx.Response:
+def chat(base: str, text: str, key: str | None = None) -> httpx.Response:
     body = {"model": "aiserve-mock", "messages": [{"role": "user", "content": f"echo: {text}"}]}
-    return httpx.post(base + "/v1/chat/completions", json=body, timeout=10)
+    headers = auth(key) if key is not None else {}
+    return httpx.post(base + "/v1/chat/completions", json=body, headers=headers, timeout=10)
 
 
 def dropped(base: str) -> float:
@@ -100,8 +103,37 @@ def test_rows_from_two_gateway_processes_go_into_one_database(database: str, tmp
                 assert float(r.headers["x-aiserve-cost"]) > 0
                 ids.append(r.headers["x-request-id"])
         eventually(lambda: count(database) == 8, "8 rows from two gateways")
+        # Either gateway reads every gateway's rows back (auth off: loopback only).
+        usage = httpx.get(f"{one}/admin/usage?group_by=day", timeout=10).json()
+        assert usage["total"]["requests"] == 8
+        assert usage["groups"][0]["group"] == time.strftime("%Y-%m-%d", time.gmtime())
     quoted = ", ".join(f"'{i}'" for i in ids)
     assert count(database, f"request_id IN ({quoted}) AND cost > 0") == 8
+
+
+def test_a_tiny_budget_shared_by_two_gateways_with_every_request_in_postgres(
+    database: str, tmp_path: Path, redis_up: RedisServer
+):
+    """The issue's "done": two gateways, one Redis (the budget), one PostgreSQL (the log)."""
+    audit = '[audit]\nbackend = "postgres"\ndsn_env = "AISERVE_TEST_AUDIT_DSN"\n'
+    path = tmp_path / "budget-pg.toml"
+    text = config_text().replace(OFF, spend_toml(audit=audit))
+    sessions = f'[sessions]\nbackend = "redis"\nurl = "{redis_up.url}"\nkey_prefix = "pg2gw"\n'
+    path.write_text(text.replace('[sessions]\nbackend = "memory"\n', sessions, 1))
+    env = {"AISERVE_TEST_AUDIT_DSN": database}
+    with hypercorn_gateway(path, env=env) as (one, _), hypercorn_gateway(path, env=env) as (two, _):
+        first = chat(one, "spend it", KEY_CAROL)
+        assert first.status_code == 200
+        assert float(first.headers["x-aiserve-cost"]) > 0
+        refused = chat(two, "on the other gateway", KEY_CAROL)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "budget_exceeded"
+        eventually(lambda: count(database) == 2, "both rows, the 429 included")
+        usage = httpx.get(f"{two}/admin/usage?group_by=key", headers=auth(KEY_OPS), timeout=10)
+        (carol,) = usage.json()["groups"]
+    assert (carol["group"], carol["requests"]) == ("carol", 2)
+    assert carol["cost"] == pytest.approx(float(first.headers["x-aiserve-cost"]))
+    assert count(database, "key_id = 'carol' AND error_code = 'budget_exceeded'") == 1
 
 
 def test_a_killed_database_drops_rows_counted_and_rows_resume(
