@@ -101,6 +101,12 @@ def test_start_up_names_the_served_models_without_a_price():
     cfg = parse_config(config_text() + PRICES.replace('"aiserve-mock"', '"other"'))
     assert unpriced_models(cfg) == ["aiserve-mock"]
     assert unpriced_models(parse_config(config_text() + PRICES)) == []
+    # A group's members and fallbacks answer too; an adapter no route uses does not.
+    from .test_group import GROUP_TOML
+
+    unused = '[adapters.spare]\nkind = "mock"\nmodels = ["spare-model"]\n'
+    grouped = parse_config(config_text() + GROUP_TOML + unused + PRICES)
+    assert unpriced_models(grouped) == ["pooled", "sorry-model"]
 
 
 @pytest.mark.parametrize(

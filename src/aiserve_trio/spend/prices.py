@@ -113,7 +113,18 @@ def build_pricing(config: Config) -> Pricing | None:
 
 
 def unpriced_models(config: Config) -> list[str]:
-    """The models ``config``'s routes serve that ``[pricing]`` has no price for."""
-    pricing = Pricing(config.pricing)
-    served = (getattr(a, "models", None) or [] for a in config.adapters.values())
-    return pricing.unpriced(m for models in served for m in models)
+    """The models ``config``'s routes may answer with that ``[pricing]`` has no price for:
+    their adapters' models and, for a group, its members' and fallbacks'."""
+    seen: set[str] = set()
+    todo = [route.adapter for route in config.routes]
+    models: set[str] = set()
+    while todo:
+        name = todo.pop()
+        adapter = config.adapters.get(name)
+        if name in seen or adapter is None:
+            continue
+        seen.add(name)
+        models.update(getattr(adapter, "models", None) or [])
+        todo += [d.adapter for d in getattr(adapter, "deployments", [])]
+        todo += list(getattr(adapter, "fallbacks", []))
+    return Pricing(config.pricing).unpriced(models)
