@@ -11,10 +11,12 @@ import gc
 import gzip
 import json
 import random
+import socket
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import msgspec
 import pytest
@@ -731,3 +733,68 @@ async def test_a_finished_exchange_leaves_no_cycle_for_the_garbage_collector() -
             gc.set_debug(0)
             gc.garbage.clear()
             gc.enable()
+
+
+# --- fairness ------------------------------------------------------------------------
+
+
+class Flood(socket.socket):
+    """A connected-looking socket whose peer never lets it run dry: every ``recv`` returns
+    a full read at once (after the response head), every ``send`` takes 64 KiB at once."""
+
+    def __init__(self, body: int) -> None:
+        super().__init__(socket.AF_INET, socket.SOCK_STREAM)
+        self.head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % body
+        self.left = body
+        self.sent = 0
+
+    def send(self, data: Any, flags: int = 0, /) -> int:
+        n = min(len(data), 65536)
+        self.sent += n
+        return n
+
+    def recv(self, size: int, flags: int = 0, /) -> bytes:
+        if self.head:
+            head, self.head = self.head, b""
+            return head
+        n = min(size, self.left)
+        self.left -= n
+        return b"x" * n
+
+
+async def test_a_backend_that_never_lets_the_socket_run_dry_cannot_hold_the_loop() -> None:
+    # Without a checkpoint every CHECKPOINT_BYTES, the whole 32 MiB would be read and
+    # the whole 8 MiB request written in one step of the task: no other task would run.
+    body = 32 << 20
+    flood = Flood(body)
+
+    async def connect() -> socket.socket:
+        return flood
+
+    p = h1.H1Pool("up.test", 80, max_connections=1, connect=connect)
+    moved = 0
+    gaps: list[int] = []
+    done = False
+
+    async def other_task() -> None:
+        last = moved + flood.sent
+        while not done:
+            await trio.lowlevel.checkpoint()
+            now = moved + flood.sent
+            gaps.append(now - last)
+            last = now
+
+    request = b"y" * (8 << 20)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        async with p.request(HEAD.build([], request), request, T) as r:
+            async for part in r:
+                moved += len(part)
+        done = True
+    assert moved == body
+    assert flood.sent == len(HEAD.build([], request)) + len(request)
+    assert len(gaps) > (body + len(request)) // h1.CHECKPOINT_BYTES // 2
+    # Trio may run the client twice between two steps of the other task (the end of
+    # one batch of runnable tasks, the start of the next): two windows at most.
+    assert max(gaps) <= 2 * (h1.CHECKPOINT_BYTES + h1.READ_SIZE)
+    flood.close()

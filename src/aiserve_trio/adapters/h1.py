@@ -200,7 +200,7 @@ class _Conn:
     ``stream``: any other stream (a test's memory streams), used through Trio.
     """
 
-    __slots__ = ("idle_since", "sock", "stream", "unyielded")
+    __slots__ = ("idle_since", "sock", "stream", "tls13", "unyielded")
 
     def __init__(
         self, stream: trio.abc.Stream | None = None, sock: socket.socket | None = None
@@ -210,6 +210,8 @@ class _Conn:
         self.idle_since = 0.0
         #: Bytes moved since this connection's loop last reached a checkpoint.
         self.unyielded = 0
+        #: It speaks TLS 1.3 (known once the handshake is done: a closed socket forgets).
+        self.tls13 = isinstance(sock, ssl.SSLSocket) and sock.version() == "TLSv1.3"
 
     def closed_by_peer(self) -> bool:
         """Whether an idle connection has something to read: the server closed it (or
@@ -245,7 +247,9 @@ class _Conn:
             _close_stream(self.stream)
 
 
-Connector = Callable[[], Awaitable[trio.abc.Stream]]
+#: Makes a connection: a Trio stream (a TCP one gets the direct path) or a connected,
+#: non-blocking socket.
+Connector = Callable[[], Awaitable[trio.abc.Stream | socket.socket]]
 
 
 def _detached(stream: trio.SocketStream) -> socket.socket:
@@ -341,21 +345,23 @@ class H1Pool:
     async def _new(self, timeouts: Timeouts) -> _Conn:
         where = f"{self.host}:{self.port}"
         with trio.move_on_after(timeouts.connect):
-            if self._connect is not None:
-                try:
-                    return _Conn(stream=await self._connect())
-                except OSError as exc:
-                    raise ConnectError(f"cannot connect to {where}: {exc}") from exc
             try:
-                sock = _detached(await trio.open_tcp_stream(self.host, self.port))
+                if self._connect is not None:
+                    made = await self._connect()
+                else:
+                    made = await trio.open_tcp_stream(self.host, self.port)
             except OSError as exc:
                 raise ConnectError(f"cannot connect to {where}: {exc}") from exc
+            if isinstance(made, trio.SocketStream):
+                made = _detached(made)
+            if not isinstance(made, socket.socket):
+                return _Conn(stream=made)  # a test's memory streams
             if self.tls is None:
-                return _Conn(sock=sock)
+                return _Conn(sock=made)
             try:
-                return _Conn(sock=await _handshake(sock, self.tls))
+                return _Conn(sock=await _handshake(made, self.tls))
             except BaseException:
-                sock.close()
+                made.close()
                 raise
         raise ConnectTimeout(f"connecting to {where} timed out")
 
@@ -471,6 +477,18 @@ def _alert(sock: socket.socket) -> None:
         return
 
 
+def _dropped_after_handshake(conn: _Conn) -> bool:
+    """Whether a new TLS 1.3 connection was closed before the backend sent even a session
+    ticket: the sign of a refused client certificate from a backend that closes without
+    an alert (Trio's TLS server does). A backend that accepted the handshake sends its
+    tickets at once; one that refused the certificate never gets that far."""
+    sock = conn.sock
+    if not conn.tls13 or not isinstance(sock, ssl.SSLSocket):
+        return False
+    session = sock.session
+    return session is None or not session.has_ticket
+
+
 async def _send_socket(conn: _Conn, sock: socket.socket, data: bytes, io: float) -> None:
     view = memoryview(data)
     sent = 0
@@ -483,6 +501,7 @@ async def _send_socket(conn: _Conn, sock: socket.socket, data: bytes, io: float)
         except ssl.SSLWantReadError:
             wait = trio.lowlevel.wait_readable
         except ssl.SSLError as exc:
+            _alert(sock)  # the backend's own reason, if it sent one
             raise TLSError(reason(exc)) from exc
         except OSError as exc:  # reset, broken pipe: the server closed it
             _alert(sock)
@@ -676,6 +695,12 @@ class Response:
             if not data:
                 if reused and first:
                     raise ClosedAfterSend("the server closed the connection without a response")
+                if first and _dropped_after_handshake(conn):
+                    raise TLSError(
+                        "the backend closed the connection right after the TLS handshake, "
+                        "before any session ticket: it refused the client certificate "
+                        "without an alert"
+                    )
                 raise RemoteProtocolError("the server closed the connection without a response")
             first = False
             self._feed(data)
