@@ -29,7 +29,7 @@ from aiserve_trio.sim.model import token_text
 
 from .conftest import config_text, make_config
 from .servers import BIN, ROOT, free_port
-from .sim_gateway import PATH, chat, post, retries, running, upstream_errors
+from .sim_gateway import PATH, chat, post, retries, running, toml_value, upstream_errors
 from .sim_process import FAST_ARGS
 
 pytestmark = pytest.mark.slow
@@ -138,10 +138,8 @@ def mtls_port(pki: PKI) -> Iterator[int]:
         yield port
 
 
-def _adapter(name: str, port: int, **settings: str | int) -> str:
-    lines = "\n".join(
-        f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {v}" for k, v in settings.items()
-    )
+def _adapter(name: str, port: int, **settings: str | int | bool) -> str:
+    lines = "\n".join(f"{k} = {toml_value(v)}" for k, v in settings.items())
     return f"""
 [adapters.{name}]
 kind = "openai"
@@ -153,7 +151,7 @@ backoff_max_ms = 20
 """
 
 
-def tls_app(port: int, **settings: str | int) -> App:
+def tls_app(port: int, **settings: str | int | bool) -> App:
     """An app whose route ``/v1/up`` goes to adapter ``up`` at ``https://127.0.0.1:port``."""
     route = f"""
 [[routes]]
@@ -214,6 +212,24 @@ async def test_server_name_verifies_an_ip_addressed_backend_by_its_name(
     async with running(app) as client:
         r = await post(client, chat(max_tokens=2))
     assert r.status == 200, r.text()
+
+
+@pytest.mark.parametrize("settings", [{"http2": True}, {"client": "httpx2"}])
+async def test_httpx2_takes_the_same_tls_settings(
+    pki: PKI, mtls_port: int, settings: dict[str, str | bool]
+) -> None:
+    # HTTP/2 over ALPN stays on httpx2: the same private CA and client certificate apply.
+    app = tls_app(
+        mtls_port,
+        ca_file=str(pki.ca),
+        client_cert=str(pki.client_cert),
+        client_key=str(pki.client_key),
+        **settings,
+    )
+    async with running(app) as client:
+        r = await post(client, chat(stream=True, max_tokens=3))
+    assert r.status == 200, r.text()
+    assert r.text() == "".join(token_text(i) for i in range(3))
 
 
 async def test_mtls_backend_accepts_the_configured_client_certificate(

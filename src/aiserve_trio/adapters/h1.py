@@ -431,7 +431,7 @@ def _close_stream(stream: trio.abc.Stream) -> None:
 
 #: Bytes a connection may move without reaching a Trio checkpoint (see docs/architecture.md,
 #: "The upstream transport": the cost of moving them is far below the 20 ms bound).
-CHECKPOINT_BYTES: Final = 256 * 1024
+CHECKPOINT_BYTES: Final = 1 << 20
 
 
 class _Unsent(WriteError):
