@@ -11,9 +11,7 @@ import contextlib
 import datetime
 import socket
 import ssl
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +23,12 @@ import trustme
 from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, load_config, parse_config
 from aiserve_trio.reload import watched_files
+from aiserve_trio.sim.cli import build_parser, tls_error
 from aiserve_trio.sim.model import token_text
 
 from .conftest import config_text, make_config
-from .servers import BIN, ROOT, free_port
 from .sim_gateway import PATH, chat, post, retries, running, toml_value, upstream_errors
-from .sim_process import FAST_ARGS
+from .sim_process import FAST_ARGS, run_sim
 
 pytestmark = pytest.mark.slow
 
@@ -84,46 +82,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
     )
 
 
-def _wait_tcp(port: int, proc: subprocess.Popen[bytes], within: float = 15.0) -> None:
-    end = time.monotonic() + within
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            raise RuntimeError(f"aiserve-sim exited with {proc.returncode}:\n{out[-4000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"aiserve-sim did not listen on {port} within {within} s")
-
-
 @contextlib.contextmanager
 def tls_sim(pki: PKI, *extra: str) -> Iterator[int]:
     """``aiserve-sim`` over TLS with the private CA's server certificate; yields its port."""
-    port = free_port()
-    cmd = [
-        str(BIN / "aiserve-sim"),
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--certfile",
-        str(pki.server_cert),
-        "--keyfile",
-        str(pki.server_key),
-        *extra,
-        *FAST_ARGS,
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        _wait_tcp(port, proc)
-        yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
+    tls = ["--certfile", str(pki.server_cert), "--keyfile", str(pki.server_key)]
+    with run_sim([*tls, *extra, *FAST_ARGS]) as addr:
+        yield int(addr.rsplit(":", 1)[1])
 
 
 @pytest.fixture(scope="module")
@@ -473,3 +437,20 @@ def test_tls_min_version_takes_1_2_or_1_3(tmp_path: Path) -> None:
     assert parse_config(
         config_text() + _adapter("up", 443, tls_min_version="1.3"), source="<t>"
     ).adapters["up"]
+
+
+# --- aiserve-sim's TLS flags ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        (["--certfile", "cert.pem"], "--certfile and --keyfile go together"),
+        (["--require-client-cert", "ca.pem"], "--require-client-cert needs --certfile"),
+        (["--certfile", "nowhere.pem", "--keyfile", "nowhere.key"], "--certfile: cannot read"),
+        ([], None),
+    ],
+)
+def test_the_sim_refuses_tls_flags_it_cannot_use(flags: list[str], problem: str | None) -> None:
+    error = tls_error(build_parser().parse_args(flags))
+    assert error == problem if problem is None else (error or "").startswith(problem)
