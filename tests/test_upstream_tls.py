@@ -11,6 +11,8 @@ import contextlib
 import datetime
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from aiserve_trio.sim.cli import build_parser, tls_error
 from aiserve_trio.sim.model import token_text
 
 from .conftest import config_text, make_config
+from .servers import ROOT
 from .sim_gateway import PATH, chat, post, retries, running, toml_value, upstream_errors
 from .sim_process import FAST_ARGS, run_sim
 
@@ -154,9 +157,11 @@ async def test_a_private_ca_backend_works_with_ca_file_alone_and_new_connections
 ) -> None:
     app = tls_app(sim_port, ca_file=str(pki.ca))
     async with running(app) as client:
-        first = await post(client, chat(max_tokens=3))
-        assert first.status == 200, first.text()
+        for _ in range(3):  # one after another: one connection, kept and reused
+            first = await post(client, chat(max_tokens=3))
+            assert first.status == 200, first.text()
         assert handshakes(app, "full") == 1
+        assert handshakes(app, "resumed") == 0
         # Two at once: one reuses the kept connection, the other opens one, which
         # offers the session the first connection was given and resumes it.
         async with trio.open_nursery() as nursery:
@@ -454,3 +459,27 @@ def test_tls_min_version_takes_1_2_or_1_3(tmp_path: Path) -> None:
 def test_the_sim_refuses_tls_flags_it_cannot_use(flags: list[str], problem: str | None) -> None:
     error = tls_error(build_parser().parse_args(flags))
     assert error == problem if problem is None else (error or "").startswith(problem)
+
+
+def test_the_server_on_an_unreadable_ca_file_says_one_line_and_exits(tmp_path: Path) -> None:
+    cfg = tmp_path / "gateway.toml"
+    cfg.write_text(config_text() + _adapter("up", 443, ca_file="gone.pem"))
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "hypercorn"),
+            "--config",
+            str(ROOT / "configs/hypercorn.toml"),
+            "--bind",
+            "127.0.0.1:0",
+            "aiserve_trio:app",
+        ],
+        env={"AISERVE_CONFIG": str(cfg), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode != 0
+    lines = proc.stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"aiserve-trio: not started: {cfg}: key `adapters.up.ca_file`: ")
+    assert "gone.pem: No such file or directory" in lines[0]

@@ -358,8 +358,8 @@ class OpenAIAdapterConfig(UpstreamTLS, tag="openai", tag_field="kind", kw_only=T
     #: Extra headers sent upstream on every request.
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     #: The HTTP client. ``auto``: the gateway's own lean HTTP/1.1 client
-    #: (``adapters/h1.py``) for an ``http://`` backend without ``http2``, httpx2
-    #: otherwise (TLS, HTTP/2); ``httpx2``: httpx2 always.
+    #: (``adapters/h1.py``) for an ``http://`` or ``https://`` backend without
+    #: ``http2``, httpx2 for HTTP/2; ``httpx2``: httpx2 always.
     client: Literal["auto", "httpx2"] = "auto"
 
     def __post_init__(self) -> None:
