@@ -28,7 +28,7 @@ from aiserve_trio.adapters.base import Delta, EmbeddingRequest, InferenceRequest
 from aiserve_trio.adapters.openai import OpenAIAdapter
 from aiserve_trio.adapters.transport import H1Transport, Httpx2Transport
 from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
-from aiserve_trio.errors import UpstreamStatusError
+from aiserve_trio.errors import UpstreamConnectError, UpstreamStatusError
 
 from .fakes import RecordingHook
 
@@ -566,8 +566,8 @@ class Upstream:
                     await stream.send_all(action)
                 else:
                     await action(stream)
-        except trio.BrokenResourceError:
-            pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went, or an action closed the connection
         self.eof.set()
 
 
@@ -618,6 +618,29 @@ async def test_the_adapter_retries_a_429_on_the_lean_client() -> None:
     assert isinstance(retried, UpstreamStatusError)
     assert retried.upstream_status == 429
     assert up.accepted == 1  # the error body was read to its end: the connection kept
+
+
+@pytest.mark.slow
+async def test_a_request_the_backend_may_have_seen_is_retried_by_the_adapter_and_counted() -> None:
+    # The keep-alive race on a reused connection: the backend read the request and
+    # closed. h1 does not send it again itself; the adapter's retry rules do, once.
+    async def read_then_close(stream: trio.abc.Stream) -> None:
+        await stream.aclose()
+
+    up = Upstream(chunked(sse("one")), read_then_close, chunked(sse("two")))
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port)
+        await adapter.aopen(nursery)
+        await stream_all(adapter, trio.current_time() + 5)
+        deltas = await stream_all(adapter, trio.current_time() + 5)
+        await adapter.aclose()
+    assert "".join(d.text for d in deltas) == "two"
+    assert isinstance(adapter.hook, RecordingHook)
+    (retried,) = adapter.hook.retried
+    assert isinstance(retried, UpstreamConnectError)
+    assert retried.code == "upstream_closed_after_send"
+    assert len(up.requests) == 3  # the backend saw it twice: once per try, never more
+    assert up.accepted == 2
 
 
 @pytest.mark.slow
