@@ -42,7 +42,7 @@ import select
 import socket
 import ssl
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from types import TracebackType
 from typing import Final, final
 
@@ -547,6 +547,16 @@ async def _read_socket(conn: _Conn, sock: socket.socket, io: float) -> bytes:
         await _wait(wait, conn, sock, io, ReadTimeout)
 
 
+async def read_up_to(body: AsyncIterable[bytes], limit: int) -> bytes:
+    """The pieces of ``body`` until there are at least ``limit`` bytes, or its end."""
+    out = b""
+    async for part in body:
+        out += part
+        if len(out) >= limit:
+            break
+    return out
+
+
 class Response:
     """One exchange: the response's status and headers, then its body by iteration.
 
@@ -782,12 +792,7 @@ class Response:
 
     async def read(self, limit: int) -> bytes:
         """Up to about ``limit`` bytes of the body (an error body, a whole JSON answer)."""
-        out = b""
-        async for part in self:
-            out += part
-            if len(out) >= limit:
-                break
-        return out
+        return await read_up_to(self, limit)
 
     @property
     def complete(self) -> bool:

@@ -552,12 +552,7 @@ class _HttpxReply:
             return await chunks.__anext__()
 
     async def read(self, limit: int) -> bytes:
-        out = b""
-        async for part in self:
-            out += part
-            if len(out) >= limit:
-                break
-        return out
+        return await h1.read_up_to(self, limit)
 
 
 def open_transport(
