@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import socket
 import ssl
 import subprocess
@@ -22,6 +23,8 @@ import pytest
 import trio
 import trustme
 
+from aiserve_trio.adapters import h1
+from aiserve_trio.adapters.tls import TLSSettings
 from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, load_config, parse_config
 from aiserve_trio.reload import watched_files
@@ -174,13 +177,36 @@ async def test_a_private_ca_backend_works_with_ca_file_alone_and_new_connections
     assert again.text() == "".join(token_text(i) for i in range(4))
 
 
+@pytest.mark.parametrize("http2", [False, True])
 async def test_server_name_verifies_an_ip_addressed_backend_by_its_name(
-    pki: PKI, sim_port: int
+    pki: PKI, sim_port: int, http2: bool
 ) -> None:
-    app = tls_app(sim_port, ca_file=str(pki.ca), server_name="localhost")
+    app = tls_app(sim_port, ca_file=str(pki.ca), server_name="localhost", http2=http2)
     async with running(app) as client:
         r = await post(client, chat(max_tokens=2))
     assert r.status == 200, r.text()
+    app = tls_app(sim_port, ca_file=str(pki.ca), server_name="elsewhere.test", http2=http2)
+    async with running(app) as client:
+        r = await post(client, chat(max_tokens=2))
+    assert r.status == 502  # the name is checked, not only sent
+
+
+async def test_a_handshake_that_never_ends_times_out_and_leaves_no_descriptor(pki: PKI) -> None:
+    silent = trio.socket.socket()
+    await silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    port = silent.getsockname()[1]
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    tls = TLSSettings(context, "127.0.0.1")
+    pool = h1.H1Pool("127.0.0.1", port, max_connections=1, tls=tls)
+    head = h1.RequestHead("GET", "/", "x", []).build([], None)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(h1.ConnectTimeout):
+            async with pool.request(head, b"", h1.Timeouts(io=5.0, connect=0.1)):
+                pass
+    assert len(os.listdir("/proc/self/fd")) == before
+    silent.close()
 
 
 @pytest.mark.parametrize("settings", [{"http2": True}, {"client": "httpx2"}])

@@ -391,20 +391,22 @@ async def _handshake(sock: socket.socket, tls: TLSSettings) -> ssl.SSLSocket:
         )
     except ssl.SSLError as exc:
         raise TLSError(reason(exc)) from exc
-    while True:
-        try:
-            wrapped.do_handshake()
-            break
-        except ssl.SSLWantReadError:
-            await trio.lowlevel.wait_readable(wrapped)
-        except ssl.SSLWantWriteError:
-            await trio.lowlevel.wait_writable(wrapped)
-        except ssl.SSLError as exc:
-            wrapped.close()
-            raise TLSError(reason(exc)) from exc
-        except OSError as exc:
-            wrapped.close()
-            raise ConnectError(f"the connection broke during the TLS handshake: {exc}") from exc
+    try:
+        while True:
+            try:
+                wrapped.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                await trio.lowlevel.wait_readable(wrapped)
+            except ssl.SSLWantWriteError:
+                await trio.lowlevel.wait_writable(wrapped)
+            except ssl.SSLError as exc:
+                raise TLSError(reason(exc)) from exc
+            except OSError as exc:
+                raise ConnectError(f"the connection broke during the TLS handshake: {exc}") from exc
+    except BaseException:  # failed, timed out or cancelled: the wrapper owns the descriptor
+        wrapped.close()
+        raise
     tls.handshake_done(wrapped)
     return wrapped
 
