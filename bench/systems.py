@@ -44,12 +44,16 @@ class UpstreamPKI:
 
 
 def upstream_pki() -> UpstreamPKI:
-    """Write a fresh CA and a server certificate for 127.0.0.1 / localhost to
-    ``bench/work/tls`` (trustme, from the test extra). No system store trusts the CA:
-    each system is told of it (``ca_file``, ``NODE_EXTRA_CA_CERTS``, ``SSL_CERT_FILE``)."""
+    """A CA and a server certificate for 127.0.0.1 / localhost in ``bench/work/tls``
+    (trustme, from the test extra), written once and kept. Each system is told of the
+    CA (``ca_file``, ``NODE_EXTRA_CA_CERTS``, ``SSL_CERT_FILE``); for a gateway revision
+    that has no ``ca_file``, add ``ca.pem`` to the system store (``--upstream-ca system``)."""
     import trustme
 
     d = WORK / "tls"
+    files = UpstreamPKI(d / "ca.pem", d / "upstream.pem", d / "upstream.key")
+    if all(p.exists() for p in (files.ca, files.cert, files.key)):
+        return files  # the same CA every run: it may have been added to the system store
     d.mkdir(parents=True, exist_ok=True)
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1", "localhost")

@@ -31,7 +31,9 @@ load generators on CPU 1. Measured:
 (``systems.upstream_pki``) that each system is told of: the gateway by ``ca_file``,
 Portkey by ``NODE_EXTRA_CA_CERTS``, LiteLLM by ``SSL_CERT_FILE``; ``direct`` and the
 TTFT client speak TLS to it too. The report is then ``throughput-tls.md`` (beside
-the plain-http one); the held-stream part stays on plain ``aiserve-sim``.
+the plain-http one); the held-stream part stays on plain ``aiserve-sim``. A gateway
+revision from before ``ca_file`` (``--rev``) needs ``--upstream-ca system`` and the CA
+(``bench/work/tls/ca.pem``, kept between runs) in the system store.
 
 ``--profile`` records the gateway's worker with py-spy during a streamed c = 16
 run. Writes ``bench/results/<date>/throughput.md`` (the table, targets marked
@@ -629,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds per wrk point instead of the mode's (a short check that it runs)")
     ap.add_argument("--upstream-tls", action="store_true",
                     help="the upstream over HTTPS (a private CA every system is told of)")
+    ap.add_argument("--upstream-ca", choices=("file", "system"), default="file",
+                    help="with --upstream-tls, how the gateway trusts the CA: its ca_file, or the "
+                    "system store (a revision without ca_file; install bench/work/tls/ca.pem first)")
     ap.add_argument("--ttft-child", nargs=4, help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     if ns.ttft_child:
@@ -663,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
             "floor": floor,
             "portkey": lambda: portkey(up, ca),
             "litellm": lambda: litellm(up, ca),
-            "aiserve": lambda: aiserve(up, ca_file=ca),
+            "aiserve": lambda: aiserve(up, ca_file=ca if ns.upstream_ca == "file" else None),
         }
         targets = [System("direct", up.base + "/v1/chat/completions", running=up, ca=ca)] \
             if "direct" in names else []
@@ -682,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         run_memory([n for n in ("aiserve", "litellm") if n in names], plan, res, t0)
     if "workers" not in skip and "aiserve" in names:
         with node_upstream(cpu=None, tls=pki) as up:  # everything shares both CPUs here
-            run_workers(up, plan, res, t0, ca)
+            run_workers(up, plan, res, t0, ca if ns.upstream_ca == "file" else None)
     res.load.append(("end", os.getloadavg()[0]))
     res.commands = systems.RECORDER.commands
     text = report(res, plan, names, args, started, snapshot)
