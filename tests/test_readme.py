@@ -142,6 +142,31 @@ def test_reload_runs_as_the_readme_says(tmp_path: Path):
     assert "key `limits.max_inflight`: must be positive" in shown
 
 
+def test_a_backend_over_tls_runs_as_the_readme_says(tmp_path: Path):
+    commands = sh_block("sim-openai-tls.toml", "trustme")
+    trustme_cmd, sim_cmd, gateway_cmd, *curls = commands
+    assert trustme_cmd.startswith("mkdir -p certs && .venv/bin/python -m trustme -q -d certs")
+    assert "AISERVE_CONFIG=configs/examples/sim-openai-tls.toml" in gateway_cmd
+    # The example's ca_file is relative to its folder: certs/ two levels up, as in the repo.
+    examples = tmp_path / "configs" / "examples"
+    examples.mkdir(parents=True)
+    subprocess.run(
+        ["bash", "-c", trustme_cmd.replace(".venv/", f"{ROOT}/.venv/")],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+    )
+    sim_args = [a.replace("certs/", f"{tmp_path}/certs/") for a in shlex.split(sim_cmd)[1:]]
+    config = (ROOT / "configs/examples/sim-openai-tls.toml").read_text()
+    with run_sim([*sim_args, *FAST_ARGS]) as addr:
+        cfg = examples / "sim-openai-tls.toml"
+        cfg.write_text(config.replace("127.0.0.1:8100", addr))
+        with hypercorn_gateway(cfg) as (base, _):
+            outputs = [run(c, gateway=base) for c in curls]
+    assert json.loads(outputs[0])["choices"][0]["message"]["content"]
+    assert 'aiserve_upstream_tls_handshakes_total{adapter="sim",kind="full"} 1.0' in outputs[1]
+
+
 def sample_after(*needles: str) -> list[str]:
     """The lines of the plain sample-output block right after the README's ``sh`` block with
     every needle: what the README says the commands print."""
