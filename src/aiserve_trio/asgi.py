@@ -30,6 +30,7 @@ from . import gctune
 from .adapters import Adapter, build_adapters
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
+from .apis import CODECS
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .cache.service import Cache, build_cache, cache_plans
 from .chains.run import build_chain
@@ -302,8 +303,9 @@ class App:
                 ("POST",),
                 Auth.CHAT,
                 req,
-                partial(self._chat if r.config.kind == "chat" else self._embed, rt, r),
+                partial(self._embed if r.config.kind == "embeddings" else self._chat, rt, r),
                 r.label,
+                codec.error if (codec := CODECS.get(r.config.kind)) is not None else None,
             )
             for r in rt.routes.values()
         ]
@@ -545,7 +547,7 @@ class App:
         hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         cors = rt.cors
         extra = cors.response_headers(hdrs.get("origin")) if cors is not None else None
-        responder = Responder(send, write_timeout, extra)
+        responder = Responder(send, write_timeout, extra, endpoint.errors)
         if cors is not None and cors.is_preflight(scope["method"], hdrs):
             # Before the gate: a browser sends no key with a preflight.
             try:
@@ -691,7 +693,7 @@ class App:
         d = cfg.deadline
         rd = route.config.deadline
         headers = request.headers
-        request_id = f"chatcmpl-{secrets.token_hex(12)}"
+        request_id = _ID_PREFIX.get(route.config.kind, "chatcmpl-") + secrets.token_hex(12)
         try:
             timeout_ms = effective_timeout_ms(
                 headers.get(TIMEOUT_HEADER),
@@ -777,6 +779,8 @@ class App:
 
 #: The largest config text ``POST /admin/config/reload`` takes.
 MAX_CONFIG_BYTES = 1_048_576
+#: A reply's id (and the request's ``X-Request-Id``) as each client API spells it.
+_ID_PREFIX = {"responses": "resp_", "messages": "msg_"}
 
 
 async def _toml_body(rt: Runtime, request: Request) -> str | None:

@@ -80,6 +80,9 @@ class ParsedRequest:
     include_usage: bool
     max_tokens: int | None
     stop: list[str]
+    #: On a route of another API than chat (``apis/``): the request as its client
+    #: sent it (what the reply echoes); None on chat.
+    api: object = None
 
     @property
     def model_label(self) -> str:

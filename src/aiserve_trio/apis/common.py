@@ -1,0 +1,94 @@
+"""What the API codecs share: event framing, msgspec errors as 400s, usage details (pure)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from ..api import Usage as WireUsage
+from ..errors import BadRequest, GatewayError
+
+encoder = msgspec.json.Encoder()
+_details = msgspec.json.Decoder(dict[str, Any])
+_UNKNOWN = re.compile(
+    r"^Object contains unknown field `(?P<field>[^`]+)`(?: - at `\$\.?(?P<at>.*)`)?$"
+)
+_MISSING = re.compile(
+    r"^Object missing required field `(?P<field>[^`]+)`(?: - at `\$\.?(?P<at>.*)`)?$"
+)
+_AT = re.compile(r"^(?P<msg>.*) - at `\$\.?(?P<at>[^`]*)`$")
+
+
+def event(name: bytes, payload: bytes) -> bytes:
+    """One named Server-Sent Event."""
+    return b"event: %s\ndata: %s\n\n" % (name, payload)
+
+
+def refuse(param: str, why: str) -> BadRequest:
+    """A 400 naming a field the gateway cannot carry: it is refused, never dropped."""
+    return BadRequest(f"`{param}` {why}", param=param, code="unsupported_field")
+
+
+def described(err: GatewayError) -> str:
+    """The error's message, with the field or stage it is about when it does not say it."""
+    if err.param and err.param not in err.message:
+        return f"{err.message} ({err.param})"
+    return err.message
+
+
+def invalid(param: str, why: str) -> BadRequest:
+    return BadRequest(f"`{param}` {why}", param=param, code="invalid_value")
+
+
+def decode_error(exc: msgspec.MsgspecError) -> BadRequest:
+    """A msgspec error of an API request as a 400 naming the field."""
+    msg = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        if m := _UNKNOWN.match(msg):
+            param = _join(m["at"], m["field"])
+            return refuse(param, "has no equivalent on this gateway; it is not sent anywhere")
+        if m := _MISSING.match(msg):
+            param = _join(m["at"], m["field"])
+            return BadRequest(
+                f"`{param}`: field required", param=param, code="missing_required_parameter"
+            )
+        if m := _AT.match(msg):
+            at: str | None = m["at"] or None
+            return BadRequest(f"invalid request: {m['msg']}", param=at, code="invalid_type")
+        return BadRequest(f"invalid request: {msg}", code="invalid_type")
+    return BadRequest(f"request body is not valid JSON: {msg}", code="invalid_json")
+
+
+def _join(at: str | None, field: str) -> str:
+    return f"{at}.{field}" if at else field
+
+
+def detail(raw: msgspec.Raw | msgspec.UnsetType, key: str) -> int:
+    """A count in a usage details object (``cached_tokens``, ...); 0 when absent."""
+    if isinstance(raw, msgspec.UnsetType):
+        return 0
+    try:
+        value = _details.decode(raw).get(key)
+    except msgspec.DecodeError:
+        return 0
+    return value if isinstance(value, int) else 0
+
+
+def counts(usage: WireUsage) -> tuple[int, int, int, int]:
+    """(input, output, cached input, reasoning output) tokens of a usage."""
+    return (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        detail(usage.prompt_tokens_details, "cached_tokens"),
+        detail(usage.completion_tokens_details, "reasoning_tokens"),
+    )
+
+
+def image_url(url: str, detail_: str | None = None) -> dict[str, Any]:
+    """A Chat Completions image part."""
+    inner: dict[str, Any] = {"url": url}
+    if detail_ is not None:
+        inner["detail"] = detail_
+    return {"type": "image_url", "image_url": inner}
