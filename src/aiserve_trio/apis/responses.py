@@ -422,8 +422,7 @@ def body(completion: ChatCompletion, view: object) -> bytes:
     if isinstance(msg.refusal, str):
         content.append({"type": "refusal", "refusal": msg.refusal})
     if content:
-        item_status = "incomplete" if incomplete else "completed"
-        output.append(_message_item(f"msg_{base}{len(output):02x}", content, item_status))
+        output.append(_message_item(f"msg_{base}{len(output):02x}", content, "completed"))
     if not isinstance(msg.tool_calls, msgspec.UnsetType):
         for call in msg.tool_calls:
             item_id = f"fc_{base}{len(output):02x}"
@@ -432,6 +431,13 @@ def body(completion: ChatCompletion, view: object) -> bytes:
                     item_id, call.id, call.function.name, call.function.arguments, "completed"
                 )
             )
+    if incomplete and output:
+        # What was still being written when the reply stopped, as a stream closes it.
+        last = output[-1]["type"]
+        for item in reversed(output):
+            if item["type"] != last:
+                break
+            item["status"] = "incomplete"
     response = _response(
         completion.id,
         completion.created,
