@@ -406,7 +406,7 @@ known = {
     "responses": set(responses_api.ResponsesRequest.__struct_fields__),
     "messages": set(anthropic_api.MessagesRequest.__struct_fields__),
 }
-BASE = {
+BASE: dict[str, dict[str, Any]] = {
     "responses": {"model": "m", "input": "hi"},
     "messages": {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
 }

@@ -164,19 +164,16 @@ def test_responses_json_schema_output(oai: openai.OpenAI) -> None:
 
 
 def test_responses_reasoning_and_an_image(oai: openai.OpenAI) -> None:
-    r = oai.responses.create(
-        model="sim-model",
-        reasoning={"effort": "low"},
-        input=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "input_text", "text": "What is in this picture?"},
-                    {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}"},
-                ],
-            }
-        ],
-    )
+    content: Any = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "What is in this picture?"},
+                {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}"},
+            ],
+        }
+    ]
+    r = oai.responses.create(model="sim-model", reasoning={"effort": "low"}, input=content)
     reasoning = r.output[0]
     assert reasoning.type == "reasoning"
     assert reasoning.content
@@ -184,6 +181,29 @@ def test_responses_reasoning_and_an_image(oai: openai.OpenAI) -> None:
     assert r.output_text.startswith("I see 1 image.")
     assert r.usage is not None
     assert r.usage.output_tokens_details.reasoning_tokens > 0
+
+
+def test_responses_previous_response_id_continues_a_function_call(oai: openai.OpenAI) -> None:
+    tools: Any = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+    first = oai.responses.create(model="sim-model", input="Weather in Oslo?", tools=tools)
+    call = first.output[-1]
+    assert call.type == "function_call"
+    # Only the tool's output is sent: the question and the call come from the stored response.
+    second = oai.responses.create(
+        model="sim-model",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        tools=tools,
+    )
+    assert second.previous_response_id == first.id
+    assert second.output_text.startswith("The tool returned: sunny")
+    assert second.usage is not None
+    assert first.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens  # the stored turns went up too
+    with pytest.raises(openai.NotFoundError) as err:
+        oai.responses.create(model="sim-model", previous_response_id="resp_unknown", input="hi")
+    assert err.value.body is not None
+    assert err.value.body["code"] == "previous_response_not_found"  # type: ignore[index]
 
 
 def test_responses_refuses_a_field_it_cannot_carry(oai: openai.OpenAI) -> None:

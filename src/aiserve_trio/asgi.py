@@ -704,6 +704,9 @@ class App:
             channel = self._channel(cfg, headers.get("x-channel"))
             sid = headers.get("x-session-id")
             session_id = check_session_id(sid) if sid is not None else None
+            if session_id is None and route.config.kind == "responses":
+                # A response's turns are stored under its id, for `previous_response_id`.
+                session_id = request_id
             declared = headers.get("content-length")
             limit = cfg.limits.max_body_bytes
             if declared is not None and declared.isdigit() and int(declared) > limit:

@@ -110,6 +110,8 @@ class Prepared:
     new_turns: list[Message]
     #: What the request does with the route's response cache (None: the route has none).
     cache: Ticket | None = None
+    #: False: the turns are not stored (a Responses request's ``store: false``).
+    store: bool = True
 
 
 def response_headers(

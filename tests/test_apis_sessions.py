@@ -1,0 +1,104 @@
+"""``previous_response_id``: a response's turns are stored under its id (tenant-scoped, for the
+route's ``context_ttl``); an unknown, foreign, expired or unstored id is a 404."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import trio
+
+from aiserve_trio.adapters.mock import MockAdapter
+from aiserve_trio.asgi import App
+from aiserve_trio.config import MockAdapterConfig
+
+from .asgi_client import Client, Response
+from .authcfg import KEY_ADMIN, KEY_B, auth_app, auth_config
+from .fakes import RecordingAdapter
+
+
+async def ask(client: Client, key: str, **body: Any) -> Response:
+    return await client.request(
+        "POST",
+        "/v1/responses",
+        json_body={"model": "aiserve-mock", **body},
+        headers={"authorization": f"Bearer {key}"},
+    )
+
+
+def missing(r: Response) -> bool:
+    return r.status == 404 and r.json()["error"]["code"] == "previous_response_not_found"
+
+
+async def test_a_chain_of_responses_carries_the_conversation(autojump_clock: Any) -> None:
+    cfg = auth_config()
+    mock_cfg = cfg.adapters["mock"]
+    assert isinstance(mock_cfg, MockAdapterConfig)
+    rec = RecordingAdapter(MockAdapter("mock", mock_cfg))
+    client = Client(App(cfg, adapters={"mock": rec}))
+    first = await ask(client, KEY_B, input="echo: my name is Ada")
+    assert first.status == 200
+    second = await ask(
+        client, KEY_B, input="echo: and I live in Oslo", previous_response_id=first.json()["id"]
+    )
+    third = await ask(
+        client,
+        KEY_B,
+        input="echo: what did I say?",
+        previous_response_id=second.json()["id"],
+        stream=True,
+    )
+    assert third.status == 200
+    # The mock counts prompt tokens over the whole prompt: each step carries the ones before.
+    tokens = [r.json()["usage"]["input_tokens"] for r in (first, second)]
+    assert tokens[0] < tokens[1]
+    done = json.loads(third.events()[-1])
+    assert done["type"] == "response.completed"
+    assert done["response"]["previous_response_id"] == second.json()["id"]
+    assert done["response"]["usage"]["input_tokens"] > tokens[1]
+    # What the model was asked the third time: the whole conversation, in order.
+    asked = [(m.role, m.text()) for m in rec.requests[-1].messages]
+    assert [role for role, _ in asked] == ["user", "assistant"] * 2 + ["user"]
+    assert [text for _, text in asked][::2] == [
+        "echo: my name is Ada",
+        "echo: and I live in Oslo",
+        "echo: what did I say?",
+    ]
+    assert asked[1][1] == "my name is Ada"
+
+
+async def test_another_tenants_response_is_not_found(autojump_clock: Any) -> None:
+    client = Client(auth_app())
+    mine = await ask(client, KEY_B, input="hello")
+    assert missing(await ask(client, KEY_ADMIN, input="hi", previous_response_id=mine.json()["id"]))
+    assert (
+        await ask(client, KEY_B, input="hi", previous_response_id=mine.json()["id"])
+    ).status == 200
+
+
+async def test_an_unstored_or_expired_response_is_not_found(autojump_clock: Any) -> None:
+    client = Client(auth_app())
+    assert missing(await ask(client, KEY_B, input="hi", previous_response_id="resp_nope"))
+    unstored = await ask(client, KEY_B, input="hello", store=False)
+    assert unstored.json()["store"] is False
+    assert missing(await ask(client, KEY_B, input="hi", previous_response_id=unstored.json()["id"]))
+    kept = await ask(client, KEY_B, input="hello")
+    await trio.sleep(86_400 + 1)  # the route's context_ttl
+    assert missing(await ask(client, KEY_B, input="hi", previous_response_id=kept.json()["id"]))
+
+
+async def test_previous_response_id_with_a_session_header_is_refused(autojump_clock: Any) -> None:
+    client = Client(auth_app())
+    first = await ask(client, KEY_B, input="hello")
+    r = await client.request(
+        "POST",
+        "/v1/responses",
+        json_body={
+            "model": "aiserve-mock",
+            "input": "hi",
+            "previous_response_id": first.json()["id"],
+        },
+        headers={"authorization": f"Bearer {KEY_B}", "x-session-id": "s-1"},
+    )
+    assert r.status == 400
+    assert r.json()["error"]["param"] == "previous_response_id"
