@@ -53,7 +53,7 @@ from .http.cors import Cors
 from .http.disconnect import DisconnectHook
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
-from .http.sse import shutdown_event
+from .http.sse import SHUTTING_DOWN, shutdown_event
 from .http.types import JSON_HEADERS, METRICS_HEADERS, Receive, Scope, Send
 from .observability.annotate import TASK_LABEL, TaskLabel
 from .observability.baseline import BaselineMonitor
@@ -573,7 +573,12 @@ class App:
             # with a final event instead of tearing the connection.
             if responder.started and not responder.finished:
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                    last = shutdown_event(session_stream=endpoint.admission is Admission.STREAM)
+                    route = rt.routes.get(path)
+                    codec = CODECS.get(route.config.kind) if route is not None else None
+                    if codec is not None:  # the API's own failure event
+                        last = codec.framer("", "", 0, None).fail(SHUTTING_DOWN)
+                    else:
+                        last = shutdown_event(session_stream=endpoint.admission is Admission.STREAM)
                     await responder.body(last, more=False)
             raise
 
