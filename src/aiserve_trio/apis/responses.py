@@ -71,7 +71,7 @@ class _Text(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defau
 
 class _Reasoning(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     effort: str | None = None
-    summary: None = None
+    summary: str | None = None
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -129,6 +129,8 @@ def decode(body: bytes) -> tuple[bytes, ResponsesRequest]:
         raise decode_error(exc) from None
     if req.include:
         raise refuse("include", "has no equivalent: the gateway adds nothing to the output")
+    if req.reasoning is not None and req.reasoning.summary is not None:
+        raise refuse("reasoning.summary", "has no equivalent: backends give their reasoning whole")
     if req.background:
         raise refuse("background", "has no equivalent: responses are served while the client waits")
     chat: dict[str, Any] = {"messages": _messages(req)}
