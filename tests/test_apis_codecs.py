@@ -8,6 +8,7 @@ know is refused with a 400 naming it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -474,3 +475,64 @@ def test_what_has_no_equivalent_is_refused_by_name(
     with pytest.raises(BadRequest) as err:
         chat(codec, {**BASE[codec], **body})
     assert err.value.param == param
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["type", "role", "content", "text", "name", "input", "source", "x"]),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+KINDS = [
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "text",
+    "image",
+    "tool_use",
+    "tool_result",
+    "input_text",
+    "input_image",
+    "thinking",
+    "base64",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["responses", "messages"]),
+    st.sampled_from(
+        [
+            "input",
+            "messages",
+            "tools",
+            "tool_choice",
+            "system",
+            "metadata",
+            "thinking",
+            "text",
+            "reasoning",
+            "instructions",
+        ]
+    ),
+    json_values,
+    st.lists(st.sampled_from(KINDS), max_size=3),
+)
+def test_any_body_is_decoded_or_refused_with_a_400(
+    codec: str, field: str, value: Any, kinds: list[str]
+) -> None:
+    # Values shaped like the API's items often enough to get past the first checks.
+    if isinstance(value, list):
+        value = [
+            dict(v, type=k) if isinstance(v, dict) else v
+            for v, k in zip(value, kinds * 3, strict=False)
+        ]
+    with contextlib.suppress(BadRequest):  # anything else escapes and fails the test
+        chat(codec, {**BASE[codec], field: value})

@@ -4,6 +4,7 @@ a Messages client in that API's own error form; keys come as ``x-api-key`` or Be
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import trio
@@ -231,3 +232,41 @@ async def test_messages_take_the_key_as_x_api_key_and_refuse_in_anthropics_form(
     )
     assert r.status == 200
     assert r.json()["object"] == "response"
+
+
+# --- the rest of the pipeline: cache and metrics apply as on chat -------------------
+
+
+async def test_a_cached_messages_reply_is_replayed_in_anthropics_form(autojump_clock: Any) -> None:
+    cfg = make_config(
+        """
+[[routes]]
+path = "/t/cached"
+kind = "messages"
+adapter = "mock"
+cache = { ttl_s = 300 }
+"""
+    )
+    client = Client(App(cfg))
+    ask = body("messages", "aiserve-mock", "hello", stream=True) | {"temperature": 0}
+    first = await client.request("POST", "/t/cached", json_body=ask)
+    second = await client.request("POST", "/t/cached", json_body=ask)
+    assert (first.headers["x-aiserve-cache"], second.headers["x-aiserve-cache"]) == ("miss", "hit")
+
+    def texts(r: Response) -> str:
+        events = [json.loads(e) for e in r.events()]
+        return "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+
+    assert texts(first) == texts(second)
+    assert texts(second).startswith("Hello! I am the aiserve-trio mock model")
+    assert second.body.rstrip().endswith(b'data: {"type":"message_stop"}')
+
+
+async def test_requests_are_counted_under_their_route(autojump_clock: Any) -> None:
+    gateway = App(make_config())
+    client = Client(gateway)
+    await client.request("POST", "/v1/responses", json_body=body("responses", "aiserve-mock"))
+    await client.request("POST", "/v1/messages", json_body=body("messages", "aiserve-mock"))
+    metrics = gateway.metrics.render().decode()
+    for route in ("responses", "messages"):
+        assert re.search(rf'aiserve_requests_total\{{[^}}]*route="{route}"[^}}]*status="ok"', metrics), route

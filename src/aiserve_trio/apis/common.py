@@ -38,6 +38,18 @@ def described(err: GatewayError) -> str:
     return err.message
 
 
+def string(obj: dict[str, Any], key: str, at: str) -> str:
+    """``obj[key]``, a string (absent: empty).
+
+    Raises:
+        BadRequest: it is there and not a string.
+    """
+    value = obj.get(key, "")
+    if not isinstance(value, str):
+        raise invalid(f"{at}.{key}", "must be a string")
+    return value
+
+
 def invalid(param: str, why: str) -> BadRequest:
     return BadRequest(f"`{param}` {why}", param=param, code="invalid_value")
 

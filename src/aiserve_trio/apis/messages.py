@@ -45,6 +45,7 @@ from .common import (
     image_url,
     invalid,
     refuse,
+    string,
 )
 
 __all__ = ["CODEC", "MessagesFramer", "MessagesRequest", "decode", "error_body"]
@@ -102,7 +103,7 @@ def decode(body: bytes) -> tuple[bytes, MessagesRequest]:
     if req.metadata:
         _only(req.metadata, "metadata", ("user_id",))
         if req.metadata.get("user_id") is not None:
-            chat["user"] = str(req.metadata["user_id"])
+            chat["user"] = string(req.metadata, "user_id", "metadata")
     if req.tools:
         chat["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
     if req.tool_choice is not None:
@@ -128,7 +129,7 @@ def _system(system: str | list[dict[str, Any]]) -> str:
         _only(block, f"system[{j}]", ("type", "text"))
         if block.get("type") != "text":
             raise refuse(f"system[{j}].type", "must be `text`")
-        texts.append(str(block.get("text", "")))
+        texts.append(string(block, "text", f"system[{j}]"))
     return "".join(texts)
 
 
@@ -151,7 +152,7 @@ def _message(m: dict[str, Any], where: str) -> list[dict[str, Any]]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             _only(block, at, ("type", "text"))
-            parts.append({"type": "text", "text": str(block.get("text", ""))})
+            parts.append({"type": "text", "text": string(block, "text", at)})
         elif kind == "image":
             _only(block, at, ("type", "source"))
             parts.append(image_url(_source(block.get("source"), at)))
@@ -179,7 +180,7 @@ def _source(source: Any, at: str) -> str:
         return f"data:{source.get('media_type', '')};base64,{source.get('data', '')}"
     if source.get("type") == "url":
         _only(source, f"{at}.source", ("type", "url"))
-        return str(source.get("url", ""))
+        return string(source, "url", f"{at}.source")
     raise refuse(f"{at}.source.type", "must be `base64` or `url`")
 
 
@@ -196,7 +197,7 @@ def _result(block: dict[str, Any], at: str) -> dict[str, Any]:
             if not isinstance(inner, dict) or inner.get("type") != "text":
                 raise refuse(f"{at}.content[{k}]", "a tool result may hold text only")
             _only(inner, f"{at}.content[{k}]", ("type", "text"))
-            texts.append(str(inner.get("text", "")))
+            texts.append(string(inner, "text", f"{at}.content[{k}]"))
         content = "".join(texts)
     if not isinstance(content, str):
         raise invalid(f"{at}.content", "must be a string or a list of text blocks")
@@ -212,12 +213,12 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             _only(block, at, ("type", "text"))
-            texts.append(str(block.get("text", "")))
+            texts.append(string(block, "text", at))
         elif kind == "thinking":
             # The signature vouches for Anthropic's own thinking to Anthropic; a
             # Chat Completions backend has no use for it.
             _only(block, at, ("type", "thinking", "signature"))
-            thought.append(str(block.get("thinking", "")))
+            thought.append(string(block, "thinking", at))
         elif kind == "tool_use":
             _only(block, at, ("type", "id", "name", "input"))
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):

@@ -48,6 +48,7 @@ from .common import (
     image_url,
     invalid,
     refuse,
+    string,
 )
 
 __all__ = ["CODEC", "ResponsesFramer", "ResponsesRequest", "decode"]
@@ -258,7 +259,10 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     parts = item.get("content") or item.get("summary") or []
     if not isinstance(parts, list):
         raise invalid(f"{where}.content", "must be a list")
-    return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+    return "".join(
+        string(p, "text", f"{where}.content[{j}]") if isinstance(p, dict) else ""
+        for j, p in enumerate(parts)
+    )
 
 
 def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
@@ -280,7 +284,7 @@ def _output(item: dict[str, Any], where: str) -> dict[str, Any]:
         for j, part in enumerate(output):
             if not isinstance(part, dict) or part.get("type") != "input_text":
                 raise refuse(f"{where}.output[{j}]", "a tool's output may hold text only")
-            texts.append(str(part.get("text", "")))
+            texts.append(string(part, "text", f"{where}.output[{j}]"))
         output = "".join(texts)
     if not isinstance(output, str):
         raise invalid(f"{where}.output", "must be a string or a list of input_text parts")
@@ -303,9 +307,9 @@ def _content(item: dict[str, Any], where: str, *, assistant: bool) -> dict[str, 
             _only(part, at, ("type", "text", "annotations", "logprobs"))
             if part.get("annotations"):
                 raise refuse(f"{at}.annotations", "have no equivalent")
-            parts.append({"type": "text", "text": str(part.get("text", ""))})
+            parts.append({"type": "text", "text": string(part, "text", at)})
         elif kind == "refusal" and assistant:
-            refusal.append(str(part.get("refusal", "")))
+            refusal.append(string(part, "refusal", at))
         elif kind == "input_image" and not assistant:
             _only(part, at, ("type", "image_url", "detail"))
             if not isinstance(part.get("image_url"), str):
