@@ -477,62 +477,99 @@ def test_what_has_no_equivalent_is_refused_by_name(
     assert err.value.param == param
 
 
-json_values = st.recursive(
+# Bodies shaped like each API's, with any JSON where the values go.
+anything = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=5),
     lambda inner: (
-        st.lists(inner, max_size=3)
-        | st.dictionaries(
-            st.sampled_from(["type", "role", "content", "text", "name", "input", "source", "x"]),
-            inner,
-            max_size=4,
-        )
+        st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner, max_size=2)
     ),
-    max_leaves=12,
+    max_leaves=6,
 )
-KINDS = [
-    "message",
-    "function_call",
-    "function_call_output",
-    "reasoning",
-    "text",
-    "image",
-    "tool_use",
-    "tool_result",
-    "input_text",
-    "input_image",
-    "thinking",
-    "base64",
-]
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    st.sampled_from(["responses", "messages"]),
-    st.sampled_from(
+def shaped(kinds: dict[str, list[str]], inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """A dict of one of the ``kinds`` (``type`` -> its keys) with some of its keys, or any JSON."""
+    return anything | st.one_of(
         [
-            "input",
-            "messages",
-            "tools",
-            "tool_choice",
-            "system",
-            "metadata",
-            "thinking",
-            "text",
-            "reasoning",
-            "instructions",
+            st.fixed_dictionaries({"type": st.just(kind)}, optional=dict.fromkeys(keys, inner))
+            for kind, keys in kinds.items()
         ]
-    ),
-    json_values,
-    st.lists(st.sampled_from(KINDS), max_size=3),
+    )
+
+
+SOURCE = shaped({"base64": ["media_type", "data"], "url": ["url"], "file": []}, anything)
+INNER = shaped({"text": ["text"], "image": ["source"]}, anything)
+BLOCK = shaped(
+    {
+        "text": ["text"],
+        "image": ["source"],
+        "document": ["source", "title"],
+        "tool_use": ["id", "name", "input"],
+        "tool_result": ["tool_use_id", "content", "is_error"],
+        "thinking": ["thinking", "signature"],
+        "other": ["text"],
+    },
+    anything | SOURCE | st.lists(INNER, max_size=2),
 )
-def test_any_body_is_decoded_or_refused_with_a_400(
-    codec: str, field: str, value: Any, kinds: list[str]
-) -> None:
-    # Values shaped like the API's items often enough to get past the first checks.
-    if isinstance(value, list):
-        value = [
-            dict(v, type=k) if isinstance(v, dict) else v
-            for v, k in zip(value, kinds * 3, strict=False)
-        ]
+MESSAGE = anything | st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system"])},
+    optional={"content": anything | st.lists(BLOCK, max_size=3)},
+)
+PART = shaped(
+    {
+        "input_text": ["text"],
+        "output_text": ["text", "annotations"],
+        "input_image": ["image_url", "detail"],
+        "input_file": ["file_data", "filename", "file_id"],
+        "refusal": ["refusal"],
+        "other": [],
+    },
+    anything,
+)
+ITEM = st.fixed_dictionaries(
+    {"type": st.just("message"), "role": st.sampled_from(["user", "assistant", "developer"])},
+    optional={"content": anything | st.lists(PART, max_size=3)},
+) | shaped(
+    {
+        "function_call": ["call_id", "name", "arguments"],
+        "function_call_output": ["call_id", "output"],
+        "reasoning": ["summary", "content"],
+        "item_reference": ["id"],
+    },
+    anything | st.sampled_from(["user", "assistant", "developer"]) | st.lists(PART, max_size=3),
+)
+TOOL = shaped(
+    {"function": ["name", "parameters"], "custom": ["name", "input_schema"], "web_search": []},
+    anything,
+)
+BODIES = {
+    "messages": st.fixed_dictionaries(
+        {"messages": st.lists(MESSAGE, max_size=3)},
+        optional={
+            "system": anything | st.lists(BLOCK, max_size=2),
+            "tools": st.lists(TOOL, max_size=2),
+            "tool_choice": shaped({"auto": [], "any": [], "tool": ["name"], "none": []}, anything),
+            "thinking": shaped({"enabled": ["budget_tokens"], "disabled": []}, anything),
+            "metadata": anything,
+        },
+    ),
+    "responses": st.fixed_dictionaries(
+        {"input": st.text(max_size=3) | st.lists(ITEM, max_size=3)},
+        optional={
+            "tools": st.lists(TOOL, max_size=2),
+            "tool_choice": shaped({"function": ["name"]}, anything),
+            "text": st.fixed_dictionaries(
+                {}, optional={"format": shaped({"json_schema": ["name", "schema"]}, anything)}
+            ),
+        },
+    ),
+}
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.data())
+def test_any_body_is_decoded_or_refused_with_a_400(data: st.DataObject) -> None:
+    codec = data.draw(st.sampled_from(["responses", "messages"]))
+    body = data.draw(BODIES[codec])
     with contextlib.suppress(BadRequest):  # anything else escapes and fails the test
-        chat(codec, {**BASE[codec], field: value})
+        chat(codec, {**BASE[codec], **body})
