@@ -26,7 +26,7 @@ from typing import Any
 import trio
 from opentelemetry.trace import TracerProvider
 
-from . import gctune
+from . import fdlimit, gctune
 from .adapters import Adapter, build_adapters
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
@@ -419,6 +419,8 @@ class App:
         await self._open_cache(self.runtime)
         await nursery.start(self._run_background)
         if hypercorn_process() is not None:
+            said, enough = fdlimit.raise_soft(self.config.limits.max_inflight)
+            log.log(logging.INFO if enough else logging.WARNING, "%s", said)
             log.info("garbage collector: %s", gctune.tune())
         self.ready = True
         log.info(
@@ -495,6 +497,7 @@ class App:
                 self._tasks = tasks
                 tasks.start_soon(self._baseline_loop)
                 tasks.start_soon(self.reloader.watch)
+                tasks.start_soon(self.console.sample)
                 if self.sched_lag is not None:
                     tasks.start_soon(self.sched_lag.run)
                 await self.writeback.run(task_status=task_status)

@@ -37,6 +37,9 @@ __all__ = ["CODECS", "Codec", "Framer"]
 class Framer(Protocol):
     """One streamed reply in an API's events (see the package docstring)."""
 
+    #: The model the events name (the one that answered, once the first delta says).
+    model: str
+
     def role(self) -> bytes: ...
 
     def delta(self, delta: ChunkDelta, logprobs: msgspec.Raw | None = None) -> bytes: ...

@@ -378,7 +378,7 @@ class MessagesFramer:
 
     def __init__(self, message_id: str, model: str, created: int, view: object) -> None:
         self._id = message_id
-        self._model = model
+        self.model = model
         self._state = State.IDLE
         self._blocks = 0
         #: The open blocks' indices and kinds (several only for parallel tool calls).
@@ -404,7 +404,7 @@ class MessagesFramer:
             "id": self._id,
             "type": "message",
             "role": "assistant",
-            "model": self._model,
+            "model": self.model,
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,

@@ -538,7 +538,7 @@ class ResponsesFramer:
             view = ResponsesRequest(input="")
         self._id = response_id
         self._base = _ids(response_id)
-        self._model = model
+        self.model = model
         self._created = created
         self._view = view
         self._state = State.IDLE
@@ -565,7 +565,7 @@ class ResponsesFramer:
 
     def _snapshot(self, status: str, **kw: Any) -> dict[str, Any]:
         output = [item for _, item in sorted(self._done.items())]
-        return _response(self._id, self._created, self._model, self._view, status, output, **kw)
+        return _response(self._id, self._created, self.model, self._view, status, output, **kw)
 
     def role(self) -> bytes:
         """``response.created`` and ``response.in_progress``."""

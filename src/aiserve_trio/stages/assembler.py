@@ -159,6 +159,7 @@ class ResponseAssembler:
         "_logprobs",
         "_max_bytes",
         "_max_tokens",
+        "_model_recorded",
         "_reasoning",
         "_recorded",
         "_refusal",
@@ -222,6 +223,7 @@ class ResponseAssembler:
                 if codec is None
                 else codec.framer(request_id, model, created, view)
             )
+        self._model_recorded = False
         self._include_usage = include_usage
         self._filters = filters or []
         self._side = side_filters or _no_filters
@@ -248,6 +250,11 @@ class ResponseAssembler:
     @property
     def stream(self) -> bool:
         return self._framer is not None
+
+    @property
+    def answered(self) -> bool:
+        """Whether the backend answered: something was released, or the reply finished."""
+        return self.first_token_at is not None or self.finish_reason is not None
 
     @property
     def delivered(self) -> str:
@@ -301,6 +308,7 @@ class ResponseAssembler:
                 )
                 for c in calls
             ]
+        model_recorded, self._model_recorded = self._model_recorded, True
         self._recorded.append(
             Replayed(
                 text=content,
@@ -308,6 +316,8 @@ class ResponseAssembler:
                 refusal=refusal,
                 tool_calls=fragments,
                 logprobs=logprobs,
+                # The first piece says which model answered, for whoever replays it.
+                model=None if model_recorded else self.model,
             )
         )
 
@@ -329,6 +339,11 @@ class ResponseAssembler:
         """
         before = self._go("feed")
         framer = self._framer
+        if before is State.IDLE and delta.model:
+            # The first delta names the model that answered: every chunk says it.
+            self.model = delta.model
+            if framer is not None:
+                framer.model = delta.model
         produced = delta.text or delta.reasoning or delta.refusal or delta.tool_calls
         if produced and self._max_tokens is not None:
             if self._tokens + delta.tokens > self._max_tokens:
@@ -457,7 +472,11 @@ class ResponseAssembler:
         if self._recorded is not None:
             if tail or reasoning or refusal or calls:
                 self._record(tail, reasoning, refusal, calls)
-            self._recorded.append(Replayed(finish_reason=self.finish_reason, usage=self.usage))
+            model = None if self._model_recorded else self.model
+            self._model_recorded = True
+            self._recorded.append(
+                Replayed(finish_reason=self.finish_reason, usage=self.usage, model=model)
+            )
         usage = self._wire_usage()
         if self._framer is None:
             if self.first_token_at is None:
