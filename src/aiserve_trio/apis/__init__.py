@@ -20,50 +20,10 @@ A route of ``kind = "chat"`` has no codec: its path is the pipeline's own.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
-
 from . import messages, responses
-
-if TYPE_CHECKING:
-    import msgspec
-
-    from ..api import ChatCompletion, ChunkDelta
-    from ..api import Usage as WireUsage
-    from ..errors import GatewayError
+from .common import Codec, Framer
 
 __all__ = ["CODECS", "Codec", "Framer"]
-
-
-class Framer(Protocol):
-    """One streamed reply in an API's events (see the package docstring)."""
-
-    #: The model the events name (the one that answered, once the first delta says).
-    model: str
-
-    def role(self) -> bytes: ...
-
-    def delta(self, delta: ChunkDelta, logprobs: msgspec.Raw | None = None) -> bytes: ...
-
-    def close(self, finish_reason: str, usage: WireUsage) -> bytes: ...
-
-    def fail(self, err: GatewayError) -> bytes: ...
-
-
-class Codec(Protocol):
-    """A client API at the pipeline's edge (see the package docstring)."""
-
-    kind: str
-    #: The stream's keep-alive event.
-    ping: bytes
-
-    def decode(self, body: bytes) -> tuple[bytes, object]: ...
-
-    def framer(self, request_id: str, model: str, created: int, view: object) -> Framer: ...
-
-    def body(self, completion: ChatCompletion, view: object) -> bytes: ...
-
-    def error(self, err: GatewayError) -> tuple[int, bytes]: ...
-
 
 #: The codec of each route kind that has one.
 CODECS: dict[str, Codec] = {

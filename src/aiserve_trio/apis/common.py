@@ -1,14 +1,89 @@
-"""What the API codecs share: event framing, msgspec errors as 400s, usage details (pure)."""
+"""What the API codecs share: the codec and framer shapes, the stream's state table,
+event framing, msgspec errors as 400s, usage details (pure)."""
 
 from __future__ import annotations
 
+import enum
 import re
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import msgspec
 
+from ..api import ChatCompletion, ChunkDelta
 from ..api import Usage as WireUsage
 from ..errors import BadRequest, GatewayError
+
+
+class Framer(Protocol):
+    """One streamed reply in an API's events: ``role`` opens it, ``delta`` frames what the
+    response assembler released, ``close`` ends it, ``fail`` ends it with an error."""
+
+    #: The model the events name (the one that answered, once the first delta says).
+    model: str
+
+    def role(self) -> bytes: ...
+
+    def delta(self, delta: ChunkDelta, logprobs: msgspec.Raw | None = None) -> bytes: ...
+
+    def close(self, finish_reason: str, usage: WireUsage) -> bytes: ...
+
+    def fail(self, err: GatewayError) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """A client API at the pipeline's edge (see the package docstring)."""
+
+    kind: str
+    #: The stream's keep-alive event.
+    ping: bytes
+    #: A request body -> the pipeline's Chat Completions body, and the request as sent.
+    decode: Callable[[bytes], tuple[bytes, object]]
+    #: (reply id, model, created, the request as sent) -> the stream's framer.
+    framer: Callable[[str, str, int, object], Framer]
+    #: The whole reply, for a client that did not stream.
+    body: Callable[[ChatCompletion, object], bytes]
+    #: Any gateway error as the API's status and body, before the response head.
+    error: Callable[[GatewayError], tuple[int, bytes]]
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    OPEN = "open"
+    DONE = "done"
+    FAILED = "failed"
+
+
+_STREAM: dict[tuple[State, str], State] = {
+    (State.IDLE, "role"): State.OPEN,
+    (State.OPEN, "delta"): State.OPEN,
+    (State.OPEN, "close"): State.DONE,
+    (State.IDLE, "fail"): State.FAILED,
+    (State.OPEN, "fail"): State.FAILED,
+}
+
+
+class FramerStateError(RuntimeError):
+    """A call the framer's state does not allow (a bug in the caller)."""
+
+
+class Stream:
+    """Where a framer's stream is: ``role``, ``delta``..., then ``close`` or ``fail``."""
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state = State.IDLE
+
+    def go(self, call: str) -> None:
+        """Raises: FramerStateError: ``call`` is not allowed now."""
+        try:
+            self.state = _STREAM[self.state, call]
+        except KeyError:
+            raise FramerStateError(f"{call} in state {self.state.value}") from None
+
 
 encoder = msgspec.json.Encoder()
 _details = msgspec.json.Decoder(dict[str, Any])
@@ -29,6 +104,17 @@ def event(name: bytes, payload: bytes) -> bytes:
 def refuse(param: str, why: str) -> BadRequest:
     """A 400 naming a field the gateway cannot carry: it is refused, never dropped."""
     return BadRequest(f"`{param}` {why}", param=param, code="unsupported_field")
+
+
+def only(obj: dict[str, Any], where: str, allowed: tuple[str, ...]) -> None:
+    """Refuse, naming it, a field of ``obj`` (at ``where``) that is set and not ``allowed``.
+
+    Raises:
+        BadRequest: ``unsupported_field``.
+    """
+    for key, value in obj.items():
+        if key not in allowed and value is not None:
+            raise refuse(f"{where}.{key}", "has no equivalent; it is not sent anywhere")
 
 
 def described(err: GatewayError) -> str:

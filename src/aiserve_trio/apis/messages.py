@@ -27,7 +27,6 @@ Anthropic's ``{"type": "error", "error": {"type", "message"}}`` with its statuse
 
 from __future__ import annotations
 
-import enum
 import json
 from typing import Any
 
@@ -37,6 +36,8 @@ from ..api import ChatCompletion, ChunkDelta
 from ..api import Usage as WireUsage
 from ..errors import GatewayError, UpstreamProtocolError
 from .common import (
+    Codec,
+    Stream,
     counts,
     decode_error,
     described,
@@ -44,6 +45,7 @@ from .common import (
     event,
     image_url,
     invalid,
+    only,
     refuse,
     string,
 )
@@ -101,7 +103,7 @@ def decode(body: bytes) -> tuple[bytes, MessagesRequest]:
     if req.stop_sequences:
         chat["stop"] = req.stop_sequences
     if req.metadata:
-        _only(req.metadata, "metadata", ("user_id",))
+        only(req.metadata, "metadata", ("user_id",))
         if req.metadata.get("user_id") is not None:
             chat["user"] = string(req.metadata, "user_id", "metadata")
     if req.tools:
@@ -115,18 +117,12 @@ def decode(body: bytes) -> tuple[bytes, MessagesRequest]:
     return encoder.encode(chat), req
 
 
-def _only(obj: dict[str, Any], where: str, allowed: tuple[str, ...]) -> None:
-    for key, value in obj.items():
-        if key not in allowed and value is not None:
-            raise refuse(f"{where}.{key}", "has no equivalent; it is not sent anywhere")
-
-
 def _system(system: str | list[dict[str, Any]]) -> str:
     if isinstance(system, str):
         return system
     texts = []
     for j, block in enumerate(system):
-        _only(block, f"system[{j}]", ("type", "text"))
+        only(block, f"system[{j}]", ("type", "text"))
         if block.get("type") != "text":
             raise refuse(f"system[{j}].type", "must be `text`")
         texts.append(string(block, "text", f"system[{j}]"))
@@ -134,7 +130,7 @@ def _system(system: str | list[dict[str, Any]]) -> str:
 
 
 def _message(m: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    _only(m, where, ("role", "content"))
+    only(m, where, ("role", "content"))
     role = m.get("role")
     if role not in ("user", "assistant"):
         raise invalid(f"{where}.role", "must be `user` or `assistant`")
@@ -151,13 +147,13 @@ def _message(m: dict[str, Any], where: str) -> list[dict[str, Any]]:
         at = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            _only(block, at, ("type", "text"))
+            only(block, at, ("type", "text"))
             parts.append({"type": "text", "text": string(block, "text", at)})
         elif kind == "image":
-            _only(block, at, ("type", "source"))
+            only(block, at, ("type", "source"))
             parts.append(image_url(_source(block.get("source"), at)))
         elif kind == "document":
-            _only(block, at, ("type", "source", "title"))
+            only(block, at, ("type", "source", "title"))
             url = _source(block.get("source"), at)
             name = block.get("title") or "document.pdf"
             parts.append({"type": "file", "file": {"file_data": url, "filename": name}})
@@ -176,16 +172,16 @@ def _source(source: Any, at: str) -> str:
     if not isinstance(source, dict):
         raise invalid(f"{at}.source", "must be an object")
     if source.get("type") == "base64":
-        _only(source, f"{at}.source", ("type", "media_type", "data"))
+        only(source, f"{at}.source", ("type", "media_type", "data"))
         return f"data:{source.get('media_type', '')};base64,{source.get('data', '')}"
     if source.get("type") == "url":
-        _only(source, f"{at}.source", ("type", "url"))
+        only(source, f"{at}.source", ("type", "url"))
         return string(source, "url", f"{at}.source")
     raise refuse(f"{at}.source.type", "must be `base64` or `url`")
 
 
 def _result(block: dict[str, Any], at: str) -> dict[str, Any]:
-    _only(block, at, ("type", "tool_use_id", "content", "is_error"))
+    only(block, at, ("type", "tool_use_id", "content", "is_error"))
     if block.get("is_error"):
         raise refuse(f"{at}.is_error", "has no equivalent in a Chat Completions tool message")
     if not isinstance(block.get("tool_use_id"), str):
@@ -196,7 +192,7 @@ def _result(block: dict[str, Any], at: str) -> dict[str, Any]:
         for k, inner in enumerate(content):
             if not isinstance(inner, dict) or inner.get("type") != "text":
                 raise refuse(f"{at}.content[{k}]", "a tool result may hold text only")
-            _only(inner, f"{at}.content[{k}]", ("type", "text"))
+            only(inner, f"{at}.content[{k}]", ("type", "text"))
             texts.append(string(inner, "text", f"{at}.content[{k}]"))
         content = "".join(texts)
     if not isinstance(content, str):
@@ -212,15 +208,15 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
         at = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            _only(block, at, ("type", "text"))
+            only(block, at, ("type", "text"))
             texts.append(string(block, "text", at))
         elif kind == "thinking":
             # The signature vouches for Anthropic's own thinking to Anthropic; a
             # Chat Completions backend has no use for it.
-            _only(block, at, ("type", "thinking", "signature"))
+            only(block, at, ("type", "thinking", "signature"))
             thought.append(string(block, "thinking", at))
         elif kind == "tool_use":
-            _only(block, at, ("type", "id", "name", "input"))
+            only(block, at, ("type", "id", "name", "input"))
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise invalid(at, "a tool_use block needs `id` and `name`")
             args = json.dumps(block.get("input") or {}, separators=(",", ":"), ensure_ascii=False)
@@ -237,7 +233,7 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
 
 
 def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
-    _only(tool, f"tools[{i}]", ("type", "name", "description", "input_schema"))
+    only(tool, f"tools[{i}]", ("type", "name", "description", "input_schema"))
     if tool.get("type") not in (None, "custom"):
         raise refuse(f"tools[{i}].type", "server tools have no equivalent")
     if not isinstance(tool.get("name"), str):
@@ -249,7 +245,7 @@ def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
 
 
 def _tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
-    _only(choice, "tool_choice", ("type", "name", "disable_parallel_tool_use"))
+    only(choice, "tool_choice", ("type", "name", "disable_parallel_tool_use"))
     kind = choice.get("type")
     out: dict[str, Any] = {}
     if kind == "auto":
@@ -268,7 +264,7 @@ def _tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
 
 
 def _thinking(thinking: dict[str, Any]) -> str | None:
-    _only(thinking, "thinking", ("type", "budget_tokens"))
+    only(thinking, "thinking", ("type", "budget_tokens"))
     kind = thinking.get("type")
     if kind == "disabled":
         return None
@@ -346,20 +342,6 @@ def body(completion: ChatCompletion, view: object) -> bytes:
     return encoder.encode(message)
 
 
-class State(enum.Enum):
-    IDLE = "idle"
-    OPEN = "open"
-    DONE = "done"
-    FAILED = "failed"
-
-
-_STREAM: dict[tuple[State, str], State] = {
-    (State.IDLE, "role"): State.OPEN,
-    (State.OPEN, "delta"): State.OPEN,
-    (State.OPEN, "close"): State.DONE,
-    (State.IDLE, "fail"): State.FAILED,
-    (State.OPEN, "fail"): State.FAILED,
-}
 #: The content block each kind of piece belongs to, and its delta's type and field;
 #: a piece of another block closes the open ones.
 _BLOCK = {
@@ -369,28 +351,18 @@ _BLOCK = {
 }
 
 
-class FramerStateError(RuntimeError):
-    """A call the framer's state does not allow (a bug in the caller)."""
-
-
 class MessagesFramer:
     """One streamed message's events; see the module docstring."""
 
     def __init__(self, message_id: str, model: str, created: int, view: object) -> None:
         self._id = message_id
         self.model = model
-        self._state = State.IDLE
+        self._stream = Stream()
         self._blocks = 0
         #: The open blocks' indices and kinds (several only for parallel tool calls).
         self._open: list[tuple[int, str]] = []
         #: Tool call index -> its block index.
         self._calls: dict[int, int] = {}
-
-    def _go(self, call: str) -> None:
-        try:
-            self._state = _STREAM[self._state, call]
-        except KeyError:
-            raise FramerStateError(f"{call} in state {self._state.value}") from None
 
     @staticmethod
     def _event(name: bytes, fields: dict[str, Any]) -> bytes:
@@ -399,7 +371,7 @@ class MessagesFramer:
 
     def role(self) -> bytes:
         """``message_start``: the message with no content yet."""
-        self._go("role")
+        self._stream.go("role")
         message: dict[str, Any] = {
             "id": self._id,
             "type": "message",
@@ -413,7 +385,7 @@ class MessagesFramer:
         return self._event(b"message_start", {"message": message})
 
     def delta(self, delta: ChunkDelta, logprobs: msgspec.Raw | None = None) -> bytes:
-        self._go("delta")
+        self._stream.go("delta")
         out = b""
         if delta.reasoning_content:
             out += self._piece("reasoning", delta.reasoning_content)
@@ -475,7 +447,7 @@ class MessagesFramer:
 
     def close(self, finish_reason: str, usage: WireUsage) -> bytes:
         """Close the open blocks; ``message_delta`` (stop reason, usage), ``message_stop``."""
-        self._go("close")
+        self._stream.go("close")
         out = self._close_open()
         delta = {"stop_reason": STOP_REASONS.get(finish_reason, "end_turn"), "stop_sequence": None}
         out += self._event(b"message_delta", {"delta": delta, "usage": _usage(usage)})
@@ -483,7 +455,7 @@ class MessagesFramer:
 
     def fail(self, err: GatewayError) -> bytes:
         """Anthropic's ``error`` event."""
-        self._go("fail")
+        self._stream.go("fail")
         return event(b"error", error_body(err)[1])
 
 
@@ -523,21 +495,11 @@ def error_body(err: GatewayError) -> tuple[int, bytes]:
     return status, encoder.encode({"type": "error", "error": {"type": kind, "message": message}})
 
 
-class _Codec:
-    kind = "messages"
-    ping = b'event: ping\ndata: {"type": "ping"}\n\n'
-
-    def decode(self, body: bytes) -> tuple[bytes, object]:
-        return decode(body)
-
-    def framer(self, request_id: str, model: str, created: int, view: object) -> MessagesFramer:
-        return MessagesFramer(request_id, model, created, view)
-
-    def body(self, completion: ChatCompletion, view: object) -> bytes:
-        return body(completion, view)
-
-    def error(self, err: GatewayError) -> tuple[int, bytes]:
-        return error_body(err)
-
-
-CODEC = _Codec()
+CODEC = Codec(
+    kind="messages",
+    ping=b'event: ping\ndata: {"type": "ping"}\n\n',
+    decode=decode,
+    framer=MessagesFramer,
+    body=body,
+    error=error_body,
+)

@@ -31,7 +31,6 @@ of the reply belongs to (``_ITEM``: a piece of another item closes the open ones
 
 from __future__ import annotations
 
-import enum
 from typing import Any, Literal
 
 import msgspec
@@ -40,6 +39,8 @@ from ..api import ChatCompletion, ChunkDelta, error_json
 from ..api import Usage as WireUsage
 from ..errors import GatewayError, UpstreamProtocolError
 from .common import (
+    Codec,
+    Stream,
     counts,
     decode_error,
     described,
@@ -47,6 +48,7 @@ from .common import (
     event,
     image_url,
     invalid,
+    only,
     refuse,
     string,
 )
@@ -248,14 +250,8 @@ def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _only(item: dict[str, Any], where: str, allowed: tuple[str, ...]) -> None:
-    for key, value in item.items():
-        if key not in allowed and value is not None:
-            raise refuse(f"{where}.{key}", "has no equivalent; it is not sent anywhere")
-
-
 def _reasoning_text(item: dict[str, Any], where: str) -> str:
-    _only(item, where, ("type", "id", "summary", "content", "status"))
+    only(item, where, ("type", "id", "summary", "content", "status"))
     parts = item.get("content") or item.get("summary") or []
     if not isinstance(parts, list):
         raise invalid(f"{where}.content", "must be a list")
@@ -266,7 +262,7 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
 
 
 def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
-    _only(item, where, ("type", "id", "call_id", "name", "arguments", "status"))
+    only(item, where, ("type", "id", "call_id", "name", "arguments", "status"))
     for key in ("call_id", "name", "arguments"):
         if not isinstance(item.get(key), str):
             raise invalid(f"{where}.{key}", "must be a string")
@@ -275,7 +271,7 @@ def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _output(item: dict[str, Any], where: str) -> dict[str, Any]:
-    _only(item, where, ("type", "id", "call_id", "output", "status"))
+    only(item, where, ("type", "id", "call_id", "output", "status"))
     if not isinstance(item.get("call_id"), str):
         raise invalid(f"{where}.call_id", "must be a string")
     output = item.get("output")
@@ -292,7 +288,7 @@ def _output(item: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _content(item: dict[str, Any], where: str, *, assistant: bool) -> dict[str, Any]:
-    _only(item, where, ("type", "id", "role", "content", "status"))
+    only(item, where, ("type", "id", "role", "content", "status"))
     content = item.get("content")
     if isinstance(content, str):
         return {"content": content}
@@ -304,19 +300,19 @@ def _content(item: dict[str, Any], where: str, *, assistant: bool) -> dict[str, 
         at = f"{where}.content[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text"):
-            _only(part, at, ("type", "text", "annotations", "logprobs"))
+            only(part, at, ("type", "text", "annotations", "logprobs"))
             if part.get("annotations"):
                 raise refuse(f"{at}.annotations", "have no equivalent")
             parts.append({"type": "text", "text": string(part, "text", at)})
         elif kind == "refusal" and assistant:
             refusal.append(string(part, "refusal", at))
         elif kind == "input_image" and not assistant:
-            _only(part, at, ("type", "image_url", "detail"))
+            only(part, at, ("type", "image_url", "detail"))
             if not isinstance(part.get("image_url"), str):
                 raise invalid(f"{at}.image_url", "must be a URL or a data URL")
             parts.append(image_url(part["image_url"], part.get("detail")))
         elif kind == "input_file" and not assistant:
-            _only(part, at, ("type", "file_data", "filename", "file_id"))
+            only(part, at, ("type", "file_data", "filename", "file_id"))
             file = {k: part[k] for k in ("file_data", "filename", "file_id") if part.get(k)}
             parts.append({"type": "file", "file": file})
         else:
@@ -487,20 +483,6 @@ def _call_item(item_id: str, call_id: str, name: str, args: str, status: str) ->
     }
 
 
-class State(enum.Enum):
-    IDLE = "idle"
-    OPEN = "open"
-    DONE = "done"
-    FAILED = "failed"
-
-
-_STREAM: dict[tuple[State, str], State] = {
-    (State.IDLE, "role"): State.OPEN,
-    (State.OPEN, "delta"): State.OPEN,
-    (State.OPEN, "close"): State.DONE,
-    (State.IDLE, "fail"): State.FAILED,
-    (State.OPEN, "fail"): State.FAILED,
-}
 #: The output item each kind of piece belongs to; a piece of another item closes the open ones.
 _ITEM = {"reasoning": "reasoning", "text": "message", "refusal": "message", "call": "function_call"}
 #: The content part a piece of a message goes into, and the events of that part.
@@ -508,10 +490,6 @@ _PART = {
     "text": ("output_text", b"response.output_text.delta", b"response.output_text.done", "text"),
     "refusal": ("refusal", b"response.refusal.delta", b"response.refusal.done", "refusal"),
 }
-
-
-class FramerStateError(RuntimeError):
-    """A call the framer's state does not allow (a bug in the caller)."""
 
 
 class _Item:
@@ -541,7 +519,7 @@ class ResponsesFramer:
         self.model = model
         self._created = created
         self._view = view
-        self._state = State.IDLE
+        self._stream = Stream()
         self._seq = 0
         self._items: list[_Item] = []
         #: The open items: one, or several function calls (parallel calls).
@@ -550,12 +528,6 @@ class ResponsesFramer:
         #: The closed items by output index.
         self._done: dict[int, dict[str, Any]] = {}
         self._logprobs: list[Any] = []
-
-    def _go(self, call: str) -> None:
-        try:
-            self._state = _STREAM[self._state, call]
-        except KeyError:
-            raise FramerStateError(f"{call} in state {self._state.value}") from None
 
     def _event(self, name: bytes, fields: dict[str, Any]) -> bytes:
         fields["type"] = name.decode()
@@ -569,13 +541,13 @@ class ResponsesFramer:
 
     def role(self) -> bytes:
         """``response.created`` and ``response.in_progress``."""
-        self._go("role")
+        self._stream.go("role")
         return self._event(b"response.created", {"response": self._snapshot("in_progress")}) + (
             self._event(b"response.in_progress", {"response": self._snapshot("in_progress")})
         )
 
     def delta(self, delta: ChunkDelta, logprobs: msgspec.Raw | None = None) -> bytes:
-        self._go("delta")
+        self._stream.go("delta")
         out = b""
         if delta.reasoning_content:
             out += self._piece("reasoning", delta.reasoning_content)
@@ -722,7 +694,7 @@ class ResponsesFramer:
 
     def close(self, finish_reason: str, usage: WireUsage) -> bytes:
         """Close the open items; ``response.completed`` (or ``response.incomplete``)."""
-        self._go("close")
+        self._stream.go("close")
         status, incomplete = _status(finish_reason)
         item_status = "incomplete" if incomplete else "completed"
         out = b"".join(self._close_item(item, item_status) for item in self._open)
@@ -733,7 +705,7 @@ class ResponsesFramer:
 
     def fail(self, err: GatewayError) -> bytes:
         """``response.failed``: the response so far, and the error (naming a stage that expired)."""
-        self._go("fail")
+        self._stream.go("fail")
         error = {"code": err.code or err.type, "message": described(err)}
         return self._event(b"response.failed", {"response": self._snapshot("failed", error=error)})
 
@@ -754,22 +726,16 @@ def _logprob_entries(raw: msgspec.Raw | None) -> list[Any]:
         return []
 
 
-class _Codec:
-    kind = "responses"
-    ping = b": ping\n\n"
-
-    def decode(self, body: bytes) -> tuple[bytes, object]:
-        return decode(body)
-
-    def framer(self, request_id: str, model: str, created: int, view: object) -> ResponsesFramer:
-        return ResponsesFramer(request_id, model, created, view)
-
-    def body(self, completion: ChatCompletion, view: object) -> bytes:
-        return body(completion, view)
-
-    def error(self, err: GatewayError) -> tuple[int, bytes]:
-        """The OpenAI error envelope, as on chat (the Responses API uses it too)."""
-        return err.status, error_json(err)
+def error_body(err: GatewayError) -> tuple[int, bytes]:
+    """The OpenAI error envelope, as on chat (the Responses API uses it too)."""
+    return err.status, error_json(err)
 
 
-CODEC = _Codec()
+CODEC = Codec(
+    kind="responses",
+    ping=b": ping\n\n",
+    decode=decode,
+    framer=ResponsesFramer,
+    body=body,
+    error=error_body,
+)
