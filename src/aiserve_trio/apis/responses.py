@@ -492,6 +492,13 @@ _PART = {
 }
 
 
+_TEXT_DELTA = (
+    b'event: response.output_text.delta\ndata: {"item_id":"%s","output_index":%d,'
+    b'"content_index":%d,"delta":%s,"logprobs":[],"type":"response.output_text.delta",'
+    b'"sequence_number":%d}\n\n'
+)
+
+
 class _Item:
     __slots__ = ("call", "id", "index", "kind", "name", "part", "parts", "text")
 
@@ -542,8 +549,9 @@ class ResponsesFramer:
     def role(self) -> bytes:
         """``response.created`` and ``response.in_progress``."""
         self._stream.go("role")
-        return self._event(b"response.created", {"response": self._snapshot("in_progress")}) + (
-            self._event(b"response.in_progress", {"response": self._snapshot("in_progress")})
+        snapshot = msgspec.Raw(encoder.encode(self._snapshot("in_progress")))  # once, for both
+        return self._event(b"response.created", {"response": snapshot}) + (
+            self._event(b"response.in_progress", {"response": snapshot})
         )
 
     def delta(self, delta: ChunkDelta, logprobs: msgspec.Raw | None = None) -> bytes:
@@ -612,11 +620,25 @@ class ResponsesFramer:
                 blank |= {"annotations": [], "logprobs": []}
             out += self._event(b"response.content_part.added", self._at(item, part=blank))
         item.text.append(text)
+        if kind == "text" and not logprobs:
+            return out + self._text_delta(item, text)
         fields = self._at(item, delta=text)
         if kind == "text":
             fields["logprobs"] = logprobs or []
             self._logprobs.extend(logprobs or ())
         return out + self._event(_PART[kind][1], fields)
+
+    def _text_delta(self, item: _Item, text: str) -> bytes:
+        """``response.output_text.delta``: the event of nearly every token, made from a template."""
+        seq = self._seq
+        self._seq += 1
+        return _TEXT_DELTA % (
+            item.id.encode(),
+            item.index,
+            len(item.parts),
+            encoder.encode(text),
+            seq,
+        )
 
     def _at(self, item: _Item, **fields: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"item_id": item.id, "output_index": item.index}
