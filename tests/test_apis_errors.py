@@ -270,3 +270,39 @@ async def test_requests_are_counted_under_their_route(autojump_clock: Any) -> No
     metrics = gateway.metrics.render().decode()
     for route in ("responses", "messages"):
         assert re.search(rf'aiserve_requests_total\{{[^}}]*route="{route}"[^}}]*status="ok"', metrics), route
+
+
+async def test_a_chain_runs_on_a_messages_route(autojump_clock: Any) -> None:
+    cfg = make_config(
+        """
+[[routes]]
+path = "/t/chain"
+kind = "messages"
+adapter = "mock"
+[[routes.steps]]
+name = "intent"
+kind = "classify"
+rules = [{ label = "echo", pattern = "^echo:" }]
+[[routes.steps]]
+name = "answer"
+kind = "generate"
+"""
+    )
+    client = Client(App(cfg))
+    r = await client.request("POST", "/t/chain", json_body=body("messages", "aiserve-mock", "echo: a b"))
+    assert r.status == 200
+    assert r.headers["x-aiserve-steps"] == "intent,answer"
+    assert last_event(r)[0] == "message_stop"
+    # The streaming step passing its cut: Anthropic's error event names the step.
+    words = " ".join(f"w{i}" for i in range(200))
+    r = await client.request(
+        "POST",
+        "/t/chain",
+        json_body=body("messages", "aiserve-mock", "echo: " + words),
+        headers={"x-request-timeout-ms": "1000"},  # 10 ms + 199 x 5 ms: past the 0.75 s cut
+    )
+    name, data = last_event(r)
+    assert name == "error"
+    assert data["error"]["type"] == "timeout_error"
+    assert "answer" in data["error"]["message"]
+    assert "step_deadline_exceeded" in data["error"]["message"]
