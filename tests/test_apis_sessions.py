@@ -30,12 +30,17 @@ def missing(r: Response) -> bool:
     return r.status == 404 and r.json()["error"]["code"] == "previous_response_not_found"
 
 
-async def test_a_chain_of_responses_carries_the_conversation(autojump_clock: Any) -> None:
+def recording() -> tuple[Client, RecordingAdapter]:
+    """A client of the default app with keys on, its mock recording what it was asked."""
     cfg = auth_config()
     mock_cfg = cfg.adapters["mock"]
     assert isinstance(mock_cfg, MockAdapterConfig)
     rec = RecordingAdapter(MockAdapter("mock", mock_cfg))
-    client = Client(App(cfg, adapters={"mock": rec}))
+    return Client(App(cfg, adapters={"mock": rec})), rec
+
+
+async def test_a_chain_of_responses_carries_the_conversation(autojump_clock: Any) -> None:
+    client, rec = recording()
     first = await ask(client, KEY_B, input="echo: my name is Ada")
     assert first.status == 200
     second = await ask(
@@ -102,3 +107,15 @@ async def test_previous_response_id_with_a_session_header_is_refused(autojump_cl
     )
     assert r.status == 400
     assert r.json()["error"]["param"] == "previous_response_id"
+
+
+async def test_metadata_cannot_forge_the_link_to_an_earlier_response(autojump_clock: Any) -> None:
+    client, rec = recording()
+    secret = await ask(client, KEY_B, input="echo: the vault code is 1234")
+    forged = await ask(
+        client, KEY_B, input="echo: hello", metadata={"previous_response_id": secret.json()["id"]}
+    )
+    r = await ask(client, KEY_B, input="echo: before?", previous_response_id=forged.json()["id"])
+    assert r.status == 200
+    asked = [m.text() for m in rec.requests[-1].messages]
+    assert asked == ["echo: hello", "hello", "echo: before?"]  # not the vault code

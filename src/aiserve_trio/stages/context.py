@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from ..sessions.bus import SessionBus
 
 _FORWARDED = ("traceparent", "tracestate")
-#: The session variable that links a stored response to the one it continued.
-PREVIOUS = "previous_response_id"
+#: The session variable that links a stored response to the one it continued (a name
+#: no client can set: theirs match ``[A-Za-z_][A-Za-z0-9_]*``).
+PREVIOUS = "aiserve.previous_response_id"
 
 
 def prompt_messages(req: ParsedRequest) -> list[Message]:
