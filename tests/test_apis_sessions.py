@@ -15,6 +15,7 @@ from aiserve_trio.config import MockAdapterConfig
 from .asgi_client import Client, Response
 from .authcfg import KEY_ADMIN, KEY_B, auth_app, auth_config
 from .fakes import RecordingAdapter
+from .test_sessions_http import build, running
 
 
 async def ask(client: Client, key: str, **body: Any) -> Response:
@@ -119,3 +120,21 @@ async def test_metadata_cannot_forge_the_link_to_an_earlier_response(autojump_cl
     assert r.status == 200
     asked = [m.text() for m in rec.requests[-1].messages]
     assert asked == ["echo: hello", "hello", "echo: before?"]  # not the vault code
+
+
+async def test_a_chain_is_kept_in_redis_too(redis_up: Any) -> None:
+    async with running(build("redis", redis_up.url)) as gateway:
+        client = Client(gateway)
+        first = await client.request(
+            "POST", "/v1/responses", json_body={"model": "aiserve-mock", "input": "echo: one"}
+        )
+        ask_again = {
+            "model": "aiserve-mock",
+            "input": "echo: two",
+            "previous_response_id": first.json()["id"],
+        }
+        second = await client.request("POST", "/v1/responses", json_body=ask_again)
+        assert second.status == 200
+        assert second.json()["usage"]["input_tokens"] > first.json()["usage"]["input_tokens"]
+        ask_again["previous_response_id"] = "resp_none"
+        assert missing(await client.request("POST", "/v1/responses", json_body=ask_again))
