@@ -20,11 +20,23 @@ from .conftest import make_config
 
 
 class Backend(Adapter):
-    """``slow``: 200 words, one every 10 ms; ``broken``: fails at once; ``cut``: fails after 3."""
+    """``slow``: 200 words, one every 10 ms; ``broken``: fails at once; ``cut``: fails after 3;
+    ``pause``: a word, 3 s of silence, the rest."""
 
     async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
         if request.model == "broken":
             raise UpstreamStatusError("the model backend answered 500", upstream_status=500)
+        if request.model == "pause":  # one word, then 3 s of thinking
+            await send.send(Delta(text="well"))
+            await trio.sleep(3)
+            await send.send(
+                Delta(
+                    text=" yes",
+                    finish_reason="stop",
+                    usage=Usage(prompt_tokens=1, completion_tokens=2),
+                )
+            )
+            return
         for i in range(200):
             await trio.sleep(0.01)
             if request.model == "cut" and i == 3:
@@ -55,11 +67,12 @@ max_reply_bytes = 40
         """
 [adapters.fake]
 kind = "mock"
-models = ["slow", "broken", "cut"]
+models = ["slow", "broken", "cut", "pause"]
 """
-        + routes
+        + routes,
+        heartbeat_s="1",
     )
-    fake = Backend("fake", ["slow", "broken", "cut"])
+    fake = Backend("fake", ["slow", "broken", "cut", "pause"])
     return App(cfg, adapters={"fake": fake})
 
 
@@ -234,6 +247,20 @@ async def test_messages_take_the_key_as_x_api_key_and_refuse_in_anthropics_form(
     assert r.json()["object"] == "response"
 
 
+# --- keep-alive -------------------------------------------------------------------
+
+
+async def test_an_idle_messages_stream_is_kept_alive_with_anthropics_ping(
+    autojump_clock: Any,
+) -> None:
+    r = await call("messages", "pause")
+    assert r.body.count(b'event: ping\ndata: {"type": "ping"}\n\n') >= 2
+    assert last_event(r)[0] == "message_stop"
+    r = await call("responses", "pause")
+    assert r.body.count(b": ping\n\n") >= 2  # a comment: no event an SDK must know
+    assert last_event(r)[0] == "response.completed"
+
+
 # --- the rest of the pipeline: cache and metrics apply as on chat -------------------
 
 
@@ -255,7 +282,9 @@ cache = { ttl_s = 300 }
 
     def texts(r: Response) -> str:
         events = [json.loads(e) for e in r.events()]
-        return "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+        return "".join(
+            e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta"
+        )
 
     assert texts(first) == texts(second)
     assert texts(second).startswith("Hello! I am the aiserve-trio mock model")
@@ -269,7 +298,9 @@ async def test_requests_are_counted_under_their_route(autojump_clock: Any) -> No
     await client.request("POST", "/v1/messages", json_body=body("messages", "aiserve-mock"))
     metrics = gateway.metrics.render().decode()
     for route in ("responses", "messages"):
-        assert re.search(rf'aiserve_requests_total\{{[^}}]*route="{route}"[^}}]*status="ok"', metrics), route
+        assert re.search(
+            rf'aiserve_requests_total\{{[^}}]*route="{route}"[^}}]*status="ok"', metrics
+        ), route
 
 
 async def test_a_chain_runs_on_a_messages_route(autojump_clock: Any) -> None:
@@ -289,7 +320,9 @@ kind = "generate"
 """
     )
     client = Client(App(cfg))
-    r = await client.request("POST", "/t/chain", json_body=body("messages", "aiserve-mock", "echo: a b"))
+    r = await client.request(
+        "POST", "/t/chain", json_body=body("messages", "aiserve-mock", "echo: a b")
+    )
     assert r.status == 200
     assert r.headers["x-aiserve-steps"] == "intent,answer"
     assert last_event(r)[0] == "message_stop"
