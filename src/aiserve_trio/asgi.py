@@ -30,6 +30,7 @@ from . import fdlimit, gctune
 from .adapters import Adapter, build_adapters
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
+from .apis import CODECS
 from .audit.log import build_audit
 from .audit.usage import UsageEndpoints
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
@@ -53,7 +54,7 @@ from .http.cors import Cors
 from .http.disconnect import DisconnectHook
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
-from .http.sse import shutdown_event
+from .http.sse import SHUTTING_DOWN, shutdown_event
 from .http.types import JSON_HEADERS, METRICS_HEADERS, Receive, Scope, Send
 from .observability.annotate import TASK_LABEL, TaskLabel
 from .observability.baseline import BaselineMonitor
@@ -317,8 +318,9 @@ class App:
                 ("POST",),
                 Auth.CHAT,
                 req,
-                partial(self._chat if r.config.kind == "chat" else self._embed, rt, r),
+                partial(self._embed if r.config.kind == "embeddings" else self._chat, rt, r),
                 r.label,
+                codec.error if (codec := CODECS.get(r.config.kind)) is not None else None,
             )
             for r in rt.routes.values()
         ]
@@ -582,7 +584,7 @@ class App:
         hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         cors = rt.cors
         extra = cors.response_headers(hdrs.get("origin")) if cors is not None else None
-        responder = Responder(send, write_timeout, extra)
+        responder = Responder(send, write_timeout, extra, endpoint.errors)
         principal: Principal | None = None
         handled = False
         if cors is not None and cors.is_preflight(scope["method"], hdrs):
@@ -615,7 +617,12 @@ class App:
             # with a final event instead of tearing the connection.
             if responder.started and not responder.finished:
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                    last = shutdown_event(session_stream=endpoint.admission is Admission.STREAM)
+                    route = rt.routes.get(path)
+                    codec = CODECS.get(route.config.kind) if route is not None else None
+                    if codec is not None:  # the API's own failure event
+                        last = codec.framer("", "", 0, None).fail(SHUTTING_DOWN)
+                    else:
+                        last = shutdown_event(session_stream=endpoint.admission is Admission.STREAM)
                     await responder.body(last, more=False)
             raise
 
@@ -762,7 +769,7 @@ class App:
         d = cfg.deadline
         rd = route.config.deadline
         headers = request.headers
-        request_id = f"chatcmpl-{secrets.token_hex(12)}"
+        request_id = _ID_PREFIX.get(route.config.kind, "chatcmpl-") + secrets.token_hex(12)
         try:
             timeout_ms = effective_timeout_ms(
                 headers.get(TIMEOUT_HEADER),
@@ -773,6 +780,9 @@ class App:
             channel = self._channel(cfg, headers.get("x-channel"))
             sid = headers.get("x-session-id")
             session_id = check_session_id(sid) if sid is not None else None
+            if session_id is None and route.config.kind == "responses":
+                # A response's turns are stored under its id, for `previous_response_id`.
+                session_id = request_id
             declared = headers.get("content-length")
             limit = cfg.limits.max_body_bytes
             if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -849,6 +859,8 @@ class App:
 
 #: The largest config text ``POST /admin/config/reload`` takes.
 MAX_CONFIG_BYTES = 1_048_576
+#: A reply's id (and the request's ``X-Request-Id``) as each client API spells it.
+_ID_PREFIX = {"responses": "resp_", "messages": "msg_"}
 
 
 async def _toml_body(rt: Runtime, request: Request) -> str | None:

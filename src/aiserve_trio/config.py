@@ -605,8 +605,10 @@ class RouteDeadline(_Section):
 class RouteConfig(_Section):
     path: str
     adapter: str
-    #: ``chat`` (Chat Completions through the pipeline) or ``embeddings``.
-    kind: Literal["chat", "embeddings"] = "chat"
+    #: ``chat`` (Chat Completions through the pipeline), ``responses`` (OpenAI's
+    #: Responses API) or ``messages`` (Anthropic's Messages API) through the same
+    #: pipeline with their codecs (``apis/``), or ``embeddings``.
+    kind: Literal["chat", "embeddings", "responses", "messages"] = "chat"
     #: Metric label for the route; default derived from the path.
     name: str = ""
     #: Model used when the request names none.
@@ -1033,7 +1035,7 @@ def check_config(cfg: Config) -> None:
         if route.kind == "embeddings" and route.policies:
             raise fail(f"{key}.policies", "policies apply to chat routes, not to embeddings")
         if route.cache is not None:
-            if route.kind != "chat":
+            if route.kind == "embeddings":
                 raise fail(f"{key}.cache", "the response cache is for chat routes")
             served = getattr(cfg.adapters[route.adapter], "models", None)
             for j, model in enumerate(route.cache.models):
@@ -1077,7 +1079,7 @@ def _check_steps(
     """A chain (``routes[i].steps``): on a chat route without a cache, and sound
     (``chains/plan.py``)."""
     key = f"routes[{i}]"
-    if route.kind != "chat":
+    if route.kind == "embeddings":
         raise fail(f"{key}.steps", "steps are for chat routes")
     if route.cache is not None:
         why = "a route with steps has no response cache: its answer depends on every step's call"

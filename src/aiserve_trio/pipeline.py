@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import trio
 
 from .adapters.base import Delta, Usage
+from .apis import CODECS
 from .cache.service import Cache
 from .errors import (
     BodyReadTimeout,
@@ -500,7 +501,11 @@ class Pipeline:
                 asm = sse.assembler
                 tail = asm.fail(err) if asm is not None else None
                 if tail is None:  # the head went out without a framed event
-                    tail = ChatFramer(info.request_id, "", info.created).error(err) + DONE
+                    codec = CODECS.get(info.route.config.kind)
+                    if codec is None:
+                        tail = ChatFramer(info.request_id, "", info.created).error(err) + DONE
+                    else:
+                        tail = codec.framer(info.request_id, "", info.created, None).fail(err)
                 await responder.body(tail, more=False)
 
 

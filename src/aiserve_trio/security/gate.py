@@ -299,6 +299,9 @@ class Gate:
                 sid = request.params.get("id", "")
                 key_id = self.tokens.check(token, self._tenant_of, sid, time.time())
                 return self._principals[key_id]
+        api_key = request.headers.get("x-api-key")
+        if auth is None and api_key is not None and endpoint.auth is Auth.CHAT:
+            auth = f"Bearer {api_key}"  # Anthropic's clients send the key this way
         plain = bearer(auth)
         if endpoint.auth is Auth.ADMIN_OR_CONSOLE_TOKEN and not plain.startswith("aik_"):
             subject = CONSOLE_SUBJECT

@@ -22,6 +22,7 @@ from functools import partial
 import trio
 
 from ..adapters.base import Delta, ServedBy, Usage
+from ..apis import CODECS
 from ..cache.entry import Replayed
 from ..config import LimitsConfig
 from ..errors import GatewayError, ReplyCapExceeded, StageDeadlineExceeded, WriteTimeout
@@ -95,6 +96,8 @@ class SSEStage:
             max_tokens=None if replayed else prepared.inference.max_tokens,
             max_bytes=route.max_reply_bytes,
             price=price,
+            codec=CODECS.get(route.kind),
+            view=parsed.api,
         )
         headers = response_headers(
             self.info, prepared, first.served, cache=self.cache_result, steps=first.steps
@@ -216,6 +219,8 @@ class SSEStage:
         """
         responder = self.responder
         every = self.limits.heartbeat_s or math.inf
+        codec = CODECS.get(self.info.route.config.kind)
+        ping = PING if codec is None else codec.ping
         stall = self.limits.write_timeout_ms / 1000.0
         while not responder.finished:
             now = trio.current_time()
@@ -224,7 +229,7 @@ class SSEStage:
             # miss by a rounding error and spin at the same instant.
             if since is None and now >= responder.last_write + every:
                 with trio.move_on_after(stall):
-                    await responder.ping(PING)
+                    await responder.ping(ping)
                 since = responder.writing_since  # still set: the ping did not go out
                 now = trio.current_time()
             if since is not None and now >= since + stall:

@@ -85,6 +85,9 @@ class ParsedRequest:
     include_usage: bool
     max_tokens: int | None
     stop: list[str]
+    #: On a route of another API than chat (``apis/``): the request as its client
+    #: sent it (what the reply echoes); None on chat.
+    api: object = None
 
     @property
     def model_label(self) -> str:
@@ -112,6 +115,8 @@ class Prepared:
     new_turns: list[Message]
     #: What the request does with the route's response cache (None: the route has none).
     cache: Ticket | None = None
+    #: False: the turns are not stored (a Responses request's ``store: false``).
+    store: bool = True
 
 
 def response_headers(
