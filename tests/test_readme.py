@@ -11,11 +11,13 @@ import json
 import re
 import shlex
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from .servers import ROOT, hypercorn_gateway
+from .servers import BIN, ROOT, free_port, hypercorn_gateway
 from .sim_process import FAST_ARGS, run_sim
 
 pytestmark = pytest.mark.slow
@@ -141,6 +143,86 @@ def test_reload_runs_as_the_readme_says(tmp_path: Path):
     assert "key `limits.max_inflight`: must be positive" in shown
 
 
+def test_responses_and_messages_run_as_the_readme_says(tmp_path: Path, config_file: Path):
+    curls = [c for c in sh_block("/v1/responses", "/v1/messages", "x-api-key") if c.startswith("curl")]
+    (python,) = [
+        b for b in re.findall(r"```python\n(.*?)```", README, re.S) if "client.responses.create" in b
+    ]
+    with hypercorn_gateway(config_file) as (base, _):
+        host = base.removeprefix("http://")
+        outputs = [run(c.replace("localhost:8000", host)) for c in curls]
+        script = tmp_path / "sdks.py"
+        script.write_text(python.replace("http://localhost:8000", base))
+        sdk = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+        )
+    tool, events, claude, refused = outputs
+    reply = json.loads(tool)
+    assert [i["type"] for i in reply["output"]] == ["reasoning", "function_call"]
+    assert json.loads(reply["output"][1]["arguments"]) == {"city": "Paris"}
+    assert events.split() == [
+        "event:",
+        "response.created",
+        "event:",
+        "response.in_progress",
+        "event:",
+        "response.output_item.added",
+        "event:",
+        "response.content_part.added",
+        *["event:", "response.output_text.delta"] * 2,
+        "event:",
+        "response.output_text.done",
+        "event:",
+        "response.content_part.done",
+        "event:",
+        "response.output_item.done",
+        "event:",
+        "response.completed",
+    ]
+    assert claude.startswith("event: message_start")
+    assert '"text":"Hello!"' in claude
+    assert '"stop_reason":"end_turn"' in claude
+    assert claude.rstrip().endswith('event: message_stop\ndata: {"type":"message_stop"}')
+    assert json.loads(refused) == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "`max_tokens`: field required [missing_required_parameter]",
+        },
+    }
+    assert sdk.returncode == 0, sdk.stderr
+    printed = sdk.stdout.splitlines()
+    assert printed[0].startswith("Hello! I am the aiserve-trio mock model")
+    assert printed[1].startswith("and what did I say first? ")
+    assert int(printed[1].rsplit(" ", 1)[1]) > 30  # the first turn went to the model too
+    assert printed[2] == "tool_use ['thinking', 'tool_use'] {'city': 'Oslo'}"
+
+
+def test_a_backend_over_tls_runs_as_the_readme_says(tmp_path: Path):
+    commands = sh_block("sim-openai-tls.toml", "trustme")
+    trustme_cmd, sim_cmd, gateway_cmd, *curls = commands
+    assert trustme_cmd.startswith("mkdir -p certs && .venv/bin/python -m trustme -q -d certs")
+    assert "AISERVE_CONFIG=configs/examples/sim-openai-tls.toml" in gateway_cmd
+    # The example's ca_file is relative to its folder: certs/ two levels up, as in the repo.
+    examples = tmp_path / "configs" / "examples"
+    examples.mkdir(parents=True)
+    subprocess.run(
+        ["bash", "-c", trustme_cmd.replace(".venv/", f"{ROOT}/.venv/")],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+    )
+    sim_args = [a.replace("certs/", f"{tmp_path}/certs/") for a in shlex.split(sim_cmd)[1:]]
+    config = (ROOT / "configs/examples/sim-openai-tls.toml").read_text()
+    with run_sim([*sim_args, *FAST_ARGS]) as addr:
+        cfg = examples / "sim-openai-tls.toml"
+        cfg.write_text(config.replace("127.0.0.1:8100", addr))
+        with hypercorn_gateway(cfg) as (base, _):
+            outputs = [run(c, gateway=base) for c in curls]
+    assert json.loads(outputs[0])["choices"][0]["message"]["content"]
+    assert 'aiserve_upstream_tls_handshakes_total{adapter="sim",kind="full"} 1.0' in outputs[1]
+
+
 def sample_after(*needles: str) -> list[str]:
     """The lines of the plain sample-output block right after the README's ``sh`` block with
     every needle: what the README says the commands print."""
@@ -160,3 +242,36 @@ def test_the_cors_preflight_prints_what_the_readme_shows(tmp_path: Path):
     printed = [line.rstrip() for line in out.replace("\r", "").splitlines() if line.strip()]
     printed = [line for line in printed if not line.lower().startswith(("date:", "server:"))]
     assert printed == sample_after("Access-Control-Request-Method")
+
+
+def test_tls_with_a_throwaway_certificate_runs_as_the_readme_says(tmp_path: Path):
+    openssl, server, curl = sh_block("openssl req -x509", "hypercorn-tls.toml")
+    subprocess.run(["bash", "-c", openssl], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    assert (tmp_path / "certs/server.pem").exists()
+    assert server.startswith(".venv/bin/hypercorn --config configs/examples/hypercorn-tls.toml")
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "hypercorn"), "--config", str(ROOT / "configs/examples/hypercorn-tls.toml"),
+         "--bind", f"127.0.0.1:{port}", "aiserve_trio:app"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        out = ""
+        while time.monotonic() < deadline:
+            done = subprocess.run(
+                ["bash", "-c", curl.replace("localhost:8443", f"localhost:{port}")],
+                cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False,
+            )
+            if done.returncode == 0:
+                out = done.stdout
+                break
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
+    body, version = out.rsplit(" ", 1)
+    assert version.strip() == "2"
+    assert json.loads(body)["choices"][0]["message"]["content"] == "over TLS"

@@ -131,6 +131,19 @@ class RateLimited(GatewayError):
     default_code = "rate_limit_exceeded"
 
 
+class BudgetExceeded(GatewayError):
+    """The API key's or its tenant's spend budget for the period is spent.
+
+    ``param`` names the budget (``key:<id>`` or ``tenant:<name>``), the message
+    says when it resets, and ``Retry-After`` carries the seconds until then (none
+    for a ``total`` budget, which never resets).
+    """
+
+    status = 429
+    type = "insufficient_quota"
+    default_code = "budget_exceeded"
+
+
 # --- server side ----------------------------------------------------------------
 
 
@@ -199,6 +212,14 @@ class UpstreamConnectError(UpstreamError):
     """The model backend could not be reached."""
 
     default_code = "upstream_connect_error"
+
+
+class UpstreamTLSError(UpstreamConnectError):
+    """TLS with the model backend failed: an unknown CA, an expired certificate, a name
+    mismatch, a refused client certificate, no TLS version in common. Retried and
+    failed over like a connect error; the message names the adapter and the reason."""
+
+    default_code = "upstream_tls_error"
 
 
 class UpstreamProtocolError(UpstreamError):

@@ -8,10 +8,12 @@
 ``GET /admin/api/slow``           admin key or token      the slowest recent requests
 ``GET /admin/api/routes``         admin key or token      routes and their steps, the version
 ``PUT /admin/api/routes/steps``   admin key or token      a route's steps: new order, on/off
+``GET /admin/api/spend``          admin key or token      spend per day, tenant, key, model; budgets
 ================================  ======================  =====================================
 
-With ``[auth] enabled = false`` the API answers only clients on a loopback address,
-as ``/debug/*`` does, and login hands out no token (there is nothing to sign for).
+With ``[auth] enabled = false`` the API answers only clients on a loopback address
+through a loopback ``Host``, as ``/debug/*`` does (the gate checks it, with what a web
+page could send: ``security/browser.py``), and login hands out no token.
 
 The numbers are this worker's (each hypercorn worker has its own registry, like
 ``/metrics``): the page says which worker answered.
@@ -41,13 +43,14 @@ from ..errors import (
 from ..http.body import read_body
 from ..http.endpoints import Admission, Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Headers
-from ..observability.debug import require_loopback
 from ..observability.metrics import label_value
 from ..reload import config_version
 from . import sla
 from .edit import EditError, StepState, set_steps
+from .spend import spend_view
 
 if TYPE_CHECKING:
+    from ..audit.usage import UsageEndpoints
     from ..config import Config
     from ..observability.metrics import Metrics
     from ..observability.observer import RequestObserver
@@ -199,6 +202,8 @@ class Console:
     window: sla.Window
     #: The app's reloader; None: the routes are shown read-only.
     reloader: Reloads | None = None
+    #: The audit log's usage reads (the Spend page); None: spend is not shown.
+    usage: UsageEndpoints | None = None
     #: One steps change at a time: read the file, edit it, reload.
     _saving: trio.Lock = field(default_factory=trio.Lock)
 
@@ -218,6 +223,7 @@ class Console:
             Endpoint("/admin/api/slow", get, api, req, self.slow, "console_api"),
             Endpoint("/admin/api/routes", get, api, req, self.routes, "console_api"),
             Endpoint("/admin/api/routes/steps", ("PUT",), api, req, self.put_steps, "console_api"),
+            Endpoint("/admin/api/spend", get, api, req, self.spend, "console_api"),
         ]
 
     # --- the page ------------------------------------------------------------------
@@ -240,21 +246,15 @@ class Console:
 
     # --- the API -------------------------------------------------------------------
 
-    def _local(self, request: Request) -> None:
-        if not self.host.gate.enabled:
-            require_loopback(request, "the console's endpoints")
-
     async def _json(self, request: Request, body: msgspec.Struct | dict[str, object]) -> None:
         await request.responder.complete(200, _API_HEADERS, _encoder.encode(body))
 
     async def login(self, request: Request) -> None:
         """``POST /admin/api/login`` with ``Authorization: Bearer <admin key>``: a console token.
 
-        Raises:
-            Forbidden: auth is off and the client is not on loopback (the gate has
-                refused keys that are not admin keys).
+        With auth off the gate has refused clients off loopback; with auth on, keys
+        that are not admin keys.
         """
-        self._local(request)
         gate = self.host.gate
         p = request.principal
         if p is None:
@@ -287,7 +287,6 @@ class Console:
 
     async def overview(self, request: Request) -> None:
         """``GET /admin/api/overview``: see :mod:`.sla`."""
-        self._local(request)
         snap = self._snapshot()
         start = self.window.add(snap)
         span = snap.at - start.at
@@ -306,9 +305,11 @@ class Console:
 
     async def slow(self, request: Request) -> None:
         """``GET /admin/api/slow``: the slowest of the recent requests, with stage times."""
-        self._local(request)
         await self._json(request, self.host.observer.slowest())
 
+    async def spend(self, request: Request) -> None:
+        """``GET /admin/api/spend``: see :mod:`.spend`."""
+        await self._json(request, await spend_view(self.usage, self.host.gate))
 
     # --- routes and their steps ------------------------------------------------------
 
@@ -329,7 +330,6 @@ class Console:
 
     async def routes(self, request: Request) -> None:
         """``GET /admin/api/routes``: every route, its steps, and whether they can be changed."""
-        self._local(request)
         version, status = self._version()
         why = self._writable()
         out = Routes(
@@ -361,7 +361,6 @@ class Console:
             Unprocessable: the steps are not the route's, or the reloader refused
                 the new config (its one-line reason).
         """
-        self._local(request)
         change = await self._read(request)
         if change is None:
             return  # the client went away

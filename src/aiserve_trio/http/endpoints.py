@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import GatewayError, MethodNotAllowed, NotFound
-from .responder import Responder
+from .responder import ErrorShape, Responder
 from .types import Receive, Scope
 
 if TYPE_CHECKING:
@@ -30,7 +30,8 @@ class Auth(enum.Enum):
     METRICS = "metrics"
     #: Any valid key.
     KEY = "key"
-    #: A valid key, or a stream token for the session in the path (``EventSource``).
+    #: A key that may read sessions, or a stream token for the session in the path
+    #: (``EventSource``).
     KEY_OR_STREAM_TOKEN = "key_or_stream_token"
     #: An admin key.
     ADMIN = "admin"
@@ -38,6 +39,10 @@ class Auth(enum.Enum):
     ADMIN_OR_CONSOLE_TOKEN = "admin_or_console_token"
     #: A key allowed on this chat route; counts against the key's rate limit.
     CHAT = "chat"
+    #: A key that may read its tenant's sessions (``Principal.check_sessions``).
+    SESSION_READ = "session_read"
+    #: A key that may change its tenant's sessions.
+    SESSION_WRITE = "session_write"
 
 
 class Admission(enum.Enum):
@@ -70,7 +75,6 @@ class Request:
     principal: Principal | None = None
 
 
-
 Handler = Callable[[Request], Awaitable[None]]
 
 
@@ -83,6 +87,8 @@ class Endpoint:
     handler: Handler
     #: Metric-safe name (``chat`` endpoints use their route's label).
     name: str = ""
+    #: How its errors look when its API is not OpenAI's (``apis/``).
+    errors: ErrorShape | None = None
 
     def segments(self) -> tuple[str, ...]:
         return tuple(self.path.strip("/").split("/"))
