@@ -403,29 +403,34 @@ async def test_a_flood_of_frames_that_need_no_answer_is_closed(name: str, frame:
     assert [e.error_code for e in goaway] == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM]
 
 
+class Turns:
+    """Another task on the loop, counting the turns it gets."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    async def run(self) -> None:
+        while True:
+            await trio.lowlevel.checkpoint()
+            self.n += 1
+
+
 async def test_the_http2_protocol_lets_others_run_between_slices_of_one_read() -> None:
     proto, _, _ = await h2_server()
     proto._idle = FloodMeter(0.0, 10**9, 1e9)  # the meters out of the way: fairness alone
     c = h2_client()
     await proto.handle(RawData(data=c.data_to_send()))
-    ran = 0
-
-    async def other() -> None:
-        nonlocal ran
-        while True:
-            await trio.lowlevel.checkpoint()
-            ran += 1
-
+    other = Turns()
     read = b"\x00\x00\x00\xfa\x00\x00\x00\x00\x00" * 7000  # ~64 KiB of unknown frames
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(other)
+        nursery.start_soon(other.run)
         await trio.lowlevel.checkpoint()  # it has started
-        before = ran
+        before = other.n
         await proto.handle(RawData(data=read))
         nursery.cancel_scope.cancel()
     assert not proto.closed
     # The other task ran between every two slices (and not once otherwise: no other yield).
-    assert ran - before >= len(read) // edge.FEED_SLICE - 1
+    assert other.n - before >= len(read) // edge.FEED_SLICE - 1
 
 
 async def test_the_read_loop_yields_to_others_while_a_client_keeps_it_busy() -> None:
@@ -442,13 +447,7 @@ async def test_the_read_loop_yields_to_others_while_a_client_keeps_it_busy() -> 
         config = Config()
         protocol = Busy()
 
-    ran = 0
-
-    async def other() -> None:
-        nonlocal ran
-        while True:
-            await trio.lowlevel.checkpoint()
-            ran += 1
+    other = Turns()
 
     async def client() -> None:
         a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
@@ -458,9 +457,9 @@ async def test_the_read_loop_yields_to_others_while_a_client_keeps_it_busy() -> 
         a.close()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(other)
+        nursery.start_soon(other.run)
         await client()
-        before = ran
+        before = other.n
         await directio.read_loop(Server(), b, Closed, RawData)  # all queued: no wait needed
         nursery.cancel_scope.cancel()
     b.close()
@@ -468,7 +467,7 @@ async def test_the_read_loop_yields_to_others_while_a_client_keeps_it_busy() -> 
     assert received == 30 * 3001
     big_reads = sum(1 for n in handled if n >= directio.YIELD_BYTES)
     assert big_reads >= 2
-    assert ran - before >= big_reads  # each read of a slice or more was followed by a yield
+    assert other.n - before >= big_reads  # each read of a slice or more was followed by a yield
 
 
 @pytest.fixture(autouse=True)
