@@ -451,7 +451,7 @@ async def test_the_read_loop_yields_to_others_while_a_client_keeps_it_busy() -> 
 
     async def client() -> None:
         a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-        for _ in range(30):  # all of it there before the loop reads: it never has to wait
+        for _ in range(50):  # all of it there before the loop reads: it never has to wait
             await a.send(b"x")
             await a.send(b"y" * 3000)
         a.close()
@@ -464,10 +464,12 @@ async def test_the_read_loop_yields_to_others_while_a_client_keeps_it_busy() -> 
         nursery.cancel_scope.cancel()
     b.close()
     received = sum(handled)
-    assert received == 30 * 3001
+    assert received == 50 * 3001
     big_reads = sum(1 for n in handled if n >= directio.YIELD_BYTES)
-    assert big_reads >= 2
-    assert other.n - before >= big_reads  # each read of a slice or more was followed by a yield
+    assert big_reads >= 3
+    # Each read of a slice or more was followed by a yield; Trio runs the runnable tasks
+    # of a batch in random order, so the other task's turns may trail the yields by one.
+    assert other.n - before >= big_reads - 1
 
 
 @pytest.fixture(autouse=True)
