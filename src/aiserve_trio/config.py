@@ -480,7 +480,9 @@ class RouteDeadline(_Section):
 
 class RouteConfig(_Section):
     path: str
-    adapter: str
+    #: The adapter that answers (with ``adapters``: the default, for a request naming
+    #: no model; when left out, the first of ``adapters``).
+    adapter: str = ""
     #: ``chat`` (Chat Completions through the pipeline) or ``embeddings``.
     kind: Literal["chat", "embeddings"] = "chat"
     #: Metric label for the route; default derived from the path.
@@ -506,10 +508,17 @@ class RouteConfig(_Section):
     #: A chain of capabilities (``[[routes.steps]]``, ``chains/steps.py``); empty:
     #: the route's adapter answers, as on any route.
     steps: list[StepConfig] = msgspec.field(default_factory=list)
+    #: Model routing: the request's ``model`` picks the adapter (of these and
+    #: ``adapter``) whose ``models`` has it (``adapters/router.py``).
+    adapters: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
             raise field_error("path", f"must start with '/', got {self.path!r}")
+        if not self.adapter:
+            if not self.adapters:
+                raise field_error("adapter", "missing: name the route's adapter (or `adapters`)")
+            self.adapter = self.adapters[0]
         label = route_label(self)
         if not _LABEL_RE.match(label):
             raise field_error("name", f"must match {_LABEL_RE.pattern}, got {label!r}")
@@ -868,6 +877,8 @@ def check_config(cfg: Config) -> None:
         if route.path in seen_paths:
             raise fail(f"{key}.path", f"{route.path!r} is served by an earlier route")
         seen_paths.add(route.path)
+        if route.adapters:
+            _check_routing(cfg, i, route, fail)
         if route.adapter not in cfg.adapters:
             known = ", ".join(sorted(cfg.adapters)) or "none"
             raise fail(f"{key}.adapter", f"unknown adapter {route.adapter!r} (configured: {known})")
@@ -899,6 +910,51 @@ def check_config(cfg: Config) -> None:
     if (problem := check_record(cfg)) is not None:
         raise fail(*problem)
     build_policies(list(dict.fromkeys(n for r in cfg.routes for n in r.policies)), cfg)
+
+
+def route_adapters(route: RouteConfig) -> list[str]:
+    """The adapters a route serves from: ``adapter`` first, then ``adapters``, once each."""
+    return list(dict.fromkeys([route.adapter, *route.adapters]))
+
+
+def route_models(cfg: Config, route: RouteConfig) -> dict[str, str]:
+    """Each model a (checked) route serves -> the adapter that answers it."""
+    out: dict[str, str] = {}
+    for name in route_adapters(route):
+        for model in cfg.adapters[name].models:
+            out.setdefault(model, name)
+    return out
+
+
+def _check_routing(
+    cfg: Config, i: int, route: RouteConfig, fail: Callable[[str, str], ConfigError]
+) -> None:
+    """A route with ``adapters``: a chat route without a cache or steps, whose adapters
+    exist and never claim the same model (the request's model must pick one)."""
+    key = f"routes[{i}]"
+    if route.kind != "chat":
+        raise fail(f"{key}.adapters", "model routing is for chat routes")
+    if route.cache is not None:
+        why = "a route with `adapters` has no response cache (its key holds one adapter)"
+        raise fail(f"{key}.cache", why)
+    if route.steps:
+        why = "a route with `adapters` has no steps: a chain names its own adapters"
+        raise fail(f"{key}.steps", why)
+    named = [] if route.adapter in route.adapters else [(f"{key}.adapter", route.adapter)]
+    named += [(f"{key}.adapters[{j}]", n) for j, n in enumerate(route.adapters)]
+    owner: dict[str, str] = {}
+    seen: set[str] = set()
+    for where, name in named:
+        if name not in cfg.adapters:
+            known = ", ".join(sorted(cfg.adapters)) or "none"
+            raise fail(where, f"unknown adapter {name!r} (configured: {known})")
+        if name in seen:
+            raise fail(where, f"{name!r} is named more than once")
+        seen.add(name)
+        for model in cfg.adapters[name].models:
+            other = owner.setdefault(model, name)
+            if other != name:
+                raise fail(where, f"model {model!r} is served by both {other!r} and {name!r}")
 
 
 def chain_policies(route: RouteConfig) -> list[str]:

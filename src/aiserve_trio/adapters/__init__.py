@@ -9,7 +9,9 @@ from ..config import (
     GroupAdapterConfig,
     MockAdapterConfig,
     OpenAIAdapterConfig,
+    RouteConfig,
     VllmWsAdapterConfig,
+    route_adapters,
 )
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .base import Adapter, Delta, DeltaSink, InferenceRequest, Message, Usage
@@ -23,6 +25,7 @@ __all__ = [
     "Usage",
     "build_adapter",
     "build_adapters",
+    "route_adapter",
 ]
 
 
@@ -84,6 +87,16 @@ def build_adapters(
                 built[n] = _group(n, groups[n], configs, built, hook)
             del groups[n]
     return built
+
+
+def route_adapter(route: RouteConfig, label: str, built: Mapping[str, Adapter]) -> Adapter:
+    """The adapter a route's stages call: its ``adapter``, or with ``adapters`` a router
+    picking one by the request's model (``router.py``)."""
+    if not route.adapters:
+        return built[route.adapter]
+    from .router import ModelRouter
+
+    return ModelRouter(label, [built[n] for n in route_adapters(route)])
 
 
 def _group(

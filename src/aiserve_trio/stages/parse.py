@@ -282,7 +282,8 @@ class ParseStage:
         route = self.info.route
         check_content_type(self.info.headers.get("content-type"))
         raw = await read_body(self.body, self.limits.max_body_bytes)
-        req = decode_request(raw, self.limits, route.config.default_model)
+        default = route.config.default_model or route.adapter.default_model
+        req = decode_request(raw, self.limits, default)
         if req.model not in route.adapter.models:
             raise NotFound(
                 f"the model {req.model!r} is not served on this route "
@@ -291,7 +292,7 @@ class ParseStage:
                 code="model_not_found",
             )
         consumed = route.chain.consumes if route.chain is not None else frozenset()
-        check_capabilities(req, route.adapter, consumed)
+        check_capabilities(req, route.adapter.serving(req.model), consumed)
         if req.stream and self.admission is not None:
             # 503 (429 for the tenant's cap) before the head.
             self.slots.enter_context(self.admission.stream(self.info.tenant))
