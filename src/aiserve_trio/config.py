@@ -350,7 +350,54 @@ class GroupAdapterConfig(_Section, tag="group", tag_field="kind"):
                 raise field_error("fallback_ttft_prior_ms", "must not be negative")
 
 
-AdapterConfig = MockAdapterConfig | OpenAIAdapterConfig | VllmWsAdapterConfig | GroupAdapterConfig
+class NativeAdapterConfig(_Section):
+    """What every native provider adapter's table has (``adapters/native.py``)."""
+
+    #: The provider's API root; default: its public endpoint.
+    base_url: str = ""
+    #: Public names, or public name -> the provider's name (a deployment, a model id).
+    models: list[str] | dict[str, str] = msgspec.field(default_factory=list)
+    #: Name of the environment variable holding the API key.
+    api_key_env: str | None = None
+    #: Concurrent upstream requests before more queue.
+    max_connections: int = 512
+    connect_timeout_ms: int = 2_000
+    #: Retries before the first token (connect errors, timeouts, 429, 529, 5xx).
+    max_retries: int = 2
+    backoff_base_ms: int = 100
+    backoff_max_ms: int = 2_000
+    context_window: int = 200_000
+    tokenizer: str | None = None
+    #: Extra headers sent upstream on every request.
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _models(list(self.models))
+        _positive(self, "max_connections", "connect_timeout_ms", "context_window")
+        if self.max_retries < 0:
+            raise field_error("max_retries", "must not be negative")
+
+
+class AnthropicAdapterConfig(NativeAdapterConfig, tag="anthropic", tag_field="kind"):
+    """Anthropic's Messages API (``adapters/anthropic.py``)."""
+
+    #: The ``anthropic-version`` header.
+    anthropic_version: str = "2023-06-01"
+    #: ``max_tokens`` when neither the client nor the route gives one (Anthropic needs it).
+    max_tokens: int = 4_096
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive(self, "max_tokens")
+
+
+AdapterConfig = (
+    MockAdapterConfig
+    | OpenAIAdapterConfig
+    | VllmWsAdapterConfig
+    | GroupAdapterConfig
+    | AnthropicAdapterConfig
+)
 
 
 class SessionsConfig(_Section):

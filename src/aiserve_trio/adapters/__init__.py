@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from ..config import (
     AdapterConfig,
+    AnthropicAdapterConfig,
     GroupAdapterConfig,
     MockAdapterConfig,
     OpenAIAdapterConfig,
@@ -54,6 +55,10 @@ def build_adapter(name: str, config: AdapterConfig, hook: UpstreamHook = NULL_HO
         from .vllm_ws import VllmWsAdapter
 
         return VllmWsAdapter(name, config, hook=hook)
+    if isinstance(config, AnthropicAdapterConfig):
+        from .anthropic import AnthropicAdapter
+
+        return AnthropicAdapter(name, config, hook=hook)
     raise ValueError(f"adapter kind {type(config).__name__} is not available")
 
 

@@ -16,8 +16,10 @@ import trio
 
 from ..adapters.tokens import encoding_name_for, get_encoding
 from ..vectors import DEFAULT_DIMENSIONS, embeddings_body
+from .anthropic import AnthropicDialect
 from .audio import hear, parse_form
 from .core import Done, Prepared, Receive, Scope, Send, SimCore, Stats, header_dict
+from .dialect import Dialect, DialectError
 from .model import Fault, FaultSpecError, choose_fault, prefill_delay
 from .request import chat_decoder, embedding_inputs, embeddings_decoder
 from .schema import SchemaError
@@ -28,6 +30,8 @@ _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")
 MALFORMED_CHUNK = b'data: {"id": "broken", "choices": [{"delta": \n\n'
 #: What a bad request is answered with 400 for (its body, a fault header, a schema).
 _BAD_REQUEST = (msgspec.DecodeError, FaultSpecError, SchemaError, ValueError)
+#: Every provider dialect the sim speaks, by the name ``--dialect`` takes.
+DIALECTS: dict[str, Dialect] = {"anthropic": AnthropicDialect()}
 _enc = msgspec.json.Encoder()
 
 
@@ -100,6 +104,9 @@ class SimApp(SimCore):
                 for m in self.settings.models
             ]
             await _reply(send, 200, _enc.encode({"object": "list", "data": data}))
+        elif (dialect := self._dialect_for(method, path)) is not None:
+            query = scope.get("query_string", b"").decode("latin-1")
+            await self._dialect(dialect, path, query, headers, body, receive, send)
         else:
             await _reply(send, 404, _error_body(f"no route {method} {path}", "unknown_url"))
 
@@ -242,6 +249,92 @@ class SimApp(SimCore):
         self.stats.completed += 1
         await _reply(send, 200, _enc.encode(body))
 
+    # --- provider dialects ------------------------------------------------------
+
+    def _dialect_for(self, method: str, path: str) -> Dialect | None:
+        for name in self.settings.dialects:
+            dialect = DIALECTS.get(name)
+            if dialect is not None and dialect.matches(method, path):
+                return dialect
+        return None
+
+    async def _dialect(
+        self,
+        d: Dialect,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body: bytes,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """A provider's request, answered in its format (``dialect.py``): the same
+        decisions, timing and faults as ``/v1/chat/completions``."""
+        self.stats.requests += 1
+        refused = d.auth_error(headers)
+        if refused is not None:
+            await _reply(send, refused[0], refused[1])
+            return
+        try:
+            ask = d.read(path, query, body)
+            fault, timeout = self._fault_and_budget(headers)
+            decided = self.decide(
+                ask.model,
+                ask.messages,
+                tools=ask.tools,
+                tool_choice=ask.tool_choice,
+                reasoning_effort=ask.reasoning_effort,
+            )
+        except (*_BAD_REQUEST, DialectError) as exc:
+            await _reply(send, 400, d.error(400, str(exc)))
+            return
+        if fault is not None:
+            self.stats.count_fault(fault)
+            if fault.kind == "status":
+                extra = []
+                if fault.retry_after is not None:
+                    extra.append((b"retry-after", _secs(fault.retry_after)))
+                await _reply(send, fault.status, d.error(fault.status, "simulated"), extra)
+                return
+        # A provider's max_tokens is a cap (Anthropic requires one on every request):
+        # the length is drawn as without it, and cut to it only when longer.
+        ready = self.prepare(decided, None)
+        cap = ask.max_tokens
+        if cap is not None and ready.plan.tokens - ready.plan.reasoning > cap:
+            ready = self.prepare(decided, cap)
+
+        async def streamed(done: Done) -> None:
+            plan = ready.plan
+            head = [(b"content-type", d.stream_type), (b"cache-control", b"no-cache")]
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await _more(send, d.opening(ready, ask.model))
+            await trio.sleep(plan.ttft)
+            for k in range(plan.tokens):
+                if k:
+                    await trio.sleep(plan.gaps[k - 1])
+                if fault is not None and k == fault.after:
+                    if fault.kind == "stall":
+                        await trio.sleep_forever()
+                    if fault.kind == "drop":
+                        return
+                    if fault.kind == "malformed":
+                        await _more(send, MALFORMED_CHUNK)
+                await _more(send, d.token(ready, k))
+            self.stats.completed += 1
+            done.flag = True
+            last = d.closing(ready, ask.model)
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+
+        async def whole(done: Done) -> None:
+            await trio.sleep(ready.plan.total)
+            if not await _body_fault(send, fault):
+                return
+            done.flag = True
+            self.stats.completed += 1
+            await _reply(send, 200, d.whole(ready, ask.model))
+
+        await self._serve(receive, timeout, streamed if ask.stream else whole)
+
     # --- embeddings ------------------------------------------------------------
 
     async def _embeddings(
@@ -264,9 +357,7 @@ class SimApp(SimCore):
             return
         if await self._status_fault(send, fault):
             return
-        counts = [
-            len(x) if isinstance(x, list) else self.text_tokens(req.model, x) for x in inputs
-        ]
+        counts = [len(x) if isinstance(x, list) else self.text_tokens(req.model, x) for x in inputs]
         delay = prefill_delay(self.settings.timing, sum(counts), self.rng)
 
         async def reply(done: Done) -> None:
@@ -279,7 +370,6 @@ class SimApp(SimCore):
             await _reply(send, 200, _enc.encode(out))
 
         await self._serve(receive, timeout, reply)
-
 
     # --- speech to text ---------------------------------------------------------
 
@@ -338,6 +428,10 @@ class _SSEWriter:
     async def finish(self, data: bytes) -> None:
         self._done.flag = True
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+async def _more(send: Send, data: bytes) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": True})
 
 
 async def _body_fault(send: Send, fault: Fault | None) -> bool:

@@ -1,0 +1,218 @@
+"""What the native provider adapters (``anthropic``, ``azure_openai``, ``gemini``,
+``bedrock``) share: one POST per try, the reply decoded sans-IO, errors mapped once.
+
+A provider adapter says four things: the fixed headers (its auth), the request of
+one try (path, headers, body: the translation of the chat request), the decoder of
+its stream (bytes in, :class:`~.base.Delta` s out, no I/O), and what an error
+status with its body means to a client (:meth:`NativeAdapter.status_error`).
+Everything else -- retries before the first token, the out-of-time guard, hooks,
+the pool of connections -- is the adapter base's and the transport's.
+
+``models`` may map the public name a client asks for to the provider's own
+(``models = { "gpt-4o" = "prod-gpt4o-deployment" }``) or list names sent as they are.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import random
+from collections.abc import Mapping
+from typing import Protocol
+
+import httpx2
+import msgspec
+import trio
+
+from ..config import NativeAdapterConfig
+from ..errors import ConfigError, GatewayError, UpstreamConnectError
+from ..observability.annotate import upstream_read
+from ..observability.events import NULL_HOOK, UpstreamHook
+from . import h1
+from .base import Adapter, Delta, DeltaSink, InferenceRequest
+from .openai import parse_retry_after, translate_errors
+from .retry import Progress, RetryPolicy
+from .tokens import fit_request
+
+__all__ = ["NativeAdapter", "StreamDecoder", "error_fields"]
+
+#: The remaining budget, as the gateway itself accepts it (the sim and chained
+#: gateways read it; providers ignore it), and the request id, the same on every retry.
+BUDGET_HEADER = b"x-request-timeout-ms"
+#: Bytes of an upstream error body read for the message.
+ERROR_BODY_LIMIT = 4096
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class StreamDecoder(Protocol):
+    """A provider's stream decoder: ``feed`` each read, ``check`` after sending, ``end``."""
+
+    def feed(self, data: bytes) -> list[Delta]: ...
+    def check(self) -> None: ...
+    def end(self) -> Delta: ...
+
+
+class _ErrorBody(msgspec.Struct):
+    message: str = ""
+    type: str | None = None
+    code: str | int | None = None
+    status: str | None = None
+
+
+class _ErrorEnvelope(msgspec.Struct):
+    error: _ErrorBody | None = None
+    message: str | None = None
+    #: Bedrock's exception name (also in the ``x-amzn-errortype`` header).
+    kind: str | None = msgspec.field(default=None, name="__type")
+
+
+_envelope = msgspec.json.Decoder(_ErrorEnvelope)
+
+
+def error_fields(raw: bytes) -> tuple[str, str]:
+    """(the error's type or code, its message) from a provider's error body, as far as
+    it is JSON of the usual shapes (``{"error": {...}}`` or ``{"message": ...}``)."""
+    try:
+        env = _envelope.decode(raw)
+    except msgspec.DecodeError:
+        return "", raw[:300].decode("utf-8", "replace").strip()
+    err = env.error
+    if err is not None:
+        kind = err.type or (str(err.code) if err.code is not None else "") or err.status or ""
+        return kind, err.message
+    return env.kind or "", env.message or ""
+
+
+class NativeAdapter(Adapter):
+    """Base of the provider adapters (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: NativeAdapterConfig,
+        *,
+        hook: UpstreamHook = NULL_HOOK,
+        rng: random.Random | None = None,
+    ) -> None:
+        super().__init__(
+            name, list(config.models), policy=RetryPolicy.from_config(config), hook=hook, rng=rng
+        )
+        self.config = config
+        self.upstream_names: Mapping[str, str] = (
+            config.models if isinstance(config.models, dict) else {}
+        )
+        self.base_url = self.default_base_url() if not config.base_url else config.base_url
+        self._pool: h1.H1Pool | None = None
+        self._host = ""
+        self._fixed: Headers = []
+
+    # --- what a provider says --------------------------------------------------------
+
+    def default_base_url(self) -> str:
+        """Where the provider listens when ``base_url`` is not set."""
+        raise ConfigError(f"adapter {self.name}: `base_url` is required")
+
+    @abc.abstractmethod
+    def auth_headers(self) -> Headers:
+        """The headers every request carries (auth), read when the adapter opens.
+
+        Raises:
+            ConfigError: a variable the auth needs is not set.
+        """
+
+    @abc.abstractmethod
+    def exchange(self, request: InferenceRequest, model: str) -> tuple[str, Headers, bytes]:
+        """One try's request: (path and query below ``base_url``, headers, body).
+
+        Raises:
+            BadRequest: the request cannot be said in the provider's terms.
+        """
+
+    @abc.abstractmethod
+    def decoder(self) -> StreamDecoder:
+        """A fresh decoder of one reply's stream."""
+
+    @abc.abstractmethod
+    def status_error(self, status: int, raw: bytes, retry_after: float | None) -> GatewayError:
+        """The error an answer with ``status`` and body ``raw`` is to the gateway."""
+
+    # --- shared ---------------------------------------------------------------------------
+
+    def env(self, variable: str, key: str) -> str:
+        """The value of environment variable ``variable`` (named by the setting ``key``).
+
+        Raises:
+            ConfigError: it is not set.
+        """
+        value = os.environ.get(variable)
+        if not value:
+            raise ConfigError(
+                f"adapter {self.name}: environment variable {variable} ({key}) is not set"
+            )
+        return value
+
+    def upstream_model(self, model: str) -> str:
+        """The provider's name for the public ``model``."""
+        return self.upstream_names.get(model, model)
+
+    async def aopen(self, nursery: trio.Nursery) -> None:
+        url = httpx2.URL(self.base_url.rstrip("/"))
+        if url.scheme != "http":
+            # TLS arrives with the shared upstream transport.
+            raise ConfigError(f"adapter {self.name}: base_url must be http:// for now ({url})")
+        port = url.port or 80
+        name = f"[{url.host}]" if ":" in url.host else url.host
+        self._host = name if url.port is None else f"{name}:{url.port}"
+        self._prefix = url.raw_path.decode("ascii").rstrip("/")
+        fixed = {
+            "content-type": "application/json",
+            **{k.lower(): v for k, v in self.config.headers.items()},
+        }
+        self._fixed = [(k.encode(), v.encode()) for k, v in fixed.items()] + self.auth_headers()
+        self._pool = h1.H1Pool(
+            url.host, port, max_connections=self.config.max_connections, keepalive_expiry=30.0
+        )
+
+    async def aclose(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.aclose()
+
+    async def prepare(self, request: InferenceRequest) -> InferenceRequest:
+        """``request`` fitted to ``context_window`` (the oldest history dropped).
+
+        Raises:
+            BadRequest: ``context_length_exceeded``, the prompt cannot fit.
+        """
+        return await fit_request(request, self.config.context_window, self.config.tokenizer)
+
+    async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
+        pool = self._pool
+        if pool is None:
+            raise UpstreamConnectError(f"adapter {self.name} is not open")
+        path, headers, body = self.exchange(request, self.upstream_model(request.model))
+        remaining = max(request.deadline - trio.current_time(), 1e-3)
+        timeouts = h1.Timeouts(remaining, min(self.config.connect_timeout_ms / 1000.0, remaining))
+        forward = [
+            (BUDGET_HEADER, b"%d" % max(1, int(remaining * 1000))),
+            (b"x-request-id", request.request_id.encode()),
+            *((k.lower().encode(), v.encode()) for k, v in request.forward_headers.items()),
+        ]
+        with translate_errors(self.name):
+            head = h1.RequestHead("POST", self._prefix + path, self._host, self._fixed).build(
+                [*headers, *forward], body
+            )
+            async with pool.request(head, body, timeouts) as reply:
+                if reply.status != 200:
+                    raw = await reply.read(ERROR_BODY_LIMIT)
+                    after = reply.header(b"retry-after")
+                    wait = parse_retry_after(after.decode("latin-1") if after else None)
+                    raise self.status_error(reply.status, raw, wait)
+                decoder = self.decoder()
+                async for chunk in reply:
+                    upstream_read(len(chunk))
+                    for delta in decoder.feed(chunk):
+                        await send.send(delta)
+                    decoder.check()
+                await send.send(decoder.end())
