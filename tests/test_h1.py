@@ -24,6 +24,7 @@ import trio.testing
 from aiserve_trio.adapters import h1
 from aiserve_trio.adapters.base import Delta, EmbeddingRequest, InferenceRequest, Message
 from aiserve_trio.adapters.openai import OpenAIAdapter
+from aiserve_trio.adapters.transport import H1Transport, Httpx2Transport
 from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
 from aiserve_trio.errors import UpstreamStatusError
 
@@ -115,14 +116,13 @@ class Backend:
             self.closed += 1
 
 
-def pool(backend: Backend, **kw: float) -> h1.H1Pool:
-    opts: dict[str, float] = {"max_connections": 4, **kw}
+def pool(backend: Backend, max_connections: int = 4, keepalive_expiry: float = 30.0) -> h1.H1Pool:
     return h1.H1Pool(
         "up.test",
         80,
-        max_connections=int(opts.pop("max_connections")),
+        max_connections=max_connections,
+        keepalive_expiry=keepalive_expiry,
         connect=backend.connect,
-        **opts,
     )
 
 
@@ -257,14 +257,36 @@ async def test_no_reply_on_a_new_connection_is_a_protocol_error() -> None:
             await fetch(pool(b))
 
 
-async def test_a_reused_connection_the_server_closed_is_replaced_once() -> None:
-    # The keep-alive race: the server closes the idle connection as the request goes.
+async def test_a_request_a_reused_connection_never_took_is_sent_once_more() -> None:
+    # The server closed the idle connection before the request went out: no byte of
+    # it can have been processed, so it goes again on a new connection.
+    async def answer_then_close(stream: trio.abc.Stream) -> None:
+        await stream.send_all(ok(b"first"))
+        await stream.aclose()
+
+    async with backend(answer_then_close, ok(b"again")) as b:
+        p = pool(b)
+        assert await fetch(p) == (200, b"first")
+        await trio.testing.wait_all_tasks_blocked()
+        assert await fetch(p) == (200, b"again")
+        assert b.connections == 2
+        assert len(b.requests) == 2  # the backend saw each request once
+        assert p.resent == 1
+
+
+async def test_a_reused_connection_closed_after_the_request_went_out_is_not_resent() -> None:
+    # The keep-alive race the other way: the server read the request and closed. It may
+    # have acted on it, so the client does not send it again: a retryable error for the
+    # adapter's retry rules (counted there), and the next request gets a new connection.
     async with backend(ok(b"first"), close, ok(b"again")) as b:
         p = pool(b)
         assert await fetch(p) == (200, b"first")
+        with pytest.raises(h1.ClosedAfterSend):
+            await fetch(p)
+        assert len(b.requests) == 2
+        assert p.resent == 0
         assert await fetch(p) == (200, b"again")
         assert b.connections == 2
-        assert len(b.requests) == 3
 
 
 # --- cancel safety -------------------------------------------------------------------
@@ -647,23 +669,23 @@ async def test_probe_and_embeddings_on_the_lean_client() -> None:
     assert up.requests[1].endswith(b'{"model":"m","input":"hi"}')
 
 
-async def test_https_http2_and_the_httpx2_setting_keep_httpx2() -> None:
+async def test_http2_and_the_httpx2_setting_keep_httpx2_https_is_lean() -> None:
     async with trio.open_nursery() as nursery:
         for kw in (
-            {"base_url": "https://up.test/v1"},
+            {"base_url": "https://up.test/v1", "http2": True},
             {"base_url": "http://up.test/v1", "http2": True},
             {"base_url": "http://up.test/v1", "client": "httpx2"},
         ):
             adapter = OpenAIAdapter("up", OpenAIAdapterConfig(models=["m"], **kw))
             await adapter.aopen(nursery)
-            assert adapter._lean is None
+            assert isinstance(adapter.transport, Httpx2Transport), kw
             await adapter.aclose()
-        adapter = OpenAIAdapter(
-            "up", OpenAIAdapterConfig(base_url="http://up.test/v1", models=["m"])
-        )
-        await adapter.aopen(nursery)
-        assert adapter._lean is not None
-        await adapter.aclose()
+        for base in ("http://up.test/v1", "https://up.test/v1"):
+            adapter = OpenAIAdapter("up", OpenAIAdapterConfig(base_url=base, models=["m"]))
+            await adapter.aopen(nursery)
+            assert isinstance(adapter.transport, H1Transport), base
+            assert (adapter.transport.pool.tls is not None) == base.startswith("https")
+            await adapter.aclose()
 
 
 async def test_the_host_header_names_the_backend_as_its_url_does() -> None:
@@ -675,7 +697,10 @@ async def test_the_host_header_names_the_backend_as_its_url_does() -> None:
         ):
             adapter = OpenAIAdapter("up", OpenAIAdapterConfig(base_url=base, models=["m"]))
             await adapter.aopen(nursery)
-            head = adapter._lean_heads["chat"].build([], b"{}")
+            assert isinstance(adapter.transport, H1Transport)
+            head = adapter.transport._head("POST", "/chat/completions", frozenset()).build(
+                [], b"{}"
+            )
             assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n" + host), head
             await adapter.aclose()
 

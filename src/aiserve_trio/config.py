@@ -16,8 +16,11 @@ new Struct.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import ssl
+import stat
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -222,7 +225,107 @@ class MockAdapterConfig(_Section, tag="mock", tag_field="kind"):
         _models(self.models)
 
 
-class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
+class UpstreamTLS(_Section):
+    """TLS settings of an adapter that speaks HTTP to an ``https://`` backend.
+
+    Inherit it in an adapter's config table. Certificates are always verified
+    (there is no switch to turn that off); relative paths are from the config
+    file's folder. The loader reads every file once (:func:`check_tls_files`):
+    a file that cannot be read, or a key readable by others, is a start-up error.
+    """
+
+    #: PEM bundle of the CAs to trust instead of the system's (a private CA).
+    ca_file: str | None = None
+    #: PEM client certificate (mTLS), with ``client_key``.
+    client_cert: str | None = None
+    #: PEM private key of ``client_cert``; refused if others may read it.
+    client_key: str | None = None
+    #: Name sent in SNI and verified against the certificate (an IP-addressed backend).
+    server_name: str | None = None
+    #: Oldest TLS version accepted.
+    tls_min_version: Literal["1.2", "1.3"] = "1.2"
+    #: Set by the loader: a digest of the files' bytes (a changed file is a changed config).
+    tls_files_digest: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise field_error("client_key", "client_cert and client_key go together")
+        if self.server_name is not None and not re.fullmatch(
+            r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", self.server_name
+        ):
+            raise field_error("server_name", f"not a host name: {self.server_name!r}")
+
+
+_TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
+
+
+class TLSFileError(ValueError):
+    """A TLS file of an adapter cannot be used; ``field`` names its key."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"{field}: {why}")
+        self.field = field
+        self.why = why
+
+
+def client_tls_context(tls: UpstreamTLS) -> ssl.SSLContext:
+    """The verifying client context ``tls`` describes (paths as the loader resolved them).
+
+    Raises:
+        TLSFileError: a file cannot be read or is not what it should be (PEM), or
+            the key does not match the certificate; naming the field.
+    """
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=tls.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TLSFileError("ca_file", _why(exc)) from None
+    ctx.minimum_version = _TLS_VERSIONS[tls.tls_min_version]
+    if tls.client_cert is not None:
+        try:
+            ctx.load_cert_chain(tls.client_cert, tls.client_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise TLSFileError("client_cert", _why(exc)) from None
+    return ctx
+
+
+def _why(exc: OSError) -> str:
+    reason = getattr(exc, "reason", None)
+    return f"not usable ({reason or exc.strerror or exc})"
+
+
+def check_tls_files(tls: UpstreamTLS, key: str, base_dir: str, source: str) -> UpstreamTLS:
+    """``tls`` with its paths made absolute and the digest of its files' bytes.
+
+    Raises:
+        ConfigError: one line naming ``source`` and ``key.<field>``: a file cannot
+            be read, the key is readable by others, or a file is not valid PEM.
+    """
+    paths: dict[str, str] = {}
+    digest = hashlib.blake2b(digest_size=8)
+    for field in ("ca_file", "client_cert", "client_key"):
+        value = getattr(tls, field)
+        if value is None:
+            continue
+        path = Path(base_dir) / value
+        try:
+            digest.update(path.read_bytes())
+            mode = path.stat().st_mode
+        except OSError as exc:
+            why = f"cannot read {path}: {exc.strerror}"
+            raise ConfigError(f"{source}: key `{key}.{field}`: {why}") from None
+        if field == "client_key" and mode & stat.S_IROTH:
+            why = f"{path} is readable by others (chmod o-r, or 600)"
+            raise ConfigError(f"{source}: key `{key}.{field}`: {why}")
+        paths[field] = str(path)
+    resolved = msgspec.structs.replace(tls, **paths, tls_files_digest=digest.hexdigest())
+    try:
+        client_tls_context(resolved)
+    except TLSFileError as exc:
+        raise ConfigError(f"{source}: key `{key}.{exc.field}`: {exc.why}") from None
+    return resolved
+
+
+class OpenAIAdapterConfig(UpstreamTLS, tag="openai", tag_field="kind", kw_only=True):
     base_url: str
     models: list[str] = msgspec.field(default_factory=list)
     #: Model name sent upstream; default: the model the client asked for.
@@ -254,6 +357,7 @@ class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
     client: Literal["auto", "httpx2"] = "auto"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _models(self.models)
 
 
@@ -839,11 +943,22 @@ def _loaded(decoded: Config, *, source: str, base_dir: str) -> Config:
     if auth is not None and auth.keys_file is not None:
         extra = _read_keys_file(Path(base_dir) / auth.keys_file, source)
         auth = msgspec.structs.replace(auth, keys=[*auth.keys, *extra])
+    adapters = {
+        name: check_tls_files(cfg, f"adapters.{name}", base_dir, source)
+        if isinstance(cfg, UpstreamTLS)
+        else cfg
+        for name, cfg in decoded.adapters.items()
+    }
     routed = [name for route in decoded.routes for name in route.policies]
     routed += [name for route in decoded.routes for name in chain_policies(route)]
     specs = decode_policies(decoded.policies, source=source, names=routed)
     return msgspec.structs.replace(
-        decoded, source=source, base_dir=base_dir, auth=auth, policy_specs=specs
+        decoded,
+        source=source,
+        base_dir=base_dir,
+        auth=auth,
+        policy_specs=specs,
+        adapters=adapters,
     )
 
 

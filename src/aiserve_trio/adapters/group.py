@@ -134,6 +134,9 @@ class _GroupHook:
     def failed(self, adapter: str, error: UpstreamError) -> None:
         self.inner.failed(adapter, error)
 
+    def tls_handshake(self, adapter: str, kind: str) -> None:
+        self.inner.tls_handshake(adapter, kind)
+
 
 def carries(caps: Capabilities, request: InferenceRequest) -> bool:
     """Whether a backend with ``caps`` can carry ``request`` (fallbacks may carry less)."""

@@ -161,6 +161,9 @@ class RequestObserver:
     def failed(self, adapter: str, error: UpstreamError) -> None:
         self.metrics.upstream_errors.labels(adapter, error.code or "upstream_error").inc()
 
+    def tls_handshake(self, adapter: str, kind: str) -> None:
+        self.metrics.upstream_tls_handshakes.labels(adapter, kind).inc()
+
     # --- the response cache ---------------------------------------------------
 
     def cache_error(self, op: str) -> None:
