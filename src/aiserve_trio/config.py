@@ -454,7 +454,7 @@ class GroupAdapterConfig(_Section, tag="group", tag_field="kind"):
                 raise field_error("fallback_ttft_prior_ms", "must not be negative")
 
 
-class NativeAdapterConfig(_Section):
+class NativeAdapterConfig(UpstreamTLS):
     """What every native provider adapter's table has (``adapters/native.py``)."""
 
     #: The provider's API root; default: its public endpoint.
@@ -476,6 +476,7 @@ class NativeAdapterConfig(_Section):
     headers: dict[str, str] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _models(list(self.models))
         _positive(self, "max_connections", "connect_timeout_ms", "context_window")
         if self.max_retries < 0:

@@ -18,27 +18,30 @@ import abc
 import os
 import random
 from collections.abc import Mapping
+from importlib.metadata import version
 from typing import Protocol
 
 import httpx2
 import msgspec
 import trio
 
-from ..config import NativeAdapterConfig
+from ..config import NativeAdapterConfig, TLSFileError
 from ..errors import ConfigError, GatewayError, UpstreamConnectError
 from ..observability.annotate import upstream_read
 from ..observability.events import NULL_HOOK, UpstreamHook
 from . import h1
 from .base import Adapter, Delta, DeltaSink, InferenceRequest
-from .openai import parse_retry_after, translate_errors
 from .retry import Progress, RetryPolicy
+from .tls import TLSSettings
 from .tokens import fit_request
+from .transport import Transport, open_transport, parse_retry_after, translate_errors
 
 __all__ = ["NativeAdapter", "StreamDecoder", "error_fields"]
 
 #: The remaining budget, as the gateway itself accepts it (the sim and chained
 #: gateways read it; providers ignore it), and the request id, the same on every retry.
 BUDGET_HEADER = b"x-request-timeout-ms"
+USER_AGENT = f"aiserve-trio/{version('aiserve-trio')}"
 #: Bytes of an upstream error body read for the message.
 ERROR_BODY_LIMIT = 4096
 
@@ -103,9 +106,7 @@ class NativeAdapter(Adapter):
             config.models if isinstance(config.models, dict) else {}
         )
         self.base_url = self.default_base_url() if not config.base_url else config.base_url
-        self._pool: h1.H1Pool | None = None
-        self._host = ""
-        self._fixed: Headers = []
+        self.transport: Transport | None = None
 
     # --- what a provider says --------------------------------------------------------
 
@@ -157,27 +158,49 @@ class NativeAdapter(Adapter):
         return self.upstream_names.get(model, model)
 
     async def aopen(self, nursery: trio.Nursery) -> None:
-        url = httpx2.URL(self.base_url.rstrip("/"))
-        if url.scheme != "http":
-            # TLS arrives with the shared upstream transport.
-            raise ConfigError(f"adapter {self.name}: base_url must be http:// for now ({url})")
-        port = url.port or 80
-        name = f"[{url.host}]" if ":" in url.host else url.host
-        self._host = name if url.port is None else f"{name}:{url.port}"
-        self._prefix = url.raw_path.decode("ascii").rstrip("/")
+        """The transport to ``base_url`` (TLS for ``https://``), with the auth headers.
+
+        Raises:
+            ConfigError: a variable the auth needs is not set, a TLS file went bad,
+                or a header would break the request head.
+        """
         fixed = {
             "content-type": "application/json",
+            "user-agent": USER_AGENT,
             **{k.lower(): v for k, v in self.config.headers.items()},
         }
-        self._fixed = [(k.encode(), v.encode()) for k, v in fixed.items()] + self.auth_headers()
-        self._pool = h1.H1Pool(
-            url.host, port, max_connections=self.config.max_connections, keepalive_expiry=30.0
-        )
+        headers: Headers = [(k.encode(), v.encode()) for k, v in fixed.items()]
+        headers += self.auth_headers()
+        tls = None
+        if self.base_url.startswith("https://"):
+            host = httpx2.URL(self.base_url).host
+            name = self.name
+            try:
+                tls = TLSSettings.from_config(
+                    self.config, host, lambda kind: self.hook.tls_handshake(name, kind)
+                )
+            except TLSFileError as exc:
+                raise ConfigError(f"adapter {self.name}: {exc}") from None
+        try:
+            self.transport = open_transport(
+                self.name,
+                self.base_url,
+                headers,
+                max_connections=self.config.max_connections,
+                connect_timeout=self.config.connect_timeout_ms / 1000.0,
+                tls=tls,
+            )
+        except (h1.HeaderError, UnicodeError, ValueError) as exc:
+            raise ConfigError(f"adapter {self.name}: {exc}") from exc
 
     async def aclose(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            await pool.aclose()
+        if self.transport is not None:
+            transport, self.transport = self.transport, None
+            await transport.aclose()
+
+    def connections(self) -> tuple[int, int] | None:
+        """(open upstream connections, of which busy); None when the client cannot tell."""
+        return self.transport.connections() if self.transport is not None else (0, 0)
 
     async def prepare(self, request: InferenceRequest) -> InferenceRequest:
         """``request`` fitted to ``context_window`` (the oldest history dropped).
@@ -188,22 +211,19 @@ class NativeAdapter(Adapter):
         return await fit_request(request, self.config.context_window, self.config.tokenizer)
 
     async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
-        pool = self._pool
-        if pool is None:
+        transport = self.transport
+        if transport is None:
             raise UpstreamConnectError(f"adapter {self.name} is not open")
         path, headers, body = self.exchange(request, self.upstream_model(request.model))
         remaining = max(request.deadline - trio.current_time(), 1e-3)
-        timeouts = h1.Timeouts(remaining, min(self.config.connect_timeout_ms / 1000.0, remaining))
-        forward = [
+        headers = [
+            *headers,
             (BUDGET_HEADER, b"%d" % max(1, int(remaining * 1000))),
             (b"x-request-id", request.request_id.encode()),
             *((k.lower().encode(), v.encode()) for k, v in request.forward_headers.items()),
         ]
         with translate_errors(self.name):
-            head = h1.RequestHead("POST", self._prefix + path, self._host, self._fixed).build(
-                [*headers, *forward], body
-            )
-            async with pool.request(head, body, timeouts) as reply:
+            async with transport.stream("POST", path, headers, body, request.deadline) as reply:
                 if reply.status != 200:
                     raw = await reply.read(ERROR_BODY_LIMIT)
                     after = reply.header(b"retry-after")
