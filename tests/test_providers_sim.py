@@ -26,10 +26,15 @@ from .sim_process import run_sim
 pytestmark = pytest.mark.slow
 
 EXAMPLE = ROOT / "configs" / "examples" / "providers.toml"
-ENV = {"ANTHROPIC_API_KEY": "sim-anthropic-key"}
+ENV = {"ANTHROPIC_API_KEY": "sim-anthropic-key", "AZURE_OPENAI_API_KEY": "sim-azure-key"}
 #: Model -> (the sim's path for it, the auth header and value the provider wants).
 NATIVE = {
     "claude-sonnet-4-5": ("/v1/messages", "x-api-key", "sim-anthropic-key"),
+    "gpt-4o": (
+        "/openai/deployments/prod-gpt4o-deployment/chat/completions?api-version=2024-10-21",
+        "api-key",
+        "sim-azure-key",
+    ),
 }
 TOOLS: Any = [
     {
@@ -153,9 +158,20 @@ def test_a_streamed_tool_call_and_its_round_trip(sdk: openai.OpenAI, model: str)
     assert answer.choices[0].message.content.startswith("The tool returned: sunny")
 
 
+def test_azures_content_filter_is_the_clients_400(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "sim-content-filter"}]
+        )
+    assert info.value.code == "content_filter"
+    assert "content management policy" in info.value.message
+
+
 def test_an_unserved_model_is_404_naming_what_the_path_serves(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as info:
-        sdk.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        sdk.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "hi"}]
+        )
     body: Any = info.value.body
     assert body["code"] == "model_not_found"
     for model in [*NATIVE, "aiserve-mock"]:
@@ -163,6 +179,7 @@ def test_an_unserved_model_is_404_naming_what_the_path_serves(sdk: openai.OpenAI
     listed = {m.id: m.owned_by for m in sdk.models.list()}
     assert listed["claude-sonnet-4-5"] == "claude"
     assert listed["aiserve-mock"] == "mock"
+    assert listed["gpt-4o"] == "azure"
 
 
 # --- retries and fallbacks, in process against the same sim --------------------------

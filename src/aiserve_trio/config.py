@@ -496,12 +496,31 @@ class AnthropicAdapterConfig(NativeAdapterConfig, tag="anthropic", tag_field="ki
         _positive(self, "max_tokens")
 
 
+class AzureOpenAIAdapterConfig(NativeAdapterConfig, tag="azure_openai", tag_field="kind"):
+    """Azure OpenAI chat completions (``adapters/azure_openai.py``); ``base_url`` is the
+    resource's endpoint (``https://NAME.openai.azure.com``); a model's mapped name is its
+    deployment."""
+
+    #: The ``api-version`` query parameter.
+    api_version: str = "2024-10-21"
+    #: Name of the environment variable holding an Entra ID bearer token (instead of a key).
+    token_env: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.base_url:
+            raise field_error("base_url", "required: the resource's endpoint")
+        if self.api_key_env and self.token_env:
+            raise field_error("token_env", "give `api_key_env` or `token_env`, not both")
+
+
 AdapterConfig = (
     MockAdapterConfig
     | OpenAIAdapterConfig
     | VllmWsAdapterConfig
     | GroupAdapterConfig
     | AnthropicAdapterConfig
+    | AzureOpenAIAdapterConfig
 )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from ..config import (
     AdapterConfig,
     AnthropicAdapterConfig,
+    AzureOpenAIAdapterConfig,
     GroupAdapterConfig,
     MockAdapterConfig,
     OpenAIAdapterConfig,
@@ -59,6 +60,10 @@ def build_adapter(name: str, config: AdapterConfig, hook: UpstreamHook = NULL_HO
         from .anthropic import AnthropicAdapter
 
         return AnthropicAdapter(name, config, hook=hook)
+    if isinstance(config, AzureOpenAIAdapterConfig):
+        from .azure_openai import AzureOpenAIAdapter
+
+        return AzureOpenAIAdapter(name, config, hook=hook)
     raise ValueError(f"adapter kind {type(config).__name__} is not available")
 
 

@@ -60,7 +60,8 @@ class _ErrorBody(msgspec.Struct):
     message: str = ""
     type: str | None = None
     code: str | int | None = None
-    status: str | None = None
+    #: Gemini: ``RESOURCE_EXHAUSTED``...; Azure: the number.
+    status: str | int | None = None
 
 
 class _ErrorEnvelope(msgspec.Struct):
@@ -82,7 +83,8 @@ def error_fields(raw: bytes) -> tuple[str, str]:
         return "", raw[:300].decode("utf-8", "replace").strip()
     err = env.error
     if err is not None:
-        kind = err.type or (str(err.code) if err.code is not None else "") or err.status or ""
+        status = err.status if isinstance(err.status, str) else None
+        kind = err.type or (str(err.code) if err.code is not None else "") or status or ""
         return kind, err.message
     return env.kind or "", env.message or ""
 

@@ -18,6 +18,7 @@ from ..adapters.tokens import encoding_name_for, get_encoding
 from ..vectors import DEFAULT_DIMENSIONS, embeddings_body
 from .anthropic import AnthropicDialect
 from .audio import hear, parse_form
+from .azure import AzureDialect
 from .core import Done, Prepared, Receive, Scope, Send, SimCore, Stats, header_dict
 from .dialect import Dialect, DialectError
 from .model import Fault, FaultSpecError, choose_fault, prefill_delay
@@ -31,7 +32,7 @@ MALFORMED_CHUNK = b'data: {"id": "broken", "choices": [{"delta": \n\n'
 #: What a bad request is answered with 400 for (its body, a fault header, a schema).
 _BAD_REQUEST = (msgspec.DecodeError, FaultSpecError, SchemaError, ValueError)
 #: Every provider dialect the sim speaks, by the name ``--dialect`` takes.
-DIALECTS: dict[str, Dialect] = {"anthropic": AnthropicDialect()}
+DIALECTS: dict[str, Dialect] = {"anthropic": AnthropicDialect(), "azure": AzureDialect()}
 _enc = msgspec.json.Encoder()
 
 
@@ -91,7 +92,9 @@ class SimApp(SimCore):
             return
         headers = header_dict(scope)
         if _recorded(path):
-            self.log.add(path, "http", headers, body)
+            query = scope.get("query_string", b"")
+            shown = f"{path}?{query.decode('latin-1')}" if query else path
+            self.log.add(shown, "http", headers, body)
         if path == "/v1/chat/completions" and method == "POST":
             await self._chat(headers, body, receive, send)
         elif path == "/v1/embeddings" and method == "POST":
@@ -286,7 +289,8 @@ class SimApp(SimCore):
                 reasoning_effort=ask.reasoning_effort,
             )
         except (*_BAD_REQUEST, DialectError) as exc:
-            await _reply(send, 400, d.error(400, str(exc)))
+            status = exc.status if isinstance(exc, DialectError) else 400
+            await _reply(send, status, d.error(status, str(exc)))
             return
         if fault is not None:
             self.stats.count_fault(fault)

@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="dialects",
         choices=DIALECTS,
         help="serve only this provider dialect (repeat; default: every one, each under its "
-        "paths: anthropic /v1/messages)",
+        "paths: anthropic /v1/messages, azure /openai/deployments/D/chat/completions)",
     )
     p.add_argument("--access-log", action="store_true", help="log every request")
     return p

@@ -24,7 +24,11 @@ DIALECTS = ("anthropic", "azure", "gemini", "bedrock")
 
 
 class DialectError(ValueError):
-    """A request the dialect refuses (a 400 in the provider's own error shape)."""
+    """A request the dialect refuses, with the status (400 unless said) the provider gives."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
