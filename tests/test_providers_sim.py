@@ -26,7 +26,11 @@ from .sim_process import run_sim
 pytestmark = pytest.mark.slow
 
 EXAMPLE = ROOT / "configs" / "examples" / "providers.toml"
-ENV = {"ANTHROPIC_API_KEY": "sim-anthropic-key", "AZURE_OPENAI_API_KEY": "sim-azure-key"}
+ENV = {
+    "ANTHROPIC_API_KEY": "sim-anthropic-key",
+    "AZURE_OPENAI_API_KEY": "sim-azure-key",
+    "GEMINI_API_KEY": "sim-gemini-key",
+}
 #: Model -> (the sim's path for it, the auth header and value the provider wants).
 NATIVE = {
     "claude-sonnet-4-5": ("/v1/messages", "x-api-key", "sim-anthropic-key"),
@@ -34,6 +38,11 @@ NATIVE = {
         "/openai/deployments/prod-gpt4o-deployment/chat/completions?api-version=2024-10-21",
         "api-key",
         "sim-azure-key",
+    ),
+    "gemini-2.5-flash": (
+        "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+        "x-goog-api-key",
+        "sim-gemini-key",
     ),
 }
 TOOLS: Any = [
@@ -180,6 +189,7 @@ def test_an_unserved_model_is_404_naming_what_the_path_serves(sdk: openai.OpenAI
     assert listed["claude-sonnet-4-5"] == "claude"
     assert listed["aiserve-mock"] == "mock"
     assert listed["gpt-4o"] == "azure"
+    assert listed["gemini-2.5-flash"] == "gemini"
 
 
 # --- retries and fallbacks, in process against the same sim --------------------------

@@ -521,6 +521,10 @@ class AzureOpenAIAdapterConfig(NativeAdapterConfig, tag="azure_openai", tag_fiel
             raise field_error("token_env", "give `api_key_env` or `token_env`, not both")
 
 
+class GeminiAdapterConfig(NativeAdapterConfig, tag="gemini", tag_field="kind"):
+    """Google's Gemini API (``adapters/gemini.py``)."""
+
+
 AdapterConfig = (
     MockAdapterConfig
     | OpenAIAdapterConfig
@@ -528,6 +532,7 @@ AdapterConfig = (
     | GroupAdapterConfig
     | AnthropicAdapterConfig
     | AzureOpenAIAdapterConfig
+    | GeminiAdapterConfig
 )
 
 

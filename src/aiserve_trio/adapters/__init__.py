@@ -8,6 +8,7 @@ from ..config import (
     AdapterConfig,
     AnthropicAdapterConfig,
     AzureOpenAIAdapterConfig,
+    GeminiAdapterConfig,
     GroupAdapterConfig,
     MockAdapterConfig,
     OpenAIAdapterConfig,
@@ -64,6 +65,10 @@ def build_adapter(name: str, config: AdapterConfig, hook: UpstreamHook = NULL_HO
         from .azure_openai import AzureOpenAIAdapter
 
         return AzureOpenAIAdapter(name, config, hook=hook)
+    if isinstance(config, GeminiAdapterConfig):
+        from .gemini import GeminiAdapter
+
+        return GeminiAdapter(name, config, hook=hook)
     raise ValueError(f"adapter kind {type(config).__name__} is not available")
 
 

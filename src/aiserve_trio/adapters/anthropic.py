@@ -41,46 +41,26 @@ from ..errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamStatusEr
 from ..messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .anthropic_stream import AnthropicStreamDecoder
-from .base import Capabilities, InferenceRequest
-from .native import Headers, NativeAdapter, StreamDecoder, error_fields
+from .base import InferenceRequest
+from .native import (
+    TRANSLATED,
+    Headers,
+    NativeAdapter,
+    StreamDecoder,
+    error_fields,
+    image_url,
+    one_choice,
+    parse_arguments,
+    read_tools,
+)
 
 __all__ = ["AnthropicAdapter", "messages_body"]
 
 _enc = msgspec.json.Encoder()
-_dec = msgspec.json.Decoder()
-
-
-class _Function(msgspec.Struct):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class _Tool(msgspec.Struct):
-    type: str = "function"
-    function: _Function | None = None
-
-
-_tools = msgspec.json.Decoder(list[_Tool])
-
-
-class _ImageURL(msgspec.Struct):
-    url: str
-
-
-class _ImagePart(msgspec.Struct):
-    image_url: _ImageURL | str
-
-
-_image_part = msgspec.json.Decoder(_ImagePart)
 
 
 def _image_block(raw: msgspec.Raw | None, where: str) -> dict[str, Any]:
-    try:
-        part = _image_part.decode(raw or b"{}")
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        raise BadRequest(f"`{where}.image_url.url` is missing", param=where) from None
-    url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
+    url = image_url(raw, where)
     if url.startswith("data:"):
         head, _, data = url[5:].partition(",")
         media, _, encoding = head.partition(";")
@@ -112,13 +92,6 @@ def _content_blocks(m: Message, i: int) -> list[dict[str, Any]]:
     return out
 
 
-def _arguments(text: str, where: str) -> Any:
-    try:
-        return _dec.decode(text or "{}")
-    except msgspec.DecodeError:
-        raise BadRequest(f"`{where}` is not JSON", param=where) from None
-
-
 def _turns(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
     """(the system prompt, the alternating user/assistant turns)."""
     system: list[str] = []
@@ -142,7 +115,7 @@ def _turns(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
                         "type": "tool_use",
                         "id": call.id,
                         "name": call.function.name,
-                        "input": _arguments(call.function.arguments, where),
+                        "input": parse_arguments(call.function.arguments, where),
                     }
                 )
         else:
@@ -196,20 +169,15 @@ def messages_body(request: InferenceRequest, model: str, max_tokens: int) -> byt
         body["temperature"] = request.temperature
     if request.top_p is not None:
         body["top_p"] = request.top_p
-    raw_tools = request.extra.get("tools")
-    if raw_tools is not None:
-        try:
-            tools = _tools.decode(raw_tools)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise BadRequest(f"`tools`: {exc}", param="tools") from None
+    tools = read_tools(request)
+    if tools is not None:
         body["tools"] = [
             {
-                "name": t.function.name,
-                **({"description": t.function.description} if t.function.description else {}),
-                "input_schema": t.function.parameters or {"type": "object", "properties": {}},
+                "name": name,
+                **({"description": description} if description else {}),
+                "input_schema": params or {"type": "object", "properties": {}},
             }
-            for t in tools
-            if t.function is not None
+            for name, description, params in tools
         ]
     choice = _tool_choice(request)
     if choice is not None:
@@ -221,19 +189,10 @@ def messages_body(request: InferenceRequest, model: str, max_tokens: int) -> byt
     return _enc.encode(body)
 
 
-#: What the Messages API carries besides the core fields.
-CAPABILITIES = Capabilities(
-    fields=frozenset(
-        {"tools", "tool_choice", "parallel_tool_calls", "temperature", "top_p", "stop"}
-    ),
-    parts=frozenset({"text", "image_url"}),
-)
-
-
 class AnthropicAdapter(NativeAdapter):
     """Streams Anthropic Messages replies as chat deltas."""
 
-    capabilities = CAPABILITIES
+    capabilities = TRANSLATED
 
     def __init__(
         self,
@@ -260,8 +219,7 @@ class AnthropicAdapter(NativeAdapter):
         return out
 
     def exchange(self, request: InferenceRequest, model: str) -> tuple[str, Headers, bytes]:
-        if _n(request) > 1:
-            raise BadRequest("`n`: Anthropic answers one choice per request", param="n")
+        one_choice(request)
         return "/v1/messages", [], messages_body(request, model, self.anthropic.max_tokens)
 
     def decoder(self) -> StreamDecoder:
@@ -277,13 +235,3 @@ class AnthropicAdapter(NativeAdapter):
                 return BadRequest(said, param="messages", code="context_length_exceeded")
             return BadRequest(said, code="invalid_request_error")
         return UpstreamStatusError(said, upstream_status=status, retry_after=retry_after)
-
-
-def _n(request: InferenceRequest) -> int:
-    raw = request.extra.get("n")
-    if raw is None:
-        return 1
-    try:
-        return int(msgspec.json.decode(raw, type=int))
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return 1

@@ -19,24 +19,33 @@ import os
 import random
 from collections.abc import Mapping
 from importlib.metadata import version
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx2
 import msgspec
 import trio
 
 from ..config import NativeAdapterConfig, TLSFileError
-from ..errors import ConfigError, GatewayError, UpstreamConnectError
+from ..errors import BadRequest, ConfigError, GatewayError, UpstreamConnectError
 from ..observability.annotate import upstream_read
 from ..observability.events import NULL_HOOK, UpstreamHook
 from . import h1
-from .base import Adapter, Delta, DeltaSink, InferenceRequest
+from .base import Adapter, Capabilities, Delta, DeltaSink, InferenceRequest
 from .retry import Progress, RetryPolicy
 from .tls import TLSSettings
 from .tokens import fit_request
 from .transport import Transport, open_transport, parse_retry_after, translate_errors
 
-__all__ = ["NativeAdapter", "StreamDecoder", "error_fields"]
+__all__ = [
+    "TRANSLATED",
+    "NativeAdapter",
+    "StreamDecoder",
+    "error_fields",
+    "image_url",
+    "one_choice",
+    "parse_arguments",
+    "read_tools",
+]
 
 #: The remaining budget, as the gateway itself accepts it (the sim and chained
 #: gateways read it; providers ignore it), and the request id, the same on every retry.
@@ -87,6 +96,106 @@ def error_fields(raw: bytes) -> tuple[str, str]:
         kind = err.type or (str(err.code) if err.code is not None else "") or status or ""
         return kind, err.message
     return env.kind or "", env.message or ""
+
+
+# --- what the translations share (pure) ---------------------------------------------
+
+#: What a provider whose request is translated field by field carries besides the
+#: core fields; anything else is refused before the call, naming the field.
+TRANSLATED = Capabilities(
+    fields=frozenset(
+        {"tools", "tool_choice", "parallel_tool_calls", "temperature", "top_p", "stop"}
+    ),
+    parts=frozenset({"text", "image_url"}),
+)
+
+
+class _Function(msgspec.Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class _Tool(msgspec.Struct):
+    type: str = "function"
+    function: _Function | None = None
+
+
+_tools = msgspec.json.Decoder(list[_Tool])
+
+
+class _ImageURL(msgspec.Struct):
+    url: str
+
+
+class _ImagePart(msgspec.Struct):
+    image_url: _ImageURL | str
+
+
+_image_part = msgspec.json.Decoder(_ImagePart)
+_any = msgspec.json.Decoder()
+
+
+def read_tools(
+    request: InferenceRequest,
+) -> list[tuple[str, str | None, dict[str, Any] | None]] | None:
+    """(name, description, JSON schema of the parameters) of each function ``tools`` offers;
+    None when the request has no ``tools``.
+
+    Raises:
+        BadRequest: ``tools`` is not a list of functions.
+    """
+    raw = request.extra.get("tools")
+    if raw is None:
+        return None
+    try:
+        tools = _tools.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise BadRequest(f"`tools`: {exc}", param="tools") from None
+    return [
+        (t.function.name, t.function.description, t.function.parameters)
+        for t in tools
+        if t.function is not None
+    ]
+
+
+def image_url(raw: msgspec.Raw | None, where: str) -> str:
+    """The URL of an ``image_url`` part (an object's ``url``, or the bare string).
+
+    Raises:
+        BadRequest: the part has none.
+    """
+    try:
+        part = _image_part.decode(raw or b"{}")
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise BadRequest(f"`{where}.image_url.url` is missing", param=where) from None
+    return part.image_url if isinstance(part.image_url, str) else part.image_url.url
+
+
+def parse_arguments(text: str, where: str) -> Any:
+    """A tool call's arguments as the JSON value they are.
+
+    Raises:
+        BadRequest: they are not JSON.
+    """
+    try:
+        return _any.decode(text or "{}")
+    except msgspec.DecodeError:
+        raise BadRequest(f"`{where}` is not JSON", param=where) from None
+
+
+def one_choice(request: InferenceRequest) -> None:
+    """Raises: BadRequest: the request asks for more than one choice (``n``)."""
+    raw = request.extra.get("n")
+    try:
+        n = 1 if raw is None else msgspec.json.decode(raw, type=int | None) or 1
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        n = 1
+    if n > 1:
+        raise BadRequest("`n`: this backend answers one choice per request", param="n")
+
+
+# --- the adapter -------------------------------------------------------------------------
 
 
 class NativeAdapter(Adapter):

@@ -21,6 +21,7 @@ from .audio import hear, parse_form
 from .azure import AzureDialect
 from .core import Done, Prepared, Receive, Scope, Send, SimCore, Stats, header_dict
 from .dialect import Dialect, DialectError
+from .gemini import GeminiDialect
 from .model import Fault, FaultSpecError, choose_fault, prefill_delay
 from .request import chat_decoder, embedding_inputs, embeddings_decoder
 from .schema import SchemaError
@@ -32,7 +33,11 @@ MALFORMED_CHUNK = b'data: {"id": "broken", "choices": [{"delta": \n\n'
 #: What a bad request is answered with 400 for (its body, a fault header, a schema).
 _BAD_REQUEST = (msgspec.DecodeError, FaultSpecError, SchemaError, ValueError)
 #: Every provider dialect the sim speaks, by the name ``--dialect`` takes.
-DIALECTS: dict[str, Dialect] = {"anthropic": AnthropicDialect(), "azure": AzureDialect()}
+DIALECTS: dict[str, Dialect] = {
+    "anthropic": AnthropicDialect(),
+    "azure": AzureDialect(),
+    "gemini": GeminiDialect(),
+}
 _enc = msgspec.json.Encoder()
 
 
@@ -311,7 +316,9 @@ class SimApp(SimCore):
             plan = ready.plan
             head = [(b"content-type", d.stream_type), (b"cache-control", b"no-cache")]
             await send({"type": "http.response.start", "status": 200, "headers": head})
-            await _more(send, d.opening(ready, ask.model))
+            opening = d.opening(ready, ask.model)
+            if opening:
+                await _more(send, opening)
             await trio.sleep(plan.ttft)
             for k in range(plan.tokens):
                 if k:
@@ -323,7 +330,9 @@ class SimApp(SimCore):
                         return
                     if fault.kind == "malformed":
                         await _more(send, MALFORMED_CHUNK)
-                await _more(send, d.token(ready, k))
+                piece = d.token(ready, k)
+                if piece:
+                    await _more(send, piece)
             self.stats.completed += 1
             done.flag = True
             last = d.closing(ready, ask.model)

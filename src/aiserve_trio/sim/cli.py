@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="dialects",
         choices=DIALECTS,
         help="serve only this provider dialect (repeat; default: every one, each under its "
-        "paths: anthropic /v1/messages, azure /openai/deployments/D/chat/completions)",
+        "paths: anthropic /v1/messages, azure /openai/deployments/D/chat/completions, "
+        "gemini /v1beta/models/M:streamGenerateContent)",
     )
     p.add_argument("--access-log", action="store_true", help="log every request")
     return p
