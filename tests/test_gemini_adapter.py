@@ -21,7 +21,9 @@ from aiserve_trio.messages import FunctionCall, Message, Part, ToolCall
 
 
 def ev(parts: list[dict[str, Any]], **extra: Any) -> bytes:
-    body = {"candidates": [{"content": {"parts": parts, "role": "model"}, "index": 0, **extra}]}
+    body: dict[str, Any] = {
+        "candidates": [{"content": {"parts": parts, "role": "model"}, "index": 0, **extra}]
+    }
     if "finishReason" in extra:
         body["usageMetadata"] = {
             "promptTokenCount": 9,
