@@ -525,6 +525,23 @@ class GeminiAdapterConfig(NativeAdapterConfig, tag="gemini", tag_field="kind"):
     """Google's Gemini API (``adapters/gemini.py``)."""
 
 
+class BedrockAdapterConfig(NativeAdapterConfig, tag="bedrock", tag_field="kind"):
+    """Amazon Bedrock's Converse API (``adapters/bedrock.py``); a model's mapped name is
+    its model id (or inference profile)."""
+
+    #: The AWS region: the signature's, and the default endpoint's.
+    region: str = ""
+    #: A named profile of the standard AWS credential chain (default: its usual order,
+    #: the AWS_* environment variables first).
+    profile: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", self.region):
+            why = f"an AWS region like us-east-1 is required, got {self.region!r}"
+            raise field_error("region", why)
+
+
 AdapterConfig = (
     MockAdapterConfig
     | OpenAIAdapterConfig
@@ -533,6 +550,7 @@ AdapterConfig = (
     | AnthropicAdapterConfig
     | AzureOpenAIAdapterConfig
     | GeminiAdapterConfig
+    | BedrockAdapterConfig
 )
 
 

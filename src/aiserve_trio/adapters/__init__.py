@@ -8,6 +8,7 @@ from ..config import (
     AdapterConfig,
     AnthropicAdapterConfig,
     AzureOpenAIAdapterConfig,
+    BedrockAdapterConfig,
     GeminiAdapterConfig,
     GroupAdapterConfig,
     MockAdapterConfig,
@@ -69,6 +70,10 @@ def build_adapter(name: str, config: AdapterConfig, hook: UpstreamHook = NULL_HO
         from .gemini import GeminiAdapter
 
         return GeminiAdapter(name, config, hook=hook)
+    if isinstance(config, BedrockAdapterConfig):
+        from .bedrock import BedrockAdapter
+
+        return BedrockAdapter(name, config, hook=hook)
     raise ValueError(f"adapter kind {type(config).__name__} is not available")
 
 

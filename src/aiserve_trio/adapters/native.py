@@ -249,6 +249,10 @@ class NativeAdapter(Adapter):
     def status_error(self, status: int, raw: bytes, retry_after: float | None) -> GatewayError:
         """The error an answer with ``status`` and body ``raw`` is to the gateway."""
 
+    async def signed(self, path: str, body: bytes) -> Headers:
+        """Headers that sign this request (``bedrock``: SigV4); none by default."""
+        return []
+
     # --- shared ---------------------------------------------------------------------------
 
     def env(self, variable: str, key: str) -> str:
@@ -329,6 +333,7 @@ class NativeAdapter(Adapter):
         remaining = max(request.deadline - trio.current_time(), 1e-3)
         headers = [
             *headers,
+            *(await self.signed(path, body)),
             (BUDGET_HEADER, b"%d" % max(1, int(remaining * 1000))),
             (b"x-request-id", request.request_id.encode()),
             *((k.lower().encode(), v.encode()) for k, v in request.forward_headers.items()),

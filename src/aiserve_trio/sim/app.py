@@ -19,6 +19,7 @@ from ..vectors import DEFAULT_DIMENSIONS, embeddings_body
 from .anthropic import AnthropicDialect
 from .audio import hear, parse_form
 from .azure import AzureDialect
+from .bedrock import BedrockDialect
 from .core import Done, Prepared, Receive, Scope, Send, SimCore, Stats, header_dict
 from .dialect import Dialect, DialectError
 from .gemini import GeminiDialect
@@ -37,6 +38,7 @@ DIALECTS: dict[str, Dialect] = {
     "anthropic": AnthropicDialect(),
     "azure": AzureDialect(),
     "gemini": GeminiDialect(),
+    "bedrock": BedrockDialect(),
 }
 _enc = msgspec.json.Encoder()
 

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=DIALECTS,
         help="serve only this provider dialect (repeat; default: every one, each under its "
         "paths: anthropic /v1/messages, azure /openai/deployments/D/chat/completions, "
-        "gemini /v1beta/models/M:streamGenerateContent)",
+        "gemini /v1beta/models/M:streamGenerateContent, bedrock /model/M/converse-stream)",
     )
     p.add_argument("--access-log", action="store_true", help="log every request")
     return p
