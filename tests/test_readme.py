@@ -139,3 +139,24 @@ def test_reload_runs_as_the_readme_says(tmp_path: Path):
     assert cfg.read_text() == (ROOT / "configs/aiserve.toml").read_text()
     shown = " ".join(README.split())
     assert "key `limits.max_inflight`: must be positive" in shown
+
+
+def sample_after(*needles: str) -> list[str]:
+    """The lines of the plain sample-output block right after the README's ``sh`` block with
+    every needle: what the README says the commands print."""
+    for m in re.finditer(r"```sh\n(.*?)```\s*\n```\n(.*?)```", README, re.S):
+        if all(n in m[1] for n in needles):
+            return [line for line in m[2].splitlines() if line.strip()]
+    raise AssertionError(f"no sample output after a README sh block with {needles}")
+
+
+def test_the_cors_preflight_prints_what_the_readme_shows(tmp_path: Path):
+    (curl,) = sh_block("Access-Control-Request-Method")
+    (cors,) = [b for b in re.findall(r"```toml\n(.*?)```", README, re.S) if b.startswith("[cors]")]
+    cfg = tmp_path / "cors.toml"
+    cfg.write_text((ROOT / "configs/aiserve.toml").read_text() + "\n" + cors)
+    with hypercorn_gateway(cfg) as (base, _):
+        out = run(curl, gateway=base)
+    printed = [line.rstrip() for line in out.replace("\r", "").splitlines() if line.strip()]
+    printed = [line for line in printed if not line.lower().startswith(("date:", "server:"))]
+    assert printed == sample_after("Access-Control-Request-Method")

@@ -495,6 +495,7 @@ class App:
                 self._tasks = tasks
                 tasks.start_soon(self._baseline_loop)
                 tasks.start_soon(self.reloader.watch)
+                tasks.start_soon(self.console.sample)
                 if self.sched_lag is not None:
                     tasks.start_soon(self.sched_lag.run)
                 await self.writeback.run(task_status=task_status)

@@ -42,6 +42,7 @@ from ..http.body import read_body
 from ..http.endpoints import Admission, Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Headers
 from ..observability.debug import require_loopback
+from ..observability.metrics import label_value
 from ..reload import config_version
 from . import sla
 from .edit import EditError, StepState, set_steps
@@ -268,9 +269,7 @@ class Console:
             out = Login(token=token, expires_in=ttl, key_id=p.key_id, auth=True)
         await self._json(request, out)
 
-    async def overview(self, request: Request) -> None:
-        """``GET /admin/api/overview``: see :mod:`.sla`."""
-        self._local(request)
+    def _snapshot(self) -> sla.Snapshot:
         m = self.host.metrics
         metrics = (
             m.request_duration,
@@ -280,13 +279,31 @@ class Console:
             m.stage_latency,
             m.task_count,
         )
-        snap = sla.read((f for metric in metrics for f in metric.collect()), trio.current_time())
+        return sla.read((f for metric in metrics for f in metric.collect()), trio.current_time())
+
+    async def sample(self) -> None:
+        """Keep the last minute's snapshots whether or not a page is polling, so the
+        window a page first looks at already covers the minute before (the app's
+        background task)."""
+        while True:
+            self.window.add(self._snapshot())
+            await trio.sleep(self.window.step)
+
+    async def overview(self, request: Request) -> None:
+        """``GET /admin/api/overview``: see :mod:`.sla`."""
+        self._local(request)
+        snap = self._snapshot()
         start = self.window.add(snap)
         span = snap.at - start.at
+        names = {
+            label_value(model): model
+            for adapter in self.host.config.adapters.values()
+            for model in getattr(adapter, "models", ())
+        }
         out = Overview(
             pid=os.getpid(),
-            window=sla.overview(sla.since(snap, start), span, STAGES),
-            total=sla.overview(snap, None, STAGES),
+            window=sla.overview(sla.since(snap, start), span, STAGES, names),
+            total=sla.overview(snap, None, STAGES, names),
             open_streams=round(snap.live.get("sse", 0.0)),
         )
         await self._json(request, out)

@@ -267,7 +267,7 @@ class RequestObserver:
                 None if ttft is None else ttft - arrival,
                 outcome.request_id,
                 outcome.route,
-                outcome.model,
+                outcome.served_model or outcome.model,
                 outcome.channel,
                 outcome.status,
                 outcome.stages,
