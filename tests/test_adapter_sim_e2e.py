@@ -275,9 +275,11 @@ async def test_http2_upstream_multiplexes_streams_over_one_connection(sim: str) 
             # While the eight stream (2 ms a token, 0.4 s each), they share one h2c
             # connection: looked at until all have ended (a busy machine is slow to start).
             while len(results) < 8:
-                seen.add(adapter.connections())
+                now = adapter.connections()
+                assert now is not None
+                seen.add(now)
                 await trio.sleep(0.005)
-    assert seen <= {(0, 0), (1, 1)}
+    assert {opened for opened, _ in seen} <= {0, 1}  # never a second connection
     assert (1, 1) in seen
     assert results == [expected(200)] * 8
     assert (await sim_stats(sim))["completed"] == 8

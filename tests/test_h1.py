@@ -11,10 +11,12 @@ import gc
 import gzip
 import json
 import random
+import socket
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import msgspec
 import pytest
@@ -26,7 +28,7 @@ from aiserve_trio.adapters.base import Delta, EmbeddingRequest, InferenceRequest
 from aiserve_trio.adapters.openai import OpenAIAdapter
 from aiserve_trio.adapters.transport import H1Transport, Httpx2Transport
 from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
-from aiserve_trio.errors import UpstreamStatusError
+from aiserve_trio.errors import UpstreamConnectError, UpstreamStatusError
 
 from .fakes import RecordingHook
 
@@ -564,8 +566,8 @@ class Upstream:
                     await stream.send_all(action)
                 else:
                     await action(stream)
-        except trio.BrokenResourceError:
-            pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went, or an action closed the connection
         self.eof.set()
 
 
@@ -616,6 +618,29 @@ async def test_the_adapter_retries_a_429_on_the_lean_client() -> None:
     assert isinstance(retried, UpstreamStatusError)
     assert retried.upstream_status == 429
     assert up.accepted == 1  # the error body was read to its end: the connection kept
+
+
+@pytest.mark.slow
+async def test_a_request_the_backend_may_have_seen_is_retried_by_the_adapter_and_counted() -> None:
+    # The keep-alive race on a reused connection: the backend read the request and
+    # closed. h1 does not send it again itself; the adapter's retry rules do, once.
+    async def read_then_close(stream: trio.abc.Stream) -> None:
+        await stream.aclose()
+
+    up = Upstream(chunked(sse("one")), read_then_close, chunked(sse("two")))
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port)
+        await adapter.aopen(nursery)
+        await stream_all(adapter, trio.current_time() + 5)
+        deltas = await stream_all(adapter, trio.current_time() + 5)
+        await adapter.aclose()
+    assert "".join(d.text for d in deltas) == "two"
+    assert isinstance(adapter.hook, RecordingHook)
+    (retried,) = adapter.hook.retried
+    assert isinstance(retried, UpstreamConnectError)
+    assert retried.code == "upstream_closed_after_send"
+    assert len(up.requests) == 3  # the backend saw it twice: once per try, never more
+    assert up.accepted == 2
 
 
 @pytest.mark.slow
@@ -731,3 +756,68 @@ async def test_a_finished_exchange_leaves_no_cycle_for_the_garbage_collector() -
             gc.set_debug(0)
             gc.garbage.clear()
             gc.enable()
+
+
+# --- fairness ------------------------------------------------------------------------
+
+
+class Flood(socket.socket):
+    """A connected-looking socket whose peer never lets it run dry: every ``recv`` returns
+    a full read at once (after the response head), every ``send`` takes 64 KiB at once."""
+
+    def __init__(self, body: int) -> None:
+        super().__init__(socket.AF_INET, socket.SOCK_STREAM)
+        self.head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % body
+        self.left = body
+        self.sent = 0
+
+    def send(self, data: Any, flags: int = 0, /) -> int:
+        n = min(len(data), 65536)
+        self.sent += n
+        return n
+
+    def recv(self, size: int, flags: int = 0, /) -> bytes:
+        if self.head:
+            head, self.head = self.head, b""
+            return head
+        n = min(size, self.left)
+        self.left -= n
+        return b"x" * n
+
+
+async def test_a_backend_that_never_lets_the_socket_run_dry_cannot_hold_the_loop() -> None:
+    # Without a checkpoint every CHECKPOINT_BYTES, the whole 32 MiB would be read and
+    # the whole 8 MiB request written in one step of the task: no other task would run.
+    body = 32 << 20
+    flood = Flood(body)
+
+    async def connect() -> socket.socket:
+        return flood
+
+    p = h1.H1Pool("up.test", 80, max_connections=1, connect=connect)
+    moved = 0
+    gaps: list[int] = []
+    done = False
+
+    async def other_task() -> None:
+        last = moved + flood.sent
+        while not done:
+            await trio.lowlevel.checkpoint()
+            now = moved + flood.sent
+            gaps.append(now - last)
+            last = now
+
+    request = b"y" * (8 << 20)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        async with p.request(HEAD.build([], request), request, T) as r:
+            async for part in r:
+                moved += len(part)
+        done = True
+    assert moved == body
+    assert flood.sent == len(HEAD.build([], request)) + len(request)
+    assert len(gaps) > (body + len(request)) // h1.CHECKPOINT_BYTES // 2
+    # Trio may run the client twice between two steps of the other task (the end of
+    # one batch of runnable tasks, the start of the next): two windows at most.
+    assert max(gaps) <= 2 * (h1.CHECKPOINT_BYTES + h1.READ_SIZE)
+    flood.close()

@@ -75,6 +75,9 @@ def _tenant(key: str, tenant: str) -> None:
         raise field_error(key, str(exc)) from None
 
 
+_HOST_RE = re.compile(r"^(?:[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?|\[[0-9a-f:.]+\])$")
+
+
 class ServerConfig(_Section):
     name: str = "aiserve-trio"
     #: Tenant used when no authenticated tenant is known (auth comes later).
@@ -87,10 +90,17 @@ class ServerConfig(_Section):
     #: files it names): a change is loaded as ``POST /admin/config/reload`` would
     #: (0: not watched).
     reload_watch_s: float = 5.0
+    #: With auth off, the admin, console, debug and session endpoints answer only a
+    #: ``Host`` that is a loopback name or address; these host names are accepted too.
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.reload_watch_s < 0:
             raise field_error("reload_watch_s", "must not be negative (0: not watched)")
+        for i, host in enumerate(self.allowed_hosts):
+            if not _HOST_RE.match(host):
+                why = f"must be a lower-case host name or address without a port, got {host!r}"
+                raise field_error(f"allowed_hosts[{i}]", why)
         if not self.channels:
             raise field_error("channels", "must name at least one channel")
         for i, ch in enumerate(self.channels):
@@ -358,8 +368,8 @@ class OpenAIAdapterConfig(UpstreamTLS, tag="openai", tag_field="kind", kw_only=T
     #: Extra headers sent upstream on every request.
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     #: The HTTP client. ``auto``: the gateway's own lean HTTP/1.1 client
-    #: (``adapters/h1.py``) for an ``http://`` backend without ``http2``, httpx2
-    #: otherwise (TLS, HTTP/2); ``httpx2``: httpx2 always.
+    #: (``adapters/h1.py``) for an ``http://`` or ``https://`` backend without
+    #: ``http2``, httpx2 for HTTP/2; ``httpx2``: httpx2 always.
     client: Literal["auto", "httpx2"] = "auto"
 
     def __post_init__(self) -> None:
@@ -736,16 +746,19 @@ class RouteConfig(_Section):
 class AuthKey(_Section):
     #: The ``<id>`` in ``aik_<id>_<secret>``.
     id: str
-    #: ``scrypt$...`` from ``aiserve-keys``; never the plain key.
+    #: ``sha256$...`` from ``aiserve-keys`` (or a legacy ``scrypt$...``); never the plain key.
     hash: str
     tenant: str
-    #: Paths this key may call (``"*"``: every route); session endpoints follow ``channels``.
+    #: Paths this key may call (``"*"``: every route); see ``sessions`` for session endpoints.
     routes: list[str] = msgspec.field(default_factory=lambda: ["*"])
     channels: list[str] = msgspec.field(default_factory=lambda: ["*"])
     admin: bool = False
     #: Requests and tokens (prompt + completion) per minute; 0: unlimited.
     rpm: int = 0
     tpm: int = 0
+    #: Its tenant's sessions (``/v1/sessions/...``): ``read``, ``write`` (and read) or
+    #: ``none``; unset: read and write when the key may chat (some route and channel).
+    sessions: Literal["", "none", "read", "write"] = ""
 
     def __post_init__(self) -> None:
         if not _KEY_ID_RE.match(self.id):

@@ -42,7 +42,7 @@ import select
 import socket
 import ssl
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from types import TracebackType
 from typing import Final, final
 
@@ -200,7 +200,7 @@ class _Conn:
     ``stream``: any other stream (a test's memory streams), used through Trio.
     """
 
-    __slots__ = ("idle_since", "sock", "stream", "unyielded")
+    __slots__ = ("idle_since", "sock", "stream", "tls13", "unyielded")
 
     def __init__(
         self, stream: trio.abc.Stream | None = None, sock: socket.socket | None = None
@@ -210,6 +210,8 @@ class _Conn:
         self.idle_since = 0.0
         #: Bytes moved since this connection's loop last reached a checkpoint.
         self.unyielded = 0
+        #: It speaks TLS 1.3 (known once the handshake is done: a closed socket forgets).
+        self.tls13 = isinstance(sock, ssl.SSLSocket) and sock.version() == "TLSv1.3"
 
     def closed_by_peer(self) -> bool:
         """Whether an idle connection has something to read: the server closed it (or
@@ -245,7 +247,9 @@ class _Conn:
             _close_stream(self.stream)
 
 
-Connector = Callable[[], Awaitable[trio.abc.Stream]]
+#: Makes a connection: a Trio stream (a TCP one gets the direct path) or a connected,
+#: non-blocking socket.
+Connector = Callable[[], Awaitable[trio.abc.Stream | socket.socket]]
 
 
 def _detached(stream: trio.SocketStream) -> socket.socket:
@@ -341,21 +345,23 @@ class H1Pool:
     async def _new(self, timeouts: Timeouts) -> _Conn:
         where = f"{self.host}:{self.port}"
         with trio.move_on_after(timeouts.connect):
-            if self._connect is not None:
-                try:
-                    return _Conn(stream=await self._connect())
-                except OSError as exc:
-                    raise ConnectError(f"cannot connect to {where}: {exc}") from exc
             try:
-                sock = _detached(await trio.open_tcp_stream(self.host, self.port))
+                if self._connect is not None:
+                    made = await self._connect()
+                else:
+                    made = await trio.open_tcp_stream(self.host, self.port)
             except OSError as exc:
                 raise ConnectError(f"cannot connect to {where}: {exc}") from exc
+            if isinstance(made, trio.SocketStream):
+                made = _detached(made)
+            if not isinstance(made, socket.socket):
+                return _Conn(stream=made)  # a test's memory streams
             if self.tls is None:
-                return _Conn(sock=sock)
+                return _Conn(sock=made)
             try:
-                return _Conn(sock=await _handshake(sock, self.tls))
+                return _Conn(sock=await _handshake(made, self.tls))
             except BaseException:
-                sock.close()
+                made.close()
                 raise
         raise ConnectTimeout(f"connecting to {where} timed out")
 
@@ -385,20 +391,22 @@ async def _handshake(sock: socket.socket, tls: TLSSettings) -> ssl.SSLSocket:
         )
     except ssl.SSLError as exc:
         raise TLSError(reason(exc)) from exc
-    while True:
-        try:
-            wrapped.do_handshake()
-            break
-        except ssl.SSLWantReadError:
-            await trio.lowlevel.wait_readable(wrapped)
-        except ssl.SSLWantWriteError:
-            await trio.lowlevel.wait_writable(wrapped)
-        except ssl.SSLError as exc:
-            wrapped.close()
-            raise TLSError(reason(exc)) from exc
-        except OSError as exc:
-            wrapped.close()
-            raise ConnectError(f"the connection broke during the TLS handshake: {exc}") from exc
+    try:
+        while True:
+            try:
+                wrapped.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                await trio.lowlevel.wait_readable(wrapped)
+            except ssl.SSLWantWriteError:
+                await trio.lowlevel.wait_writable(wrapped)
+            except ssl.SSLError as exc:
+                raise TLSError(reason(exc)) from exc
+            except OSError as exc:
+                raise ConnectError(f"the connection broke during the TLS handshake: {exc}") from exc
+    except BaseException:  # failed, timed out or cancelled: the wrapper owns the descriptor
+        wrapped.close()
+        raise
     tls.handshake_done(wrapped)
     return wrapped
 
@@ -425,7 +433,7 @@ def _close_stream(stream: trio.abc.Stream) -> None:
 
 #: Bytes a connection may move without reaching a Trio checkpoint (see docs/architecture.md,
 #: "The upstream transport": the cost of moving them is far below the 20 ms bound).
-CHECKPOINT_BYTES: Final = 256 * 1024
+CHECKPOINT_BYTES: Final = 1 << 20
 
 
 class _Unsent(WriteError):
@@ -471,6 +479,18 @@ def _alert(sock: socket.socket) -> None:
         return
 
 
+def _dropped_after_handshake(conn: _Conn) -> bool:
+    """Whether a new TLS 1.3 connection was closed before the backend sent even a session
+    ticket: the sign of a refused client certificate from a backend that closes without
+    an alert (Trio's TLS server does). A backend that accepted the handshake sends its
+    tickets at once; one that refused the certificate never gets that far."""
+    sock = conn.sock
+    if not conn.tls13 or not isinstance(sock, ssl.SSLSocket):
+        return False
+    session = sock.session
+    return session is None or not session.has_ticket
+
+
 async def _send_socket(conn: _Conn, sock: socket.socket, data: bytes, io: float) -> None:
     view = memoryview(data)
     sent = 0
@@ -483,6 +503,7 @@ async def _send_socket(conn: _Conn, sock: socket.socket, data: bytes, io: float)
         except ssl.SSLWantReadError:
             wait = trio.lowlevel.wait_readable
         except ssl.SSLError as exc:
+            _alert(sock)  # the backend's own reason, if it sent one
             raise TLSError(reason(exc)) from exc
         except OSError as exc:  # reset, broken pipe: the server closed it
             _alert(sock)
@@ -526,6 +547,16 @@ async def _read_socket(conn: _Conn, sock: socket.socket, io: float) -> bytes:
             await _fair(conn, len(data))
             return data
         await _wait(wait, conn, sock, io, ReadTimeout)
+
+
+async def read_up_to(body: AsyncIterable[bytes], limit: int) -> bytes:
+    """The pieces of ``body`` until there are at least ``limit`` bytes, or its end."""
+    out = b""
+    async for part in body:
+        out += part
+        if len(out) >= limit:
+            break
+    return out
 
 
 class Response:
@@ -676,6 +707,12 @@ class Response:
             if not data:
                 if reused and first:
                     raise ClosedAfterSend("the server closed the connection without a response")
+                if first and _dropped_after_handshake(conn):
+                    raise TLSError(
+                        "the backend closed the connection right after the TLS handshake, "
+                        "before any session ticket: it refused the client certificate "
+                        "without an alert"
+                    )
                 raise RemoteProtocolError("the server closed the connection without a response")
             first = False
             self._feed(data)
@@ -757,12 +794,7 @@ class Response:
 
     async def read(self, limit: int) -> bytes:
         """Up to about ``limit`` bytes of the body (an error body, a whole JSON answer)."""
-        out = b""
-        async for part in self:
-            out += part
-            if len(out) >= limit:
-                break
-        return out
+        return await read_up_to(self, limit)
 
     @property
     def complete(self) -> bool:

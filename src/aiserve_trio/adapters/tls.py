@@ -6,7 +6,7 @@ The context comes from the adapter's settings (``config.UpstreamTLS``: ``ca_file
 verifies the certificate and the name. One :class:`TLSSettings` per backend keeps
 the newest session the backend gave (a TLS 1.3 ticket or a TLS 1.2 session), and a
 new connection offers it: the handshake is then one round trip shorter and skips
-the certificate exchange (``python -m bench.tls_connect`` measures it).
+the certificate exchange (``python -m bench.upstream_tls`` measures it).
 
 :func:`reason` turns an ``ssl`` failure into the words an operator needs: unknown
 CA, expired certificate, name mismatch, client certificate refused, no protocol

@@ -445,7 +445,7 @@ class ClientPool:
 class Httpx2Transport:
     """httpx2 clients (:class:`ClientPool`): HTTP/2 over ALPN or h2c, or HTTP/1.1."""
 
-    __slots__ = ("_base", "_connect_s", "_fixed", "clients", "name")
+    __slots__ = ("_base", "_connect_s", "_extensions", "_fixed", "clients", "name")
 
     def __init__(
         self,
@@ -465,6 +465,8 @@ class Httpx2Transport:
         self._base = base_url.rstrip("/")
         self._fixed = list(headers)
         self._connect_s = connect_timeout
+        # server_name: httpcore2 sends it in SNI and verifies the certificate against it.
+        self._extensions = {"sni_hostname": tls.server_name} if tls is not None else {}
         per_client = PER_CLIENT_HTTP2 if http2 else PER_CLIENT_HTTP1
         # Over HTTP/2 a client keeps one connection; the limit matters only if
         # the server turns HTTP/2 down and every stream needs its own.
@@ -499,7 +501,7 @@ class Httpx2Transport:
             self._base + path,
             content=body if body or method != "GET" else None,
             headers=[*(kv for kv in self._fixed if kv[0] not in names), *headers],
-            extensions={"timeout": timeout.as_dict()},
+            extensions={"timeout": timeout.as_dict(), **self._extensions},
         )
         response: httpx2.Response | None = None
         with self.clients.lease() as client:
@@ -552,12 +554,7 @@ class _HttpxReply:
             return await chunks.__anext__()
 
     async def read(self, limit: int) -> bytes:
-        out = b""
-        async for part in self:
-            out += part
-            if len(out) >= limit:
-                break
-        return out
+        return await h1.read_up_to(self, limit)
 
 
 def open_transport(
