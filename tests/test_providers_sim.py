@@ -180,6 +180,21 @@ def test_azures_content_filter_is_the_clients_400(sdk: openai.OpenAI) -> None:
     assert "content management policy" in info.value.message
 
 
+def test_what_a_provider_cannot_carry_is_refused_naming_the_field(sdk: openai.OpenAI) -> None:
+    # The capabilities are the chosen adapter's: Azure relays response_format, Anthropic
+    # cannot carry it, and says so before any call.
+    hi: Any = [{"role": "user", "content": "hi"}]
+    fmt: Any = {"type": "json_object"}
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(model="claude-sonnet-4-5", messages=hi, response_format=fmt)
+    assert (info.value.code, info.value.param) == ("unsupported_field", "response_format")
+    answer = sdk.chat.completions.create(model="gpt-4o", messages=hi, response_format=fmt)
+    assert answer.choices[0].message.content == '{"answer":"sim","ok":true}'
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(model="nova-pro", messages=hi, n=2)
+    assert info.value.param == "n"
+
+
 def test_an_unserved_model_is_404_naming_what_the_path_serves(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         sdk.chat.completions.create(

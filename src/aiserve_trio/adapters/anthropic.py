@@ -45,10 +45,11 @@ from .base import InferenceRequest
 from .native import (
     TRANSLATED,
     Headers,
+    Image,
     NativeAdapter,
     StreamDecoder,
+    content_parts,
     error_fields,
-    image_url,
     one_choice,
     parse_arguments,
     read_tools,
@@ -59,37 +60,17 @@ __all__ = ["AnthropicAdapter", "messages_body"]
 _enc = msgspec.json.Encoder()
 
 
-def _image_block(raw: msgspec.Raw | None, where: str) -> dict[str, Any]:
-    url = image_url(raw, where)
-    if url.startswith("data:"):
-        head, _, data = url[5:].partition(",")
-        media, _, encoding = head.partition(";")
-        if encoding != "base64" or not data:
-            raise BadRequest(f"`{where}`: a data URL must be base64", param=where)
-        return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
-    return {"type": "image", "source": {"type": "url", "url": url}}
+def _image_block(image: Image, where: str) -> dict[str, Any]:
+    if image.data:
+        source = {"type": "base64", "media_type": image.media, "data": image.data}
+        return {"type": "image", "source": source}
+    if image.url.startswith("data:"):
+        raise BadRequest(f"`{where}`: a data URL must be base64", param=where)
+    return {"type": "image", "source": {"type": "url", "url": image.url}}
 
 
-def _content_blocks(m: Message, i: int) -> list[dict[str, Any]]:
-    c = m.content
-    if c is None:
-        return []
-    if isinstance(c, str):
-        return [{"type": "text", "text": c}] if c else []
-    out: list[dict[str, Any]] = []
-    for j, p in enumerate(c):
-        if p.type == "text":
-            if p.text:
-                out.append({"type": "text", "text": p.text})
-        elif p.type == "image_url":
-            out.append(_image_block(p.raw, f"messages[{i}].content[{j}]"))
-        else:  # the capabilities check refused it already; a guard for direct callers
-            raise BadRequest(
-                f"`messages[{i}].content[{j}]`: `{p.type}` parts cannot be sent to Anthropic",
-                param=f"messages[{i}].content[{j}]",
-                code="unsupported_content",
-            )
-    return out
+def _text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
 
 
 def _turns(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
@@ -107,7 +88,7 @@ def _turns(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
             ]
         elif m.role in ("user", "assistant"):
             role = m.role
-            blocks = _content_blocks(m, i)
+            blocks = content_parts(m, i, "Anthropic", _text_block, _image_block)
             for k, call in enumerate(m.tool_calls or []):
                 where = f"messages[{i}].tool_calls[{k}].function.arguments"
                 blocks.append(

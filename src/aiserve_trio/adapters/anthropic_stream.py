@@ -29,6 +29,7 @@ import msgspec
 
 from ..errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError
 from .base import Delta, ToolCallDelta, Usage
+from .pieces import Pieces
 from .sse_parser import SSEDecodeError, SSEParser
 
 #: Anthropic's stop reasons -> OpenAI's finish reasons.
@@ -132,14 +133,13 @@ class AnthropicStreamDecoder:
         out: list[Delta] = []
         if self.done:
             return out
-        text: list[str] = []
-        thought: list[str] = []
+        pieces = Pieces()
         try:
             for event in self._parser.feed(data):
                 ev = _event_decoder.decode(event.data)
-                call = self._event(ev, text, thought)
+                call = self._event(ev, pieces)
                 if call is not None:
-                    _flush(out, text, thought)
+                    pieces.flush(out)
                     out.append(Delta(tool_calls=[call]))
                 if self.done:
                     break
@@ -149,7 +149,7 @@ class AnthropicStreamDecoder:
             broken = UpstreamProtocolError(f"{self.name}: the model backend sent a malformed event")
             broken.__cause__ = exc
             self._error = broken
-        _flush(out, text, thought)
+        pieces.flush(out)
         return out
 
     def check(self) -> None:
@@ -174,16 +174,16 @@ class AnthropicStreamDecoder:
         usage = Usage(prompt_tokens=self.input_tokens, completion_tokens=completion)
         return Delta(finish_reason=reason, usage=usage)
 
-    def _event(self, ev: _Event, text: list[str], thought: list[str]) -> ToolCallDelta | None:
+    def _event(self, ev: _Event, pieces: Pieces) -> ToolCallDelta | None:
         kind = ev.type
         if kind == "content_block_delta" and ev.delta is not None:
             d = ev.delta
             if d.type == "text_delta" and d.text:
                 self.pieces += 1
-                text.append(d.text)
+                pieces.add(d.text)
             elif d.type == "thinking_delta" and d.thinking:
                 self.pieces += 1
-                thought.append(d.thinking)
+                pieces.add(d.thinking, reasoning=True)
             elif d.type == "input_json_delta" and d.partial_json:
                 index = self._calls.get(ev.index)
                 if index is None:
@@ -219,12 +219,3 @@ class AnthropicStreamDecoder:
                 raise UpstreamStatusError(said, upstream_status=status)
             raise UpstreamProtocolError(said)
         return None
-
-
-def _flush(out: list[Delta], text: list[str], thought: list[str]) -> None:
-    if text or thought:
-        out.append(
-            Delta(text="".join(text), reasoning="".join(thought), tokens=len(text) + len(thought))
-        )
-        text.clear()
-        thought.clear()

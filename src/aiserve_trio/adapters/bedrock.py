@@ -58,10 +58,11 @@ from .bedrock_stream import BedrockStreamDecoder
 from .native import (
     TRANSLATED,
     Headers,
+    Image,
     NativeAdapter,
     StreamDecoder,
+    content_parts,
     error_fields,
-    image_url,
     one_choice,
     parse_arguments,
     read_tools,
@@ -73,37 +74,16 @@ _enc = msgspec.json.Encoder()
 _FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/gif": "gif", "image/webp": "webp"}
 
 
-def _content(m: Message, i: int) -> list[dict[str, Any]]:
-    c = m.content
-    if c is None:
-        return []
-    if isinstance(c, str):
-        return [{"text": c}] if c else []
-    out: list[dict[str, Any]] = []
-    for j, p in enumerate(c):
-        where = f"messages[{i}].content[{j}]"
-        if p.type == "text":
-            if p.text:
-                out.append({"text": p.text})
-        elif p.type == "image_url":
-            url = image_url(p.raw, where)
-            head, _, data = url.removeprefix("data:").partition(",")
-            media, _, encoding = head.partition(";")
-            fmt = _FORMATS.get(media)
-            if not url.startswith("data:") or encoding != "base64" or not data or fmt is None:
-                raise BadRequest(
-                    f"`{where}`: Bedrock takes images as base64 data: URLs "
-                    "(png, jpeg, gif or webp)",
-                    param=where,
-                )
-            out.append({"image": {"format": fmt, "source": {"bytes": data}}})
-        else:
-            raise BadRequest(
-                f"`{where}`: `{p.type}` parts cannot be sent to Bedrock",
-                param=where,
-                code="unsupported_content",
-            )
-    return out
+def _image(image: Image, where: str) -> dict[str, Any]:
+    fmt = _FORMATS.get(image.media)
+    if not image.data or fmt is None:
+        why = "Bedrock takes images as base64 data: URLs (png, jpeg, gif or webp)"
+        raise BadRequest(f"`{where}`: {why}", param=where)
+    return {"image": {"format": fmt, "source": {"bytes": image.data}}}
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"text": text}
 
 
 def _messages(messages: list[Message]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -120,7 +100,7 @@ def _messages(messages: list[Message]) -> tuple[list[dict[str, Any]], list[dict[
             blocks: list[dict[str, Any]] = [{"toolResult": result}]
         elif m.role in ("user", "assistant"):
             role = m.role
-            blocks = _content(m, i)
+            blocks = content_parts(m, i, "Bedrock", _text, _image)
             for k, call in enumerate(m.tool_calls or []):
                 where = f"messages[{i}].tool_calls[{k}].function.arguments"
                 use = {

@@ -32,6 +32,7 @@ from ..errors import (
 )
 from .base import Delta, ToolCallDelta, Usage
 from .eventstream import EventStreamDecoder, EventStreamError
+from .pieces import Pieces
 
 #: Bedrock's stop reasons -> OpenAI's.
 STOP_REASONS = {
@@ -114,8 +115,7 @@ class BedrockStreamDecoder:
         """
         self.check()
         out: list[Delta] = []
-        text: list[str] = []
-        thought: list[str] = []
+        pieces = Pieces()
         try:
             for message in self._frames.feed(data):
                 kind = message.text(":message-type")
@@ -123,11 +123,9 @@ class BedrockStreamDecoder:
                     raise self._exception(message.text(":exception-type"), message.payload)
                 if kind != "event":
                     continue
-                call = self._on(
-                    message.text(":event-type"), _event.decode(message.payload), text, thought
-                )
+                call = self._on(message.text(":event-type"), _event.decode(message.payload), pieces)
                 if call is not None:
-                    _flush(out, text, thought)
+                    pieces.flush(out)
                     out.append(Delta(tool_calls=[call]))
         except GatewayError as err:
             self._error = err
@@ -135,7 +133,7 @@ class BedrockStreamDecoder:
             broken = UpstreamProtocolError(f"{self.name}: the model backend sent a malformed event")
             broken.__cause__ = exc
             self._error = broken
-        _flush(out, text, thought)
+        pieces.flush(out)
         return out
 
     def check(self) -> None:
@@ -175,17 +173,15 @@ class BedrockStreamDecoder:
             return UpstreamStatusError(said, upstream_status=status)
         return UpstreamProtocolError(said)
 
-    def _on(
-        self, kind: str, ev: _Event, text: list[str], thought: list[str]
-    ) -> ToolCallDelta | None:
+    def _on(self, kind: str, ev: _Event, pieces: Pieces) -> ToolCallDelta | None:
         if kind == "contentBlockDelta" and ev.delta is not None:
             d = ev.delta
             if d.text:
                 self.pieces += 1
-                text.append(d.text)
+                pieces.add(d.text)
             elif d.reasoningContent is not None and d.reasoningContent.text:
                 self.pieces += 1
-                thought.append(d.reasoningContent.text)
+                pieces.add(d.reasoningContent.text, reasoning=True)
             elif d.toolUse is not None and d.toolUse.input:
                 index = self._calls.get(ev.contentBlockIndex)
                 if index is None:
@@ -202,12 +198,3 @@ class BedrockStreamDecoder:
         elif kind == "metadata":
             self.usage = ev.usage
         return None
-
-
-def _flush(out: list[Delta], text: list[str], thought: list[str]) -> None:
-    if text or thought:
-        out.append(
-            Delta(text="".join(text), reasoning="".join(thought), tokens=len(text) + len(thought))
-        )
-        text.clear()
-        thought.clear()

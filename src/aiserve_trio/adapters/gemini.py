@@ -44,10 +44,11 @@ from .gemini_stream import GeminiStreamDecoder
 from .native import (
     TRANSLATED,
     Headers,
+    Image,
     NativeAdapter,
     StreamDecoder,
+    content_parts,
     error_fields,
-    image_url,
     one_choice,
     parse_arguments,
     read_tools,
@@ -58,34 +59,14 @@ __all__ = ["GeminiAdapter", "gemini_body"]
 _enc = msgspec.json.Encoder()
 
 
-def _parts(m: Message, i: int) -> list[dict[str, Any]]:
-    c = m.content
-    if c is None:
-        return []
-    if isinstance(c, str):
-        return [{"text": c}] if c else []
-    out: list[dict[str, Any]] = []
-    for j, p in enumerate(c):
-        where = f"messages[{i}].content[{j}]"
-        if p.type == "text":
-            if p.text:
-                out.append({"text": p.text})
-        elif p.type == "image_url":
-            url = image_url(p.raw, where)
-            head, _, data = url.removeprefix("data:").partition(",")
-            media, _, encoding = head.partition(";")
-            if not url.startswith("data:") or encoding != "base64" or not data:
-                raise BadRequest(
-                    f"`{where}`: Gemini takes images as base64 data: URLs", param=where
-                )
-            out.append({"inlineData": {"mimeType": media, "data": data}})
-        else:
-            raise BadRequest(
-                f"`{where}`: `{p.type}` parts cannot be sent to Gemini",
-                param=where,
-                code="unsupported_content",
-            )
-    return out
+def _inline(image: Image, where: str) -> dict[str, Any]:
+    if not image.data:
+        raise BadRequest(f"`{where}`: Gemini takes images as base64 data: URLs", param=where)
+    return {"inlineData": {"mimeType": image.media, "data": image.data}}
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"text": text}
 
 
 def _contents(messages: list[Message]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -102,7 +83,7 @@ def _contents(messages: list[Message]) -> tuple[list[str], list[dict[str, Any]]]
             parts = [{"functionResponse": {"name": name, "response": {"result": m.text()}}}]
         elif m.role in ("user", "assistant"):
             role = "user" if m.role == "user" else "model"
-            parts = _parts(m, i)
+            parts = content_parts(m, i, "Gemini", _text, _inline)
             for k, call in enumerate(m.tool_calls or []):
                 names[call.id] = call.function.name
                 where = f"messages[{i}].tool_calls[{k}].function.arguments"

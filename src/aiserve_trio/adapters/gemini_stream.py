@@ -23,6 +23,7 @@ import msgspec
 
 from ..errors import BadRequest, GatewayError, UpstreamProtocolError
 from .base import Delta, ToolCallDelta, Usage
+from .pieces import Pieces
 from .sse_parser import SSEDecodeError, SSEParser
 
 #: Gemini's finish reasons -> OpenAI's (anything else: ``stop``).
@@ -106,18 +107,17 @@ class GeminiStreamDecoder:
         """
         self.check()
         out: list[Delta] = []
-        text: list[str] = []
-        thought: list[str] = []
+        pieces = Pieces()
         try:
             for event in self._parser.feed(data):
-                self._response(_response.decode(event.data), out, text, thought)
+                self._response(_response.decode(event.data), out, pieces)
         except GatewayError as err:
             self._error = err
         except (SSEDecodeError, msgspec.DecodeError) as exc:
             broken = UpstreamProtocolError(f"{self.name}: the model backend sent a malformed event")
             broken.__cause__ = exc
             self._error = broken
-        _flush(out, text, thought)
+        pieces.flush(out)
         return out
 
     def check(self) -> None:
@@ -144,9 +144,7 @@ class GeminiStreamDecoder:
         usage = Usage(prompt_tokens=u.promptTokenCount, completion_tokens=completion or self.pieces)
         return Delta(finish_reason=reason, usage=usage)
 
-    def _response(
-        self, r: _Response, out: list[Delta], text: list[str], thought: list[str]
-    ) -> None:
+    def _response(self, r: _Response, out: list[Delta], pieces: Pieces) -> None:
         if r.usageMetadata is not None:
             self.usage = r.usageMetadata
         if not r.candidates and r.promptFeedback is not None and r.promptFeedback.blockReason:
@@ -159,7 +157,7 @@ class GeminiStreamDecoder:
             for part in cand.content.parts if cand.content is not None else ():
                 call = part.functionCall
                 if call is not None:
-                    _flush(out, text, thought)
+                    pieces.flush(out)
                     index = self.calls
                     self.calls += 1
                     tool = ToolCallDelta(
@@ -172,15 +170,6 @@ class GeminiStreamDecoder:
                     out.append(Delta(tool_calls=[tool]))
                 elif part.text:
                     self.pieces += 1
-                    (thought if part.thought else text).append(part.text)
+                    pieces.add(part.text, reasoning=part.thought)
             if cand.finishReason:
                 self.finish = cand.finishReason
-
-
-def _flush(out: list[Delta], text: list[str], thought: list[str]) -> None:
-    if text or thought:
-        out.append(
-            Delta(text="".join(text), reasoning="".join(thought), tokens=len(text) + len(thought))
-        )
-        text.clear()
-        thought.clear()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import version
 from typing import Any, Protocol
 
@@ -27,6 +27,7 @@ import trio
 
 from ..config import NativeAdapterConfig, TLSFileError
 from ..errors import BadRequest, ConfigError, GatewayError, UpstreamConnectError
+from ..messages import Message
 from ..observability.annotate import upstream_read
 from ..observability.events import NULL_HOOK, UpstreamHook
 from . import h1
@@ -38,8 +39,10 @@ from .transport import Transport, open_transport, parse_retry_after, translate_e
 
 __all__ = [
     "TRANSLATED",
+    "Image",
     "NativeAdapter",
     "StreamDecoder",
+    "content_parts",
     "error_fields",
     "image_url",
     "one_choice",
@@ -170,6 +173,52 @@ def image_url(raw: msgspec.Raw | None, where: str) -> str:
     except (msgspec.DecodeError, msgspec.ValidationError):
         raise BadRequest(f"`{where}.image_url.url` is missing", param=where) from None
     return part.image_url if isinstance(part.image_url, str) else part.image_url.url
+
+
+class Image(msgspec.Struct, frozen=True):
+    """An ``image_url`` part: its URL, and for a base64 ``data:`` URL its media type and data."""
+
+    url: str
+    media: str = ""
+    data: str = ""
+
+
+#: How a provider says a text piece and an image (``where`` names the part in errors).
+Say = Callable[[str], dict[str, Any]]
+Show = Callable[[Image, str], dict[str, Any]]
+
+
+def content_parts(m: Message, i: int, provider: str, say: Say, show: Show) -> list[dict[str, Any]]:
+    """The blocks of message ``i``'s content in a provider's terms: a string or text
+    parts through ``say``, image parts through ``show`` (empty text dropped).
+
+    Raises:
+        BadRequest: a part of another type (naming it), or one ``show`` refuses.
+    """
+    c = m.content
+    if c is None:
+        return []
+    if isinstance(c, str):
+        return [say(c)] if c else []
+    out: list[dict[str, Any]] = []
+    for j, p in enumerate(c):
+        where = f"messages[{i}].content[{j}]"
+        if p.type == "text":
+            if p.text:
+                out.append(say(p.text))
+        elif p.type == "image_url":
+            url = image_url(p.raw, where)
+            head, _, data = url.removeprefix("data:").partition(",")
+            media, _, encoding = head.partition(";")
+            inline = url.startswith("data:") and encoding == "base64" and bool(data)
+            out.append(show(Image(url, media, data) if inline else Image(url), where))
+        else:  # the capabilities check refused it already; a guard for direct callers
+            raise BadRequest(
+                f"`{where}`: `{p.type}` parts cannot be sent to {provider}",
+                param=where,
+                code="unsupported_content",
+            )
+    return out
 
 
 def parse_arguments(text: str, where: str) -> Any:

@@ -294,6 +294,7 @@ class SimApp(SimCore):
                 tools=ask.tools,
                 tool_choice=ask.tool_choice,
                 reasoning_effort=ask.reasoning_effort,
+                response_format=ask.response_format,
             )
         except (*_BAD_REQUEST, DialectError) as exc:
             status = exc.status if isinstance(exc, DialectError) else 400

@@ -74,6 +74,7 @@ class AzureDialect:
             tools=req.tools,
             tool_choice=req.tool_choice,
             reasoning_effort=req.reasoning_effort,
+            response_format=req.response_format,
         )
 
     def error(self, status: int, message: str) -> bytes:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .core import Prepared
-from .request import SimMessage, Tool, ToolChoice
+from .request import ResponseFormat, SimMessage, Tool, ToolChoice
 
 #: The dialects ``--dialect`` names.
 DIALECTS = ("anthropic", "azure", "gemini", "bedrock")
@@ -42,6 +42,7 @@ class SimAsk:
     tools: list[Tool] | None = None
     tool_choice: ToolChoice = None
     reasoning_effort: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 class Dialect(Protocol):
