@@ -9,6 +9,7 @@ The WebSocket protocol is served by :mod:`.ws`. See the package docstring
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -23,7 +24,7 @@ from .bedrock import BedrockDialect
 from .core import Done, Prepared, Receive, Scope, Send, SimCore, Stats, header_dict
 from .dialect import Dialect, DialectError
 from .gemini import GeminiDialect
-from .model import Fault, FaultSpecError, choose_fault, prefill_delay
+from .model import Fault, FaultSpecError, Plan, choose_fault, prefill_delay
 from .request import chat_decoder, embedding_inputs, embeddings_decoder
 from .schema import SchemaError
 from .wire import completion_body, reply_usage, sse_choices, sse_finish
@@ -137,8 +138,14 @@ class SimApp(SimCore):
             self.stats.last_timeout_ms = round(timeout * 1000)
         return fault, timeout
 
-    async def _status_fault(self, send: Send, fault: Fault | None) -> bool:
-        """Count ``fault``; answer it if it is a status fault (then return True)."""
+    async def _status_fault(
+        self, send: Send, fault: Fault | None, error: Callable[[int], bytes] | None = None
+    ) -> bool:
+        """Count ``fault``; answer it if it is a status fault (then return True).
+
+        Args:
+            error: the error body for a status (a dialect's); default OpenAI's.
+        """
         if fault is None:
             return False
         self.stats.count_fault(fault)
@@ -147,7 +154,10 @@ class SimApp(SimCore):
         extra = []
         if fault.retry_after is not None:
             extra.append((b"retry-after", _secs(fault.retry_after)))
-        body = _error_body(f"simulated {fault.status}", _status_code(fault.status))
+        if error is not None:
+            body = error(fault.status)
+        else:
+            body = _error_body(f"simulated {fault.status}", _status_code(fault.status))
         await _reply(send, fault.status, body, extra)
         return True
 
@@ -222,18 +232,12 @@ class SimApp(SimCore):
     ) -> None:
         plan, script = ready.plan, ready.script
         await w.start()
-        await trio.sleep(plan.ttft)
-        for k in range(plan.tokens):
-            if k:
-                await trio.sleep(plan.gaps[k - 1])
-            if fault is not None and k == fault.after:
-                if fault.kind == "stall":
-                    await trio.sleep_forever()
-                if fault.kind == "drop":
-                    return  # leaving mid-body makes hypercorn close the connection
-                if fault.kind == "malformed":
-                    await w.raw(MALFORMED_CHUNK)
-            await w.raw(b"".join(w.event(c) for c in sse_choices(script, k, top)))
+
+        def piece(k: int) -> bytes:
+            return b"".join(w.event(c) for c in sse_choices(script, k, top))
+
+        if not await _paced(plan, fault, piece, w.raw):
+            return  # leaving mid-body makes hypercorn close the connection
         # Counted before the last write: the client may hang up as soon as it has it.
         self.stats.completed += 1
         out = w.event(sse_finish(script, plan))
@@ -300,14 +304,8 @@ class SimApp(SimCore):
             status = exc.status if isinstance(exc, DialectError) else 400
             await _reply(send, status, d.error(status, str(exc)))
             return
-        if fault is not None:
-            self.stats.count_fault(fault)
-            if fault.kind == "status":
-                extra = []
-                if fault.retry_after is not None:
-                    extra.append((b"retry-after", _secs(fault.retry_after)))
-                await _reply(send, fault.status, d.error(fault.status, "simulated"), extra)
-                return
+        if await self._status_fault(send, fault, lambda status: d.error(status, "simulated")):
+            return
         # A provider's max_tokens is a cap (Anthropic requires one on every request):
         # the length is drawn as without it, and cut to it only when longer.
         ready = self.prepare(decided, None)
@@ -319,23 +317,9 @@ class SimApp(SimCore):
             plan = ready.plan
             head = [(b"content-type", d.stream_type), (b"cache-control", b"no-cache")]
             await send({"type": "http.response.start", "status": 200, "headers": head})
-            opening = d.opening(ready, ask.model)
-            if opening:
-                await _more(send, opening)
-            await trio.sleep(plan.ttft)
-            for k in range(plan.tokens):
-                if k:
-                    await trio.sleep(plan.gaps[k - 1])
-                if fault is not None and k == fault.after:
-                    if fault.kind == "stall":
-                        await trio.sleep_forever()
-                    if fault.kind == "drop":
-                        return
-                    if fault.kind == "malformed":
-                        await _more(send, MALFORMED_CHUNK)
-                piece = d.token(ready, k)
-                if piece:
-                    await _more(send, piece)
+            await _more(send, d.opening(ready, ask.model))
+            if not await _paced(plan, fault, partial(d.token, ready), partial(_more, send)):
+                return
             self.stats.completed += 1
             done.flag = True
             last = d.closing(ready, ask.model)
@@ -447,7 +431,31 @@ class _SSEWriter:
 
 
 async def _more(send: Send, data: bytes) -> None:
-    await send({"type": "http.response.body", "body": data, "more_body": True})
+    if data:  # a dialect may have nothing to send for a token (Gemini: a call comes whole)
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+async def _paced(
+    plan: Plan,
+    fault: Fault | None,
+    piece: Callable[[int], bytes],
+    write: Callable[[bytes], Awaitable[None]],
+) -> bool:
+    """Write each output token's bytes when the plan says it is due, acting out a stall,
+    drop or malformed fault at its token. Returns False when the reply was dropped."""
+    await trio.sleep(plan.ttft)
+    for k in range(plan.tokens):
+        if k:
+            await trio.sleep(plan.gaps[k - 1])
+        if fault is not None and k == fault.after:
+            if fault.kind == "stall":
+                await trio.sleep_forever()
+            if fault.kind == "drop":
+                return False
+            if fault.kind == "malformed":
+                await write(MALFORMED_CHUNK)
+        await write(piece(k))
+    return True
 
 
 async def _body_fault(send: Send, fault: Fault | None) -> bool:
