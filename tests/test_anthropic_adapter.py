@@ -24,6 +24,8 @@ from aiserve_trio.errors import (
 )
 from aiserve_trio.messages import FunctionCall, Message, Part, ToolCall
 
+from . import stream_cases
+
 
 def ev(kind: str, **data: Any) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
@@ -63,17 +65,10 @@ STREAM = START + THINKING + TEXT + TOOL + END
 
 
 def decode(chunks: list[bytes]) -> tuple[list[Delta], Delta]:
-    d = AnthropicStreamDecoder("claude")
-    out: list[Delta] = []
-    for c in chunks:
-        out += d.feed(c)
-        d.check()
-    return out, d.end()
+    return stream_cases.decode(AnthropicStreamDecoder("claude"), chunks)
 
 
-def summary(deltas: list[Delta]) -> tuple[str, str, list[tuple[int, str | None, str | None, str]]]:
-    calls = [(c.index, c.id, c.name, c.arguments) for d in deltas for c in d.tool_calls or []]
-    return "".join(d.text for d in deltas), "".join(d.reasoning for d in deltas), calls
+summary = stream_cases.said
 
 
 def test_a_whole_stream() -> None:
@@ -92,8 +87,7 @@ def test_a_whole_stream() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
 def test_split_anywhere_the_same_reply(cuts: list[int]) -> None:
-    points = sorted(set(cuts))
-    chunks = [STREAM[a:b] for a, b in zip([0, *points], [*points, len(STREAM)], strict=True)]
+    chunks = stream_cases.pieces(STREAM, cuts)
     deltas, final = decode(chunks)
     assert summary(deltas) == summary(decode([STREAM])[0])
     assert final.finish_reason == "tool_calls"

@@ -21,11 +21,14 @@ from aiserve_trio.errors import BadRequest, UpstreamProtocolError, UpstreamStatu
 from aiserve_trio.messages import FunctionCall, Message, ToolCall
 from aiserve_trio.sim.bedrock import encode_message, event
 
+from . import stream_cases
+
 headers_st = st.dictionaries(
     st.text(min_size=1, max_size=20).filter(lambda s: len(s.encode()) < 255),
     st.text(max_size=40),
     max_size=4,
 )
+
 messages_st = st.lists(st.tuples(headers_st, st.binary(max_size=200)), min_size=1, max_size=5)
 
 
@@ -92,17 +95,10 @@ STREAM = (
 
 
 def decode(chunks: list[bytes]) -> tuple[list[Delta], Delta]:
-    d = BedrockStreamDecoder("bedrock")
-    out: list[Delta] = []
-    for c in chunks:
-        out += d.feed(c)
-        d.check()
-    return out, d.end()
+    return stream_cases.decode(BedrockStreamDecoder("bedrock"), chunks)
 
 
-def summary(deltas: list[Delta]) -> tuple[str, str, list[tuple[int, str | None, str | None, str]]]:
-    calls = [(c.index, c.id, c.name, c.arguments) for d in deltas for c in d.tool_calls or []]
-    return "".join(d.text for d in deltas), "".join(d.reasoning for d in deltas), calls
+summary = stream_cases.said
 
 
 def test_a_whole_converse_stream() -> None:
@@ -120,8 +116,7 @@ def test_a_whole_converse_stream() -> None:
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=10))
 def test_the_converse_stream_split_anywhere(cuts: list[int]) -> None:
-    points = sorted(set(cuts))
-    chunks = [STREAM[a:b] for a, b in zip([0, *points], [*points, len(STREAM)], strict=True)]
+    chunks = stream_cases.pieces(STREAM, cuts)
     assert summary(decode(chunks)[0]) == summary(decode([STREAM])[0])
 
 

@@ -19,6 +19,8 @@ from aiserve_trio.config import GeminiAdapterConfig
 from aiserve_trio.errors import BadRequest, UpstreamProtocolError, UpstreamStatusError
 from aiserve_trio.messages import FunctionCall, Message, Part, ToolCall
 
+from . import stream_cases
+
 
 def ev(parts: list[dict[str, Any]], **extra: Any) -> bytes:
     body: dict[str, Any] = {
@@ -44,17 +46,10 @@ STREAM = (
 
 
 def decode(chunks: list[bytes]) -> tuple[list[Delta], Delta]:
-    d = GeminiStreamDecoder("gemini", "call_x_")
-    out: list[Delta] = []
-    for c in chunks:
-        out += d.feed(c)
-        d.check()
-    return out, d.end()
+    return stream_cases.decode(GeminiStreamDecoder("gemini", "call_x_"), chunks)
 
 
-def summary(deltas: list[Delta]) -> tuple[str, str, list[tuple[int, str | None, str | None, str]]]:
-    calls = [(c.index, c.id, c.name, c.arguments) for d in deltas for c in d.tool_calls or []]
-    return "".join(d.text for d in deltas), "".join(d.reasoning for d in deltas), calls
+summary = stream_cases.said
 
 
 def test_a_whole_stream() -> None:
@@ -72,8 +67,7 @@ def test_a_whole_stream() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
 def test_split_anywhere_the_same_reply(cuts: list[int]) -> None:
-    points = sorted(set(cuts))
-    chunks = [STREAM[a:b] for a, b in zip([0, *points], [*points, len(STREAM)], strict=True)]
+    chunks = stream_cases.pieces(STREAM, cuts)
     deltas, final = decode(chunks)
     assert summary(deltas) == summary(decode([STREAM])[0])
     assert final.finish_reason == "tool_calls"

@@ -22,6 +22,7 @@ from .asgi_client import Client
 from .servers import ROOT, hypercorn_gateway
 from .sim_gateway import running, sim_reset, sim_stats
 from .sim_process import run_sim
+from .test_sdk_fidelity import TOOLS
 
 pytestmark = pytest.mark.slow
 
@@ -49,19 +50,6 @@ NATIVE: dict[str, tuple[str, str, str | None]] = {
     ),
     "nova-pro": ("/model/amazon.nova-pro-v1:0/converse-stream", "x-amz-date", None),
 }
-TOOLS: Any = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 
 
 @pytest.fixture(scope="module")

@@ -13,22 +13,10 @@ import openai
 import pytest
 
 from .sim_process import run_sim
+from .test_sdk_fidelity import TOOLS
 
 pytestmark = pytest.mark.slow
 
-TOOLS: Any = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 HI: Any = [{"role": "user", "content": "hello"}]
 
 
