@@ -29,7 +29,7 @@ import msgspec
 
 from ..errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError
 from .base import Delta, ToolCallDelta, Usage
-from .pieces import Pieces
+from .pieces import Pieces, malformed
 from .sse_parser import SSEDecodeError, SSEParser
 
 #: Anthropic's stop reasons -> OpenAI's finish reasons.
@@ -146,9 +146,7 @@ class AnthropicStreamDecoder:
         except UpstreamError as reported:
             self._error = reported
         except (SSEDecodeError, msgspec.DecodeError) as exc:
-            broken = UpstreamProtocolError(f"{self.name}: the model backend sent a malformed event")
-            broken.__cause__ = exc
-            self._error = broken
+            self._error = malformed(self.name, exc)
         pieces.flush(out)
         return out
 

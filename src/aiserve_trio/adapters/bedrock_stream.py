@@ -32,7 +32,7 @@ from ..errors import (
 )
 from .base import Delta, ToolCallDelta, Usage
 from .eventstream import EventStreamDecoder, EventStreamError
-from .pieces import Pieces
+from .pieces import Pieces, malformed
 
 #: Bedrock's stop reasons -> OpenAI's.
 STOP_REASONS = {
@@ -130,9 +130,7 @@ class BedrockStreamDecoder:
         except GatewayError as err:
             self._error = err
         except (EventStreamError, msgspec.DecodeError) as exc:
-            broken = UpstreamProtocolError(f"{self.name}: the model backend sent a malformed event")
-            broken.__cause__ = exc
-            self._error = broken
+            self._error = malformed(self.name, exc)
         pieces.flush(out)
         return out
 

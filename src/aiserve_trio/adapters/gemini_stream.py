@@ -23,7 +23,7 @@ import msgspec
 
 from ..errors import BadRequest, GatewayError, UpstreamProtocolError
 from .base import Delta, ToolCallDelta, Usage
-from .pieces import Pieces
+from .pieces import Pieces, malformed
 from .sse_parser import SSEDecodeError, SSEParser
 
 #: Gemini's finish reasons -> OpenAI's (anything else: ``stop``).
@@ -114,9 +114,7 @@ class GeminiStreamDecoder:
         except GatewayError as err:
             self._error = err
         except (SSEDecodeError, msgspec.DecodeError) as exc:
-            broken = UpstreamProtocolError(f"{self.name}: the model backend sent a malformed event")
-            broken.__cause__ = exc
-            self._error = broken
+            self._error = malformed(self.name, exc)
         pieces.flush(out)
         return out
 

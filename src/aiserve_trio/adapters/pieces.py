@@ -7,9 +7,17 @@ tool-call fragment does not join: what came before it goes first, in order.
 
 from __future__ import annotations
 
+from ..errors import UpstreamProtocolError
 from .base import Delta
 
-__all__ = ["Pieces"]
+__all__ = ["Pieces", "malformed"]
+
+
+def malformed(name: str, exc: Exception) -> UpstreamProtocolError:
+    """The error a decoder keeps for bytes it cannot read (``exc`` as its cause)."""
+    broken = UpstreamProtocolError(f"{name}: the model backend sent a malformed event")
+    broken.__cause__ = exc  # as `raise ... from exc` would, when check() raises it
+    return broken
 
 
 class Pieces:
