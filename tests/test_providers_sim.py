@@ -73,6 +73,27 @@ def sdk(gateway: str) -> Iterator[openai.OpenAI]:
         yield client
 
 
+#: Model -> what its upstream body must be for the system prompt and "hello".
+NATIVE_BODY: dict[str, Any] = {
+    "claude-sonnet-4-5": lambda b: (
+        b["system"] == "Be brief."
+        and b["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+    ),
+    "gpt-4o": lambda b: (
+        b["messages"]
+        == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+    ),
+    "gemini-2.5-flash": lambda b: (
+        b["systemInstruction"] == {"parts": [{"text": "Be brief."}]}
+        and b["contents"] == [{"role": "user", "parts": [{"text": "hello"}]}]
+    ),
+    "nova-pro": lambda b: (
+        b["system"] == [{"text": "Be brief."}]
+        and b["messages"] == [{"role": "user", "content": [{"text": "hello"}]}]
+    ),
+}
+
+
 def last_upstream(sim: str) -> dict[str, Any]:
     requests = httpx2.get(f"http://{sim}/sim/requests").json()["requests"]
     return dict(requests[-1])
@@ -101,6 +122,7 @@ def test_text_whole_and_streamed_through_the_openai_sdk(
         assert up["path"] == path
         assert up["headers"][header] == value or value is None
         assert "".join(pieces).startswith("the quick brown")
+        assert NATIVE_BODY[model](json.loads(up["body"])), up["body"]
 
 
 def test_anthropics_native_request(sdk: openai.OpenAI, sim: str) -> None:
