@@ -146,7 +146,7 @@ def make_scope(
     method: str, path: str, headers: dict[str, str] | None = None, http_version: str = "1.1"
 ) -> dict[str, Any]:
     hdrs = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    path, _, query = path.partition("?")  # as a server hands it: the query on its own
+    path, _, query = path.partition("?")  # as a server splits the target
     return {
         "type": "http",
         "asgi": {"version": "3.0"},

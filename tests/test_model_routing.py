@@ -117,7 +117,12 @@ async def test_an_unserved_model_is_404_listing_what_the_route_serves(autojump_c
         ),
         ('["one", "nope"]', "", "routes[0].adapters[1]", "unknown adapter 'nope'"),
         ('["one", "one"]', "", "routes[0].adapters[1]", "'one' is named more than once"),
-        ('["one"]', 'kind = "embeddings"', "routes[0].adapters", "for chat routes"),
+        (
+            '["one"]',
+            'kind = "embeddings"',
+            "routes[0].adapters",
+            "for chat, responses and messages routes",
+        ),
         ('["one"]', "cache = {}", "routes[0].cache", "no response cache"),
         ("[]", "", "routes[0].adapter", "missing"),
     ],
