@@ -235,3 +235,16 @@ async def test_reload_and_the_console_pick_up_a_changed_list(
         (route,) = json.loads(r.body)["routes"]
         assert route["adapters"] == ["one", "two"]
         assert route["models"] == {"m-one": "one", "m-shared-one": "one", "m-two": "two"}
+
+
+async def test_a_messages_route_routes_by_model_too(autojump_clock: Any) -> None:
+    # Anthropic's Messages API in (the apis codec), whichever adapter the model names out.
+    route = '\n[[routes]]\npath = "/v1/messages"\nname = "messages"\nkind = "messages"\nadapters = ["one", "two"]\n'
+    app = App(parse_config(conf() + route))
+    for model, reply in (("m-one", "from one"), ("m-two", "from two")):
+        body = {"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+        r = await Client(app).request("POST", "/v1/messages", json_body=body)
+        assert r.status == 200, r.body
+        out = r.json()
+        assert out["type"] == "message"
+        assert out["content"][0]["text"] == reply
