@@ -29,6 +29,7 @@ import msgspec
 
 from ..decoding import convert, decode_toml
 from ..errors import ConfigError
+from ..slices import Steps
 
 if TYPE_CHECKING:
     from ..adapters.base import Message
@@ -83,6 +84,27 @@ class Policy:
     def check_input(self, messages: list[Message], ctx: PolicyContext) -> list[Message]:
         """Return the messages to send on (rewritten or not), or raise PolicyViolation."""
         return messages
+
+    def input_steps(self, messages: list[Message], ctx: PolicyContext) -> Steps[list[Message]]:
+        """:meth:`check_input` in bounded steps (the context stage runs them sliced).
+
+        Default: :meth:`check_input` in one step. A policy whose work grows with
+        the text overrides this (and makes ``check_input`` run the steps).
+        """
+        yield from ()
+        return self.check_input(messages, ctx)
+
+    def fields_steps(
+        self, fields: dict[str, msgspec.Raw], ctx: PolicyContext
+    ) -> Steps[dict[str, msgspec.Raw]]:
+        """The request's other top-level fields as they go upstream (``user``,
+        ``metadata``, ``tools``...), raw JSON by name; rewritten or not.
+
+        Raises:
+            PolicyViolation: the policy refuses a field.
+        """
+        yield from ()
+        return fields
 
     def output_filter(self, ctx: PolicyContext) -> OutputFilter | None:
         """A fresh filter for one reply, or None if this policy does not touch output."""
