@@ -385,10 +385,16 @@ class SessionsConfig(_Section):
     replay_events: int = 100
     heartbeat_ms: int = 15_000
     events_max_s: int = 3_600
+    #: Variables one session may hold, and their names' and values' UTF-8 bytes in
+    #: all: they ride along in every prompt, so a write past either is refused (413).
+    max_vars_per_session: int = 128
+    max_var_bytes_per_session: int = 32_768
 
     def __post_init__(self) -> None:
         _positive(
             self,
+            "max_vars_per_session",
+            "max_var_bytes_per_session",
             "pool_size",
             "follow_pool_size",
             "connect_timeout_ms",

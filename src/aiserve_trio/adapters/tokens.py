@@ -135,8 +135,8 @@ def _cut(text: str, lo: int, hi: int) -> int:
     return at if at > lo else hi
 
 
-def text_tokens_steps(enc: Encoding, text: str) -> Steps[int]:
-    """The tokens of ``text`` under ``enc``, counted in slices of :data:`TOKENIZE_STEP`.
+def text_tokens_steps(enc: Encoding, text: str, step: int = TOKENIZE_STEP) -> Steps[int]:
+    """The tokens of ``text`` under ``enc``, counted in slices of ``step`` characters.
 
     Raises:
         BadRequest: ``context_length_exceeded`` -- the tokenizer refused the text
@@ -145,7 +145,7 @@ def text_tokens_steps(enc: Encoding, text: str) -> Steps[int]:
     total = 0
     lo = 0
     while lo < len(text):
-        hi = _cut(text, lo, lo + TOKENIZE_STEP)
+        hi = _cut(text, lo, lo + step)
         try:
             total += len(enc.encode_ordinary(text[lo:hi]))
         except Exception as exc:  # the tables' TokenLimitError and ValueError
