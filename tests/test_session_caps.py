@@ -96,9 +96,7 @@ async def test_a_flood_of_puts_stops_at_the_cap_with_a_413_naming_it() -> None:
     view = (await client.request("GET", f"/v1/sessions/{SID}")).json()
     assert len(view["variables"]) == 128
     # A chat whose metadata would pass the cap is refused the same way.
-    r = await client.chat(
-        chat_body("hi", metadata={"one_more": "x"}), {"x-session-id": SID}
-    )
+    r = await client.chat(chat_body("hi", metadata={"one_more": "x"}), {"x-session-id": SID})
     assert r.status == 413
     assert r.json()["error"]["code"] == "session_variables_full"
 

@@ -27,7 +27,7 @@ import msgspec
 
 from .chains.plan import AdapterFacts, check_chain
 from .chains.steps import StepConfig as StepConfig
-from .decoding import decode_toml, field_error
+from .decoding import config_roots, confined, decode_toml, field_error, outside
 
 # ConfigError lives with the other errors; re-exported for code that imports it from here.
 from .errors import ConfigError as ConfigError
@@ -78,6 +78,10 @@ class ServerConfig(_Section):
     #: files it names): a change is loaded as ``POST /admin/config/reload`` would
     #: (0: not watched).
     reload_watch_s: float = 5.0
+    #: Folders besides the config's own (relative ones from it) that its keys file
+    #: and rule pack files may be in; anything else is not read. Changed only on disk:
+    #: a reload proposed over HTTP that changes it is refused.
+    config_paths: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.reload_watch_s < 0:
@@ -787,7 +791,12 @@ def _loaded(decoded: Config, *, source: str, base_dir: str) -> Config:
     """
     auth = decoded.auth
     if auth is not None and auth.keys_file is not None:
-        extra = _read_keys_file(Path(base_dir) / auth.keys_file, source)
+        file = Path(base_dir) / auth.keys_file
+        roots = config_roots(source, base_dir, decoded.server.config_paths)
+        if not confined(str(file), roots):
+            why = outside("the keys file", auth.keys_file)
+            raise ConfigError(f"{source}: key `auth.keys_file`: {why}")
+        extra = _read_keys_file(file, source)
         auth = msgspec.structs.replace(auth, keys=[*auth.keys, *extra])
     routed = [name for route in decoded.routes for name in route.policies]
     routed += [name for route in decoded.routes for name in chain_policies(route)]

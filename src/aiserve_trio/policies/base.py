@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
 
 import msgspec
 
-from ..decoding import convert, decode_toml
+from ..decoding import confined, convert, decode_toml, outside
 from ..errors import ConfigError
 from ..slices import Steps
 
@@ -161,6 +161,8 @@ class BuildContext:
     base_dir: str
     #: ``server.channels``: the channels a policy may be configured for.
     channels: tuple[str, ...]
+    #: The folders pack files must be in (``decoding.config_roots``); None: anywhere.
+    roots: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +211,9 @@ def read_pack(ref: str, typ: type[PackT], *, policy: str, ctx: BuildContext) -> 
             path = Path(ref)
             if not path.is_absolute():
                 path = Path(ctx.base_dir) / path
+            if not confined(str(path), ctx.roots):
+                why = outside("rule pack", ref)
+                raise ConfigError(f"{ctx.source}: policy {policy!r}: {why}")
             where, data = str(path), path.read_bytes()
         else:
             where = f"<shipped pack {ref}>"

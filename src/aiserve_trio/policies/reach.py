@@ -79,7 +79,8 @@ class Walker:
         return v
 
     def object(self, obj: dict[str, Any], where: str) -> Steps[dict[str, Any]]:
-        opaque = OPAQUE_FIELDS.get(obj.get("type", ""), ()) if isinstance(obj.get("type"), str) else ()
+        kind = obj.get("type")
+        opaque = OPAQUE_FIELDS.get(kind, ()) if isinstance(kind, str) else ()
         out: dict[str, Any] = {}
         changed = False
         for key, x in obj.items():

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import abc
 import re
+from dataclasses import dataclass
 
 import msgspec
 import trio
-
-from dataclasses import dataclass
 
 from ..errors import BadRequest, Overloaded, PayloadTooLarge
 from ..messages import ToolCall
