@@ -86,7 +86,7 @@ class Walker:
         for key, x in obj.items():
             at = f"{where}.{key}" if where else key
             new_key = yield from self.rewrite(key)
-            if isinstance(x, dict) and key in opaque:
+            if opaque and key == kind and isinstance(x, dict):  # {"type": "file", "file": {...}}
                 y = yield from self.opaque_object(x, opaque, at)
             elif key == "arguments" and isinstance(x, str):
                 y = yield from self.json_text(x, at)
@@ -119,8 +119,10 @@ class Walker:
                 raise Opaque(where)
             return s
         if head.startswith(("http://", "https://")) and not any(c.isspace() for c in s):
-            return (yield from self.url(s))
-        return (yield from self.rewrite(s))
+            new = yield from self.url(s)
+        else:
+            new = yield from self.rewrite(s)
+        return s if new == s else new  # the same object: callers compare by identity
 
     def json_text(self, text: str, where: str) -> Steps[str]:
         """A JSON text in a string: its values rewritten, still valid JSON; else plain text."""
