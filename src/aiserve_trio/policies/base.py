@@ -50,12 +50,20 @@ class PolicyContext:
     #: Notes a policy wants recorded (e.g. a fraud score that flagged the request).
     flags: dict[str, str] = field(default_factory=dict)
     #: ``(policy name, action)`` pairs -- redacted, blocked, flagged, rewritten --
-    #: counted into ``policy_actions_total`` when the request ends. Never the values.
+    #: each once, in the order first taken. Never the values.
     actions: list[tuple[str, str]] = field(default_factory=list)
+    #: How many times each pair was taken: counted into ``policy_actions_total``
+    #: when the request ends (a megabyte of text can hold many thousand hits).
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def record(self, policy: str, action: str) -> None:
         """Note that ``policy`` took ``action`` (one of :data:`ACTIONS`)."""
-        self.actions.append((policy, action))
+        key = (policy, action)
+        n = self.counts.get(key)
+        if n is None:
+            self.actions.append(key)
+            n = 0
+        self.counts[key] = n + 1
 
 
 class OutputFilter(Protocol):
