@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 import tempfile
 import threading
@@ -32,14 +31,11 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.asgi_client import Client
-from tests.conftest import config_text
 from tests.sim_process import run_sim
+from tests.test_loop_hold import IBANISH, _config, _probe, gateway_text, largest_body, written
 
 from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
-
-IBANISH = "DE89 3704 0044 0532 0130 01 "
-MESSAGE_CHARS = 262_144
 
 
 class StepTimer(trio.abc.Instrument):
@@ -62,13 +58,13 @@ class StepTimer(trio.abc.Instrument):
 
     def watch(self) -> None:
         while not self._stop.wait(0.002):
-            if self._running and not self._taken:
-                if time.perf_counter() - self._t0 > self.stack_after:
-                    frame = sys._current_frames().get(self._loop_thread)
-                    if frame is not None:
-                        lines = traceback.format_stack(frame)[-self.depth :]
-                        self.stacks["".join(lines)] += 1
-                    self._taken = True
+            late = time.perf_counter() - self._t0 > self.stack_after
+            if self._running and not self._taken and late:
+                frame = sys._current_frames().get(self._loop_thread)
+                if frame is not None:
+                    lines = traceback.format_stack(frame)[-self.depth :]
+                    self.stacks["".join(lines)] += 1
+                self._taken = True
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._t0 = time.perf_counter()
@@ -87,49 +83,10 @@ class StepTimer(trio.abc.Instrument):
             self.steps.append((took, f"{task.name}{where}"))
 
 
-def config(sim: str, body_bytes: int, rec: Path) -> str:
-    text = config_text(ttft_ms="0", inter_token_ms="0")
-    text = text.replace("max_body_bytes = 8388608", f"max_body_bytes = {body_bytes}", 1)
-    return (
-        text
-        + f"""
-[adapters.sim]
-kind = "openai"
-base_url = "http://{sim}/v1"
-models = ["sim-model"]
-context_window = {body_bytes * 2 // 3}
-
-[[routes]]
-path = "/v1/guarded"
-name = "guarded"
-adapter = "sim"
-default_model = "sim-model"
-policies = ["anti-fraud-v2", "gdpr-redact"]
-
-[[routes]]
-path = "/v1/plain"
-name = "plain"
-adapter = "sim"
-default_model = "sim-model"
-
-[record]
-enabled = true
-path = "{rec}"
-routes = ["/v1/plain"]
-"""
-    )
-
-
-def largest_body(body_bytes: int) -> bytes:
-    message = {"role": "user", "content": (IBANISH * 10_000)[:MESSAGE_CHARS]}
-    n = max(body_bytes // len(json.dumps(message)), 1)
-    return json.dumps({"model": "sim-model", "messages": [message] * n}).encode()
-
-
 async def run(sim: str, body_bytes: int, timer: StepTimer) -> tuple[dict[str, int], float]:
     with tempfile.TemporaryDirectory() as tmp:
         rec = Path(tmp)
-        app = App(parse_config(config(sim, body_bytes, rec), source="<bench>"))
+        app = App(parse_config(gateway_text(sim, rec, body_bytes), source="<bench>"))
         body = largest_body(body_bytes)
         headers = {"content-type": "application/json", "x-request-timeout-ms": "120000"}
         statuses: dict[str, int] = {}
@@ -146,8 +103,7 @@ async def run(sim: str, body_bytes: int, timer: StepTimer) -> tuple[dict[str, in
                 async with trio.open_nursery() as work:
                     work.start_soon(heavy, "/v1/guarded")
                     work.start_soon(heavy, "/v1/plain")
-                while not any(f.stat().st_size for f in rec.glob("rec-*.jsonl")):
-                    await trio.sleep(0.02)
+                await written(rec)
             finally:
                 await app.shutdown()
                 nursery.cancel_scope.cancel()
@@ -185,6 +141,14 @@ async def _compare_one(mode: str, text: str) -> tuple[float, list[float]]:
     return took, late
 
 
+def _ms_at(ordered: list[float], f: float) -> float:
+    return ordered[min(int(f * len(ordered)), len(ordered) - 1)] * 1000
+
+
+def _ms_at(ordered: list[float], f: float) -> float:
+    return ordered[min(int(f * len(ordered)), len(ordered) - 1)] * 1000
+
+
 def compare(chars: int) -> None:
     """One redaction of ``chars`` IBAN-shaped characters: on the loop, sliced, in a thread."""
     text = (IBANISH * (chars // len(IBANISH) + 1))[:chars]
@@ -194,15 +158,12 @@ def compare(chars: int) -> None:
     for mode in ("loop", "slices", "thread"):
         took, late = trio.run(_compare_one, mode, text)
         late.sort()
-        q = lambda f: late[min(int(f * len(late)), len(late) - 1)] * 1000  # noqa: E731
-        print(
-            f"| {mode} | {took:.2f} | {len(late)} | {q(0.5):.1f} | {q(0.99):.1f} | {q(1.0):.1f} |"
-        )
+        p50, p99, top = (_ms_at(late, f) for f in (0.5, 0.99, 1.0))
+        print(f"| {mode} | {took:.2f} | {len(late)} | {p50:.1f} | {p99:.1f} | {top:.1f} |")
 
 
 async def _healthz_run(base: str, body: bytes, rec: Path) -> tuple[dict[str, int], list[float]]:
     import httpx2
-    from tests.test_loop_hold import _probe
 
     headers = {"content-type": "application/json", "x-request-timeout-ms": "120000"}
     latencies: list[float] = []
@@ -220,8 +181,7 @@ async def _healthz_run(base: str, body: bytes, rec: Path) -> tuple[dict[str, int
             async with trio.open_nursery() as work:
                 work.start_soon(heavy, "/v1/guarded")
                 work.start_soon(heavy, "/v1/plain")
-            while not any(f.stat().st_size for f in rec.glob("rec-*.jsonl")):
-                await trio.sleep(0.02)
+            await written(rec)
         else:
             await trio.sleep(10)
         done.set()
@@ -233,12 +193,11 @@ def healthz(idle: bool) -> None:
     import statistics
 
     from tests.servers import hypercorn_gateway
-    from tests.test_loop_hold import _config, _largest_body
 
     with tempfile.TemporaryDirectory() as tmp, run_sim() as sim:
         path = _config(Path(tmp), sim)
         with hypercorn_gateway(path) as (base, _):
-            body = b"" if idle else _largest_body()
+            body = b"" if idle else largest_body()
             statuses, lat = trio.run(_healthz_run, base, body, Path(tmp) / "rec")
     q = statistics.quantiles(lat, n=100)
     what = "idle (10 s)" if idle else f"while {len(body)} bytes x2 are processed"

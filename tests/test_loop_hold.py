@@ -16,13 +16,14 @@ from pathlib import Path
 import httpx2
 import pytest
 import trio
+import trio.lowlevel
 
 from aiserve_trio.adapters.base import Message
 from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.policies.redact import build_rules
 from aiserve_trio.policies.registry import build_policies
 from aiserve_trio.policies.stream import Rewriter
-from aiserve_trio.slices import Steps, run_sliced
+from aiserve_trio.slices import Steps, finish, run_sliced
 
 from .conftest import config_text, make_config
 from .servers import hypercorn_gateway
@@ -50,11 +51,11 @@ async def test_the_driver_lets_other_tasks_run_between_steps() -> None:
     async def other() -> None:
         while True:
             log.append("other")
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(other)
-        await trio.sleep(0)  # the other task is running (it never blocks)
+        await trio.lowlevel.checkpoint()  # the other task is running (it never blocks)
         log.clear()
         assert await run_sliced(counted(20, log), slice_s=0) == 20
         nursery.cancel_scope.cancel()
@@ -85,11 +86,11 @@ async def test_a_policy_on_a_long_text_reaches_checkpoints(policy: str) -> None:
         nonlocal ran
         while True:
             ran += 1
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(other)
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         ran = 0
         await run_sliced(p.input_steps([Message(role="user", content=text)], CTX), slice_s=0)
         nursery.cancel_scope.cancel()
@@ -99,15 +100,18 @@ async def test_a_policy_on_a_long_text_reaches_checkpoints(policy: str) -> None:
 def test_redaction_in_steps_equals_redaction_at_once() -> None:
     rw = Rewriter(build_rules())
     text = ("call +86 138 0013 8000 or mail a.b@example.org; " + IBANISH) * 300
-    steps = rw.rewrite_steps(text)
     n = 0
-    try:
-        while True:
-            next(steps)
-            n += 1
-    except StopIteration as stop:
-        assert stop.value == rw.rewrite(text)
+
+    def counting(steps: Steps[str]) -> Steps[str]:
+        nonlocal n
+        out = yield from steps
+        return out
+
+    wrapped = counting(rw.rewrite_steps(text))
+    for _ in iter(lambda: next(wrapped, "end"), "end"):
+        n += 1
     assert n > 5
+    assert finish(rw.rewrite_steps(text)) == rw.rewrite(text)
 
 
 # --- a real worker under the largest bodies ----------------------------------------
@@ -122,16 +126,21 @@ def sim_addr() -> Iterator[str]:
         yield addr
 
 
-def _config(tmp_path: Path, sim: str) -> Path:
+def gateway_text(sim: str, rec: Path, body_bytes: int = BODY_LIMIT) -> str:
+    """Two routes to aiserve-sim: ``/v1/guarded`` (fraud scoring, redaction) and
+    ``/v1/plain`` (its adapter counts tokens: the window is below the body's bytes;
+    recorded, so the recorder redacts it)."""
     text = config_text(ttft_ms="0", inter_token_ms="0")
-    text = text.replace("max_body_bytes = 8388608", f"max_body_bytes = {BODY_LIMIT}", 1)
-    assert f"max_body_bytes = {BODY_LIMIT}" in text
-    text += f"""
+    text = text.replace("max_body_bytes = 8388608", f"max_body_bytes = {body_bytes}", 1)
+    assert f"max_body_bytes = {body_bytes}" in text
+    return (
+        text
+        + f"""
 [adapters.sim]
 kind = "openai"
 base_url = "http://{sim}/v1"
 models = ["sim-model"]
-context_window = 700000
+context_window = {body_bytes * 2 // 3}
 
 [[routes]]
 path = "/v1/guarded"
@@ -148,21 +157,33 @@ default_model = "sim-model"
 
 [record]
 enabled = true
-path = "{tmp_path / "rec"}"
+path = "{rec}"
 routes = ["/v1/plain"]
 """
+    )
+
+
+def _config(tmp_path: Path, sim: str) -> Path:
     path = tmp_path / "gateway.toml"
-    path.write_text(text)
+    path.write_text(gateway_text(sim, tmp_path / "rec"))
     return path
 
 
-def _largest_body() -> bytes:
+def _has_lines(rec: Path) -> bool:
+    return any(f.stat().st_size for f in rec.glob("rec-*.jsonl"))
+
+
+async def written(rec: Path) -> None:
+    """Until the recorder has put a line on disk (its thread writes it: nothing to await)."""
+    while not await trio.to_thread.run_sync(_has_lines, rec):  # noqa: ASYNC110 - polled
+        await trio.sleep(0.02)
+
+
+def largest_body(body_bytes: int = BODY_LIMIT) -> bytes:
     """As many full-size messages of IBAN-shaped text as the body limit allows."""
     message = {"role": "user", "content": (IBANISH * 10_000)[:MESSAGE_CHARS]}
-    n = BODY_LIMIT // len(json.dumps(message))
-    body = json.dumps({"model": "sim-model", "messages": [message] * n}).encode()
-    assert BODY_LIMIT - len(body) < len(json.dumps(message))
-    return body
+    n = max(body_bytes // len(json.dumps(message)), 1)
+    return json.dumps({"model": "sim-model", "messages": [message] * n}).encode()
 
 
 async def _probe(base: str, done: trio.Event, latencies: list[float]) -> None:
@@ -195,7 +216,8 @@ async def _probe(base: str, done: trio.Event, latencies: list[float]) -> None:
 async def test_healthz_stays_fast_while_the_largest_bodies_are_processed(
     tmp_path: Path, sim_addr: str
 ) -> None:
-    body = _largest_body()
+    body = largest_body()
+    assert BODY_LIMIT - len(body) < len(body) // 3  # as many messages as fit
     headers = {"content-type": "application/json", "x-request-timeout-ms": "120000"}
     latencies: list[float] = []
     statuses: dict[str, int] = {}
@@ -209,10 +231,7 @@ async def test_healthz_stays_fast_while_the_largest_bodies_are_processed(
 
         async def recorded() -> None:
             # The recorder works after the reply: wait until its line is on disk.
-            while not list((tmp_path / "rec").glob("rec-*.jsonl")) or not any(
-                f.stat().st_size for f in (tmp_path / "rec").glob("rec-*.jsonl")
-            ):
-                await trio.sleep(0.05)
+            await written(tmp_path / "rec")
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_probe, base, done, latencies)
