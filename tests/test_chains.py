@@ -188,6 +188,7 @@ async def test_steps_run_in_order_each_by_its_own_cut_point(autojump_clock):
     assert r.headers["x-aiserve-deployment"] == "big"
     reply = content(r)
     assert reply == "The large model says the rate is [rate available from your adviser] a year."
+    assert r.json()["model"] == "aiserve-mock-large"  # the reply names the model that answered
 
 
 async def test_a_streamed_chain_filters_the_stream_and_says_which_steps_ran(autojump_clock):
@@ -198,6 +199,7 @@ async def test_a_streamed_chain_filters_the_stream_and_says_which_steps_ran(auto
     assert r.text() == "The large model says the rate is [rate available from your adviser] a year."
     assert all("3.85" not in event for event in r.events())
     assert r.events()[-1] == "[DONE]"
+    assert {json.loads(e)["model"] for e in r.events()[:-1]} == {"aiserve-mock-large"}
 
 
 async def test_another_label_stays_on_the_routes_adapter(autojump_clock):
@@ -242,6 +244,8 @@ async def test_a_step_that_passes_its_cut_ends_the_request_with_a_504_naming_it(
         "aiserve_chain_step_latency_seconds_sum", {"route": "bank", "step": "asr"}
     )
     assert latency == pytest.approx(0.075)
+    expiries = app.metrics.registry.get_sample_value("aiserve_stage_deadline_expiries_total", {"stage": "asr"})
+    assert expiries == 1.0
 
 
 async def test_the_streaming_step_passing_the_inference_cut_ends_the_stream_naming_it(
@@ -270,6 +274,9 @@ kind = "generate"
     assert error["param"] == "answer"
     assert error["code"] == "step_deadline_exceeded"
     assert r.text().startswith("w0 w1")
+    counted = app.metrics.registry.get_sample_value
+    assert counted("aiserve_stage_deadline_expiries_total", {"stage": "answer"}) == 1.0
+    assert counted("aiserve_stage_deadline_expiries_total", {"stage": "inference"}) is None
 
 
 # --- classify --------------------------------------------------------------------------------

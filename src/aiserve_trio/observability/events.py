@@ -10,7 +10,7 @@ The moments:
 
 - a stage started / ended (live: the per-stage task gauge moves with them);
 - an upstream attempt (a context manager around one try), a retry about to
-  happen, the upstream error that ends a request;
+  happen, the upstream error that ends a request, a TLS handshake (full or resumed);
 - a request complete, with its immutable :class:`~aiserve_trio.stages.outcome.Outcome`
   (first-token time, usage, stage times, status, cache result);
 - the response cache's backend failing, and what became of a finished answer
@@ -43,6 +43,10 @@ class UpstreamHook(Protocol):
         """``error`` ends the request's upstream call (no more tries)."""
         ...
 
+    def tls_handshake(self, adapter: str, kind: str) -> None:
+        """A TLS handshake with the backend finished: ``full``, or ``resumed`` (a session)."""
+        ...
+
 
 class CacheHook(Protocol):
     """What the response cache reports besides each request's result."""
@@ -65,12 +69,14 @@ class Hook(UpstreamHook, CacheHook, Protocol):
         """A stage task began (before it has its input)."""
         ...
 
-    def stage_ended(self, stage: str, worked: float | None, expired: bool) -> None:
+    def stage_ended(self, stage: str, worked: float | None, expired: str | None) -> None:
         """A stage task ended.
 
         Args:
             worked: seconds from getting its input to its end; None if it never got any.
-            expired: it ended because its cut point passed.
+            expired: what ran out of time, when it ended by a deadline: the stage (its
+                cut point passed, or it refused to start with too little left) or the
+                chain step whose share ran out.
         """
         ...
 
@@ -92,10 +98,13 @@ class NullHook:
     def failed(self, adapter: str, error: UpstreamError) -> None:
         pass
 
+    def tls_handshake(self, adapter: str, kind: str) -> None:
+        pass
+
     def stage_started(self, stage: str) -> None:
         pass
 
-    def stage_ended(self, stage: str, worked: float | None, expired: bool) -> None:
+    def stage_ended(self, stage: str, worked: float | None, expired: str | None) -> None:
         pass
 
     def request_complete(self, outcome: Outcome) -> None:

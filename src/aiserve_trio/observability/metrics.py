@@ -92,7 +92,8 @@ class Metrics:
         )
         self.stage_expiries = Counter(
             "aiserve_stage_deadline_expiries",
-            "Stage cancel scopes that reached their cut point.",
+            "Deadlines run out, by the stage or chain step named: cut points passed, and "
+            "refusals to start an upstream call with too little of the budget left.",
             ["stage"],
             registry=r,
         )
@@ -124,6 +125,12 @@ class Metrics:
             "aiserve_upstream_retries",
             "Upstream attempts retried before the first token.",
             ["adapter"],
+            registry=r,
+        )
+        self.upstream_tls_handshakes = Counter(
+            "aiserve_upstream_tls_handshakes",
+            "TLS handshakes with a backend by adapter and kind (full, resumed).",
+            ["adapter", "kind"],
             registry=r,
         )
         self.policy_actions = Counter(
@@ -168,7 +175,8 @@ class Metrics:
         self.record_dropped = Counter(
             "aiserve_record_dropped",
             "Requests the recording dropped: its buffer was full (the disk is slow), "
-            "writing failed, or the request could not be recorded.",
+            "writing failed, the request could not be recorded, or aiserve-replay sent it "
+            "(left out unless [record] include_replays = true).",
             ["reason"],
             registry=r,
         )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 from opentelemetry.trace import Span
 
+from ..errors import StageDeadlineExceeded
 from .baseline import BaselineMonitor
 from .metrics import STAGES, Metrics, label_value
 from .tracing import NOOP_TRACE, upstream_attempt
@@ -134,12 +135,12 @@ class RequestObserver:
     def stage_started(self, stage: str) -> None:
         self._live[stage] += 1
 
-    def stage_ended(self, stage: str, worked: float | None, expired: bool) -> None:
+    def stage_ended(self, stage: str, worked: float | None, expired: str | None) -> None:
         self._live[stage] -= 1
         if worked is not None:
             self._latency[stage].observe(worked)
-        if expired:
-            self.metrics.stage_expiries.labels(stage).inc()
+        if expired is not None:
+            self.metrics.stage_expiries.labels(label_value(expired)).inc()
 
     # --- upstream -------------------------------------------------------------
 
@@ -161,6 +162,9 @@ class RequestObserver:
     def failed(self, adapter: str, error: UpstreamError) -> None:
         self.metrics.upstream_errors.labels(adapter, error.code or "upstream_error").inc()
 
+    def tls_handshake(self, adapter: str, kind: str) -> None:
+        self.metrics.upstream_tls_handshakes.labels(adapter, kind).inc()
+
     # --- the response cache ---------------------------------------------------
 
     def cache_error(self, op: str) -> None:
@@ -179,6 +183,9 @@ class RequestObserver:
         if outcome.policy is not None:  # policy names like "gdpr-redact" are folded
             for (policy, action), n in outcome.policy.counts.items():
                 self._child(m.policy_actions, label_value(policy), action).inc(n)
+        if outcome.info is None and isinstance(outcome.error, StageDeadlineExceeded):
+            # Served outside the pipeline's stage shells (embeddings), which count theirs.
+            m.stage_expiries.labels(label_value(outcome.error.stage)).inc()
         if outcome.disconnected:
             m.disconnects.labels(outcome.error_stage or "parse").inc()
         if outcome.capped is not None:
@@ -260,7 +267,7 @@ class RequestObserver:
                 None if ttft is None else ttft - arrival,
                 outcome.request_id,
                 outcome.route,
-                outcome.model,
+                outcome.served_model or outcome.model,
                 outcome.channel,
                 outcome.status,
                 outcome.stages,

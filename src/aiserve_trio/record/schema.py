@@ -30,6 +30,9 @@ CHANNEL_HEADER = "x-channel"
 SESSION_HEADER = "x-session-id"
 TIMEOUT_HEADER = "x-request-timeout-ms"
 HEADERS = (CHANNEL_HEADER, SESSION_HEADER, TIMEOUT_HEADER)
+#: What ``aiserve-replay`` marks its requests with (its run's id): a recording
+#: gateway leaves them out unless ``[record] include_replays = true``.
+REPLAY_HEADER = "x-aiserve-replay"
 #: ``body`` of a request that never got past its policies.
 NO_BODY = msgspec.Raw(b"null")
 
@@ -40,6 +43,8 @@ class RecordedOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: ``ok``, ``client_closed``, or the HTTP status's name (``gateway_timeout``...).
     status: str
     total_ms: float
+    #: The model that answered (a fallback or a chain's step may be another than asked).
+    model: str | None = None
     ttft_ms: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
