@@ -252,12 +252,16 @@ def finish_filters(filters: list[OutputFilter]) -> str:
 
 def redact_values(
     values: dict[str, str], policies: list[Policy], ctx: PolicyContext, clear: Collection[str]
-) -> dict[str, str]:
-    """``values`` with every policy's :meth:`Policy.redact_text` applied, but to ``clear`` names."""
+) -> Steps[dict[str, str]]:
+    """``values`` with every policy's :meth:`Policy.redact_text` applied, but to ``clear`` names.
+
+    In steps, one value (at most ``sessions.bus.MAX_VAR_CHARS``) by one policy each.
+    """
     out = {}
     for name, value in values.items():
         if name not in clear:
             for policy in policies:
                 value = policy.redact_text(value, ctx)
+                yield
         out[name] = value
     return out

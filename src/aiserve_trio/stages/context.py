@@ -144,7 +144,9 @@ class ContextStage:
             check_vars(metadata, "metadata")
             # Stored data is protected data: what the route's policies take out
             # of messages they take out of variables too (unless allowlisted).
-            metadata = redact_values(metadata, route.policies, self.policy, self.clear_vars)
+            metadata = await run_sliced(
+                redact_values(metadata, route.policies, self.policy, self.clear_vars)
+            )
         self.metadata = metadata
         bus, sid = self.bus, info.session_id
         if bus is None or sid is None:
