@@ -109,6 +109,7 @@ def upstream_json(messages: list[Message]) -> str:
             ],
         },
         {"role": "user", "content": [{"type": "text", "text": "hi", "x_ip": IP}]},
+        {"role": "user", "content": f"http://{IP}/status"},
         {
             "role": "assistant",
             "tool_calls": [

@@ -9,7 +9,8 @@ must see every string that goes upstream, not only the message text:
 - a JSON text inside a string (a tool call's ``arguments``) decoded first, so
   escapes (``\\u0040``) cannot hide anything, and re-encoded valid;
 - a URL (``http``/``https``) rewritten in its path segments, its query's names
-  and values and its fragment, each percent-decoded first; scheme and host stay;
+  and values and its fragment, each percent-decoded first, and in its host only
+  where that is personal data itself (an IP address); the scheme stays;
 - *opaque* payloads -- a ``data:`` URL, ``input_audio.data``, a file's
   ``file_data`` -- cannot be read as text: passed as they are, or refused naming
   the field (:class:`Opaque`), as the policy's ``opaque`` setting says.
@@ -134,13 +135,17 @@ class Walker:
         return text if new is decoded else _encode(new).decode()
 
     def url(self, url: str) -> Steps[str]:
-        """``url`` with its path segments, query and fragment rewritten (percent-decoded)."""
+        """``url`` with its host, path segments, query and fragment rewritten
+        (the last three percent-decoded)."""
         try:
             parts = urlsplit(url)
         except ValueError:
             return (yield from self.rewrite(url))
+        # The host stays a host unless it is personal data itself (an IP address,
+        # an e-mail address as user info).
+        netloc = yield from self.rewrite(parts.netloc)
+        changed = netloc != parts.netloc
         segments = []
-        changed = False
         for seg in parts.path.split("/"):
             plain = unquote(seg)
             new = yield from self.rewrite(plain)
@@ -166,4 +171,4 @@ class Walker:
                 fragment, changed = quote(new, safe=""), True
         if not changed:
             return url
-        return urlunsplit((parts.scheme, parts.netloc, "/".join(segments), query, fragment))
+        return urlunsplit((parts.scheme, netloc, "/".join(segments), query, fragment))
