@@ -164,6 +164,17 @@ def test_every_top_level_field_is_redacted(field: str, value: Any) -> None:
     assert leaks(sent) == []
 
 
+def test_an_integer_too_long_to_read_is_invalid_json_not_a_500() -> None:
+    from aiserve_trio.errors import BadRequest
+
+    raw = b'{"role":"user","content":"hi","x":' + b"7" * 5000 + b"}"
+    with pytest.raises(BadRequest) as info:
+        gdpr().check_input([decode_message(msgspec.Raw(raw), 0)], CTX)
+    assert (info.value.code, info.value.param) == ("invalid_json", "messages[0]")
+    with pytest.raises(BadRequest, match="4300 digits"):
+        finish(gdpr().fields_steps({"x": msgspec.Raw(b"7" * 5000)}, CTX))
+
+
 def test_parameters_are_not_data() -> None:
     fields = {"seed": msgspec.Raw(b"4111111111111111"), "temperature": msgspec.Raw(b"0.5")}
     assert finish(gdpr().fields_steps(fields, CTX)) == fields

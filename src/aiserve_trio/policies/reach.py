@@ -21,12 +21,14 @@ long string yields between slices, so the caller can keep the event loop free.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import msgspec
 
+from ..errors import BadRequest
 from ..slices import Steps
 
 #: Rewrites one text in steps (the policy's rewriter).
@@ -35,6 +37,24 @@ StepRewrite = Callable[[str], Steps[str]]
 OPAQUE_FIELDS = {"input_audio": ("data",), "file": ("file_data",)}
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
+
+
+def decoded(raw: bytes, where: str) -> Any:
+    """The JSON value of ``raw`` (already known to be JSON: the parse stage checked).
+
+    Raises:
+        BadRequest: ``invalid_json`` -- an integer longer than Python converts
+            (``sys.get_int_max_str_digits()``), naming the limit and ``where``.
+    """
+    try:
+        return _decode(raw)
+    except msgspec.ValidationError:  # the only one an untyped decode raises
+        limit = sys.get_int_max_str_digits()
+        raise BadRequest(
+            f"`{where}` holds an integer with more than {limit} digits, the limit",
+            param=where,
+            code="invalid_json",
+        ) from None
 
 
 class Opaque(Exception):
@@ -128,11 +148,11 @@ class Walker:
     def json_text(self, text: str, where: str) -> Steps[str]:
         """A JSON text in a string: its values rewritten, still valid JSON; else plain text."""
         try:
-            decoded = _decode(text)
-        except (msgspec.DecodeError, RecursionError):
+            value = _decode(text)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             return (yield from self.rewrite(text))
-        new = yield from self.value(decoded, where)
-        return text if new is decoded else _encode(new).decode()
+        new = yield from self.value(value, where)
+        return text if new is value else _encode(new).decode()
 
     def url(self, url: str) -> Steps[str]:
         """``url`` with its host, path segments, query and fragment rewritten

@@ -47,7 +47,7 @@ from .base import (
     PolicySettings,
     Table,
 )
-from .reach import Opaque, Walker
+from .reach import Opaque, Walker, decoded
 from .stream import Rewriter, Rule, literal, make_rule
 
 if TYPE_CHECKING:
@@ -106,7 +106,6 @@ PARAMETERS = frozenset(
         "stream_options",
     }
 )
-_any = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 _SEPARATORS = regex.compile(r"[ \-]+")
 _NON_DIGITS = regex.compile(r"[^0-9]")
@@ -272,7 +271,7 @@ class GdprRedact(Policy):
         walker = self._walker(ctx)
         out = []
         for i, msg in enumerate(messages):
-            value = _any.decode(msg.to_raw())
+            value = decoded(msg.to_raw(), f"messages[{i}]")
             new = yield from self._refusing(walker.value(value, f"messages[{i}]"))
             if new is value:
                 out.append(msg)
@@ -293,7 +292,7 @@ class GdprRedact(Policy):
             if key in PARAMETERS:
                 out[key] = raw
                 continue
-            value = _any.decode(raw)
+            value = decoded(raw, key)
             new_key = yield from walker.rewrite(key)
             new = yield from self._refusing(walker.value(value, key))
             out[new_key] = raw if new is value else msgspec.Raw(_encoder.encode(new))
