@@ -8,6 +8,7 @@
 ``GET /admin/api/slow``           admin key or token      the slowest recent requests
 ``GET /admin/api/routes``         admin key or token      routes and their steps, the version
 ``PUT /admin/api/routes/steps``   admin key or token      a route's steps: new order, on/off
+``GET /admin/api/spend``          admin key or token      spend per day, tenant, key, model; budgets
 ================================  ======================  =====================================
 
 With ``[auth] enabled = false`` the API answers only clients on a loopback address
@@ -46,8 +47,10 @@ from ..observability.metrics import label_value
 from ..reload import config_version
 from . import sla
 from .edit import EditError, StepState, set_steps
+from .spend import spend_view
 
 if TYPE_CHECKING:
+    from ..audit.usage import UsageEndpoints
     from ..config import Config
     from ..observability.metrics import Metrics
     from ..observability.observer import RequestObserver
@@ -199,6 +202,8 @@ class Console:
     window: sla.Window
     #: The app's reloader; None: the routes are shown read-only.
     reloader: Reloads | None = None
+    #: The audit log's usage reads (the Spend page); None: spend is not shown.
+    usage: UsageEndpoints | None = None
     #: One steps change at a time: read the file, edit it, reload.
     _saving: trio.Lock = field(default_factory=trio.Lock)
 
@@ -218,6 +223,7 @@ class Console:
             Endpoint("/admin/api/slow", get, api, req, self.slow, "console_api"),
             Endpoint("/admin/api/routes", get, api, req, self.routes, "console_api"),
             Endpoint("/admin/api/routes/steps", ("PUT",), api, req, self.put_steps, "console_api"),
+            Endpoint("/admin/api/spend", get, api, req, self.spend, "console_api"),
         ]
 
     # --- the page ------------------------------------------------------------------
@@ -301,6 +307,9 @@ class Console:
         """``GET /admin/api/slow``: the slowest of the recent requests, with stage times."""
         await self._json(request, self.host.observer.slowest())
 
+    async def spend(self, request: Request) -> None:
+        """``GET /admin/api/spend``: see :mod:`.spend`."""
+        await self._json(request, await spend_view(self.usage, self.host.gate))
 
     # --- routes and their steps ------------------------------------------------------
 
