@@ -76,10 +76,10 @@ from .sessions import build_bus
 from .sessions.bus import SessionBus, check_session_id
 from .sessions.http import SessionEndpoints
 from .sessions.outbox import WriteBack
+from .slices import Steps
 from .spend.ledger import LedgerMetrics
 from .spend.metrics import SpendMetrics
 from .spend.prices import build_pricing, unpriced_models
-from .slices import Steps
 from .stages.outcome import Outcome
 from .stages.types import RequestInfo, Route
 from .startup import hypercorn_process
