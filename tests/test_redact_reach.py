@@ -317,3 +317,40 @@ async def test_a_recording_file_made_loose_is_tightened(tmp_path: Path) -> None:
     await disk.open("rec-1.jsonl")
     await disk.close()
     assert stat.S_IMODE((tmp_path / "rec-1.jsonl").stat().st_mode) == 0o600
+
+
+async def test_a_responses_request_is_redacted_in_every_field(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiserve_trio.adapters.base import DeltaSink, InferenceRequest
+    from aiserve_trio.adapters.retry import Progress
+
+    route = (
+        '\n[[routes]]\npath = "/v1/r"\nkind = "responses"\nadapter = "mock"\n'
+        'default_model = "aiserve-mock"\npolicies = ["gdpr-redact"]\n'
+    )
+    app = App(make_config(route))
+    adapter = app.routes["/v1/r"].adapter
+    inner = adapter.attempt
+    sent: list[InferenceRequest] = []
+
+    async def spy(request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
+        sent.append(request)
+        await inner(request, send, progress)
+
+    monkeypatch.setattr(adapter, "attempt", spy)
+    body = {
+        "model": "aiserve-mock",
+        "input": f"mail {EMAIL}",
+        "instructions": f"the customer's phone is {PHONE}",
+        "user": EMAIL,
+        "metadata": {"card": CARD},
+    }
+    r = await Client(app).request("POST", "/v1/r", json_body=body)
+    assert r.status == 200, r.body
+    (request,) = sent
+    upstream = upstream_json(request.messages) + json.dumps(
+        {k: json.loads(bytes(v)) for k, v in request.extra.items()}
+    )
+    assert leaks(upstream) == []
+    assert "[EMAIL]" in upstream
