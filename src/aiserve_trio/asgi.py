@@ -27,7 +27,7 @@ import trio
 from opentelemetry.trace import TracerProvider
 
 from . import fdlimit, gctune, hypercorn_seam
-from .adapters import Adapter, build_adapters
+from .adapters import Adapter, build_adapters, route_adapter
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
 from .apis import CODECS
@@ -74,6 +74,7 @@ from .sessions import build_bus
 from .sessions.bus import SessionBus, check_session_id
 from .sessions.http import SessionEndpoints
 from .sessions.outbox import WriteBack
+from .slices import Steps
 from .spend.ledger import LedgerMetrics
 from .spend.metrics import SpendMetrics
 from .spend.prices import build_pricing, unpriced_models
@@ -204,7 +205,7 @@ class App:
             rc.path: Route(
                 config=rc,
                 label=route_label(rc),
-                adapter=adapters[rc.adapter],
+                adapter=route_adapter(rc, route_label(rc), adapters),
                 policies=build_policies(rc.policies, config),
                 tenant=rc.tenant or config.server.default_tenant,
                 chain=build_chain(rc, route_label(rc), adapters, config),
@@ -754,7 +755,7 @@ class App:
         await request.responder.complete(200, JSON_HEADERS, b'{"status":"ready"}')
 
     @staticmethod
-    def _vars_redactor(rt: Runtime) -> Callable[[dict[str, str]], dict[str, str]] | None:
+    def _vars_redactor(rt: Runtime) -> Callable[[dict[str, str]], Steps[dict[str, str]]] | None:
         """What ``PUT /v1/sessions/{id}/vars`` applies: the data protection of every
         chat route, since every route reads the same sessions."""
         policies = [p for r in rt.routes.values() for p in r.policies]
@@ -762,7 +763,7 @@ class App:
             return None
         clear = frozenset(rt.config.sessions.clear_vars)
 
-        def redact(values: dict[str, str]) -> dict[str, str]:
+        def redact(values: dict[str, str]) -> Steps[dict[str, str]]:
             ctx = PolicyContext(route="sessions", channel="api", tenant="", request_id="")
             return redact_values(values, policies, ctx, clear)
 
@@ -860,7 +861,7 @@ class App:
         seen: dict[str, str] = {}
         for route in routes:
             for model in route.adapter.models:
-                seen.setdefault(model, route.adapter.name)
+                seen.setdefault(model, route.adapter.serving(model).name)
         data = [Model(id=m, created=created, owned_by=owner) for m, owner in seen.items()]
         return encoder.encode(ModelList(data=data))
 
