@@ -235,7 +235,8 @@ class MockAdapter(Adapter):
         return text
 
     async def embed_once(self, request: EmbeddingRequest) -> bytes:
-        """Deterministic unit vectors (``vectors.py``): the same text, the same vector.
+        """Lexical unit vectors (``vectors.py``): the same text, the same vector; texts
+        sharing their words are near.
 
         Raises:
             BadRequest: ``input``, ``dimensions`` or ``encoding_format`` is not usable.
