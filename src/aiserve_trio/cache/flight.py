@@ -92,6 +92,7 @@ class Flight:
         "limit",
         "log",
         "members",
+        "probe",
         "scope",
     )
 
@@ -111,6 +112,9 @@ class Flight:
         self.limit = float("inf")
         #: 0, or how many flights for this key failed before this one took over.
         self.generation = 0
+        #: The semantic tier's probe of the question (``semantic.Probe``): filed
+        #: under its guard when the answer is stored.
+        self.probe: object | None = None
         self._changed = trio.Event()
 
     def changed(self) -> None:

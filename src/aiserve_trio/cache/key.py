@@ -142,6 +142,46 @@ def request_key(
     return hashlib.blake2b(_encode(material), digest_size=32).hexdigest()
 
 
+def semantic_guard(
+    scope: RouteScope,
+    *,
+    tenant: str,
+    channel: str,
+    model: str,
+    earlier: Iterable[bytes | msgspec.Raw],
+    last: Mapping[str, Any],
+    facts: Iterable[str],
+    fields: Mapping[str, bytes | msgspec.Raw],
+    max_tokens: int | None,
+    variables: Mapping[str, str],
+    embedder: tuple[str, str, str],
+) -> str:
+    """The guard of a semantic lookup: :func:`request_key`'s material with the last
+    user message's wording left out -- its other fields (``last``) and its ``facts``
+    stay -- and the embedder (adapter, its version, model) in: vectors of two
+    models are not comparable. Two questions share an answer only under one guard.
+    """
+    material = [
+        KEY_VERSION,
+        "semantic",
+        tenant,
+        scope.route,
+        channel if scope.per_channel else None,
+        scope.adapter,
+        scope.adapter_version,
+        scope.policy_version,
+        model,
+        [canonical(m) for m in earlier],
+        dict(last),
+        sorted(facts),
+        {k: canonical(v) for k, v in fields.items() if k not in NOT_IN_KEY},
+        max_tokens,
+        dict(variables),
+        list(embedder),
+    ]
+    return hashlib.blake2b(_encode(material), digest_size=32).hexdigest()
+
+
 # --- what a request may do with the cache -----------------------------------------
 
 

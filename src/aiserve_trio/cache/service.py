@@ -67,9 +67,12 @@ from .key import (
     policy_version,
     request_key,
 )
+from .semantic import Probe, Semantic
 
 if TYPE_CHECKING:
-    from ..adapters.base import DeltaSink, InferenceRequest
+    from collections.abc import Mapping
+
+    from ..adapters.base import Adapter, DeltaSink, InferenceRequest
     from ..config import CacheConfig, Config, RouteCache, RouteConfig
 
 log = logging.getLogger("aiserve_trio.cache")
@@ -97,6 +100,8 @@ class RouteCachePlan:
     #: long the backend is told a shared answer may take; the flight itself ends
     #: at the latest deadline of the requests sharing it.
     longest: float
+    #: The adapter that embeds questions for the semantic tier (``settings.semantic``).
+    embedder: Adapter | None = None
 
 
 class Member:
@@ -135,6 +140,8 @@ class Ticket:
     plan: RouteCachePlan | None = None
     entry: Entry | None = None
     member: Member | None = None
+    #: ``semantic-hit``: the cosine similarity of the stored question.
+    similarity: float | None = None
 
 
 class Cache:
@@ -159,6 +166,7 @@ class Cache:
         #: The server's counters as last read (Redis ``INFO stats``).
         self.server: dict[str, float] = {}
         self._stats = trio.CancelScope()
+        self.semantic = Semantic(config.semantic_max_entries, hook)
 
     # --- the app's lifetime -----------------------------------------------------
 
@@ -178,6 +186,7 @@ class Cache:
         nxt._nursery = self._nursery
         nxt.server = self.server
         nxt._stats = self._stats
+        nxt.semantic = self.semantic
         return nxt
 
     async def aclose(self) -> None:
@@ -210,6 +219,7 @@ class Cache:
         temperature: float | None,
         request: InferenceRequest,
         deadline: float,
+        request_id: str = "",
     ) -> Ticket | None:
         """Decide what ``request`` does with the cache; None when its route has none.
 
@@ -247,13 +257,46 @@ class Cache:
             entry = await self._lookup(key, deadline)
             if entry is not None:
                 return Ticket(plan.label, "hit", plan, entry=entry)
+            probe: Probe | None = None
+            if plan.embedder is not None and s.semantic is not None:
+                probe = await self.semantic.probe(
+                    s.semantic,
+                    plan.embedder,
+                    plan.scope,
+                    request_id=request_id,
+                    tenant=tenant,
+                    channel=channel,
+                    request=request,
+                    deadline=deadline,
+                )
+                if probe is not None:
+                    ticket = await self._semantic(plan, probe, deadline)
+                    if ticket is not None:
+                        return ticket
             # Looked again after the wait: another request may have started it.
             flight = self.flights.find(key) or self.flights.start(key)
+            if flight.probe is None:
+                flight.probe = probe
         if flight.log.state is FlightState.DONE:
             # Finished, and being stored: that is an entry already.
             entry = Entry(pieces=flight.log.pieces, route=plan.label)
             return Ticket(plan.label, "hit", plan, entry=entry)
         return self._member(plan, flight, request.deadline)
+
+    async def _semantic(self, plan: RouteCachePlan, probe: Probe, deadline: float) -> Ticket | None:
+        """A semantic hit for ``probe``: the nearest question under its guard at or
+        above the threshold, whose entry is still there."""
+        assert plan.settings.semantic is not None
+        found = await self.semantic.search(probe)
+        if not self.semantic.observe(plan.label, found, plan.settings.semantic.threshold):
+            return None
+        assert found is not None
+        entry = await self._lookup(found.key, deadline)
+        if entry is None:
+            self.semantic.forget(probe, found)
+            return None
+        self.semantic.served(plan.label, probe, found)
+        return Ticket(plan.label, "semantic-hit", plan, entry=entry, similarity=found.similarity)
 
     def _member(self, plan: RouteCachePlan, flight: Flight, until: float) -> Ticket:
         self.flights.join(flight)
@@ -278,13 +321,16 @@ class Cache:
     # --- the inference stage ------------------------------------------------------
 
     @staticmethod
-    async def replay(entry: Entry, out: DeltaSink) -> str:
-        """Send a stored reply's pieces; the first says ``hit``."""
+    async def replay(
+        entry: Entry, out: DeltaSink, result: str = "hit", similarity: float | None = None
+    ) -> str:
+        """Send a stored reply's pieces; the first says ``result`` (``hit`` or
+        ``semantic-hit``, with the similarity)."""
         pieces = entry.pieces
-        await out.send(msgspec.structs.replace(pieces[0], cache="hit"))
+        await out.send(msgspec.structs.replace(pieces[0], cache=result, similarity=similarity))
         for piece in pieces[1:]:
             await out.send(piece)
-        return "hit"
+        return result
 
     async def follow(
         self,
@@ -479,6 +525,12 @@ class Cache:
         except CacheUnavailable:
             return
         self.hook.cache_stored(plan.label, "stored")
+        await self._file(flight, plan)
+
+    async def _file(self, flight: Flight, plan: RouteCachePlan) -> None:
+        """File the stored entry's question in the semantic index (and share it)."""
+        if isinstance(flight.probe, Probe):
+            await self.semantic.insert(flight.probe, flight.key, plan.settings.ttl_s)
 
     # --- across gateways (shared backends) ------------------------------------------
 
@@ -524,6 +576,7 @@ class Cache:
                     )
                     if blob is not None:
                         self.hook.cache_stored(plan.label, "stored")
+                        await self._file(flight, plan)
                 except CacheUnavailable:
                     pass
 
@@ -663,8 +716,17 @@ def _pack_bytes(ref: str, base_dir: str) -> bytes:
         return b""
 
 
-def route_plan(route: RouteConfig, label: str, config: Config) -> RouteCachePlan | None:
-    """The cache plan of a route, or None when it has no cache."""
+def route_plan(
+    route: RouteConfig,
+    label: str,
+    config: Config,
+    adapters: Mapping[str, Adapter] | None = None,
+) -> RouteCachePlan | None:
+    """The cache plan of a route, or None when it has no cache.
+
+    Args:
+        adapters: the app's adapters, by name (the semantic tier's embedder is one).
+    """
     settings = route.cache
     if settings is None or not settings.enabled:
         return None
@@ -687,32 +749,43 @@ def route_plan(route: RouteConfig, label: str, config: Config) -> RouteCachePlan
     max_ms = route.deadline.max_ms or config.deadline.max_ms
     shares = config.budgets.context + config.budgets.inference
     longest = (max_ms - config.deadline.reserve_ms) / 1000.0 * shares
-    return RouteCachePlan(label=label, settings=settings, scope=scope, longest=longest)
+    sem = settings.semantic
+    embedder = adapters.get(sem.embeddings) if sem is not None and adapters else None
+    return RouteCachePlan(
+        label=label, settings=settings, scope=scope, longest=longest, embedder=embedder
+    )
 
 
-def cache_plans(config: Config, labels: dict[str, str]) -> dict[str, RouteCachePlan]:
+def cache_plans(
+    config: Config, labels: dict[str, str], adapters: Mapping[str, Adapter] | None = None
+) -> dict[str, RouteCachePlan]:
     """The cache plan of every route that has a cache, by path.
 
     Args:
         labels: each route's label, by path.
+        adapters: the app's adapters, by name.
     """
     plans = {}
     for route in config.routes:
-        plan = route_plan(route, labels[route.path], config)
+        plan = route_plan(route, labels[route.path], config, adapters)
         if plan is not None:
             plans[route.path] = plan
     return plans
 
 
 def build_cache(
-    config: Config, labels: dict[str, str], hook: CacheHook = NULL_HOOK
+    config: Config,
+    labels: dict[str, str],
+    hook: CacheHook = NULL_HOOK,
+    adapters: Mapping[str, Adapter] | None = None,
 ) -> Cache | None:
     """The app's cache, or None when no route has one.
 
     Args:
         labels: each route's label, by path.
+        adapters: the app's adapters, by name (the semantic tier embeds with them).
     """
-    plans = cache_plans(config, labels)
+    plans = cache_plans(config, labels, adapters)
     if not plans:
         return None
     cc = config.cache

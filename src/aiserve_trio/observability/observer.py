@@ -64,8 +64,20 @@ class RecentList(msgspec.Struct, kw_only=True):
 #: What is kept of a finished request for the listing: total and TTFT seconds, then the
 #: fields of :class:`RecentRequest` as the outcome had them (see ``_listed``).
 _Recent = tuple[
-    float, float | None, str, str, str, str, str, Mapping[str, tuple[float, float]], str | None,
-    str | None, int, int, int, int,
+    float,
+    float | None,
+    str,
+    str,
+    str,
+    str,
+    str,
+    Mapping[str, tuple[float, float]],
+    str | None,
+    str | None,
+    int,
+    int,
+    int,
+    int,
 ]
 
 
@@ -169,6 +181,9 @@ class RequestObserver:
     def cache_stored(self, route: str, result: str) -> None:
         self._child(self.metrics.cache_stores, route, result).inc()
 
+    def cache_similarity(self, route: str, similarity: float, result: str) -> None:
+        self._child(self.metrics.cache_similarity, route, result).observe(similarity)
+
     # --- the end of a request -------------------------------------------------
 
     def request_complete(self, outcome: Outcome) -> None:
@@ -189,7 +204,8 @@ class RequestObserver:
                     step.ended - step.started
                 )
         if outcome.cache is not None:
-            self._child(m.cache_requests, route, outcome.cache).inc()
+            # ``semantic-hit`` (the header's spelling) is ``semantic_hit`` as a label.
+            self._child(m.cache_requests, route, outcome.cache.replace("-", "_")).inc()
             if self.baseline is not None and outcome.cache != "bypass":
                 # The storm detector's hit ratio: answered without a model call or not.
                 self.baseline.record_cache(route, outcome.cache in ("hit", "coalesced"))
@@ -280,8 +296,22 @@ class RequestObserver:
 
 
 def _listed(r: _Recent) -> RecentRequest:
-    (total, ttft, request_id, route, model, channel, status, stages, trace_id, error_stage,
-     writes, written, reads, read) = r
+    (
+        total,
+        ttft,
+        request_id,
+        route,
+        model,
+        channel,
+        status,
+        stages,
+        trace_id,
+        error_stage,
+        writes,
+        written,
+        reads,
+        read,
+    ) = r
     return RecentRequest(
         request_id=request_id,
         route=route,

@@ -72,9 +72,7 @@ def with_session(
 
 
 def _side_filters(policies: list[Policy], ctx: PolicyContext) -> list[OutputFilter]:
-    return [
-        f for p in policies if not p.content_only and (f := p.output_filter(ctx)) is not None
-    ]
+    return [f for p in policies if not p.content_only and (f := p.output_filter(ctx)) is not None]
 
 
 def _token_limit(asked: int | None, cap: int | None) -> int | None:
@@ -216,6 +214,7 @@ class ContextStage:
                 temperature=req.body.temperature,
                 request=request,
                 deadline=info.budget.cut("context"),
+                request_id=info.request_id,
             )
         prepared = Prepared(
             parsed=req,

@@ -80,12 +80,19 @@ class SSEStage:
             max_tokens=None if replayed else prepared.inference.max_tokens,
             max_bytes=route.max_reply_bytes,
         )
+        similarity = None
         if isinstance(first, Replayed):
             self.cache_result = first.cache
+            similarity = first.similarity
         elif prepared.cache is not None:
             self.cache_result = prepared.cache.result
         headers = response_headers(
-            self.info, prepared, first.served, cache=self.cache_result, steps=first.steps
+            self.info,
+            prepared,
+            first.served,
+            cache=self.cache_result,
+            steps=first.steps,
+            similarity=similarity,
         )
         if route.max_stream_s is None:  # no cap: no cancel scope either
             await self._write(asm, first, headers)
