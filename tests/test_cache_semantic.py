@@ -90,6 +90,30 @@ async def test_another_number_term_amount_or_negation_is_a_miss(
     assert reply_text(r) != reply_text(await client.chat(ask(Q)))
 
 
+LONG = (
+    "Please tell me what the current interest rate is for a 20-year fixed rate mortgage "
+    "loan with your bank today"
+)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [LONG.replace("20-year", "30-year"), LONG.replace("today", "tomorrow"), LONG + " not"],
+)
+async def test_the_facts_guard_a_question_whose_wording_is_nearer_than_the_threshold(
+    other: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    app, model = semantic_app()
+    assert app.cache is not None
+    client = Client(app)
+    await client.chat(ask(LONG))
+    r = await client.chat(ask(other))
+    assert r.headers["x-aiserve-cache"] == "miss"
+    assert model.calls == 2
+    # Not even a candidate: another guard is never searched.
+    assert similarity_count(app, "hit") + similarity_count(app, "miss") == 0
+
+
 async def test_another_temperature_or_system_prompt_is_a_miss(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
