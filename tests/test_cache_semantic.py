@@ -34,9 +34,7 @@ def semantic_app(
 
 
 def similarity_count(app: App, result: str) -> float:
-    return metric(
-        app, "aiserve_cache_semantic_similarity_count", route="chat", result=result
-    )
+    return metric(app, "aiserve_cache_semantic_similarity_count", route="chat", result=result)
 
 
 @pytest.mark.parametrize(
@@ -191,7 +189,7 @@ async def test_a_slow_embedding_is_a_plain_miss_never_a_failed_request(
 async def test_a_failed_embedding_is_a_plain_miss(autojump_clock: trio.testing.MockClock) -> None:
     # The counting model answers chat only: asking it for embeddings fails.
     cache = '{ semantic = { embeddings = "mock", model = "aiserve-mock" } }'
-    app, model = semantic_app(cache)
+    app, _ = semantic_app(cache)
     client = Client(app)
     await client.chat(ask(Q))
     r = await client.chat(ask(Q.lower()))
@@ -239,7 +237,10 @@ def test_pages_on_other_origins_may_read_the_similarity() -> None:
 @pytest.mark.parametrize(
     ("cache", "key"),
     [
-        ('{ semantic = { embeddings = "nope", model = "m" } }', "routes[0].cache.semantic.embeddings"),
+        (
+            '{ semantic = { embeddings = "nope", model = "m" } }',
+            "routes[0].cache.semantic.embeddings",
+        ),
         (
             '{ semantic = { embeddings = "vec", model = "m", threshold = 1.5 } }',
             "routes[0].cache.semantic.threshold",

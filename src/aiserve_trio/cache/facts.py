@@ -35,7 +35,7 @@ import re
 import unicodedata
 from decimal import Decimal, InvalidOperation
 
-_EN_UNITS = {
+_EN_UNITS: dict[str, int | Decimal] = {
     "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
     "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13,
     "fourteen": 14, "fifteen": 15, "sixteen": 16, "seventeen": 17, "eighteen": 18,
@@ -226,9 +226,9 @@ def _en_value(phrase: str) -> Decimal | None:
         elif word in _EN_TENS:
             current += _EN_TENS[word]
         elif word == "hundred":
-            current = (current or 1) * 100
+            current = (current or Decimal(1)) * 100
         elif word in _SCALES:
-            total += (current or 1) * _SCALES[word]
+            total += (current or Decimal(1)) * _SCALES[word]
             current = Decimal(0)
     return total + current
 

@@ -154,11 +154,11 @@ def semantic_guard(
     fields: Mapping[str, bytes | msgspec.Raw],
     max_tokens: int | None,
     variables: Mapping[str, str],
-    embedder: tuple[str, str, str],
+    embedder: tuple[str, str],
 ) -> str:
     """The guard of a semantic lookup: :func:`request_key`'s material with the last
     user message's wording left out -- its other fields (``last``) and its ``facts``
-    stay -- and the embedder (adapter, its version, model) in: vectors of two
+    stay -- and the embedder (adapter, model) in: vectors of two
     models are not comparable. Two questions share an answer only under one guard.
     """
     material = [

@@ -25,6 +25,7 @@ entry is gone (TTL, eviction) is dropped when it is found.
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
 import time
@@ -182,6 +183,30 @@ class SemanticHit:
     stored: str
 
 
+def item_fields(item: Item) -> dict[str, str]:
+    """``item`` as the fields of its record in the shared index's log."""
+    return {
+        "g": item.guard,
+        "k": item.key,
+        "v": base64.b64encode(item.vector.astype("<f4").tobytes()).decode(),
+        "q": item.question,
+        "x": repr(item.expires),
+    }
+
+
+def item_of(fields: dict[str, str]) -> Item | None:
+    """The item of a record of the shared index's log; None for one this version
+    cannot read."""
+    try:
+        raw = base64.b64decode(fields["v"], validate=True)
+        vector = unit(np.frombuffer(raw, dtype="<f4")) if len(raw) % 4 == 0 else None
+        if vector is None:
+            return None
+        return Item(fields["g"], fields["k"], vector, fields["q"], float(fields["x"]))
+    except (KeyError, ValueError):
+        return None
+
+
 class _EmbeddingData(msgspec.Struct):
     embedding: list[float]
 
@@ -251,7 +276,7 @@ class Semantic:
             fields=request.extra,
             max_tokens=request.max_tokens,
             variables=request.variables,
-            embedder=(embedder.name, settings.embeddings, settings.model),
+            embedder=(settings.embeddings, settings.model),
         )
         return Probe(guard, vector, text)
 

@@ -67,7 +67,7 @@ from .key import (
     policy_version,
     request_key,
 )
-from .semantic import Probe, Semantic
+from .semantic import Item, Probe, Semantic, item_fields, item_of
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -86,6 +86,10 @@ Publish = Callable[[Sequence[Replayed]], None]
 Producer = Callable[[Publish, float], Awaitable[str | None]]
 #: A follower reads a published answer that long after it ended.
 _KEEP_MS = 30_000
+#: The semantic index's log is read in pages of this many records, ...
+_INDEX_PAGE = 512
+#: ... a follower waiting this long in each read for the next.
+_INDEX_BLOCK_MS = 1_000
 PACKS_PACKAGE = "aiserve_trio.policies.packs"
 
 
@@ -167,6 +171,7 @@ class Cache:
         self.server: dict[str, float] = {}
         self._stats = trio.CancelScope()
         self.semantic = Semantic(config.semantic_max_entries, hook)
+        self._index_scope = trio.CancelScope()
 
     # --- the app's lifetime -----------------------------------------------------
 
@@ -176,6 +181,9 @@ class Cache:
         self._nursery = nursery
         if self.backend.shared:
             nursery.start_soon(self._stats_loop)
+            if any(p.settings.semantic is not None for p in self.routes.values()):
+                self.semantic.share = self._share
+                await nursery.start(self._follow_index)
 
     def successor(self, routes: dict[str, RouteCachePlan]) -> Cache:
         """The cache of a reloaded config whose ``[cache]`` did not change: the same
@@ -187,11 +195,13 @@ class Cache:
         nxt.server = self.server
         nxt._stats = self._stats
         nxt.semantic = self.semantic
+        nxt._index_scope = self._index_scope
         return nxt
 
     async def aclose(self) -> None:
         self._nursery = None
         self._stats.cancel(reason="app shutdown")
+        self._index_scope.cancel(reason="app shutdown")
         await self.backend.aclose()
 
     def held(self) -> tuple[int, int]:
@@ -206,6 +216,51 @@ class Cache:
                     # In place: a successor (a reloaded config) shares this dict.
                     self.server.update(await self._call("stats", self.backend.server_stats))
                 await trio.sleep(self.config.stats_interval_s)
+
+    # --- the semantic index, shared through the backend ------------------------------
+
+    async def _share(self, item: Item) -> None:
+        await self._call(
+            "index_add",
+            partial(self.backend.index_add, item_fields(item), self.config.semantic_max_entries),
+        )
+
+    async def _follow_index(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep this worker's semantic index up with every gateway's inserts: read what
+        the log holds (at most ``semantic_catch_up_ms``, then the worker serves), then
+        follow it. Failures are counted and retried after ``retry_ms``; meanwhile the
+        index misses what others insert, which is a miss, never a wrong answer."""
+        after = "0-0"
+        with self._index_scope:
+            with trio.move_on_after(self.config.semantic_catch_up_ms / 1000.0):
+                while True:
+                    read = partial(self.backend.index_read, after, _INDEX_PAGE, None)
+                    try:
+                        page = await self._call("index_read", read)
+                    except CacheUnavailable:
+                        break
+                    after = self._file_records(page, after)
+                    if len(page) < _INDEX_PAGE:
+                        break
+            task_status.started()
+            while True:
+                read = partial(self.backend.index_read, after, _INDEX_PAGE, _INDEX_BLOCK_MS)
+                try:
+                    page = await self._call("index_read", read, extra_s=_INDEX_BLOCK_MS / 1000.0)
+                except CacheUnavailable:
+                    await trio.sleep(self.config.retry_ms / 1000.0)
+                    continue
+                after = self._file_records(page, after)
+
+    def _file_records(self, page: list[tuple[str, dict[str, str]]], after: str) -> str:
+        for ident, fields in page:
+            item = item_of(fields)
+            if item is not None:
+                self.semantic.index.add(item)
+            after = ident
+        return after
 
     # --- the context stage --------------------------------------------------------
 

@@ -64,20 +64,8 @@ class RecentList(msgspec.Struct, kw_only=True):
 #: What is kept of a finished request for the listing: total and TTFT seconds, then the
 #: fields of :class:`RecentRequest` as the outcome had them (see ``_listed``).
 _Recent = tuple[
-    float,
-    float | None,
-    str,
-    str,
-    str,
-    str,
-    str,
-    Mapping[str, tuple[float, float]],
-    str | None,
-    str | None,
-    int,
-    int,
-    int,
-    int,
+    float, float | None, str, str, str, str, str, Mapping[str, tuple[float, float]], str | None,
+    str | None, int, int, int, int,
 ]
 
 
@@ -296,22 +284,8 @@ class RequestObserver:
 
 
 def _listed(r: _Recent) -> RecentRequest:
-    (
-        total,
-        ttft,
-        request_id,
-        route,
-        model,
-        channel,
-        status,
-        stages,
-        trace_id,
-        error_stage,
-        writes,
-        written,
-        reads,
-        read,
-    ) = r
+    (total, ttft, request_id, route, model, channel, status, stages, trace_id, error_stage,
+     writes, written, reads, read) = r
     return RecentRequest(
         request_id=request_id,
         route=route,

@@ -134,10 +134,8 @@ class SignalSampler:
                 if ident is None:
                     ident = idents[code] = _identifier(code)
                 stack.append(ident)
-                if (
-                    marker is not None
-                    and code.co_name == _STEP_FUNCTION
-                    and (code.co_filename.replace("\\", "/").endswith(_TRIO_RUN_FILE))
+                if marker is not None and code.co_name == _STEP_FUNCTION and (
+                    code.co_filename.replace("\\", "/").endswith(_TRIO_RUN_FILE)
                 ):
                     stack.append(marker)
             records.append((stack, n * weight))

@@ -345,16 +345,8 @@ def _instant(
     name: str, cat: str, t: float, started: float, pid: int, tid: int, args: dict[str, Any]
 ) -> dict[str, Any]:
     # "s": "t" scopes the instant to its task's track.
-    return {
-        "name": name,
-        "cat": cat,
-        "ph": "i",
-        "s": "t",
-        "ts": _us(t, started),
-        "pid": pid,
-        "tid": tid,
-        "args": args,
-    }
+    return {"name": name, "cat": cat, "ph": "i", "s": "t", "ts": _us(t, started),
+            "pid": pid, "tid": tid, "args": args}
 
 
 def _metadata(
@@ -362,27 +354,12 @@ def _metadata(
 ) -> list[dict[str, Any]]:
     """Process and track names, and an order that puts one request's tasks together."""
     meta: list[dict[str, Any]] = [
-        {
-            "name": "process_name",
-            "ph": "M",
-            "pid": pid,
-            "tid": LOOP_TID,
-            "args": {"name": f"aiserve-trio worker {pid}"},
-        },
-        {
-            "name": "thread_name",
-            "ph": "M",
-            "pid": pid,
-            "tid": LOOP_TID,
-            "args": {"name": "run loop (I/O waits)"},
-        },
-        {
-            "name": "thread_sort_index",
-            "ph": "M",
-            "pid": pid,
-            "tid": LOOP_TID,
-            "args": {"sort_index": 0},
-        },
+        {"name": "process_name", "ph": "M", "pid": pid, "tid": LOOP_TID,
+         "args": {"name": f"aiserve-trio worker {pid}"}},
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": LOOP_TID,
+         "args": {"name": "run loop (I/O waits)"}},
+        {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": LOOP_TID,
+         "args": {"sort_index": 0}},
     ]
     first_of_request: dict[str, float] = {}
     for tid, t in seen.items():
@@ -399,22 +376,8 @@ def _metadata(
         return (first_of_request.get(label.request_id, 0.0), order, tid)
 
     for index, tid in enumerate(sorted(seen, key=key), start=1):
-        meta.append(
-            {
-                "name": "thread_name",
-                "ph": "M",
-                "pid": pid,
-                "tid": tid,
-                "args": {"name": _track_name(tid, *info[tid])},
-            }
-        )
-        meta.append(
-            {
-                "name": "thread_sort_index",
-                "ph": "M",
-                "pid": pid,
-                "tid": tid,
-                "args": {"sort_index": index},
-            }
-        )
+        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                     "args": {"name": _track_name(tid, *info[tid])}})
+        meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                     "args": {"sort_index": index}})
     return meta

@@ -72,7 +72,9 @@ def with_session(
 
 
 def _side_filters(policies: list[Policy], ctx: PolicyContext) -> list[OutputFilter]:
-    return [f for p in policies if not p.content_only and (f := p.output_filter(ctx)) is not None]
+    return [
+        f for p in policies if not p.content_only and (f := p.output_filter(ctx)) is not None
+    ]
 
 
 def _token_limit(asked: int | None, cap: int | None) -> int | None:
