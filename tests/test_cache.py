@@ -619,7 +619,7 @@ async def test_a_follower_takes_over_an_answer_that_ran_out_of_time(
     # 1 s: 0.675 s of inference); a request arriving 0.3 s later has until 0.975 s.
     # The first answer runs out at 0.675 s; the later request, which has received
     # nothing, asks anew.
-    text = cache_config_text("{}").replace("cache = {}", "deadline = { max_ms = 1000 }\ncache = {}")
+    text = cache_config_text("{}").replace("cache = {}", "deadline = { default_ms = 1000, max_ms = 1000 }\ncache = {}")
     model = CountingModel(ttft=[1.0, 0.05], gap=0.01)
     app = App(parse_config(text, source="<t>"), adapters={"mock": model})
     client = Client(app)

@@ -242,6 +242,8 @@ async def test_a_step_that_passes_its_cut_ends_the_request_with_a_504_naming_it(
         "aiserve_chain_step_latency_seconds_sum", {"route": "bank", "step": "asr"}
     )
     assert latency == pytest.approx(0.075)
+    expiries = app.metrics.registry.get_sample_value("aiserve_stage_deadline_expiries_total", {"stage": "asr"})
+    assert expiries == 1.0
 
 
 async def test_the_streaming_step_passing_the_inference_cut_ends_the_stream_naming_it(
@@ -270,6 +272,9 @@ kind = "generate"
     assert error["param"] == "answer"
     assert error["code"] == "step_deadline_exceeded"
     assert r.text().startswith("w0 w1")
+    counted = app.metrics.registry.get_sample_value
+    assert counted("aiserve_stage_deadline_expiries_total", {"stage": "answer"}) == 1.0
+    assert counted("aiserve_stage_deadline_expiries_total", {"stage": "inference"}) is None
 
 
 # --- classify --------------------------------------------------------------------------------

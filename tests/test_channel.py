@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from aiserve_trio.config import ConfigError
 from aiserve_trio.policies.base import OutputFilter, PolicyContext
-from aiserve_trio.policies.channel import MessageShaper, SpeechShaper, speakable
+from aiserve_trio.policies.channel import MessageShaper, SpeechShaper, is_emoji, speakable
 from aiserve_trio.policies.registry import build_policies
 
 from .conftest import make_config
@@ -88,7 +88,46 @@ def test_bad_config_refused(table: str, match: str) -> None:
 
 
 def test_speakable_removes_emoji_and_urls() -> None:
-    assert speakable("Visit www.bank.com/x, now 🎉!", "our site") == "Visit our site, now !"
+    assert speakable("Visit www.bank.com/x, now 🎉!", "our site") == "Visit our site, now!"
+
+
+@pytest.mark.parametrize(
+    ("sentence", "spoken"),
+    [
+        ("Write to [EMAIL] 📧.", "Write to [EMAIL]."),
+        ("Call [PHONE] 📞, or write to [EMAIL] 😀 .", "Call [PHONE], or write to [EMAIL]."),
+        ("🎉 . Done 👍 !", "Done!"),
+        ("Your card (💳) ends in [CARD] .", "Your card ends in [CARD]."),
+        ("**Rate** 😀: 3.85 % **fixed**.", "Rate: 3.85% fixed."),
+        ("已发送到 [EMAIL] 📧 。", "已发送到 [EMAIL]。"),
+    ],
+)
+def test_what_a_removal_leaves_is_tidied(sentence: str, spoken: str) -> None:
+    assert speakable(sentence, "the link") == spoken
+
+
+WORD = st.sampled_from(["Hello", "rate", "3.85", "好", "[EMAIL]", "[PHONE]", "[CARD]"])
+NOISE = st.sampled_from(["😀", "📧", "🎉", "**", "`", "~~", " ", "  ", "\n"])
+MARKS = (".", ",", "!", "?", ":", "。", "，")
+MARK = st.sampled_from(MARKS)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(WORD, NOISE, MARK), max_size=25))
+def test_speakable_leaves_no_space_before_a_mark_and_keeps_every_word(parts: list[str]) -> None:
+    text = " ".join(parts)
+    out = speakable(text, "the link")
+    assert not any(is_emoji(ch) for ch in out)
+    assert "  " not in out
+    assert out == out.strip()
+    for mark in MARKS:
+        assert f" {mark}" not in out
+    assert out[:1] not in MARKS
+    # every word and redaction marker is still there, in order
+    words = [p for p in parts if p in {"Hello", "rate", "3.85", "好", "[EMAIL]", "[PHONE]", "[CARD]"}]
+    at = 0
+    for w in words:
+        at = out.index(w, at) + len(w)
 
 
 PIECE = st.sampled_from(

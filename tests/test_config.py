@@ -69,7 +69,7 @@ def test_aiserve_config_env_names_the_file(tmp_path, monkeypatch):
         (_with("[server]", "[serverx]"), "unknown key `serverx`"),
         (
             _with("default_ms = 30000", "default_ms = 300000"),
-            "key `deadline.default_ms`: must not exceed",
+            "key `deadline.default_ms`: must not exceed `max_ms` (120000)",
         ),
         (
             _with("pattern = '\\b(hello", "pattern = '((hello"),
@@ -97,6 +97,23 @@ def test_aiserve_config_env_names_the_file(tmp_path, monkeypatch):
         (
             _with("context_ttl = 86400", "context_ttl = 86400\ntenant = 'x y'"),
             "key `routes[0].tenant`: tenant 'x y' must match",
+        ),
+        # a default above the maximum it pairs with, wherever such a pair exists
+        (
+            _with("context_ttl = 86400", "context_ttl = 86400\ndeadline = {default_ms = 20000, max_ms = 700}"),
+            "key `routes[0].deadline.default_ms`: the default (20000 ms) must not exceed the maximum (700 ms)",
+        ),
+        (
+            _with("context_ttl = 86400", "context_ttl = 86400\ndeadline = {max_ms = 700}"),
+            "key `routes[0].deadline.max_ms`: the default (30000 ms) must not exceed the maximum (700 ms)",
+        ),
+        (
+            _with("body_read_timeout_ms = 5000", "body_read_timeout_ms = 60000"),
+            "key `limits.body_read_timeout_ms`: must not exceed `body_total_timeout_ms` (30000)",
+        ),
+        (
+            _with('backend = "memory"', 'backend = "memory"\noutbox_retry_ms = 9000'),
+            "key `sessions.outbox_retry_ms`: must not exceed `outbox_retry_max_ms` (5000)",
         ),
     ],
 )

@@ -620,3 +620,13 @@ async def test_each_try_is_a_span_naming_its_deployment(autojump_clock: Any) -> 
     assert [(t["aiserve.adapter"], t["aiserve.attempt"]) for t in tries] == [("a", 1), ("b", 2)]
     assert tries[0]["aiserve.error_code"] == "upstream_connect_error"
     assert "aiserve.error_code" not in tries[1]
+
+
+async def test_a_quiet_group_serves_one_at_a_time_requests_from_each_deployment_in_turn(autojump_clock: Any) -> None:
+    app = App(make_config(GROUP_TOML.replace("weight = 2", "weight = 1")))
+    client = Client(app)
+    served = []
+    for _ in range(6):
+        r = await client.request("POST", "/v1/pool", json_body=chat_body("hi", model="pooled"))
+        served.append(r.headers["x-aiserve-deployment"])
+    assert served == ["a", "b", "a", "b", "a", "b"]

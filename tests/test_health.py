@@ -266,6 +266,16 @@ def test_weighted_first_choice_follows_the_weights_and_ties_share() -> None:
     cands = [Candidate("a", 3.0, 0, 0.1), Candidate("b", 1.0, 0, 0.1)]
     firsts = Counter(order(cands, "weighted", rng)[0] for _ in range(4000))
     assert firsts["a"] / 4000 == pytest.approx(0.75, abs=0.03)
-    even = [Candidate("a", 1.0, 0, 0.1), Candidate("b", 1.0, 0, 0.1)]
-    firsts = Counter(order(even, "least_outstanding", rng)[0] for _ in range(4000))
-    assert firsts["a"] / 4000 == pytest.approx(0.5, abs=0.03)
+
+
+@pytest.mark.parametrize("balance", ["least_outstanding", "lowest_ttft"])
+def test_tied_deployments_take_turns(balance) -> None:
+    # A quiet group: requests one at a time find every deployment idle and alike.
+    rng = random.Random(7)
+    even = [Candidate("a", 1.0, 0, 0.1), Candidate("b", 1.0, 0, 0.1), Candidate("c", 1.0, 0, 0.1)]
+    firsts = [order(even, balance, rng, turn)[0] for turn in range(6)]
+    assert firsts == ["a", "b", "c", "a", "b", "c"]
+    assert order(even, balance, rng, 1) == ["b", "c", "a"]  # failover goes on in turn
+    # A real difference still wins over the turn.
+    busy = [Candidate("a", 1.0, 2, 0.3), Candidate("b", 1.0, 0, 0.1)]
+    assert {order(busy, balance, rng, turn)[0] for turn in range(4)} == {"b"}

@@ -75,18 +75,20 @@ def test_arguments_that_are_not_json_are_still_rewritten() -> None:
 
 
 @pytest.mark.parametrize(
-    ("sent", "param"),
+    ("sent", "param", "code"),
     [
-        ({"role": 1, "content": "x"}, "messages[2].role"),
-        ({"role": "robot", "content": "x"}, "messages[2].role"),
-        ({"role": "user", "content": [{"text": "no type"}]}, "messages[2].content[0]"),
-        ({"role": "user", "content": 5}, "messages[2].content"),
+        ({"role": 1, "content": "x"}, "messages[2].role", "invalid_type"),
+        ({"role": "robot", "content": "x"}, "messages[2].role", "invalid_type"),
+        ({"role": "user", "content": [{"text": "no type"}]}, "messages[2].content[0].type", "missing_required_parameter"),
+        ({"role": "user", "content": 5}, "messages[2].content", "invalid_type"),
+        ({"content": "x"}, "messages[2].role", "missing_required_parameter"),
     ],
 )
-def test_a_malformed_message_is_a_400_naming_it(sent: object, param: str) -> None:
+def test_a_malformed_message_is_a_400_naming_it(sent: object, param: str, code: str) -> None:
     with pytest.raises(BadRequest) as info:
         decode_message(raw(sent), 2)
     assert info.value.param == param
+    assert info.value.code == code
 
 
 def request(**extra: str) -> InferenceRequest:

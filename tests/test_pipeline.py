@@ -363,3 +363,41 @@ async def test_models_health_ready_and_metrics(app, client, autojump_clock):
 async def test_channel_label_comes_from_the_header(client, app, autojump_clock):
     await client.chat(chat_body("echo: a"), headers={"X-Channel": "wechat"})
     assert 'channel="wechat"' in app.metrics.render().decode()
+
+
+def expiries(app: App) -> dict[str, float]:
+    counts: dict[str, float] = {}
+    for line in app.metrics.render().decode().splitlines():
+        if line.startswith("aiserve_stage_deadline_expiries_total{"):
+            stage = line.split('stage="', 1)[1].split('"', 1)[0]
+            counts[stage] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+async def test_every_deadline_answer_is_counted_under_its_stage(autojump_clock):
+    # Each kind of stage_deadline_exceeded answer once: a context expiry, the refusal
+    # to start an upstream call with too little left, an inference expiry mid-stream,
+    # and a slow body expiring in parse. Each is one count, under the stage it names.
+    app, _ = recording_app(bus=SlowBus(5.0))
+    client = Client(app)
+    answers = []
+    r = await client.chat(chat_body("hi"), headers={"X-Request-Timeout-Ms": "1100", "X-Session-Id": "s1"})
+    answers.append(r.json()["error"])
+    r = await client.chat(chat_body("hi"), headers={"X-Request-Timeout-Ms": "160"})
+    answers.append(r.json()["error"])
+    slow, _ = recording_app()
+    r = await Client(slow).chat(chat_body("echo: " + WORDS_100, stream=True), headers={"X-Request-Timeout-Ms": "300"})
+    answers.append(error_of(r.events()[-2]))
+    body = json.dumps(chat_body("hi")).encode()
+    r = await Client(slow).request(
+        "POST",
+        "/v1/chat/completions",
+        body=[body[:10], body[10:]],
+        headers={"content-type": "application/json", "X-Request-Timeout-Ms": "1100"},
+        body_delay=10.0,
+    )
+    answers.append(r.json()["error"])
+    assert [a["code"] for a in answers] == ["stage_deadline_exceeded"] * 4
+    assert [a["param"] for a in answers] == ["context", "inference", "inference", "parse"]
+    assert expiries(app) == {"context": 1.0, "inference": 1.0}
+    assert expiries(slow) == {"inference": 1.0, "parse": 1.0}

@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,7 +51,7 @@ def replay(command: str, cwd: Path, **targets: str) -> subprocess.CompletedProce
     for old, new in targets.items():
         command = command.replace(old, new)
     args = shlex.split(command)
-    assert args[0] == "aiserve-replay"
+    assert args[0] == ".venv/bin/aiserve-replay"
     return subprocess.run(
         [sys.executable, "-m", "aiserve_trio.replay", *args[1:], "--quiet"],
         cwd=cwd,
@@ -62,11 +63,21 @@ def replay(command: str, cwd: Path, **targets: str) -> subprocess.CompletedProce
     )
 
 
+def wait_for_lines(directory: Path, n: int) -> list[Path]:
+    """The recording's files once they hold ``n`` lines (the writer batches; 10 s at most)."""
+    deadline = time.monotonic() + 10
+    while True:
+        files = list(directory.glob("rec-*.jsonl"))
+        if sum(len(f.read_text().splitlines()) for f in files) >= n or time.monotonic() > deadline:
+            return files
+        time.sleep(0.05)
+
+
 def test_record_replay_compare_as_the_readme_says(tmp_path: Path) -> None:
     record_cmd, baseline_cmd, candidate_cmd = record_block()
     config_path = re.search(r"AISERVE_CONFIG=(\S+)", record_cmd)
     assert config_path is not None
-    assert "hypercorn --config configs/hypercorn.toml aiserve_trio:app" in record_cmd
+    assert ".venv/bin/hypercorn --config configs/hypercorn.toml aiserve_trio:app" in record_cmd
 
     # 1. record, with the example config (the recording goes to this test's folder).
     example = (ROOT / config_path[1]).read_text()
@@ -77,6 +88,13 @@ def test_record_replay_compare_as_the_readme_says(tmp_path: Path) -> None:
     bodies = [{**b, "stream": True} for _, b, _ in TABLE if "messages" in b][:10]
     with hypercorn_gateway(recording_config) as (base, _), ThreadPoolExecutor(4) as pool:
         assert set(pool.map(lambda b: post(base, b), bodies)) == {200}
+        # The replay against the recording gateway itself is not recorded.
+        (written,) = wait_for_lines(tmp_path / "recordings", len(bodies))
+        copy = tmp_path / "copy"
+        copy.mkdir()
+        copy.joinpath(written.name).write_text(written.read_text())
+        out = replay(baseline_cmd.replace("recordings/", "copy/"), tmp_path, **{"http://127.0.0.1:8000": base})
+        assert out.returncode == 0, out.stderr
     recorded = list((tmp_path / "recordings").glob("rec-*.jsonl"))
     assert len(recorded) == 1
     assert len(recorded[0].read_text().splitlines()) == len(bodies)

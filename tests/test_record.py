@@ -227,6 +227,25 @@ async def test_only_the_routes_asked_for_are_recorded_and_sample_zero_records_no
     assert sample(app, "aiserve_records_written_total") == 0
 
 
+async def test_a_replays_requests_are_left_out_and_counted_unless_asked_for(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock,
+) -> None:
+    replayed = {"x-aiserve-replay": "3f2a"}
+    app = App(record_config(tmp_path))
+    async with serving(app) as client:
+        await client.chat(chat_body("a client"))
+        await client.chat(chat_body("the replay"), headers=replayed)
+    assert [line["body"]["messages"][0]["content"] for line in read_lines(tmp_path)] == ["a client"]
+    assert sample(app, "aiserve_record_dropped_total", reason="replay") == 1
+
+    kept = tmp_path / "kept"
+    app = App(record_config(kept, "include_replays = true"))
+    async with serving(app) as client:
+        await client.chat(chat_body("the replay"), headers=replayed)
+    assert len(read_lines(kept)) == 1
+    assert sample(app, "aiserve_record_dropped_total", reason="replay") == 0
+
+
 async def test_recording_is_off_by_default(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
     app = App(make_config())
     assert app.recorder is None

@@ -315,14 +315,15 @@ def test_requests_go_to_the_route_with_the_recorded_headers_only() -> None:
     assert request_url("http://h:1", rec.route) == "http://h:1/v1/chat/completions"
     assert request_url("http://h:1/", rec.route) == "http://h:1/v1/chat/completions"
     assert request_url("http://h:1/v1/other", rec.route) == "http://h:1/v1/other"
-    headers = dict(request_headers(rec, "aik_x", sessions=True))
+    headers = dict(request_headers(rec, "aik_x", "run7", sessions=True))
     assert headers["authorization"] == "Bearer aik_x"
+    assert headers["x-aiserve-replay"] == "run7"  # a recording target leaves it out
     assert headers["x-channel"] == "app"
     assert headers["x-request-timeout-ms"] == "800"
     assert "cookie" not in headers
-    assert "authorization" not in dict(request_headers(rec, None))
+    assert "authorization" not in dict(request_headers(rec, None, "run7"))
     assert "x-session-id" in headers
-    assert "x-session-id" not in dict(request_headers(rec, None))
+    assert "x-session-id" not in dict(request_headers(rec, None, "run7"))
 
 
 def test_the_checked_in_sample_is_what_its_script_makes_and_spans_the_classes() -> None:

@@ -103,6 +103,54 @@ def test_records_become_trace_events_with_delays_and_wakers() -> None:
     assert timed == sorted(timed)
 
 
+def test_a_task_that_wakes_itself_is_runnable_from_its_next_step_not_before_its_own() -> None:
+    # A checkpoint reschedules the running task: its SCHED record is made during the
+    # step, before the STEP record the step's end appends.
+    records = [
+        (SCHED, INF_T, 1.000, WOKEN_BY_LOOP),
+        (SCHED, INF_T, 1.0015, INF_T),  # made during the step below
+        (STEP, INF_T, 1.001, 1.002),
+        (STEP, INF_T, 1.004, 1.005),  # runnable since its previous step ended
+        (SCHED, INF_T, 1.007, WOKEN_BY_IO),
+        (STEP, INF_T, 1.008, 1.009),
+    ]
+    doc = build_trace(records, LIVE, started=1.0, ended=2.0, pid=42)
+    assert check_trace_events(doc) == []
+    first, second, third = by(doc["traceEvents"], ph="X", tid=1)
+    assert first["args"]["runnable_us"] == pytest.approx(1_000)
+    assert first["args"]["woken_by"] == "run loop"
+    assert second["args"]["runnable_us"] == pytest.approx(2_000)  # 1.002 -> 1.004
+    assert second["args"]["blocked_us"] == 0
+    assert second["args"]["woken_by"] == f"{REQ} inference"
+    assert third["args"]["runnable_us"] == pytest.approx(1_000)
+    assert third["args"]["blocked_us"] == pytest.approx(2_000)
+
+
+async def test_a_live_trace_of_tasks_that_checkpoint_has_no_negative_delay() -> None:
+    async def spin() -> None:
+        for _ in range(200):
+            await trio.lowlevel.checkpoint()
+
+    traced: list[runtrace.RunTracer] = []
+
+    async def trace() -> None:
+        traced.append(await trace_run(0.05))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trace)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(spin)
+        nursery.start_soon(spin)
+    (tracer,) = traced
+    doc = build_trace(tracer.records, tracer.live_tasks(), started=tracer.started, ended=tracer.ended)
+    assert check_trace_events(doc) == []
+    woken_by_self = [
+        e for e in doc["traceEvents"]
+        if e["ph"] == "X" and e["cat"] == "step" and ".spin [" in e["args"].get("woken_by", "")
+    ]
+    assert len(woken_by_self) > 100
+
+
 def test_tracks_are_named_after_request_and_stage_and_kept_together() -> None:
     records = [
         (STEP, SSE_T, 1.0, 1.001),  # tid 1

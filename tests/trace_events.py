@@ -41,4 +41,8 @@ def check_trace_events(doc: Mapping[str, Any]) -> list[str]:
             problems.append(f"{where}: instant scope {ev.get('s')!r}")
         if "args" in ev and not isinstance(ev["args"], Mapping):
             problems.append(f"{where}: args is not an object")
+        elif "args" in ev:
+            for k in ("runnable_us", "blocked_us"):
+                if k in ev["args"] and not ev["args"][k] >= 0:
+                    problems.append(f"{where}: {k} is negative")
     return problems

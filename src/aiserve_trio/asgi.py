@@ -26,7 +26,7 @@ from typing import Any
 import trio
 from opentelemetry.trace import TracerProvider
 
-from . import gctune
+from . import fdlimit, gctune
 from .adapters import Adapter, build_adapters
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
@@ -417,6 +417,8 @@ class App:
         await self._open_cache(self.runtime)
         await nursery.start(self._run_background)
         if hypercorn_process() is not None:
+            said, enough = fdlimit.raise_soft(self.config.limits.max_inflight)
+            log.log(logging.INFO if enough else logging.WARNING, "%s", said)
             log.info("garbage collector: %s", gctune.tune())
         self.ready = True
         log.info(

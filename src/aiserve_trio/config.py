@@ -59,6 +59,12 @@ def _positive(section: msgspec.Struct, *keys: str) -> None:
             raise field_error(key, "must be positive")
 
 
+def _not_above(section: msgspec.Struct, low: str, high: str) -> None:
+    """A default, base or per-step value must not exceed the maximum it pairs with."""
+    if getattr(section, low) > getattr(section, high):
+        raise field_error(low, f"must not exceed `{high}` ({getattr(section, high)})")
+
+
 def _tenant(key: str, tenant: str) -> None:
     try:
         check_tenant(tenant)
@@ -105,8 +111,7 @@ class DeadlineConfig(_Section):
         for key in ("reserve_ms", "min_inference_ms"):
             if getattr(self, key) < 0:
                 raise field_error(key, "must not be negative")
-        if self.default_ms > self.max_ms:
-            raise field_error("default_ms", f"must not exceed deadline.max_ms ({self.max_ms})")
+        _not_above(self, "default_ms", "max_ms")
         if self.reserve_ms >= self.default_ms:
             raise field_error("reserve_ms", "must be smaller than deadline.default_ms")
 
@@ -137,8 +142,8 @@ class LimitsConfig(_Section):
     max_content_chars: int = 262_144
     max_tokens: int = 32_768
     #: Per worker: requests in flight and open event streams; beyond, a fast 503.
-    max_inflight: int = 1_024
-    max_streams: int = 512
+    max_inflight: int = 4_096
+    max_streams: int = 4_096
     #: Open streams one tenant may hold in a worker (0: no cap); beyond, 429.
     tenant_max_streams: int = 0
     #: A client that accepts no byte of a write for this long is dropped.
@@ -175,6 +180,7 @@ class LimitsConfig(_Section):
             "body_read_timeout_ms",
             "body_total_timeout_ms",
         )
+        _not_above(self, "body_read_timeout_ms", "body_total_timeout_ms")
         for key in ("body_min_rate", "max_receiving", "max_per_client"):
             if getattr(self, key) < 0:
                 raise field_error(key, "must not be negative")
@@ -237,7 +243,7 @@ class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
     http2: bool = False
     #: Concurrent upstream streams before requests queue (HTTP/1.1: one
     #: connection each; HTTP/2: up to 100 per connection).
-    max_connections: int = 512
+    max_connections: int = 4_096
     connect_timeout_ms: int = 2_000
     #: Retries before the first token (connect errors, timeouts, 429, 5xx).
     max_retries: int = 2
@@ -255,6 +261,7 @@ class OpenAIAdapterConfig(_Section, tag="openai", tag_field="kind"):
 
     def __post_init__(self) -> None:
         _models(self.models)
+        _not_above(self, "backoff_base_ms", "backoff_max_ms")
 
 
 class VllmWsAdapterConfig(_Section, tag="vllm_ws", tag_field="kind"):
@@ -275,6 +282,7 @@ class VllmWsAdapterConfig(_Section, tag="vllm_ws", tag_field="kind"):
 
     def __post_init__(self) -> None:
         _models(self.models)
+        _not_above(self, "backoff_base_ms", "backoff_max_ms")
 
 
 class GroupDeployment(_Section):
@@ -338,8 +346,7 @@ class GroupAdapterConfig(_Section, tag="group", tag_field="kind"):
                 raise field_error(key, "must be in (0, 1]")
         if not 0 <= self.max_ejected_percent <= 100:
             raise field_error("max_ejected_percent", "must be between 0 and 100")
-        if self.max_ejection_ms < self.base_ejection_ms:
-            raise field_error("max_ejection_ms", "must not be less than base_ejection_ms")
+        _not_above(self, "base_ejection_ms", "max_ejection_ms")
         for key in ("ttft_prior_ms", "max_ttft_p95_ms", "probe_interval_ms"):
             if getattr(self, key) < 0:
                 raise field_error(key, "must not be negative")
@@ -401,6 +408,7 @@ class SessionsConfig(_Section):
             "heartbeat_ms",
             "events_max_s",
         )
+        _not_above(self, "outbox_retry_ms", "outbox_retry_max_ms")
         if not 0 <= self.history_turns <= self.max_turns:
             raise field_error("history_turns", "must be between 0 and `max_turns`")
         if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", self.key_prefix):
@@ -933,6 +941,12 @@ def check_config(cfg: Config) -> None:
             if ms is not None and ms <= reserve_ms:
                 why = f"must exceed deadline.reserve_ms ({reserve_ms})"
                 raise fail(f"{key}.deadline.{field}", why)
+        default_ms = route.deadline.default_ms or cfg.deadline.default_ms
+        max_ms = route.deadline.max_ms or cfg.deadline.max_ms
+        if default_ms > max_ms:
+            field = "default_ms" if route.deadline.default_ms is not None else "max_ms"
+            why = f"the default ({default_ms} ms) must not exceed the maximum ({max_ms} ms)"
+            raise fail(f"{key}.deadline.{field}", why)
         if route.steps:
             _check_steps(cfg, i, route, policy_names, fail)
     if (problem := check_record(cfg)) is not None:

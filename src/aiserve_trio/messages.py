@@ -16,6 +16,7 @@ values inside them and keeps them valid JSON.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -241,6 +242,24 @@ def decode_message(raw: msgspec.Raw, index: int) -> Message:
     )
 
 
+_AT = " - at `$"
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+
+
+def invalid_field(exc: msgspec.ValidationError, where: str = "") -> tuple[str, str | None, str]:
+    """What msgspec refused in a request body: its message, the field as a client names it
+    (``messages[0].role``, ``where`` its prefix) and the error code -- ``invalid_type``, or
+    ``missing_required_parameter`` for a field that is not there."""
+    msg, _, at = str(exc).partition(_AT)
+    path = where + at.rstrip("`")
+    if path.startswith("."):
+        path = path[1:]
+    if (missing := _MISSING.match(msg)) is not None:
+        field = missing["field"]
+        return msg, f"{path}.{field}" if path else field, "missing_required_parameter"
+    return msg, path or None, "invalid_type"
+
+
 def _decoded(decoder: msgspec.json.Decoder[_T], raw: msgspec.Raw, where: str) -> _T:
     """``raw`` decoded; a wrong type is a 400 whose ``param`` is its path from ``where``.
 
@@ -250,12 +269,9 @@ def _decoded(decoder: msgspec.json.Decoder[_T], raw: msgspec.Raw, where: str) ->
     try:
         return decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        msg, _, at = str(exc).partition(" - at `$")
-        path = at.rstrip("`")
+        msg, param, code = invalid_field(exc, where)
         raise BadRequest(
-            f"invalid request: {msg} - at `$.{where}{path}`",
-            param=f"{where}{path}",
-            code="invalid_type",
+            f"invalid request: {msg} - at `$.{param}`", param=param, code=code
         ) from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None

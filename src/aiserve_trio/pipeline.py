@@ -34,7 +34,13 @@ import trio
 
 from .adapters.base import Delta
 from .cache.service import Cache
-from .errors import BodyReadTimeout, GatewayError, InternalError, ReplyCapExceeded
+from .errors import (
+    BodyReadTimeout,
+    GatewayError,
+    InternalError,
+    ReplyCapExceeded,
+    StageDeadlineExceeded,
+)
 from .http.sse import DONE, ChatFramer
 from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
 from .observability.events import NULL_HOOK, Hook
@@ -329,7 +335,7 @@ class Pipeline:
         TASK_LABEL.set(TaskLabel(stage.info.request_id, stage.info.route.label, name))
         hook.stage_started(name)
         started: float | None = None
-        expired = False
+        expired: str | None = None
         try:
             item: Any = None
             with trio.move_on_at(stage.info.budget.cut(name)) as scope:
@@ -345,9 +351,14 @@ class Pipeline:
                     cancel.cancel(reason=f"{name} ended the reply")
             # Expired while waiting for its input: the stage before it reports.
             if scope.cancelled_caught and started is not None:
-                expired = True
+                expired = name
                 await stage.expired(item)
         except GatewayError as exc:
+            if isinstance(exc, StageDeadlineExceeded):
+                # Counted under what the answer names: the stage, or the chain step
+                # whose share ran out -- also when the scope did not expire (a refusal
+                # to start with too little left, a shared flight that was late).
+                expired = exc.stage
             if run.fail(name, exc):
                 cancel.cancel(reason=f"{name} stage failed")
         finally:

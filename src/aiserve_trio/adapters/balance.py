@@ -10,7 +10,10 @@ first and the rest are the order of failover. The ranking is the whole policy:
   so the first choice follows the weights and failover stays weighted too.
 - ``lowest_ttft``: the lowest expected time to first token.
 
-Ties are broken at random so that equal deployments share the load.
+Ties in the first two are broken by rotation: the caller counts its requests
+(``turn``) and the tied deployments take turns, so a quiet group, whose requests
+come one at a time and always find every count at zero, still spreads them and
+keeps every deployment's time-to-first-token estimate fresh.
 """
 
 from __future__ import annotations
@@ -35,13 +38,26 @@ class Candidate:
     expected_ttft: float
 
 
-def order(candidates: Sequence[Candidate], balance: Balance, rng: random.Random) -> list[str]:
-    """The names of ``candidates`` in the order a request should try them."""
+def order(
+    candidates: Sequence[Candidate], balance: Balance, rng: random.Random, turn: int = 0
+) -> list[str]:
+    """The names of ``candidates`` in the order a request should try them.
+
+    Args:
+        rng: the randomness of ``weighted``.
+        turn: the caller's count of requests; among tied candidates the one
+            ``turn`` places after the first in ``candidates`` goes first.
+    """
     if balance == "weighted":
         keyed = [(rng.random() ** (1.0 / c.weight), c.name) for c in candidates]
         return [name for _, name in sorted(keyed, reverse=True)]
-    if balance == "least_outstanding":
-        ranked = [(c.outstanding / c.weight, rng.random(), c.name) for c in candidates]
-    else:
-        ranked = [(c.expected_ttft, rng.random(), c.name) for c in candidates]
+    n = len(candidates)
+    ranked = [
+        (
+            c.outstanding / c.weight if balance == "least_outstanding" else c.expected_ttft,
+            (i - turn) % n,
+            c.name,
+        )
+        for i, c in enumerate(candidates)
+    ]
     return [name for *_, name in sorted(ranked)]

@@ -271,6 +271,8 @@ class GroupAdapter(Adapter):
         for m in members:
             self.health.add(m.name, m.prior_ttft, counted=m.fallback == 0)
         self.outstanding = dict.fromkeys((m.name for m in members), 0)
+        #: Requests planned: tied deployments take turns by it.
+        self._turn = -1
         self._probes: trio.CancelScope | None = None
         # The route refuses what the group's own deployments cannot carry;
         # a fallback that carries less is skipped for such a request.
@@ -327,6 +329,7 @@ class GroupAdapter(Adapter):
     def plan(self, now: float) -> list[Member]:
         """The candidates of a request starting ``now``: balanced deployments, then fallbacks."""
         ready = [m for m in self.deployments if self.health.available(m.name, now)]
+        self._turn += 1
         ranked = order(
             [
                 Candidate(
@@ -336,6 +339,7 @@ class GroupAdapter(Adapter):
             ],
             self.config.balance,
             self.rng,
+            self._turn,
         )
         by_name = {m.name: m for m in ready}
         firsts = [by_name[n] for n in ranked]

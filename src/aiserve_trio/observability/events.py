@@ -70,12 +70,14 @@ class Hook(UpstreamHook, CacheHook, Protocol):
         """A stage task began (before it has its input)."""
         ...
 
-    def stage_ended(self, stage: str, worked: float | None, expired: bool) -> None:
+    def stage_ended(self, stage: str, worked: float | None, expired: str | None) -> None:
         """A stage task ended.
 
         Args:
             worked: seconds from getting its input to its end; None if it never got any.
-            expired: it ended because its cut point passed.
+            expired: what ran out of time, when it ended by a deadline: the stage (its
+                cut point passed, or it refused to start with too little left) or the
+                chain step whose share ran out.
         """
         ...
 
@@ -100,7 +102,7 @@ class NullHook:
     def stage_started(self, stage: str) -> None:
         pass
 
-    def stage_ended(self, stage: str, worked: float | None, expired: bool) -> None:
+    def stage_ended(self, stage: str, worked: float | None, expired: str | None) -> None:
         pass
 
     def request_complete(self, outcome: Outcome) -> None:

@@ -95,7 +95,8 @@ class Metrics:
         )
         self.stage_expiries = Counter(
             "aiserve_stage_deadline_expiries",
-            "Stage cancel scopes that reached their cut point.",
+            "Deadlines run out, by the stage or chain step named: cut points passed, and "
+            "refusals to start an upstream call with too little of the budget left.",
             ["stage"],
             registry=r,
         )
@@ -171,7 +172,8 @@ class Metrics:
         self.record_dropped = Counter(
             "aiserve_record_dropped",
             "Requests the recording dropped: its buffer was full (the disk is slow), "
-            "writing failed, or the request could not be recorded.",
+            "writing failed, the request could not be recorded, or aiserve-replay sent it "
+            "(left out unless [record] include_replays = true).",
             ["reason"],
             registry=r,
         )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 from opentelemetry.trace import Span
 
+from ..errors import StageDeadlineExceeded
 from .baseline import BaselineMonitor
 from .metrics import STAGES, Metrics, label_value
 from .tracing import NOOP_TRACE, upstream_attempt
@@ -134,12 +135,12 @@ class RequestObserver:
     def stage_started(self, stage: str) -> None:
         self._live[stage] += 1
 
-    def stage_ended(self, stage: str, worked: float | None, expired: bool) -> None:
+    def stage_ended(self, stage: str, worked: float | None, expired: str | None) -> None:
         self._live[stage] -= 1
         if worked is not None:
             self._latency[stage].observe(worked)
-        if expired:
-            self.metrics.stage_expiries.labels(stage).inc()
+        if expired is not None:
+            self.metrics.stage_expiries.labels(label_value(expired)).inc()
 
     # --- upstream -------------------------------------------------------------
 
@@ -182,6 +183,9 @@ class RequestObserver:
         if outcome.policy is not None:  # policy names like "gdpr-redact" are folded
             for policy, action in outcome.policy.actions:
                 self._child(m.policy_actions, label_value(policy), action).inc()
+        if outcome.info is None and isinstance(outcome.error, StageDeadlineExceeded):
+            # Served outside the pipeline's stage shells (embeddings), which count theirs.
+            m.stage_expiries.labels(label_value(outcome.error.stage)).inc()
         if outcome.disconnected:
             m.disconnects.labels(outcome.error_stage or "parse").inc()
         if outcome.capped is not None:

@@ -267,7 +267,8 @@ def build_trace(
 
     # Pass 2: the events.
     events: list[dict[str, Any]] = []
-    scheduled: dict[int, tuple[float, str]] = {}  # tid -> (when, woken by) since its last step
+    # tid -> (when, woken by) since its last step; a second entry is made during the step
+    scheduled: dict[int, list[tuple[float, str]]] = {}
     last_end: dict[int, float] = {}
     seen: dict[int, float] = {}  # tid -> first timestamp
     for i, rec in enumerate(records):
@@ -295,13 +296,22 @@ def build_trace(
             if step_label and step_label[0] is not None:
                 label = step_label[0]
             args: dict[str, Any] = {**_label_args(label), "task": name}
-            sched = scheduled.pop(tid, None)
-            if sched is not None:
-                when, woken_by = sched
-                args["runnable_us"] = _us(t0, when)
+            # A task that reschedules itself (a checkpoint) is scheduled *during* its
+            # step, and that SCHED record precedes the STEP record, appended at the
+            # step's end: it belongs to the task's next step, not to this one.
+            pending = scheduled.pop(tid, [])
+            if pending and pending[-1][0] >= t0:
+                scheduled[tid] = [pending.pop()]
+            if pending:
+                when, woken_by = pending[-1]
+                previous = last_end.get(tid)
+                # Scheduled before its previous step ended: runnable from that end on,
+                # never blocked in between.
+                ready = when if previous is None else max(when, previous)
+                args["runnable_us"] = _us(t0, ready)
                 args["woken_by"] = woken_by
-                if tid in last_end:
-                    args["blocked_us"] = _us(when, last_end[tid])
+                if previous is not None:
+                    args["blocked_us"] = _us(ready, previous)
             last_end[tid] = t1
             events.append(
                 {
@@ -317,7 +327,7 @@ def build_trace(
             )
         elif kind == SCHED:
             woken_by = waker_name(i, rec[3])
-            scheduled[tid] = (rec[2], woken_by)
+            scheduled.setdefault(tid, []).append((rec[2], woken_by))
             events.append(
                 _instant("scheduled", "sched", rec[2], started, pid, tid, {"woken_by": woken_by})
             )

@@ -61,6 +61,12 @@ _RULE = regex.compile(r"^\s*(?:[-*_]\s*){3,}$")
 _EMPHASIS = regex.compile(r"\*{1,3}|_{2,3}|~~|`+")
 _TABLE = regex.compile(r"\s*\|\s*")
 _SPACE = regex.compile(r"[ \t\r\f\v]+")
+# What a removal (an emoji, a markdown mark) leaves behind: a space before closing
+# punctuation ("[EMAIL] ." from "[EMAIL] 😀."), brackets with nothing left inside,
+# and punctuation with no words before it at the start of a sentence.
+_SPACE_BEFORE_MARK = regex.compile(r"\s+(?=[.,!?;:%)\]}。，！？；：、）」』])")  # noqa: RUF001
+_EMPTY_BRACKETS = regex.compile(r"\(\s*\)|（\s*）")  # noqa: RUF001
+_LEADING_MARKS = regex.compile(r"^[\s.,!?;:。，！？；：、]+")  # noqa: RUF001
 _CJK = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]")
 
 
@@ -91,7 +97,9 @@ def speakable(sentence: str, url_phrase: str) -> str:
     text = strip_markdown(sentence)
     text = _URL.sub(url_phrase, text)
     text = "".join(ch for ch in text if not is_emoji(ch))
-    return _SPACE.sub(" ", text.replace("\n", " ")).strip()
+    text = _EMPTY_BRACKETS.sub("", _SPACE.sub(" ", text.replace("\n", " ")))
+    text = _SPACE_BEFORE_MARK.sub("", _SPACE.sub(" ", text))
+    return str(_LEADING_MARKS.sub("", text).strip())
 
 
 def _split(buf: str, bol: bool) -> tuple[list[str], str, bool]:

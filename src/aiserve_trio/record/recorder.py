@@ -38,6 +38,7 @@ from ..policies.registry import build_policies
 from ..stages.outcome import Outcome
 from .labels import LabelRules
 from .line import LineBuilder
+from .schema import REPLAY_HEADER
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -51,7 +52,7 @@ log = logging.getLogger("aiserve_trio.record")
 #: the writer holds the event loop between checkpoints.
 MAX_BATCH = 256
 #: ``reason`` values of ``aiserve_record_dropped_total``.
-DROP_REASONS = ("buffer_full", "disk_error", "unrecordable")
+DROP_REASONS = ("buffer_full", "disk_error", "unrecordable", "replay")
 #: Seconds the writer gets at shutdown to write what is queued.
 CLOSE_GRACE = 2.0
 
@@ -231,6 +232,14 @@ class Recorder:
         Never blocks: a full queue drops the record and counts it.
         """
         if outcome.route not in self.routes:
+            return
+        info = outcome.info
+        if (
+            info is not None
+            and REPLAY_HEADER in info.headers
+            and not self.settings.include_replays
+        ):
+            self._dropped["replay"].inc()
             return
         if self._sample < 1.0 and self._rng.random() >= self._sample:
             return

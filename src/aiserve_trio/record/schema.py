@@ -30,6 +30,9 @@ CHANNEL_HEADER = "x-channel"
 SESSION_HEADER = "x-session-id"
 TIMEOUT_HEADER = "x-request-timeout-ms"
 HEADERS = (CHANNEL_HEADER, SESSION_HEADER, TIMEOUT_HEADER)
+#: What ``aiserve-replay`` marks its requests with (its run's id): a recording
+#: gateway leaves them out unless ``[record] include_replays = true``.
+REPLAY_HEADER = "x-aiserve-replay"
 #: ``body`` of a request that never got past its policies.
 NO_BODY = msgspec.Raw(b"null")
 

@@ -122,6 +122,9 @@ class RecordConfig(_Section):
     routes: list[str] = msgspec.field(default_factory=list)
     #: False only when written: the recording then keeps what the route let through.
     redact: bool = True
+    #: Record requests ``aiserve-replay`` sent (marked ``X-Aiserve-Replay``); by default
+    #: they are left out (and counted), so a replay never records itself.
+    include_replays: bool = False
     #: Records queued for the writer; a record that finds the queue full is dropped.
     buffer: int = 1024
     labels: list[LabelRule] = msgspec.field(default_factory=default_rules)

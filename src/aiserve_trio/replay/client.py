@@ -8,13 +8,14 @@ It sets no timeout of its own: the runner bounds every request.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import httpx2
 import trio
 
-from ..record.schema import HEADERS, SESSION_HEADER, Record
+from ..record.schema import HEADERS, REPLAY_HEADER, SESSION_HEADER, Record
 from .schedule import Slot
 from .timing import StreamTimer
 
@@ -30,15 +31,20 @@ def request_url(target: str, route: str) -> str:
 
 
 def request_headers(
-    record: Record, api_key: str | None, *, sessions: bool = False
+    record: Record, api_key: str | None, run_id: str, *, sessions: bool = False
 ) -> list[tuple[str, str]]:
-    """The recorded headers that a record may carry, the content type and the key.
+    """The recorded headers that a record may carry, the content type, the key, and the
+    replay's mark (``run_id``), so that a recording target leaves the replay out.
 
     ``sessions``: send the (hashed) session id, so a target with sessions builds
     the conversations' history again as the recording goes on.
     """
     keep = HEADERS if sessions else tuple(h for h in HEADERS if h != SESSION_HEADER)
-    headers = [("content-type", "application/json"), ("user-agent", _USER_AGENT)]
+    headers = [
+        ("content-type", "application/json"),
+        ("user-agent", _USER_AGENT),
+        (REPLAY_HEADER, run_id),
+    ]
     headers += [(k, v) for k, v in record.headers.items() if k in keep]
     if api_key:
         headers.append(("authorization", f"Bearer {api_key}"))
@@ -62,6 +68,8 @@ class HttpSender:
         self.target = target
         self.api_key = api_key
         self.sessions = sessions
+        #: This replay's mark on every request it sends.
+        self.run_id = secrets.token_hex(8)
         limits = httpx2.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
@@ -74,7 +82,7 @@ class HttpSender:
         record = self.records[slot.record]
         url = request_url(self.target, record.route)
         body = bytes(record.body)
-        headers = request_headers(record, self.api_key, sessions=self.sessions)
+        headers = request_headers(record, self.api_key, self.run_id, sessions=self.sessions)
         async with self.client.stream("POST", url, content=body, headers=headers) as response:
             timer.head(response.status_code)
             async for chunk in response.aiter_bytes():

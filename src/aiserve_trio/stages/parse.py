@@ -22,10 +22,9 @@ from ..errors import (
     NotFound,
     PayloadTooLarge,
     StageDeadlineExceeded,
-    Unprocessable,
     UnsupportedMediaType,
 )
-from ..messages import Message, decode_message
+from ..messages import Message, decode_message, invalid_field
 from .channel import Inbox, Outbox
 from .handoff import hand_on
 from .types import ParsedRequest, RequestInfo
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from ..adapters.base import Adapter
     from ..security.admission import Admission
 
-_PATH_RE = re.compile(r"^(?P<msg>.*) - at `\$\.?(?P<path>[^`]*)`$")
 _ALLOWED_ROLES_LAST = ("user", "tool", "function", "system", "developer")
 
 
@@ -112,9 +110,10 @@ def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None)
 
     Raises:
         BadRequest: not JSON, not UTF-8, nested too deeply, wrong types, missing
-            or empty ``messages``, a tool message without ``tool_call_id``.
+            or empty ``messages``, a tool message without ``tool_call_id``, a value
+            out of its range or the gateway's limits -- each with the ``param`` it is
+            about and a ``code``, as OpenAI's API answers.
         PayloadTooLarge: a content part (an image, audio, a file) over ``max_part_bytes``.
-        Unprocessable: well-formed but out of the gateway's limits.
     """
     if not body:
         raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
@@ -123,15 +122,17 @@ def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None)
         req = request_decoder.decode(body)
         top = _raw_body.decode(body)
     except msgspec.ValidationError as exc:
-        msg, param = _split_path(str(exc))
-        raise BadRequest(f"invalid request: {msg}", param=param, code="invalid_type") from None
+        msg, param, code = invalid_field(exc)
+        raise BadRequest(f"invalid request: {msg}", param=param, code=code) from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
     if not req.messages:
-        raise BadRequest("`messages` must contain at least one message", param="messages")
+        raise BadRequest(
+            "`messages` must contain at least one message", param="messages", code="empty_array"
+        )
     if len(req.messages) > limits.max_messages:
-        raise Unprocessable(
+        raise BadRequest(
             f"`messages` has {len(req.messages)} entries; the limit is {limits.max_messages}",
             param="messages",
             code="too_many_messages",
@@ -140,7 +141,7 @@ def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None)
     for i, m in enumerate(messages):
         _check_message(m, i, limits)
     if messages[-1].role not in _ALLOWED_ROLES_LAST:
-        raise Unprocessable(
+        raise BadRequest(
             "the last message must not be from the assistant",
             param=f"messages[{len(messages) - 1}].role",
             code="invalid_last_role",
@@ -149,20 +150,29 @@ def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None)
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
-        raise Unprocessable(
-            f"`max_tokens` must be between 1 and {limits.max_tokens}", param="max_tokens"
+        key = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        raise BadRequest(
+            f"`{key}` must be between 1 and {limits.max_tokens}",
+            param=key,
+            code="integer_below_min_value" if max_tokens < 1 else "integer_above_max_value",
         )
     if req.n not in (None, 1):
-        raise Unprocessable("only `n` = 1 is supported", param="n")
+        raise BadRequest("only `n` = 1 is supported", param="n", code="unsupported_value")
     for key, value, hi in (("temperature", req.temperature, 2.0), ("top_p", req.top_p, 1.0)):
         if value is not None and not 0.0 <= value <= hi:
-            raise Unprocessable(f"`{key}` must be between 0 and {hi}", param=key)
+            raise BadRequest(
+                f"`{key}` must be between 0 and {hi}",
+                param=key,
+                code="decimal_below_min_value" if value < 0 else "decimal_above_max_value",
+            )
     model = req.model or default_model
     if not model:
-        raise BadRequest("`model` is required", param="model")
+        raise BadRequest("`model` is required", param="model", code="missing_required_parameter")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > 4:
-        raise Unprocessable("`stop` may hold at most 4 sequences", param="stop")
+        raise BadRequest(
+            "`stop` may hold at most 4 sequences", param="stop", code="array_above_max_length"
+        )
     return ParsedRequest(
         body=req,
         messages=messages,
@@ -177,7 +187,7 @@ def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None)
 
 def _check_message(m: Message, i: int, limits: LimitsConfig) -> None:
     if len(m.text()) > limits.max_content_chars:
-        raise Unprocessable(
+        raise BadRequest(
             f"`messages[{i}].content` is longer than {limits.max_content_chars} characters",
             param=f"messages[{i}].content",
             code="content_too_long",
@@ -242,13 +252,6 @@ def check_capabilities(
                         param=f"messages[{i}].content[{j}]",
                         code="unsupported_content",
                     )
-
-
-def _split_path(msg: str) -> tuple[str, str | None]:
-    m = _PATH_RE.match(msg)
-    if not m:
-        return msg, None
-    return m["msg"], m["path"] or None
 
 
 class ParseStage:
