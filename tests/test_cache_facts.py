@@ -34,14 +34,14 @@ TABLE = [
     ("a rate of 3.5 percent", ("pct:3.5",)),
     ("利率百分之三点五", ("pct:3.5",)),
     # terms
-    ("the 20-year mortgage", ("term:20y",)),
-    ("the 20 year mortgage", ("term:20y",)),
+    ("the 20-year mortgage", ("product:mortgage", "term:20y")),
+    ("the 20 year mortgage", ("product:mortgage", "term:20y")),
     ("over 20 years", ("term:20y",)),
     ("twenty-year fixed", ("term:20y",)),
-    ("30年期房贷", ("term:30y",)),
-    ("二十年期房贷", ("term:20y",)),
-    ("6个月定期", ("term:6m",)),
-    ("a 6-month CD", ("term:6m",)),
+    ("30年期房贷", ("product:mortgage", "term:30y")),
+    ("二十年期房贷", ("product:mortgage", "term:20y")),
+    ("6个月定期", ("product:cd", "term:6m")),
+    ("a 6-month CD", ("product:cd", "term:6m")),
     ("90 days", ("term:90d",)),
     ("两周", ("term:2w",)),
     ("a one-year deposit", ("term:1y",)),
@@ -69,6 +69,18 @@ TABLE = [
     ("我没收到卡", ("neg",)),
     ("我不想要", ("neg",)),
     ("还未到账", ("neg",)),
+    # products, tiers, channels, scope and parties, by a value several names share
+    ("the mortgage or the home loan", ("product:mortgage", "product:mortgage")),
+    ("房贷还是车贷", ("product:car_loan", "product:mortgage")),
+    ("platinum credit card", ("product:credit_card", "tier:platinum")),
+    ("白金卡和金卡", ("tier:gold", "tier:platinum")),
+    ("my wife's debit card", ("party:spouse", "product:debit_card")),
+    ("我儿子的网银", ("channel:online", "party:child")),
+    ("an international wire", ("scope:international",)),
+    # a question (A-not-A) is not a negation; spaces do not split Chinese numbers
+    ("能不能转账", ()),
+    ("有没有年费", ()),
+    ("二 十 年", ("term:20y",)),
     # nothing to guard
     ("How do I reset my PIN?", ()),
     ("May I open an account?", ()),
@@ -95,6 +107,9 @@ def test_the_table(text: str, expected: tuple[str, ...]) -> None:
         ("Block card ending 1234", "Block card ending 1235"),
         ("Pay it today", "Pay it tomorrow"),
         ("a 6-month deposit", "a 6-year deposit"),
+        ("金卡包含旅行保险吗", "白金卡包含旅行保险吗"),
+        ("What is the rate on a home loan?", "What is the rate on a car loan?"),
+        ("Open a joint account with my wife", "Open a joint account with my daughter"),
     ],
 )
 def test_questions_that_differ_in_a_fact_never_share_a_guard(a: str, b: str) -> None:
@@ -108,6 +123,8 @@ def test_questions_that_differ_in_a_fact_never_share_a_guard(a: str, b: str) -> 
         ("Transfer $5,000 now", "transfer 5000 USD now"),
         ("二十年期房贷利率", "20年期房贷利率"),
         ("I didn't get my card", "I did not get my card"),
+        ("the mortgage rate", "the home loan rate"),
+        ("今天能不能转账", "今天能转账吗"),
     ],
 )
 def test_one_fact_written_two_ways_is_one_fact(a: str, b: str) -> None:

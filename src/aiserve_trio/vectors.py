@@ -46,12 +46,17 @@ def _is_ideograph(ch: str) -> bool:
 
 
 def normalise(text: str) -> str:
-    """``text`` as the vector sees it: NFKC, case folded, punctuation and symbols as spaces,
-    runs of spaces as one."""
+    """``text`` as the vector sees it: NFKC, case folded, punctuation and symbols as spaces
+    (but ``5,000`` is ``5000`` and ``3.5`` one number), runs of spaces as one."""
+    s = unicodedata.normalize("NFKC", text).casefold()
     out = []
-    for ch in unicodedata.normalize("NFKC", text).casefold():
-        cat = unicodedata.category(ch)
-        out.append(ch if cat[0] in "LN" else " ")
+    for i, ch in enumerate(s):
+        if unicodedata.category(ch)[0] in "LN":
+            out.append(ch)
+        elif ch in ",." and 0 < i < len(s) - 1 and s[i - 1].isdigit() and s[i + 1].isdigit():
+            out.append("." if ch == "." else "")  # 5,000 is 5000; 3.5 stays one number
+        else:
+            out.append(" ")
     return " ".join("".join(out).split())
 
 

@@ -22,6 +22,10 @@ the question states them in does not matter, and repeats are kept):
 - ``mark:KIND[:DIGITS]``: a redaction marker (``[CARD]``, ``[ACCOUNT ****1234]``)
   with the digits it kept, and ``acct:DIGITS`` for a run of 8 or more digits
   (with spaces or dashes) or a masked tail (``****1234``, ``尾号1234``);
+- ``product:``, ``tier:``, ``channel:``, ``scope:``, ``party:``: the bank's products
+  (``credit card``, ``房贷``...), card tiers, channels, domestic or international,
+  and who the question is about (``my wife``, ``儿子``...), from a vocabulary where
+  several names of one thing share a value (``mortgage`` = ``home loan`` = ``房贷``);
 - ``neg``: each negation (``not``, ``n't``, ``no``, ``never``, ``without``,
   ``不``, ``没``/``没有``, ``未``, ``无``, ``别``, ``非``, ``勿``).
 
@@ -84,10 +88,69 @@ _DATES = {
     "today": "rel:0", "tonight": "rel:0", "tomorrow": "rel:1", "yesterday": "rel:-1",
     "今天": "rel:0", "今日": "rel:0", "明天": "rel:1", "明日": "rel:1", "昨天": "rel:-1",
     "后天": "rel:2", "前天": "rel:-2", "本月": "relm:0", "下个月": "relm:1", "上个月": "relm:-1",
-    "下月": "relm:1", "上月": "relm:-1", "今年": "rely:0", "明年": "rely:1", "去年": "rely:-1",
+    "下月": "relm:1", "这个月": "relm:0", "这月": "relm:0", "上月": "relm:-1",
+    "今年": "rely:0", "明年": "rely:1", "去年": "rely:-1",
     "next month": "relm:1", "last month": "relm:-1", "this month": "relm:0",
     "next year": "rely:1", "last year": "rely:-1", "this year": "rely:0",
 }  # fmt: skip
+#: The bank's products, channels and the parties a question is about: a near
+#: question about another product or person is another question. Longest first,
+#: so ``白金卡`` is not read as ``金卡``; several names of one thing share a value.
+_VOCABULARY: dict[str, dict[str, tuple[str, ...]]] = {
+    "product": {
+        "credit_card": ("credit card", "信用卡"),
+        "debit_card": ("debit card", "借记卡", "储蓄卡"),
+        "mortgage": ("mortgage", "home loan", "housing loan", "房贷", "住房贷款", "房屋贷款"),
+        "car_loan": ("car loan", "auto loan", "车贷", "汽车贷款"),
+        "personal_loan": ("personal loan", "个人贷款", "消费贷"),
+        "business_loan": ("business loan", "企业贷款", "经营贷"),
+        "student_loan": ("student loan", "助学贷款"),
+        "savings": ("savings account", "储蓄账户"),
+        "checking": ("checking account", "current account", "支票账户"),
+        "business_account": ("business account", "企业账户", "对公账户"),
+        "wealth": ("wealth management", "理财"),
+        "overdraft": ("overdraft", "透支"),
+        "cd": ("certificate of deposit", "time deposit", "cd", "定期存款", "定期"),
+        "travel_insurance": ("travel insurance", "旅行保险"),
+        "car_insurance": ("car insurance", "auto insurance", "汽车保险", "车险"),
+    },
+    "tier": {
+        "platinum": ("platinum", "白金"),
+        "gold": ("gold", "金卡"),
+        "classic": ("classic", "普卡"),
+    },
+    "channel": {
+        "online": ("online banking", "internet banking", "网上银行", "网银"),
+        "mobile": ("mobile banking", "mobile app", "手机银行"),
+        "phone": ("call center", "phone banking", "客服中心", "电话银行"),
+    },
+    "scope": {
+        "international": ("international", "overseas", "cross-border", "境外", "跨境", "国际"),
+        "domestic": ("domestic", "境内", "国内"),
+    },
+    "party": {
+        "spouse": ("spouse", "wife", "husband", "partner", "配偶", "妻子", "丈夫", "老婆", "老公"),
+        "child": ("son", "daughter", "child", "children", "kid", "儿子", "女儿", "孩子"),
+        "parent": ("father", "mother", "parent", "parents", "dad", "mom", "父亲", "母亲",
+                   "爸爸", "妈妈", "父母"),
+        "sibling": ("brother", "sister", "兄弟", "姐妹", "哥哥", "弟弟", "姐姐", "妹妹"),
+        "other": ("someone else", "another person", "a friend", "他人", "别人", "朋友"),
+    },
+}  # fmt: skip
+_TERMS_OF = sorted(
+    ((name, f"{kind}:{value}") for kind, values in _VOCABULARY.items()
+     for value, names in values.items() for name in names),
+    key=lambda t: -len(t[0]),
+)  # fmt: skip
+_VOCAB_RE = re.compile(
+    "|".join(
+        rf"\b{re.escape(name)}\b".replace(r"\ ", r"\s+") if name.isascii() else re.escape(name)
+        for name, _ in _TERMS_OF
+    )
+)
+_VOCAB_FACT = dict(_TERMS_OF)
+_CJK_GAP = re.compile(r"(?<=[\u3400-\u9fff])\s+(?=[\u3400-\u9fff])")
+
 _EN_NEG = frozenset(
     {"not", "no", "never", "without", "none", "nor", "cannot", "neither", "nobody", "nothing"}
 )
@@ -101,7 +164,8 @@ _UNIT_ALT = "|".join(re.escape(u) for u in sorted(_TERMS, key=len, reverse=True)
 _MARKER = re.compile(r"\[([A-Z][A-Z_]*)([^\]\[]{0,40})\]")
 _ACCOUNT = re.compile(r"(?<![\d.])\d(?:[ -]?\d){7,}(?![\d.])")
 _MASKED = re.compile(
-    r"(?:[*xX•]{2,}|尾号|ending(?: in)?|last four(?: digits)?)[ :]*(\d{3,6})(?!\d)"
+    r"(?:[*xX•]{2,}|尾号|ending(?:\s+in)?|last\s+four(?:\s+digits)?)[\s:]*(\d{3,6})(?!\d)",
+    re.IGNORECASE,
 )
 _DIGITS = re.compile(
     r"(?<![0-9a-z.,])(\d+(?:,\d{3})*(?:\.\d+)?|\.\d+)(?:\s*(k|m|mn|bn|b|thousand|million|billion"
@@ -126,6 +190,7 @@ _EN_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 def facts(text: str) -> tuple[str, ...]:
     """The canonical list of facts in ``text`` (see the module docstring)."""
     s = unicodedata.normalize("NFKC", text).replace("\u2019", "'")
+    s = _CJK_GAP.sub("", s)  # 二 十 年 is 二十年: Chinese is not written with spaces
     out: list[str] = []
     # Redaction markers and account numbers first, blanked so their digits are not
     # read again as amounts.
@@ -133,6 +198,7 @@ def facts(text: str) -> tuple[str, ...]:
     s = _MASKED.sub(lambda m: _blank(m, out, "acct:" + m.group(1)), s)
     s = _ACCOUNT.sub(lambda m: _blank(m, out, "acct:" + re.sub(r"\D", "", m.group(0))), s)
     low = s.casefold()
+    low = _VOCAB_RE.sub(lambda m: _blank(m, out, _VOCAB_FACT[" ".join(m.group(0).split())]), low)
     taken = [False] * len(low)
     for m in _DIGITS.finditer(low):
         value = _decimal(m.group(1).replace(",", ""))
@@ -160,7 +226,8 @@ def facts(text: str) -> tuple[str, ...]:
         out.append("cur:" + _CURRENCIES[m.group(0).casefold()])
     for phrase, fact in _DATES.items():
         if phrase.isascii():
-            out += ["date:" + fact] * len(re.findall(rf"\b{phrase}\b", low))
+            pattern = rf"\b{phrase}\b".replace(" ", r"\s+")
+            out += ["date:" + fact] * len(re.findall(pattern, low))
         else:
             out += ["date:" + fact] * low.count(phrase)
     out += ["neg"] * _negations(low)
@@ -270,7 +337,10 @@ def _negations(low: str) -> int:
             count += 1
     i = 0
     while i < len(low):
-        if low[i] in _ZH_NEG:
+        # 能不能, 有没有, 可不可以: a question (A-not-A), not a negation
+        if low[i] in _ZH_NEG and 0 < i < len(low) - 1 and low[i - 1] == low[i + 1]:
+            i += 2
+        elif low[i] in _ZH_NEG:
             count += 1
             # 没有 / 沒有 is one negation
             i += 2 if low[i] in "没沒" and low[i + 1 : i + 2] == "有" else 1
