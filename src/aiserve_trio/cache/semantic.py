@@ -98,23 +98,56 @@ def unit(values: Any) -> NDArray[np.float32] | None:
 
 
 class _Bucket:
-    """The questions under one guard; the matrix of their vectors built when searched."""
+    """The questions under one guard: their vectors as the rows of one matrix, kept
+    in place (appended; a removed row is replaced by the last)."""
 
-    __slots__ = ("items", "matrix")
+    __slots__ = ("items", "n", "pos", "rows")
 
-    def __init__(self) -> None:
-        self.items: dict[str, Item] = {}
-        self.matrix: tuple[list[Item], NDArray[np.float32]] | None = None
+    def __init__(self, dims: int) -> None:
+        self.rows: NDArray[np.float32] = np.empty((8, dims), dtype=np.float32)
+        self.items: list[Item] = []
+        self.pos: dict[str, int] = {}
+        self.n = 0
+
+    def put(self, item: Item) -> None:
+        at = self.pos.get(item.key)
+        if at is None:
+            if self.n == len(self.rows):
+                grown = np.empty((2 * len(self.rows), self.rows.shape[1]), dtype=np.float32)
+                grown[: self.n] = self.rows[: self.n]
+                self.rows = grown
+            at = self.n
+            self.n += 1
+            self.items.append(item)
+            self.pos[item.key] = at
+        else:
+            self.items[at] = item
+        self.rows[at] = item.vector
+
+    def drop(self, key: str) -> bool:
+        at = self.pos.pop(key, None)
+        if at is None:
+            return False
+        last = self.n - 1
+        if at != last:
+            moved = self.items[last]
+            self.items[at] = moved
+            self.rows[at] = self.rows[last]
+            self.pos[moved.key] = at
+        self.items.pop()
+        self.n = last
+        return True
 
 
 class VectorIndex:
     """Questions by guard, searched exactly (cosine), bounded: oldest inserted out first.
 
     Exact search over a guard's bucket, because a lookup only ever compares
-    questions under one guard (buckets are small next to the whole index) and
-    numpy scores 10,000 vectors of 512 dimensions in well under a millisecond
+    questions under one guard (buckets are small next to the whole index) and one
+    core scores 10,000 vectors of 512 dimensions in about a millisecond
     (``bench/semantic_index.py`` has the measurement against usearch's HNSW).
-    A search scores ``_CHUNK`` rows between checkpoints.
+    The product is ``np.einsum``: one thread, where BLAS's threads fight the other
+    workers for the cores. A search scores ``_CHUNK`` rows between checkpoints.
     """
 
     def __init__(self, max_entries: int) -> None:
@@ -128,9 +161,12 @@ class VectorIndex:
 
     def add(self, item: Item) -> None:
         """File ``item`` (replacing the question stored for the same entry)."""
-        bucket = self._buckets.setdefault(item.guard, _Bucket())
-        bucket.items[item.key] = item
-        bucket.matrix = None
+        bucket = self._buckets.get(item.guard)
+        if bucket is None:
+            bucket = self._buckets[item.guard] = _Bucket(len(item.vector))
+        elif bucket.rows.shape[1] != len(item.vector):
+            return  # another model's vector under this guard: not comparable
+        bucket.put(item)
         ident = (item.guard, item.key)
         self._order[ident] = None
         self._order.move_to_end(ident)
@@ -140,28 +176,22 @@ class VectorIndex:
     def remove(self, guard: str, key: str) -> None:
         self._order.pop((guard, key), None)
         bucket = self._buckets.get(guard)
-        if bucket is None or bucket.items.pop(key, None) is None:
-            return
-        bucket.matrix = None
-        if not bucket.items:
+        if bucket is not None and bucket.drop(key) and not bucket.n:
             del self._buckets[guard]
 
     async def search(self, guard: str, vector: NDArray[np.float32], now: float) -> Found | None:
         """The stored question under ``guard`` nearest to ``vector`` (expired ones skipped)."""
         bucket = self._buckets.get(guard)
-        if bucket is None:
+        if bucket is None or bucket.rows.shape[1] != len(vector):
             return None
-        if bucket.matrix is None:
-            items = list(bucket.items.values())
-            bucket.matrix = (items, np.vstack([i.vector for i in items]))
-        items, matrix = bucket.matrix
         best: tuple[float, Item] | None = None
-        for start in range(0, len(items), _CHUNK):
+        for start in range(0, bucket.n, _CHUNK):
             if start:
                 await trio.lowlevel.checkpoint()
-            scores = matrix[start : start + _CHUNK] @ vector
+            end = min(start + _CHUNK, bucket.n)
+            scores = np.einsum("ij,j->i", bucket.rows[start:end], vector)
             for j in np.argsort(-scores):
-                item = items[start + int(j)]
+                item = bucket.items[start + int(j)]
                 if item.expires > now:  # the best of the chunk still served
                     score = float(scores[j])
                     if best is None or score > best[0]:
