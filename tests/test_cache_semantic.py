@@ -230,6 +230,21 @@ async def test_only_a_users_text_is_looked_up(autojump_clock: trio.testing.MockC
     assert len(app.cache.semantic.index) == 0
 
 
+async def test_a_question_longer_than_max_chars_is_not_looked_up(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    cache = '{ semantic = { embeddings = "vec", model = "m", max_chars = 40 } }'
+    app, model = semantic_app(cache)
+    client = Client(app)
+    await client.chat(ask(Q))
+    assert (await client.chat(ask(Q.lower()))).headers["x-aiserve-cache"] == "miss"
+    await client.chat(ask("How do I reset my PIN?"))
+    assert (await client.chat(ask("how do i reset my pin"))).headers["x-aiserve-cache"] == (
+        "semantic-hit"
+    )
+    assert model.calls == 3
+
+
 def test_pages_on_other_origins_may_read_the_similarity() -> None:
     assert "x-aiserve-cache-similarity" in CORS_EXPOSE_HEADERS
 

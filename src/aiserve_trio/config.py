@@ -433,11 +433,14 @@ class RouteSemantic(_Section):
     #: The embedding call is given up after this long (or at the context stage's
     #: cut, if sooner): the request goes on as an exact miss.
     timeout_ms: int = 250
+    #: A longer last message is not looked up nor filed (a semantic cache is for
+    #: questions; reading the facts of a long text would hold the worker).
+    max_chars: int = 2_000
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
             raise field_error("threshold", "must be in (0, 1]")
-        _positive(self, "timeout_ms")
+        _positive(self, "timeout_ms", "max_chars")
 
 
 class RouteCache(_Section):

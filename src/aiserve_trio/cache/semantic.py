@@ -285,10 +285,11 @@ class Semantic:
         request: InferenceRequest,
         deadline: float,
     ) -> Probe | None:
-        """The request's probe, or None: no user question last, or the embedding
-        failed or was late (counted as a cache error ``embed``)."""
+        """The request's probe, or None: no user question last (or one longer than
+        ``max_chars``), or the embedding failed or was late (counted as a cache
+        error ``embed``)."""
         asked = question_of(request)
-        if asked is None:
+        if asked is None or len(asked[0]) > settings.max_chars:
             return None
         text, last = asked
         deadline = min(deadline, trio.current_time() + settings.timeout_ms / 1000.0)
