@@ -8,6 +8,7 @@
 ``GET /admin/api/slow``           admin key or token      the slowest recent requests
 ``GET /admin/api/routes``         admin key or token      routes and their steps, the version
 ``PUT /admin/api/routes/steps``   admin key or token      a route's steps: new order, on/off
+``GET /admin/api/cache``          admin key or token      cache results, similarity, semantic hits
 ================================  ======================  =====================================
 
 With ``[auth] enabled = false`` the API answers only clients on a loopback address,
@@ -43,7 +44,7 @@ from ..http.endpoints import Admission, Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Headers
 from ..observability.debug import require_loopback
 from ..reload import config_version
-from . import sla
+from . import cacheview, sla
 from .edit import EditError, StepState, set_steps
 
 if TYPE_CHECKING:
@@ -93,6 +94,9 @@ class Host(Protocol):
 
     @property
     def observer(self) -> RequestObserver: ...
+
+    @property
+    def cache(self) -> cacheview.CacheLike | None: ...
 
 
 class Result(Protocol):
@@ -217,6 +221,7 @@ class Console:
             Endpoint("/admin/api/slow", get, api, req, self.slow, "console_api"),
             Endpoint("/admin/api/routes", get, api, req, self.routes, "console_api"),
             Endpoint("/admin/api/routes/steps", ("PUT",), api, req, self.put_steps, "console_api"),
+            Endpoint("/admin/api/cache", get, api, req, self.cache, "console_api"),
         ]
 
     # --- the page ------------------------------------------------------------------
@@ -292,6 +297,15 @@ class Console:
         self._local(request)
         await self._json(request, self.host.observer.slowest())
 
+
+    async def cache(self, request: Request) -> None:
+        """``GET /admin/api/cache``: see :mod:`.cacheview`."""
+        self._local(request)
+        m = self.host.metrics
+        out = cacheview.view(
+            m.cache_requests.collect(), m.cache_similarity.collect(), self.host.cache
+        )
+        await self._json(request, out)
 
     # --- routes and their steps ------------------------------------------------------
 
