@@ -42,14 +42,23 @@ _JSON = re.compile(r"^JSON (\{.*\})$", re.M)
 
 
 @contextlib.contextmanager
-def node_upstream(deltas: int = 16, cpu: str | None = LOAD_CPU) -> Iterator[Running]:
-    """bench/node/upstream.js on the load generator's CPU (``cpu``; None: any)."""
+def node_upstream(
+    deltas: int = 16, cpu: str | None = LOAD_CPU, tls: systems.UpstreamPKI | None = None,
+    http2: bool = False,
+) -> Iterator[Running]:
+    """bench/node/upstream.js on the load generator's CPU (``cpu``; None: any); over HTTPS
+    with ``tls``'s certificate, and HTTP/2 over ALPN as well with ``http2``."""
     node = shutil.which("node")
     if node is None:
         raise RuntimeError("node is not installed (apt-get install nodejs)")
     port = free_port()
     cmd = [node, str(NODE_DIR / "upstream.js"), str(port), str(deltas)]
-    with systems.start("upstream", cmd, port=port, health="/v1/models", cpu=cpu, ours=False) as r:
+    env = {} if tls is None else {
+        "UPSTREAM_CERT": str(tls.cert), "UPSTREAM_KEY": str(tls.key),
+        "UPSTREAM_H2": "1" if http2 else "0",
+    }
+    with systems.start("upstream", cmd, port=port, health="/v1/models", cpu=cpu, env=env,
+                       ours=False, tls=tls) as r:
         yield r
 
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -31,6 +32,37 @@ LITELLM_KEY = "sk-bench-master-key"
 #: CPU for the system under test; the load generator, the simulator and Redis get the other.
 SYSTEM_CPU = "0"
 LOAD_CPU = "1"
+
+
+@dataclass(frozen=True)
+class UpstreamPKI:
+    """A private CA and a certificate it signed for 127.0.0.1 (the upstream's, over TLS)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def upstream_pki() -> UpstreamPKI:
+    """A CA and a server certificate for 127.0.0.1 / localhost in ``bench/work/tls``
+    (trustme, from the test extra), written once and kept. Each system is told of the
+    CA (``ca_file``, ``NODE_EXTRA_CA_CERTS``, ``SSL_CERT_FILE``); for a gateway revision
+    that has no ``ca_file``, add ``ca.pem`` to the system store (``--upstream-ca system``)."""
+    import trustme
+
+    d = WORK / "tls"
+    files = UpstreamPKI(d / "ca.pem", d / "upstream.pem", d / "upstream.key")
+    if all(p.exists() for p in (files.ca, files.cert, files.key)):
+        return files  # the same CA every run: it may have been added to the system store
+    d.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    leaf.private_key_and_cert_chain_pem.write_to_path(str(d / "upstream.pem"))
+    key = d / "upstream.key"
+    key.write_bytes(leaf.private_key_pem.bytes())
+    key.chmod(0o600)
+    return UpstreamPKI(d / "ca.pem", d / "upstream.pem", key)
 
 
 def free_port() -> int:
@@ -149,15 +181,20 @@ def snapshot(rev: str) -> tuple[Path, str]:
     return dest / "src", sha
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
-    """Poll ``url`` until it answers (any status); raise if the process dies or time runs out."""
+def wait_http(
+    url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path, ca_file: Path | None = None
+) -> None:
+    """Poll ``url`` until it answers (any status); raise if the process dies or time runs out.
+
+    ``ca_file``: the CA an ``https://`` URL's certificate is checked against."""
+    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
             raise RuntimeError(f"{url}: process exited with {proc.returncode}:\n{tail}")
         try:
-            urllib.request.urlopen(url, timeout=2).close()
+            urllib.request.urlopen(url, timeout=2, context=context).close()
             return
         except urllib.error.HTTPError:
             return
@@ -177,10 +214,12 @@ def start(
     env: dict[str, str] | None = None,
     timeout: float = 60.0,
     ours: bool = True,
+    tls: UpstreamPKI | None = None,
 ) -> Iterator[Running]:
     """Start ``cmd`` (pinned to ``cpu``), wait for ``health`` to answer, stop it on exit.
 
-    ``ours``: the process runs this project's code (it gets the snapshot's PYTHONPATH).
+    ``ours``: the process runs this project's code (it gets the snapshot's PYTHONPATH);
+    ``tls``: it serves HTTPS with a certificate of this CA.
     """
     LOGS.mkdir(parents=True, exist_ok=True)
     log = LOGS / f"{name}.log"
@@ -193,9 +232,9 @@ def start(
         proc = subprocess.Popen(
             full, cwd=ROOT, env={**os.environ, **extra}, stdout=out, stderr=subprocess.STDOUT
         )
-    base = f"http://127.0.0.1:{port}"
+    base = f"{'https' if tls is not None else 'http'}://127.0.0.1:{port}"
     try:
-        wait_http(base + health, proc, timeout, log)
+        wait_http(base + health, proc, timeout, log, tls.ca if tls is not None else None)
         yield Running(name, full, proc, base, extra)
     finally:
         stop(proc)
@@ -313,11 +352,15 @@ tenant = "default"
 def gateway_toml(
     routes: dict[str, str], *, bus: str = "memory", redis_url: str | None = None,
     auth: GatewayAuth | None = None, extra: str = "", http2: bool = False,
+    ca_file: Path | None = None,
 ) -> str:
     """Gateway config: one ``openai`` adapter + route per entry of ``routes`` (path -> sim URL).
 
-    ``extra`` is more TOML (whole tables) appended as is; ``http2``: h2c to the sim.
+    ``extra`` is more TOML (whole tables) appended as is; ``http2``: h2c to the sim (HTTP/2
+    over ALPN to an ``https://`` one); ``ca_file``: the CA an ``https://`` upstream's
+    certificate is checked against.
     """
+    trust = f'ca_file = "{ca_file}"\n' if ca_file is not None else ""
     sessions = f'backend = "{bus}"' + (f'\nurl = "{redis_url}"' if redis_url else "")
     parts = [
         f"""[server]
@@ -339,7 +382,7 @@ models = ["sim-model"]
 max_connections = 20000
 max_retries = 2
 http2 = {"true" if http2 else "false"}
-
+{trust}
 [[routes]]
 path = "{path}"
 name = "r{i}"
@@ -400,8 +443,11 @@ def litellm_version() -> str | None:
 
 
 @contextlib.contextmanager
-def litellm(upstream: Running) -> Iterator[Running]:
-    """LiteLLM proxy, one worker, with the sim as an OpenAI-compatible backend."""
+def litellm(upstream: Running, ca_file: Path | None = None) -> Iterator[Running]:
+    """LiteLLM proxy, one worker, with the sim as an OpenAI-compatible backend.
+
+    ``ca_file``: the CA of an ``https://`` upstream (``SSL_CERT_FILE``, which LiteLLM's
+    HTTP clients read)."""
     exe = litellm_available()
     if exe is None:
         raise RuntimeError(f"LiteLLM is not installed in {LITELLM_VENV} (see bench/README.md)")
@@ -427,6 +473,8 @@ litellm_settings:
         "LITELLM_LOG": "ERROR",
         "NO_DOCS": "True",
     }
+    if ca_file is not None:
+        env["SSL_CERT_FILE"] = str(ca_file)
     cmd = [exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
     with start(
         "litellm", cmd, port=port, health="/health/liveliness", cpu=SYSTEM_CPU, env=env, timeout=180,

@@ -1,6 +1,7 @@
 """Throughput, added TTFT, memory per held stream and worker scaling, against peers, in one run.
 
     .venv/bin/python -m bench.throughput [--quick] [--rev REV] [--systems ...] [--profile]
+                                         [--upstream-tls]
 
 Systems, all measured in the same run on the same machine:
 
@@ -26,6 +27,14 @@ load generators on CPU 1. Measured:
 4. ``aiserve`` with 1 and 2 hypercorn workers on both CPUs (the upstream and wrk
    share them): req/s and req/s per CPU-second of the gateway's processes.
 
+``--upstream-tls`` serves the upstream over HTTPS with a private CA
+(``systems.upstream_pki``) that each system is told of: the gateway by ``ca_file``,
+Portkey by ``NODE_EXTRA_CA_CERTS``, LiteLLM by ``SSL_CERT_FILE``; ``direct`` and the
+TTFT client speak TLS to it too. The report is then ``throughput-tls.md`` (beside
+the plain-http one); the held-stream part stays on plain ``aiserve-sim``. A gateway
+revision from before ``ca_file`` (``--rev``) needs ``--upstream-ca system`` and the CA
+(``bench/work/tls/ca.pem``, kept between runs) in the system store.
+
 ``--profile`` records the gateway's worker with py-spy during a streamed c = 16
 run. Writes ``bench/results/<date>/throughput.md`` (the table, targets marked
 met / not met, the machine's load) and ``throughput.json``; ``--quick`` finishes
@@ -36,11 +45,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -91,6 +102,8 @@ class System:
     key: str | None = None
     headers: str = ""  # "Name: value|Name: value" (wrk) -- also sent by the TTFT client
     running: Running | None = None
+    #: The CA of an ``https://`` url (the upstream, for ``direct`` over TLS).
+    ca: Path | None = None
 
     def header_pairs(self) -> list[tuple[str, str]]:
         out = [("Authorization", f"Bearer {self.key}")] if self.key else []
@@ -128,7 +141,7 @@ def floor() -> Iterator[System]:
 
 
 @contextlib.contextmanager
-def portkey(upstream: Running) -> Iterator[System]:
+def portkey(upstream: Running, ca_file: Path | None = None) -> Iterator[System]:
     script = PORTKEY_DIR / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
     node = shutil.which("node")
     if node is None or not script.exists():
@@ -136,6 +149,8 @@ def portkey(upstream: Running) -> Iterator[System]:
     port = free_port()
     cmd = [node, str(script), f"--port={port}", "--headless"]
     env = {"NODE_ENV": "production"}
+    if ca_file is not None:
+        env["NODE_EXTRA_CA_CERTS"] = str(ca_file)
     with systems.start("portkey", cmd, port=port, health="/", cpu=SYSTEM_CPU, env=env,
                        ours=False) as r:
         headers = f"x-portkey-provider: openai|x-portkey-custom-host: {upstream.base}/v1"
@@ -144,21 +159,22 @@ def portkey(upstream: Running) -> Iterator[System]:
 
 
 @contextlib.contextmanager
-def litellm(upstream: Running) -> Iterator[System]:
-    with systems.litellm(upstream) as r:
+def litellm(upstream: Running, ca_file: Path | None = None) -> Iterator[System]:
+    with systems.litellm(upstream, ca_file) as r:
         yield System("litellm", r.base + "/v1/chat/completions", key=systems.LITELLM_KEY,
                      running=r)
 
 
 @contextlib.contextmanager
 def aiserve(upstream: Running, *, workers: int = 1, cpu: str | None = SYSTEM_CPU,
-            extra: str = "", name: str = "aiserve") -> Iterator[System]:
+            extra: str = "", name: str = "aiserve", ca_file: Path | None = None,
+            ) -> Iterator[System]:
     auth = systems.gateway_auth()
     port = free_port()
     WORK.mkdir(parents=True, exist_ok=True)
     cfg = WORK / f"throughput-{name}.toml"
     cfg.write_text(systems.gateway_toml({"/v1/chat/completions": upstream.base}, auth=auth,
-                                        extra=extra))
+                                        extra=extra, ca_file=ca_file))
     env = {"AISERVE_CONFIG": str(cfg.relative_to(ROOT))}
     args = ["--workers", str(workers)] if workers != 1 else []
     cmd = systems.hypercorn_cmd(port, "aiserve_trio:app", args)
@@ -192,13 +208,16 @@ def run_rps(targets: list[System], plan: Plan, res: Results, t0: float) -> None:
 # --- 2. time to first token at c = 1 -------------------------------------------------
 
 
-def ttft_client(url: str, headers: list[tuple[str, str]], n: int, warmup: int) -> dict[str, Any]:
+def ttft_client(url: str, headers: list[tuple[str, str]], n: int, warmup: int,
+                ca_file: str | None = None) -> dict[str, Any]:
     """``n`` streamed requests one after another on one keep-alive connection.
 
     Time to first content: from just before the request is written to the read
     that holds the reply's first content delta. Raw sockets, so the client adds
-    the same few microseconds to every system.
+    the same few microseconds to every system (TLS for an ``https://`` url, trusting
+    ``ca_file``).
     """
+    context = ssl.create_default_context(cafile=ca_file) if parts_tls(url) else None
     parts = urllib.parse.urlsplit(url)
     body = json.dumps({"model": "sim-model", "stream": True,
                        "messages": [{"role": "user", "content": "hello there, how are you?"}]}
@@ -215,6 +234,8 @@ def ttft_client(url: str, headers: list[tuple[str, str]], n: int, warmup: int) -
             if sock is None:
                 sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if context is not None:
+                    sock = context.wrap_socket(sock, server_hostname=parts.hostname)
             t = time.perf_counter()
             sock.sendall(request)
             buf = b""
@@ -255,12 +276,17 @@ def ttft_client(url: str, headers: list[tuple[str, str]], n: int, warmup: int) -
             "raw_ms": [round(x, 4) for x in samples]}
 
 
+def parts_tls(url: str) -> bool:
+    return urllib.parse.urlsplit(url).scheme == "https"
+
+
 def run_ttft(targets: list[System], plan: Plan, res: Results, t0: float) -> None:
     for s in targets:
         if s.name == "floor":
             continue  # no upstream: nothing is added to
         cmd = pinned([sys.executable, "-m", "bench.throughput", "--ttft-child", s.url,
-                      json.dumps(s.header_pairs()), str(plan.ttft_samples)], LOAD_CPU)
+                      json.dumps(s.header_pairs()), str(plan.ttft_samples),
+                      str(s.ca) if s.ca is not None else ""], LOAD_CPU)
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
         res.ttft[s.name] = json.loads(out.stdout.strip().splitlines()[-1])
         t = res.ttft[s.name]
@@ -351,9 +377,11 @@ def run_memory(names: list[str], plan: Plan, res: Results, t0: float) -> None:
 # --- 4. workers ---------------------------------------------------------------------
 
 
-def run_workers(upstream: Running, plan: Plan, res: Results, t0: float) -> None:
+def run_workers(upstream: Running, plan: Plan, res: Results, t0: float,
+                ca_file: Path | None = None) -> None:
     for workers in (1, 2):
-        with aiserve(upstream, workers=workers, cpu=None, name=f"aiserve-w{workers}") as s:
+        with aiserve(upstream, workers=workers, cpu=None, name=f"aiserve-w{workers}",
+                     ca_file=ca_file) as s:
             assert s.running is not None
             time.sleep(1)
             pids = s.running.pids()
@@ -493,11 +521,13 @@ def report(res: Results, plan: Plan, names: list[str], argv: list[str], started:
         f"# aiserve-trio against its peers ({dt.date.today().isoformat()})",
         "",
         f"Command: `python -m bench.throughput {' '.join(argv)}` "
-        f"({time.monotonic() - started:.0f} s, {'quick' if plan is QUICK else 'full'} mode). "
+        f"({time.monotonic() - started:.0f} s, {'full' if plan is FULL else 'quick'} mode). "
         f"Systems under test on CPU {SYSTEM_CPU} (`taskset`), the upstream and the load "
         f"generators on CPU {LOAD_CPU}; wrk {plan.point_s:g} s per point, best of "
         f"{plan.rounds} interleaved round(s). Load average (1 min): {load}; "
-        f"this machine has {os.cpu_count()} CPUs and may be shared: compare within this file only.",
+        f"this machine has {os.cpu_count()} CPUs and may be shared: compare within this file only."
+        + (" The upstream is served over HTTPS (a private CA each system was told of)."
+           if "--upstream-tls" in argv else ""),
         "",
         "| system | non-streamed req/s c=1 / c=16 / c=64 | p50 c=1 | streamed (16 deltas) req/s "
         "c=1 / c=16 / c=64 | added TTFT p50 / p99 c=1 |",
@@ -597,13 +627,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="parts to leave out: rps,ttft,memory,workers")
     ap.add_argument("--profile", action="store_true", help="py-spy the gateway at streamed c=16")
     ap.add_argument("--out", default=None, help="results directory (default bench/results/<date>)")
-    ap.add_argument("--ttft-child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--duration", type=float, default=None,
+                    help="seconds per wrk point instead of the mode's (a short check that it runs)")
+    ap.add_argument("--upstream-tls", action="store_true",
+                    help="the upstream over HTTPS (a private CA every system is told of)")
+    ap.add_argument("--upstream-ca", choices=("file", "system"), default="file",
+                    help="with --upstream-tls, how the gateway trusts the CA: its ca_file, or the "
+                    "system store (a revision without ca_file; install bench/work/tls/ca.pem first)")
+    ap.add_argument("--ttft-child", nargs=4, help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     if ns.ttft_child:
-        url, headers, n = ns.ttft_child
-        print(json.dumps(ttft_client(url, [tuple(h) for h in json.loads(headers)], int(n), 50)))
+        url, headers, n, ca = ns.ttft_child
+        print(json.dumps(ttft_client(url, [tuple(h) for h in json.loads(headers)], int(n), 50,
+                                     ca or None)))
         return 0
     plan = QUICK if ns.quick else FULL
+    if ns.duration is not None:
+        plan = dataclasses.replace(plan, point_s=ns.duration, warmup_s=min(plan.warmup_s, ns.duration),
+                                   ttft_samples=min(plan.ttft_samples, 100))
     names = [n for n in ns.systems.split(",") if n]
     skip = set(filter(None, ns.skip.split(",")))
     out_dir = Path(ns.out).resolve() if ns.out else ROOT / "bench" / "results" / dt.date.today().isoformat()
@@ -620,14 +661,16 @@ def main(argv: list[str] | None = None) -> int:
     res = Results(versions=versions())
     res.load.append(("start", os.getloadavg()[0]))
     t0 = started = time.monotonic()
-    with node_upstream() as up, contextlib.ExitStack() as stack:
+    pki = systems.upstream_pki() if ns.upstream_tls else None
+    ca = pki.ca if pki is not None else None
+    with node_upstream(tls=pki) as up, contextlib.ExitStack() as stack:
         makers: dict[str, Callable[[], contextlib.AbstractContextManager[System]]] = {
             "floor": floor,
-            "portkey": lambda: portkey(up),
-            "litellm": lambda: litellm(up),
-            "aiserve": lambda: aiserve(up),
+            "portkey": lambda: portkey(up, ca),
+            "litellm": lambda: litellm(up, ca),
+            "aiserve": lambda: aiserve(up, ca_file=ca if ns.upstream_ca == "file" else None),
         }
-        targets = [System("direct", up.base + "/v1/chat/completions", running=up)] \
+        targets = [System("direct", up.base + "/v1/chat/completions", running=up, ca=ca)] \
             if "direct" in names else []
         for name in names:
             if name in makers:
@@ -643,17 +686,18 @@ def main(argv: list[str] | None = None) -> int:
     if "memory" not in skip:
         run_memory([n for n in ("aiserve", "litellm") if n in names], plan, res, t0)
     if "workers" not in skip and "aiserve" in names:
-        with node_upstream(cpu=None) as up:  # everything shares both CPUs here
-            run_workers(up, plan, res, t0)
+        with node_upstream(cpu=None, tls=pki) as up:  # everything shares both CPUs here
+            run_workers(up, plan, res, t0, ca if ns.upstream_ca == "file" else None)
     res.load.append(("end", os.getloadavg()[0]))
     res.commands = systems.RECORDER.commands
     text = report(res, plan, names, args, started, snapshot)
-    (out_dir / "throughput.md").write_text(text)
-    (out_dir / "throughput.json").write_text(json.dumps(
+    stem = "throughput-tls" if ns.upstream_tls else "throughput"
+    (out_dir / f"{stem}.md").write_text(text)
+    (out_dir / f"{stem}.json").write_text(json.dumps(
         {"rps": res.rps, "ttft": res.ttft, "memory": res.memory, "workers": res.workers,
          "load": res.load, "versions": res.versions}, indent=1))
     print(text)
-    print(f"wrote {out_dir / 'throughput.md'}")
+    print(f"wrote {out_dir / f'{stem}.md'}")
     return 0
 
 

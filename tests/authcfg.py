@@ -1,4 +1,4 @@
-"""Configs with auth on, for the security tests: three keys, two tenants, cheap hashes."""
+"""Configs with auth on, for the security tests: three keys, two tenants."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from .conftest import config_text
 KEY_A = "aik_alice_" + "a" * 32  # tenant bank-a, app and web only, chat route
 KEY_B = "aik_bob_" + "b" * 32  # tenant bank-b
 KEY_ADMIN = "aik_ops_" + "c" * 32  # tenant bank-a, admin
-#: Cheap scrypt (n = 2**4) so tests do not spend 0.1 s per key.
-_H = {k: hash_key(k, log_n=4) for k in (KEY_A, KEY_B, KEY_ADMIN)}
+_H = {k: hash_key(k) for k in (KEY_A, KEY_B, KEY_ADMIN)}
 OFF = "[auth]\nenabled = false\n"
 
 
@@ -58,4 +57,8 @@ def auth_app(auth: str | None = None, **values: str) -> App:
 
 
 def bearer(key: str, **extra: str) -> dict[str, str]:
+    """The headers of a request with ``key``; alice's say which of her two channels
+    (``app`` unless ``extra`` says otherwise), as a key limited to several must."""
+    if key == KEY_A:
+        extra.setdefault("x-channel", "app")
     return {"authorization": f"Bearer {key}", **extra}

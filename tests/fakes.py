@@ -96,6 +96,14 @@ class RecordingHook(UpstreamHook):
         self.adapters.add(adapter)
         self.events.append(("failed", error))
 
+    def tls_handshake(self, adapter: str, kind: str) -> None:
+        self.adapters.add(adapter)
+        self.events.append(("tls handshake", kind))
+
+    @property
+    def handshakes(self) -> list[object]:
+        return [e for kind, e in self.events if kind == "tls handshake"]
+
     @property
     def retried(self) -> list[object]:
         return [e for kind, e in self.events if kind == "retrying"]

@@ -86,7 +86,7 @@ async def test_a_reply_that_finishes_is_passed_on_and_the_try_reported() -> None
     adapter = Scripted(ok)
     req = request(trio.current_time() + 5)
     before = msgspec.to_builtins(req)
-    assert await run(adapter, req) == [Delta(text="hi"), FINAL]
+    assert await run(adapter, req) == [Delta(text="hi", model="m"), FINAL]  # the first names the model
     assert adapter.hook_log.events == [("attempt", 1)]
     assert adapter.hook_log.adapters == {"scripted"}
     assert msgspec.to_builtins(req) == before  # stream() leaves the request alone
@@ -100,7 +100,7 @@ async def test_a_try_that_returns_without_finishing_is_a_protocol_error() -> Non
     deltas, err = await run_failing(adapter, request(trio.current_time() + 5))
     assert type(err) is UpstreamProtocolError
     assert str(err) == "scripted: the model backend ended the reply without finishing it"
-    assert deltas == [Delta(text="half a")]
+    assert deltas == [Delta(text="half a", model="m")]
     assert adapter.calls == 1
     assert adapter.hook_log.events == [("attempt", 1), ("attempt failed", 1), ("failed", err)]
 
@@ -122,7 +122,7 @@ async def test_nothing_may_follow_the_final_delta() -> None:
     deltas, err = await run_failing(Scripted(twice), request(trio.current_time() + 5))
     assert isinstance(err, UpstreamProtocolError)
     assert "after its final delta" in str(err)
-    assert deltas == [FINAL]
+    assert deltas == [msgspec.structs.replace(FINAL, model="m")]
 
 
 async def test_progress_is_kept_by_send() -> None:
@@ -155,7 +155,7 @@ async def test_retries_are_reported_around_each_try(autojump_clock: trio.testing
     busy = UpstreamStatusError("busy", upstream_status=503)
     refused = UpstreamConnectError("refused")
     adapter = Scripted(failing(busy), failing(refused), ok, policy=RetryPolicy(3, 0.1, 1.0))
-    assert await run(adapter, request(trio.current_time() + 10)) == [Delta(text="hi"), FINAL]
+    assert await run(adapter, request(trio.current_time() + 10)) == [Delta(text="hi", model="m"), FINAL]
     assert adapter.hook_log.events == [
         ("attempt", 1),
         ("attempt failed", 1),
@@ -183,7 +183,7 @@ async def test_no_retry_once_text_has_been_sent(autojump_clock: trio.testing.Moc
     adapter = Scripted(failing(dropped, after_text=True), ok, policy=RetryPolicy(3, 0.1, 1.0))
     deltas, err = await run_failing(adapter, request(trio.current_time() + 10))
     assert err is dropped
-    assert deltas == [Delta(text="partial")]
+    assert deltas == [Delta(text="partial", model="m")]
     assert adapter.calls == 1
     assert adapter.hook_log.retried == []
     assert adapter.hook_log.errors == [dropped]

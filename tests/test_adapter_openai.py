@@ -17,14 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Delta, InferenceRequest, Message
-from aiserve_trio.adapters.openai import (
-    ClientPool,
-    OpenAIAdapter,
-    parse_retry_after,
-    translate_errors,
-)
+from aiserve_trio.adapters.openai import OpenAIAdapter
 from aiserve_trio.adapters.retry import Progress, RetryPolicy, is_retryable, run_with_retries
 from aiserve_trio.adapters.sse_parser import Event, SSEDecodeError, SSEParser
+from aiserve_trio.adapters.transport import ClientPool, parse_retry_after, translate_errors
 from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
 from aiserve_trio.errors import (
     BadRequest,

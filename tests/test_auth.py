@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import json
 import sys
@@ -21,8 +23,8 @@ from aiserve_trio.security.auth import (
     StreamTokens,
     bearer,
     hash_key,
+    legacy_hash,
     new_key,
-    verify_hash,
 )
 
 from .asgi_client import Client, Exchange, chat_body, make_scope
@@ -41,14 +43,14 @@ def principal(key_id: str = "alice", tenant: str = "bank-a", **kw: Any) -> Princ
 # --- hashing and the key store (sans-IO) --------------------------------------------
 
 
-def test_hash_verifies_only_its_key_and_is_salted() -> None:
-    h1, h2 = hash_key(KEY_A, log_n=4), hash_key(KEY_A, log_n=4)
-    assert h1 != h2  # per-key random salt
-    assert KEY_A not in h1
-    assert verify_hash(KEY_A, h1)
-    assert verify_hash(KEY_A, h2)
-    assert not verify_hash(KEY_B, h1)
-    assert not verify_hash(KEY_A, "scrypt$4$8$1$00$00")
+def test_hash_is_the_sha256_of_the_whole_key() -> None:
+    stored = hash_key(KEY_A)
+    assert stored.startswith("sha256$")
+    assert KEY_A not in stored
+    store = KeyStore([KeyEntry(principal(), stored)])
+    assert store.check(KEY_A) == principal()
+    with pytest.raises(Unauthorized):
+        store.check(KEY_B)
 
 
 @pytest.mark.parametrize("bad", ["", "sk-123", "aik_x_short", "aik_UPPER_" + "a" * 20])
@@ -65,18 +67,59 @@ def test_new_key_is_random_and_well_formed() -> None:
         new_key("Bad Id")
 
 
-def test_store_caches_good_and_bad_keys() -> None:
-    store = KeyStore([KeyEntry(principal(), hash_key(KEY_A, log_n=4))])
-    assert store.cached(KEY_A) is None  # not verified yet
-    assert store.verify(KEY_A).tenant == "bank-a"
-    assert store.cached(KEY_A) is not None  # no second scrypt
+def test_every_wrong_key_is_refused_by_the_same_work() -> None:
+    """Malformed, unknown id, known id with a wrong secret: one SHA-256 and one
+    constant-time comparison each, so an answer's time does not tell ids apart."""
+    store = KeyStore([KeyEntry(principal(), hash_key(KEY_A))])
+    for wrong in ("aik_alice_" + "z" * 32, "aik_nobody_" + "a" * 32, "not-a-key", ""):
+        with pytest.raises(Unauthorized, match="not valid"):
+            store.check(wrong)
+    assert store.check(KEY_A) == principal()
+
+
+def test_unknown_ids_and_wrong_secrets_cost_the_same_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = KeyStore([KeyEntry(principal(), hash_key(KEY_A))])
+    calls: list[str] = []
+    sha256, compare = hashlib.sha256, hmac.compare_digest
+
+    def counted_sha256(data: bytes) -> Any:
+        calls.append("sha256")
+        return sha256(data)
+
+    def counted_compare(a: bytes, b: bytes) -> bool:
+        calls.append(f"compare {len(a)} {len(b)}")
+        return bool(compare(a, b))
+
+    def no_scrypt(*args: object, **kwargs: object) -> bytes:
+        raise AssertionError("no scrypt for a key of the new format")
+
+    monkeypatch.setattr(hashlib, "sha256", counted_sha256)
+    monkeypatch.setattr(hmac, "compare_digest", counted_compare)
+    monkeypatch.setattr(hashlib, "scrypt", no_scrypt)
+    work = {}
+    for name, key in (("unknown", "aik_nobody_" + "a" * 32), ("known", "aik_alice_" + "z" * 32)):
+        calls.clear()
+        with pytest.raises(Unauthorized):
+            store.check(key)
+        work[name] = list(calls)
+    assert work["unknown"] == work["known"] == ["sha256", "compare 32 32"]
+
+
+def test_a_legacy_scrypt_key_is_migrated_on_first_use(caplog: pytest.LogCaptureFixture) -> None:
+    store = KeyStore([KeyEntry(principal(), legacy_hash(KEY_A, log_n=4))])
+    assert store.legacy == ["alice"]
+    assert store.check(KEY_A) is None  # needs the slow check, in a thread
     wrong = "aik_alice_" + "z" * 32
+    assert store.check(wrong) is None
     with pytest.raises(Unauthorized):
-        store.verify(wrong)
+        store.migrate(wrong, store.verify_legacy(wrong))
     with pytest.raises(Unauthorized):
-        store.cached(wrong)  # refused from the cache, without hashing
-    with pytest.raises(Unauthorized):
-        store.cached("aik_nobody_" + "a" * 32)
+        store.check(wrong)  # refused from memory: no second scrypt for it
+    with caplog.at_level("WARNING", logger="aiserve_trio.security"):
+        assert store.migrate(KEY_A, store.verify_legacy(KEY_A)).key_id == "alice"
+    assert f'hash = "{hash_key(KEY_A)}"' in caplog.text
+    assert store.legacy == []
+    assert store.check(KEY_A) is not None  # re-hashed: constant time from now on
 
 
 @pytest.mark.parametrize(
@@ -133,10 +176,12 @@ def test_cli_prints_a_key_and_its_hash(
     out = capsys.readouterr().out
     key = out.split("key:", 1)[1].split()[0]
     stored = out.split('hash = "', 1)[1].split('"')[0]
-    assert verify_hash(key, stored)
+    assert stored.startswith("sha256$")
+    store = KeyStore([KeyEntry(principal("demo"), stored)])
+    assert store.check(key) is not None
     monkeypatch.setattr(sys, "stdin", io.StringIO(key + "\n"))
     assert auth.main(["hash"]) == 0
-    assert verify_hash(key, capsys.readouterr().out.strip())
+    assert capsys.readouterr().out.strip() == stored
     assert auth.main(["bogus"]) == 2
 
 
@@ -145,7 +190,7 @@ def test_cli_prints_a_key_and_its_hash(
 
 def test_plain_keys_never_in_config_and_bad_hashes_refused() -> None:
     with pytest.raises(ConfigError, match=r"auth.keys\[0\].hash"):
-        auth_config(auth_toml().replace('hash = "scrypt', 'hash = "plain', 1))
+        auth_config(auth_toml().replace('hash = "sha256', 'hash = "plain', 1))
 
 
 def test_auth_on_without_keys_is_refused() -> None:
@@ -383,20 +428,3 @@ async def test_stream_token_needs_post_and_a_key(client: Client) -> None:
     )
     body = json.loads(r.body)
     assert (r.status, body["session_id"], body["expires_in"]) == (200, SID, 300)
-
-
-def test_cheap_hashes_are_verified_inline_and_dear_ones_in_a_thread() -> None:
-    from aiserve_trio.security.auth import KeyEntry, KeyStore, Principal, hash_key
-
-    def entry(key_id: str, log_n: int) -> tuple[str, KeyEntry]:
-        plain = f"aik_{key_id}_" + "k" * 32
-        p = Principal(key_id=key_id, tenant="t", routes=frozenset({"*"}),
-                      channels=frozenset({"*"}), admin=False, rpm=0, tpm=0)
-        return plain, KeyEntry(p, hash_key(plain, log_n=log_n))
-
-    cheap_key, cheap = entry("cheap", 4)
-    dear_key, dear = entry("dear", 14)
-    store = KeyStore([cheap, dear])
-    assert store.cheap(cheap_key)
-    assert not store.cheap(dear_key)
-    assert not store.cheap("not a key")

@@ -188,6 +188,7 @@ async def test_steps_run_in_order_each_by_its_own_cut_point(autojump_clock):
     assert r.headers["x-aiserve-deployment"] == "big"
     reply = content(r)
     assert reply == "The large model says the rate is [rate available from your adviser] a year."
+    assert r.json()["model"] == "aiserve-mock-large"  # the reply names the model that answered
 
 
 async def test_a_streamed_chain_filters_the_stream_and_says_which_steps_ran(autojump_clock):
@@ -198,6 +199,7 @@ async def test_a_streamed_chain_filters_the_stream_and_says_which_steps_ran(auto
     assert r.text() == "The large model says the rate is [rate available from your adviser] a year."
     assert all("3.85" not in event for event in r.events())
     assert r.events()[-1] == "[DONE]"
+    assert {json.loads(e)["model"] for e in r.events()[:-1]} == {"aiserve-mock-large"}
 
 
 async def test_another_label_stays_on_the_routes_adapter(autojump_clock):

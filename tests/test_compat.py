@@ -11,7 +11,7 @@ import trio
 
 from aiserve_trio.adapters import compat
 from aiserve_trio.adapters.compat import PrivateAccess, version_tuple
-from aiserve_trio.adapters.openai import ClientPool
+from aiserve_trio.adapters.transport import ClientPool
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from aiserve_trio.asgi import App
+from aiserve_trio.budgets import STAGES
 from aiserve_trio.console.handlers import FILES
 from aiserve_trio.security.gate import CONSOLE_SUBJECT
 
@@ -220,7 +221,7 @@ async def test_the_overview_counts_a_chat_request_by_model_and_stage() -> None:
     out = r.json()
     (row,) = out["total"]["models"]
     assert (row["route"], row["model"], row["requests"], row["errors"]) == (
-        "chat", "aiserve_mock", 3, 0
+        "chat", "aiserve-mock", 3, 0  # the model's own name, as everywhere else
     )
     assert row["error_rate"] == 0.0
     assert row["p95_s"] > 0
@@ -247,6 +248,33 @@ async def test_the_window_counts_what_finished_since_an_earlier_look(
     (row,) = window["models"]
     assert row["requests"] == 1
     assert row["rps"] == pytest.approx(1 / window["window_s"])
+
+
+async def test_a_started_worker_keeps_the_last_minute_before_any_page_looks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = auth_app()
+    async with trio.open_nursery() as nursery:
+        await app.startup(nursery)
+        try:
+            for _ in range(2):
+                await Client(app).chat(chat_body("hello"), headers=bearer(KEY_ADMIN))
+            await trio.sleep(20)
+            # The first look: the requests of 20 s ago are in the last minute.
+            window = (await call(app, "GET", "/admin/api/overview", headers=bearer(KEY_ADMIN))).json()["window"]
+            assert 20 <= window["window_s"] <= 60
+            (row,) = window["models"]
+            assert (row["model"], row["requests"]) == ("aiserve-mock", 2)
+            assert {s["stage"]: s["runs"] for s in window["stages"]} == dict.fromkeys(STAGES, 2)
+            await trio.sleep(60)
+            # A minute later they have left the window, and not the totals.
+            out = (await call(app, "GET", "/admin/api/overview", headers=bearer(KEY_ADMIN))).json()
+            assert out["window"]["models"] == []
+            assert out["window"]["window_s"] == pytest.approx(60, abs=2)
+            assert out["total"]["models"][0]["requests"] == 2
+        finally:
+            await app.shutdown()
+            nursery.cancel_scope.cancel()
 
 
 async def test_slow_requests_have_stage_times_without_debug_requests() -> None:

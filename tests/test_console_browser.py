@@ -98,11 +98,11 @@ def test_the_admin_key_logs_in_and_the_page_shows_the_live_numbers(gateway: Gate
         assert page.evaluate("sessionStorage.getItem('aiserve-console-token')")
         for i in range(4):
             chat(gateway, f"echo: request {i} of the console test")
-        # The next poll shows them (the window: those since the first look).
-        row = page.locator("#sla-table tbody tr", has_text="aiserve_mock")
+        # The next poll shows them (the window: the worker's last minute).
+        row = page.locator("#sla-table tbody tr", has_text="aiserve-mock")
         expect(row).to_be_visible(timeout=10_000)
         cells = row.locator("td").all_inner_texts()
-        assert cells[:3] == ["chat", "aiserve_mock", "4"]
+        assert cells[:3] == ["chat", "aiserve-mock", "4"]
         assert cells[4].endswith(" ms")  # P95 latency
         assert cells[6] == "0.00 %"  # error rate
         assert float(cells[7]) > 0  # tokens per request

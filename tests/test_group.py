@@ -5,6 +5,7 @@ and the group through the app (headers, /v1/models, /metrics)."""
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -539,13 +540,26 @@ def _app(**fakes: Fake) -> App:
 
 
 async def test_the_response_says_who_served(autojump_clock: Any) -> None:
-    app = _app(a=Fake("a", Script(ttft=None)), b=Fake("b", Script(ttft=None)))
+    app = App(make_config(GROUP_TOML + "\n[observability]\ndebug_requests = true\n"),
+              adapters={"a": Fake("a", Script(ttft=None)), "b": Fake("b", Script(ttft=None))})
     client = Client(app)
     for stream in (True, False):
-        r = await client.request("POST", "/v1/pool", json_body=chat_body("hi", model="pooled", stream=stream))
+        body = chat_body("hi", model="pooled", stream=stream, stream_options={"include_usage": True} if stream else None)
+        r = await client.request("POST", "/v1/pool", json_body={k: v for k, v in body.items() if v is not None})
         assert r.status == 200, r.body
         assert r.headers["x-aiserve-deployment"] == "sorry"
         assert r.headers["x-aiserve-fallback"] == "1"
+        # The reply names the model that answered, not the one asked for: every chunk,
+        # the usage chunk included, and the whole reply.
+        if stream:
+            chunks = [json.loads(e) for e in r.events()[:-1]]
+            assert len(chunks) > 3
+            assert {c["model"] for c in chunks} == {"sorry-model"}
+            assert chunks[-1]["usage"] is not None
+        else:
+            assert r.json()["model"] == "sorry-model"
+    recent = (await client.request("GET", "/debug/requests/recent")).json()
+    assert {row["model"] for row in recent["requests"] if row["route"] == "pool"} == {"sorry-model"}
     # The default route has one adapter and no group: no such headers.
     r = await client.chat(chat_body("hi"))
     assert "x-aiserve-deployment" not in r.headers

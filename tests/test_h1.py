@@ -11,10 +11,12 @@ import gc
 import gzip
 import json
 import random
+import socket
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import msgspec
 import pytest
@@ -24,8 +26,9 @@ import trio.testing
 from aiserve_trio.adapters import h1
 from aiserve_trio.adapters.base import Delta, EmbeddingRequest, InferenceRequest, Message
 from aiserve_trio.adapters.openai import OpenAIAdapter
+from aiserve_trio.adapters.transport import H1Transport, Httpx2Transport
 from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
-from aiserve_trio.errors import UpstreamStatusError
+from aiserve_trio.errors import UpstreamConnectError, UpstreamStatusError
 
 from .fakes import RecordingHook
 
@@ -115,14 +118,13 @@ class Backend:
             self.closed += 1
 
 
-def pool(backend: Backend, **kw: float) -> h1.H1Pool:
-    opts: dict[str, float] = {"max_connections": 4, **kw}
+def pool(backend: Backend, max_connections: int = 4, keepalive_expiry: float = 30.0) -> h1.H1Pool:
     return h1.H1Pool(
         "up.test",
         80,
-        max_connections=int(opts.pop("max_connections")),
+        max_connections=max_connections,
+        keepalive_expiry=keepalive_expiry,
         connect=backend.connect,
-        **opts,
     )
 
 
@@ -257,14 +259,36 @@ async def test_no_reply_on_a_new_connection_is_a_protocol_error() -> None:
             await fetch(pool(b))
 
 
-async def test_a_reused_connection_the_server_closed_is_replaced_once() -> None:
-    # The keep-alive race: the server closes the idle connection as the request goes.
+async def test_a_request_a_reused_connection_never_took_is_sent_once_more() -> None:
+    # The server closed the idle connection before the request went out: no byte of
+    # it can have been processed, so it goes again on a new connection.
+    async def answer_then_close(stream: trio.abc.Stream) -> None:
+        await stream.send_all(ok(b"first"))
+        await stream.aclose()
+
+    async with backend(answer_then_close, ok(b"again")) as b:
+        p = pool(b)
+        assert await fetch(p) == (200, b"first")
+        await trio.testing.wait_all_tasks_blocked()
+        assert await fetch(p) == (200, b"again")
+        assert b.connections == 2
+        assert len(b.requests) == 2  # the backend saw each request once
+        assert p.resent == 1
+
+
+async def test_a_reused_connection_closed_after_the_request_went_out_is_not_resent() -> None:
+    # The keep-alive race the other way: the server read the request and closed. It may
+    # have acted on it, so the client does not send it again: a retryable error for the
+    # adapter's retry rules (counted there), and the next request gets a new connection.
     async with backend(ok(b"first"), close, ok(b"again")) as b:
         p = pool(b)
         assert await fetch(p) == (200, b"first")
+        with pytest.raises(h1.ClosedAfterSend):
+            await fetch(p)
+        assert len(b.requests) == 2
+        assert p.resent == 0
         assert await fetch(p) == (200, b"again")
         assert b.connections == 2
-        assert len(b.requests) == 3
 
 
 # --- cancel safety -------------------------------------------------------------------
@@ -542,8 +566,8 @@ class Upstream:
                     await stream.send_all(action)
                 else:
                     await action(stream)
-        except trio.BrokenResourceError:
-            pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went, or an action closed the connection
         self.eof.set()
 
 
@@ -597,6 +621,29 @@ async def test_the_adapter_retries_a_429_on_the_lean_client() -> None:
 
 
 @pytest.mark.slow
+async def test_a_request_the_backend_may_have_seen_is_retried_by_the_adapter_and_counted() -> None:
+    # The keep-alive race on a reused connection: the backend read the request and
+    # closed. h1 does not send it again itself; the adapter's retry rules do, once.
+    async def read_then_close(stream: trio.abc.Stream) -> None:
+        await stream.aclose()
+
+    up = Upstream(chunked(sse("one")), read_then_close, chunked(sse("two")))
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port)
+        await adapter.aopen(nursery)
+        await stream_all(adapter, trio.current_time() + 5)
+        deltas = await stream_all(adapter, trio.current_time() + 5)
+        await adapter.aclose()
+    assert "".join(d.text for d in deltas) == "two"
+    assert isinstance(adapter.hook, RecordingHook)
+    (retried,) = adapter.hook.retried
+    assert isinstance(retried, UpstreamConnectError)
+    assert retried.code == "upstream_closed_after_send"
+    assert len(up.requests) == 3  # the backend saw it twice: once per try, never more
+    assert up.accepted == 2
+
+
+@pytest.mark.slow
 async def test_a_cancelled_stream_closes_its_upstream_connection() -> None:
     async def endless(stream: trio.abc.Stream) -> None:
         await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
@@ -647,23 +694,23 @@ async def test_probe_and_embeddings_on_the_lean_client() -> None:
     assert up.requests[1].endswith(b'{"model":"m","input":"hi"}')
 
 
-async def test_https_http2_and_the_httpx2_setting_keep_httpx2() -> None:
+async def test_http2_and_the_httpx2_setting_keep_httpx2_https_is_lean() -> None:
     async with trio.open_nursery() as nursery:
         for kw in (
-            {"base_url": "https://up.test/v1"},
+            {"base_url": "https://up.test/v1", "http2": True},
             {"base_url": "http://up.test/v1", "http2": True},
             {"base_url": "http://up.test/v1", "client": "httpx2"},
         ):
             adapter = OpenAIAdapter("up", OpenAIAdapterConfig(models=["m"], **kw))
             await adapter.aopen(nursery)
-            assert adapter._lean is None
+            assert isinstance(adapter.transport, Httpx2Transport), kw
             await adapter.aclose()
-        adapter = OpenAIAdapter(
-            "up", OpenAIAdapterConfig(base_url="http://up.test/v1", models=["m"])
-        )
-        await adapter.aopen(nursery)
-        assert adapter._lean is not None
-        await adapter.aclose()
+        for base in ("http://up.test/v1", "https://up.test/v1"):
+            adapter = OpenAIAdapter("up", OpenAIAdapterConfig(base_url=base, models=["m"]))
+            await adapter.aopen(nursery)
+            assert isinstance(adapter.transport, H1Transport), base
+            assert (adapter.transport.pool.tls is not None) == base.startswith("https")
+            await adapter.aclose()
 
 
 async def test_the_host_header_names_the_backend_as_its_url_does() -> None:
@@ -675,7 +722,10 @@ async def test_the_host_header_names_the_backend_as_its_url_does() -> None:
         ):
             adapter = OpenAIAdapter("up", OpenAIAdapterConfig(base_url=base, models=["m"]))
             await adapter.aopen(nursery)
-            head = adapter._lean_heads["chat"].build([], b"{}")
+            assert isinstance(adapter.transport, H1Transport)
+            head = adapter.transport._head("POST", "/chat/completions", frozenset()).build(
+                [], b"{}"
+            )
             assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n" + host), head
             await adapter.aclose()
 
@@ -706,3 +756,68 @@ async def test_a_finished_exchange_leaves_no_cycle_for_the_garbage_collector() -
             gc.set_debug(0)
             gc.garbage.clear()
             gc.enable()
+
+
+# --- fairness ------------------------------------------------------------------------
+
+
+class Flood(socket.socket):
+    """A connected-looking socket whose peer never lets it run dry: every ``recv`` returns
+    a full read at once (after the response head), every ``send`` takes 64 KiB at once."""
+
+    def __init__(self, body: int) -> None:
+        super().__init__(socket.AF_INET, socket.SOCK_STREAM)
+        self.head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % body
+        self.left = body
+        self.sent = 0
+
+    def send(self, data: Any, flags: int = 0, /) -> int:
+        n = min(len(data), 65536)
+        self.sent += n
+        return n
+
+    def recv(self, size: int, flags: int = 0, /) -> bytes:
+        if self.head:
+            head, self.head = self.head, b""
+            return head
+        n = min(size, self.left)
+        self.left -= n
+        return b"x" * n
+
+
+async def test_a_backend_that_never_lets_the_socket_run_dry_cannot_hold_the_loop() -> None:
+    # Without a checkpoint every CHECKPOINT_BYTES, the whole 32 MiB would be read and
+    # the whole 8 MiB request written in one step of the task: no other task would run.
+    body = 32 << 20
+    flood = Flood(body)
+
+    async def connect() -> socket.socket:
+        return flood
+
+    p = h1.H1Pool("up.test", 80, max_connections=1, connect=connect)
+    moved = 0
+    gaps: list[int] = []
+    done = False
+
+    async def other_task() -> None:
+        last = moved + flood.sent
+        while not done:
+            await trio.lowlevel.checkpoint()
+            now = moved + flood.sent
+            gaps.append(now - last)
+            last = now
+
+    request = b"y" * (8 << 20)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        async with p.request(HEAD.build([], request), request, T) as r:
+            async for part in r:
+                moved += len(part)
+        done = True
+    assert moved == body
+    assert flood.sent == len(HEAD.build([], request)) + len(request)
+    assert len(gaps) > (body + len(request)) // h1.CHECKPOINT_BYTES // 2
+    # Trio may run the client twice between two steps of the other task (the end of
+    # one batch of runnable tasks, the start of the next): two windows at most.
+    assert max(gaps) <= 2 * (h1.CHECKPOINT_BYTES + h1.READ_SIZE)
+    flood.close()

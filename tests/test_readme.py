@@ -11,11 +11,12 @@ import json
 import re
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from .servers import ROOT, hypercorn_gateway
+from .servers import BIN, ROOT, free_port, hypercorn_gateway
 from .sim_process import FAST_ARGS, run_sim
 
 pytestmark = pytest.mark.slow
@@ -139,3 +140,82 @@ def test_reload_runs_as_the_readme_says(tmp_path: Path):
     assert cfg.read_text() == (ROOT / "configs/aiserve.toml").read_text()
     shown = " ".join(README.split())
     assert "key `limits.max_inflight`: must be positive" in shown
+
+
+def test_a_backend_over_tls_runs_as_the_readme_says(tmp_path: Path):
+    commands = sh_block("sim-openai-tls.toml", "trustme")
+    trustme_cmd, sim_cmd, gateway_cmd, *curls = commands
+    assert trustme_cmd.startswith("mkdir -p certs && .venv/bin/python -m trustme -q -d certs")
+    assert "AISERVE_CONFIG=configs/examples/sim-openai-tls.toml" in gateway_cmd
+    # The example's ca_file is relative to its folder: certs/ two levels up, as in the repo.
+    examples = tmp_path / "configs" / "examples"
+    examples.mkdir(parents=True)
+    subprocess.run(
+        ["bash", "-c", trustme_cmd.replace(".venv/", f"{ROOT}/.venv/")],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+    )
+    sim_args = [a.replace("certs/", f"{tmp_path}/certs/") for a in shlex.split(sim_cmd)[1:]]
+    config = (ROOT / "configs/examples/sim-openai-tls.toml").read_text()
+    with run_sim([*sim_args, *FAST_ARGS]) as addr:
+        cfg = examples / "sim-openai-tls.toml"
+        cfg.write_text(config.replace("127.0.0.1:8100", addr))
+        with hypercorn_gateway(cfg) as (base, _):
+            outputs = [run(c, gateway=base) for c in curls]
+    assert json.loads(outputs[0])["choices"][0]["message"]["content"]
+    assert 'aiserve_upstream_tls_handshakes_total{adapter="sim",kind="full"} 1.0' in outputs[1]
+
+
+def sample_after(*needles: str) -> list[str]:
+    """The lines of the plain sample-output block right after the README's ``sh`` block with
+    every needle: what the README says the commands print."""
+    for m in re.finditer(r"```sh\n(.*?)```\s*\n```\n(.*?)```", README, re.S):
+        if all(n in m[1] for n in needles):
+            return [line for line in m[2].splitlines() if line.strip()]
+    raise AssertionError(f"no sample output after a README sh block with {needles}")
+
+
+def test_the_cors_preflight_prints_what_the_readme_shows(tmp_path: Path):
+    (curl,) = sh_block("Access-Control-Request-Method")
+    (cors,) = [b for b in re.findall(r"```toml\n(.*?)```", README, re.S) if b.startswith("[cors]")]
+    cfg = tmp_path / "cors.toml"
+    cfg.write_text((ROOT / "configs/aiserve.toml").read_text() + "\n" + cors)
+    with hypercorn_gateway(cfg) as (base, _):
+        out = run(curl, gateway=base)
+    printed = [line.rstrip() for line in out.replace("\r", "").splitlines() if line.strip()]
+    printed = [line for line in printed if not line.lower().startswith(("date:", "server:"))]
+    assert printed == sample_after("Access-Control-Request-Method")
+
+
+def test_tls_with_a_throwaway_certificate_runs_as_the_readme_says(tmp_path: Path):
+    openssl, server, curl = sh_block("openssl req -x509", "hypercorn-tls.toml")
+    subprocess.run(["bash", "-c", openssl], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    assert (tmp_path / "certs/server.pem").exists()
+    assert server.startswith(".venv/bin/hypercorn --config configs/examples/hypercorn-tls.toml")
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "hypercorn"), "--config", str(ROOT / "configs/examples/hypercorn-tls.toml"),
+         "--bind", f"127.0.0.1:{port}", "aiserve_trio:app"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        out = ""
+        while time.monotonic() < deadline:
+            done = subprocess.run(
+                ["bash", "-c", curl.replace("localhost:8443", f"localhost:{port}")],
+                cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False,
+            )
+            if done.returncode == 0:
+                out = done.stdout
+                break
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
+    body, version = out.rsplit(" ", 1)
+    assert version.strip() == "2"
+    assert json.loads(body)["choices"][0]["message"]["content"] == "over TLS"

@@ -109,6 +109,7 @@ async def test_a_line_holds_route_body_headers_and_outcome(tmp_path: Path, autoj
     assert hashed != "s-42"
     out = line["outcome"]
     assert out["status"] == "ok"
+    assert out["model"] == "aiserve-mock"  # the model that answered
     assert out["finish_reason"] == "stop"
     assert 0 < out["ttft_ms"] < out["total_ms"]
     assert out["prompt_tokens"] > 0

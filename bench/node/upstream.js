@@ -3,7 +3,10 @@
 // (`"stream": true`) or as one JSON body. It does no work a real model would,
 // so that what is measured in front of it is the proxy, not the backend.
 // Usage: node upstream.js PORT [DELTAS]
+// With UPSTREAM_CERT and UPSTREAM_KEY (PEM files) it serves HTTPS; with UPSTREAM_H2=1
+// as well, HTTP/2 over ALPN (and HTTP/1.1 to a client that offers only that).
 "use strict";
+const fs = require("fs");
 const http = require("http");
 
 const port = Number(process.argv[2] || 8200);
@@ -38,7 +41,7 @@ function whole(id, model) {
 }
 
 let n = 0;
-http.createServer((req, res) => {
+function handler(req, res) {
   if (req.method === "GET") {
     res.writeHead(200, { "content-type": "application/json" });
     res.end(JSON.stringify({ object: "list", data: [{ id: "sim-model", object: "model" }] }));
@@ -60,4 +63,17 @@ http.createServer((req, res) => {
       res.end(text);
     }
   });
-}).listen(port, "127.0.0.1");
+}
+
+const cert = process.env.UPSTREAM_CERT;
+const key = process.env.UPSTREAM_KEY;
+let server;
+if (cert && key) {
+  const tls = { cert: fs.readFileSync(cert), key: fs.readFileSync(key) };
+  server = process.env.UPSTREAM_H2 === "1"
+    ? require("http2").createSecureServer({ ...tls, allowHTTP1: true }, handler)
+    : require("https").createServer(tls, handler);
+} else {
+  server = http.createServer(handler);
+}
+server.listen(port, "127.0.0.1");

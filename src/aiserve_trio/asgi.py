@@ -38,7 +38,6 @@ from .console.handlers import Console
 from .embeddings import Embeddings
 from .errors import (
     BadRequest,
-    Forbidden,
     GatewayError,
     Overloaded,
     PayloadTooLarge,
@@ -56,7 +55,7 @@ from .http.sse import shutdown_event
 from .http.types import JSON_HEADERS, METRICS_HEADERS, Receive, Scope, Send
 from .observability.annotate import TASK_LABEL, TaskLabel
 from .observability.baseline import BaselineMonitor
-from .observability.debug import DebugEndpoints, from_loopback
+from .observability.debug import DebugEndpoints
 from .observability.metrics import Metrics, status_label
 from .observability.observer import RequestObserver
 from .observability.sched import SchedulerLag
@@ -121,7 +120,7 @@ class App:
         self._tasks: trio.Nursery | None = None
         # Profiles and run traces of this worker (one of each at a time, whatever
         # the config): auth on or off follows the current config.
-        self.debug = DebugEndpoints(auth_enabled=config.auth is not None and config.auth.enabled)
+        self.debug = DebugEndpoints()
         #: ``/admin/``: the operator console (one for the worker, whatever the config).
         self.console = Console.of(self)
         built = build_adapters(config.adapters, self.observer, adapters)
@@ -265,7 +264,6 @@ class App:
         """Make ``rt`` the current runtime; the old one drains in the background."""
         rt.gate.activate()
         old = self.generations.swap(rt)
-        self.debug.auth_enabled = rt.gate.enabled
         if self.recorder is not None:
             self.recorder.routes = recorded_routes(rt.config, rt.routes)
         self.baseline.track([r.label for r in rt.routes.values()], trio.current_time())
@@ -314,9 +312,14 @@ class App:
                 "/readyz", get, Auth.OPEN, Admission.NONE, partial(self._readyz, rt), "readyz"
             ),
             Endpoint("/metrics", get, Auth.METRICS, Admission.NONE, self._metrics, "metrics"),
-            Endpoint("/v1/sessions/{id}", get, Auth.KEY, req, sessions.get, "session"),
+            Endpoint("/v1/sessions/{id}", get, Auth.SESSION_READ, req, sessions.get, "session"),
             Endpoint(
-                "/v1/sessions/{id}/vars", ("PUT",), Auth.KEY, req, sessions.put_vars, "vars"
+                "/v1/sessions/{id}/vars",
+                ("PUT",),
+                Auth.SESSION_WRITE,
+                req,
+                sessions.put_vars,
+                "vars",
             ),
             Endpoint(
                 "/v1/sessions/{id}/events",
@@ -329,7 +332,7 @@ class App:
             Endpoint(
                 "/v1/sessions/{id}/stream-token",
                 ("POST",),
-                Auth.KEY,
+                Auth.SESSION_READ,
                 req,
                 rt.gate.stream_token,
                 "stream_token",
@@ -495,6 +498,7 @@ class App:
                 self._tasks = tasks
                 tasks.start_soon(self._baseline_loop)
                 tasks.start_soon(self.reloader.watch)
+                tasks.start_soon(self.console.sample)
                 if self.sched_lag is not None:
                     tasks.start_soon(self.sched_lag.run)
                 await self.writeback.run(task_status=task_status)
@@ -557,14 +561,14 @@ class App:
                 await responder.error(err)
             return
         try:
+            request = Request(
+                scope, scope["method"], path, hdrs, receive, responder, arrival, params
+            )
+            # The key first: a request without a valid one takes no slot.
+            request.principal = p = await rt.gate.authenticate(endpoint, request)
             # A fast 503 (429) before any body is read.
-            with rt.gate.admit(endpoint, scope, hdrs):
-                request = Request(
-                    scope, scope["method"], path, hdrs, receive, responder, arrival, params
-                )
-                request.principal = await rt.gate.authenticate(endpoint, request)
-                with rt.gate.stream_slot(endpoint):
-                    await endpoint.handler(request)
+            with rt.gate.admit(endpoint, scope, hdrs), rt.gate.stream_slot(endpoint, p):
+                await endpoint.handler(request)
         except GatewayError as err:
             if not responder.started:
                 await responder.error(err)
@@ -601,25 +605,14 @@ class App:
 
     @staticmethod
     def _admin_client(rt: Runtime, request: Request) -> str:
-        """Who calls an admin endpoint (``<key id>``, or ``loopback`` with auth off).
-
-        Raises:
-            Forbidden: auth is off and the client is not on loopback.
-        """
+        """Who calls an admin endpoint (``<key id>``, or ``loopback`` with auth off)."""
         if request.principal is not None:
             return request.principal.key_id
-        if rt.gate.enabled:
-            return "admin"  # not reached: the gate gives admin endpoints a principal
-        if not from_loopback(request):
-            raise Forbidden(
-                "with auth off, admin endpoints answer only clients on loopback",
-                code="loopback_only",
-            )
-        return "loopback"
+        # The gate has refused clients off loopback (auth off) and keys that are not admin.
+        return "admin" if rt.gate.enabled else "loopback"
 
     async def _config(self, rt: Runtime, request: Request) -> None:
         """``GET /admin/config``: the active version and the last refused reload."""
-        self._admin_client(rt, request)
         body = encoder.encode(self.reloader.status())
         await request.responder.complete(200, JSON_HEADERS, body)
 
@@ -785,7 +778,8 @@ async def _toml_body(rt: Runtime, request: Request) -> str | None:
     """The config text a reload request proposes; None when its body is empty.
 
     Raises:
-        UnsupportedMediaType: a body that is not ``application/toml`` (or ``text/plain``).
+        UnsupportedMediaType: a body that is not ``application/toml`` (``text/plain``
+            would let a web page send it without a preflight).
         BadRequest: a body that is not UTF-8.
         PayloadTooLarge: more than :data:`MAX_CONFIG_BYTES`.
     """
@@ -798,7 +792,7 @@ async def _toml_body(rt: Runtime, request: Request) -> str | None:
     if not body:
         return None
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype not in ("application/toml", "text/plain"):
+    if ctype != "application/toml":
         raise UnsupportedMediaType(
             "a config to save must be sent as application/toml (no body: read the file again)"
         )

@@ -201,6 +201,14 @@ class UpstreamConnectError(UpstreamError):
     default_code = "upstream_connect_error"
 
 
+class UpstreamTLSError(UpstreamConnectError):
+    """TLS with the model backend failed: an unknown CA, an expired certificate, a name
+    mismatch, a refused client certificate, no TLS version in common. Retried and
+    failed over like a connect error; the message names the adapter and the reason."""
+
+    default_code = "upstream_tls_error"
+
+
 class UpstreamProtocolError(UpstreamError):
     """The model backend sent something that is not the protocol it should speak."""
 

@@ -281,6 +281,7 @@ class Pipeline:
             status=status_of(run.error, run.disconnected),
             info=info,
             model=parsed.model if parsed is not None else "",
+            served_model=asm.model if asm is not None and asm.answered else "",
             stream=parsed.stream if parsed is not None else False,
             error=None if run.disconnected else run.error,
             error_stage=run.disconnect_stage if run.disconnected else run.error_stage,

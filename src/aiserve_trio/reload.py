@@ -13,7 +13,8 @@ they started with. Reloads run one at a time.
 
 Who asks: ``POST /admin/config/reload`` (``api:<key id>``, or ``api:loopback``
 with auth off), the file watcher (``watch``, every ``[server] reload_watch_s``
-seconds when the file, its keys file or a rule pack file it names changed), and
+seconds when the file, its keys file, a rule pack file or an adapter's TLS file it
+names changed), and
 other callers of :meth:`Reloader.reload` (``console:<...>``).
 """
 
@@ -39,6 +40,7 @@ from .config import (
     DEFAULT_CONFIG_NAME,
     Config,
     ConfigError,
+    UpstreamTLS,
     default_config_text,
     load_config,
     parse_config,
@@ -145,13 +147,25 @@ def _pack_files(config: Config) -> list[Path]:
 
 
 def watched_files(config: Config) -> list[Path]:
-    """The files a config was loaded from: the file, its keys file, its rule pack files."""
+    """The files a config was loaded from: the file, its keys file, its rule pack files,
+    its adapters' TLS files."""
     if not _from_file(config):
         return []
     files = [Path(config.source)]
     if config.auth is not None and config.auth.keys_file is not None:
         files.append(Path(config.base_dir) / config.auth.keys_file)
-    return files + _pack_files(config)
+    return files + _pack_files(config) + _tls_files(config)
+
+
+def _tls_files(config: Config) -> list[Path]:
+    """The adapters' TLS files (``ca_file``, ``client_cert``, ``client_key``), absolute."""
+    out = []
+    for adapter in config.adapters.values():
+        if isinstance(adapter, UpstreamTLS):
+            for path in (adapter.ca_file, adapter.client_cert, adapter.client_key):
+                if path is not None:
+                    out.append(Path(path))
+    return out
 
 
 def signature(files: list[Path]) -> tuple[tuple[int, int, int, int] | None, ...]:

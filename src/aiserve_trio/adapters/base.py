@@ -94,6 +94,11 @@ class Delta(msgspec.Struct, kw_only=True):
     tokens: int = 1
     #: On the first delta only, from an adapter that chose a backend (a group).
     served: ServedBy | None = None
+    #: On the first delta only: the model that answered, by the name the gateway serves
+    #: it under (a group's fallback or a chain's step may answer with another model
+    #: than the client asked for). Set by :meth:`Adapter.stream` when the backend's
+    #: try did not set it.
+    model: str | None = None
     #: On the first delta only, from a chain: the steps that ran, in order
     #: (``X-Aiserve-Steps``; ``chains/run.py``).
     steps: tuple[str, ...] | None = None
@@ -113,6 +118,22 @@ __all__ = [
 ]
 
 
+#: Top-level request fields every backend carries (see :class:`Capabilities`).
+CORE_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "n",
+        "user",
+        "metadata",
+    }
+)
+
+
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     """What a backend can carry. A request needing more gets a 400 naming the field.
 
@@ -129,6 +150,10 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     embeddings: bool = False
     #: It turns speech into text (``POST {base_url}/audio/transcriptions``).
     transcription: bool = False
+
+    def carries(self, field: str) -> bool:
+        """Whether the top-level request field ``field`` reaches the backend."""
+        return self.fields is None or field in CORE_FIELDS or field in self.fields
 
 
 #: A backend that relays the whole OpenAI request as it was sent.
@@ -203,17 +228,20 @@ class _Reply:
     anything after that is refused.
     """
 
-    __slots__ = ("_name", "_out", "_progress")
+    __slots__ = ("_model", "_name", "_out", "_progress")
 
-    def __init__(self, out: DeltaSink, progress: Progress, name: str) -> None:
+    def __init__(self, out: DeltaSink, progress: Progress, name: str, model: str) -> None:
         self._out = out
         self._progress = progress
         self._name = name
+        self._model = model
 
     async def send(self, value: Delta, /) -> None:
         progress = self._progress
         if progress.finished:
             raise UpstreamProtocolError(f"{self._name}: the reply went on after its final delta")
+        if not progress.started and value.model is None:
+            value = msgspec.structs.replace(value, model=self._model)
         progress.started = True
         if value.finish_reason is not None:
             progress.finished = True
@@ -310,7 +338,9 @@ class Adapter(abc.ABC):
             raise late
 
         async def one_try(progress: Progress) -> None:
-            await self.attempt(request, _Reply(send, progress, self.name), progress)
+            await self.attempt(
+                request, _Reply(send, progress, self.name, request.model), progress
+            )
             if not progress.finished:
                 raise UpstreamProtocolError(
                     f"{self.name}: the model backend ended the reply without finishing it"

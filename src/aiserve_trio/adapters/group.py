@@ -134,11 +134,14 @@ class _GroupHook:
     def failed(self, adapter: str, error: UpstreamError) -> None:
         self.inner.failed(adapter, error)
 
+    def tls_handshake(self, adapter: str, kind: str) -> None:
+        self.inner.tls_handshake(adapter, kind)
+
 
 def carries(caps: Capabilities, request: InferenceRequest) -> bool:
     """Whether a backend with ``caps`` can carry ``request`` (fallbacks may carry less)."""
     if caps.fields is not None:
-        if any(key not in caps.fields for key in request.extra):
+        if not all(caps.carries(key) for key in request.extra):
             return False
         if "tools" not in caps.fields and any(
             m.tool_calls or m.role == "tool" for m in request.messages
@@ -165,17 +168,19 @@ class _Try:
     """One member's try within a request."""
 
     __slots__ = (
-        "done", "error", "first_at", "member", "number", "scope", "started", "trimmed"
+        "done", "error", "first_at", "member", "model", "number", "scope", "started", "trimmed"
     )  # fmt: skip
 
     def __init__(
-        self, member: Member, number: int, started: float, cutoff: float, trimmed: int
+        self, member: Member, number: int, started: float, cutoff: float, request: InferenceRequest
     ) -> None:
         self.member = member
+        #: The model the member is asked for (a fallback may serve another).
+        self.model = request.model
         self.number = number
         self.started = started
         #: Messages the member's ``prepare`` dropped (for ``X-Aiserve-Trimmed-Messages``).
-        self.trimmed = trimmed
+        self.trimmed = request.trimmed
         #: Cancelled at the cut-off unless a token came first (then: no deadline of its own).
         self.scope = trio.CancelScope(deadline=cutoff)
         self.first_at: float | None = None
@@ -230,7 +235,7 @@ class _TrySink:
                     if other is not t:
                         other.scope.cancel(reason=f"{t.member.name} sent the first token")
                 race.wake()
-                value = GroupAdapter.stamp(value, t.member, t.trimmed)
+                value = GroupAdapter.stamp(value, t)
             else:
                 # Lost the race: the winner cancelled this try's scope, so this
                 # raises Cancelled at once and the token never reaches the client.
@@ -346,15 +351,16 @@ class GroupAdapter(Adapter):
         return firsts + [m for m in self.fallbacks if self.health.available(m.name, now)]
 
     @staticmethod
-    def stamp(first: Delta, member: Member, trimmed: int) -> Delta:
-        """The winner's first delta, saying who served (a nested group's leaf kept)."""
+    def stamp(first: Delta, t: _Try) -> Delta:
+        """The winner's first delta, saying who served and as which model (a nested
+        group's leaf kept)."""
         inner = first.served
         served = ServedBy(
-            deployment=inner.deployment if inner is not None else member.name,
-            fallback=member.fallback,
-            trimmed=inner.trimmed if inner is not None else trimmed,
+            deployment=inner.deployment if inner is not None else t.member.name,
+            fallback=t.member.fallback,
+            trimmed=inner.trimmed if inner is not None else t.trimmed,
         )
-        return msgspec.structs.replace(first, served=served)
+        return msgspec.structs.replace(first, served=served, model=first.model or t.model)
 
     async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
         """Pick, try, fail over, hedge (see the module docstring).
@@ -430,7 +436,7 @@ class GroupAdapter(Adapter):
                 refused.append(exc)
                 continue
             cutoff = self._cutoff(member, pending, now, request.deadline)
-            t = _Try(member, len(race.tries) + 1, now, cutoff, mine.trimmed)
+            t = _Try(member, len(race.tries) + 1, now, cutoff, mine)
             race.tries.append(t)
             self.health.begin(member.name, now)
             nursery.start_soon(self._run, race, t, mine, out)

@@ -1,7 +1,7 @@
 """A lean HTTP/1.1 client for one job: a request to a model backend, its reply streamed.
 
-The ``openai`` adapter uses it for plain ``http://`` backends over HTTP/1.1 (httpx2
-stays for ``https://`` and HTTP/2). It does only what that needs, and measured
+Every HTTP adapter uses it, through ``transport.py``, for ``http://`` and ``https://``
+backends over HTTP/1.1 (httpx2 stays for HTTP/2). It does only what that needs, and measured
 (``python -m bench.h1_client``) one request with it costs a fraction of one through
 httpx2's layers (send, redirects, auth, transport, pool, connection, h11):
 
@@ -16,34 +16,43 @@ httpx2's layers (send, redirects, auth, transport, pool, connection, h11):
   gzip or deflate decoded) are handed on as one piece;
 - timeouts as httpx2 has them: connect, and each write and read bounded by the
   time the caller gives (:class:`Timeouts`);
-- on a TCP connection, a write or read the socket can do at once is done at once
-  (a non-blocking ``send`` or ``recv``): Trio's stream layer, its checkpoints and a
-  cancel scope are only for the write or read that has to wait.
+- on a TCP connection, plain or TLS (an ``ssl`` socket in non-blocking mode; the
+  context, verification and the session to resume come from ``tls.py``), a write
+  or read the socket can do at once is done at once (a non-blocking ``send`` or
+  ``recv``); Trio's waits and a cancel scope are only for the one that has to
+  wait, and each connection reaches a checkpoint every ``CHECKPOINT_BYTES`` it
+  moves, so that a backend that never lets the socket run dry cannot hold the loop.
 
 Cancel safety: a connection goes back to the pool only when its response was read
 to the end (and nothing after it) and both sides may keep it open. A response
 left early -- cancelled, failed, or simply not read to the end -- closes its
 connection, so a half-read connection is never handed to the next request.
 
-A request on a reused connection that the server closed before answering (the
-keep-alive race: it closed the idle connection as the request went out) is sent
-once more on a new connection. Nothing of the reply has been read then, so the
-backend never saw it as a request it answered.
+A request is sent once more, on a new connection, only when no byte of it can
+have been processed: the reused connection broke before a byte of it went out
+(``H1Pool.resent`` counts these). A reused connection the server closed after the
+request went out (the keep-alive race) raises :class:`ClosedAfterSend`: the
+backend may have acted on it, so whether to try again is the adapter's retry
+rules' call (they retry it as a connect error, and count it).
 """
 
 from __future__ import annotations
 
 import select
 import socket
+import ssl
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from types import TracebackType
 from typing import Final, final
 
 import httptools
 import trio
 
+from .tls import TLSSettings, reason
+
 __all__ = [
+    "ClosedAfterSend",
     "ConnectError",
     "ConnectTimeout",
     "H1Error",
@@ -56,6 +65,7 @@ __all__ = [
     "RemoteProtocolError",
     "RequestHead",
     "Response",
+    "TLSError",
     "Timeouts",
     "WriteError",
     "WriteTimeout",
@@ -75,6 +85,20 @@ class ConnectError(H1Error):
 
 class ReadError(H1Error):
     """The connection broke while the response was read."""
+
+
+class ClosedAfterSend(ReadError):
+    """A reused connection closed after the request went out and before a byte of the
+    response came: the backend may have seen the request, so it is not sent again
+    here; the adapter's retry rules decide."""
+
+
+class TLSError(ConnectError):
+    """TLS with the backend failed (the handshake, or an alert it sent); ``reason`` in words."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class WriteError(H1Error):
@@ -171,45 +195,70 @@ class RequestHead:
 class _Conn:
     """One connection to the backend.
 
-    ``sock``: the connection's socket when it is TCP (its stream's own socket object,
-    non-blocking), for the writes and reads that need not wait; None for other streams.
+    ``sock``: on TCP, the connection's own socket (plain or TLS, non-blocking): every
+    write and read is made on it directly, and waits with Trio only when it must.
+    ``stream``: any other stream (a test's memory streams), used through Trio.
     """
 
-    __slots__ = ("idle_since", "sock", "stream")
+    __slots__ = ("idle_since", "sock", "stream", "tls13", "unyielded")
 
-    def __init__(self, stream: trio.abc.Stream, sock: socket.socket | None = None) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream | None = None, sock: socket.socket | None = None
+    ) -> None:
         self.stream = stream
         self.sock = sock
         self.idle_since = 0.0
+        #: Bytes moved since this connection's loop last reached a checkpoint.
+        self.unyielded = 0
+        #: It speaks TLS 1.3 (known once the handshake is done: a closed socket forgets).
+        self.tls13 = isinstance(sock, ssl.SSLSocket) and sock.version() == "TLSv1.3"
 
     def closed_by_peer(self) -> bool:
         """Whether an idle connection has something to read: the server closed it (or
-        sent what it should not have). Only a socket can tell; others are trusted."""
-        if not isinstance(self.stream, trio.SocketStream):
+        sent what it should not have). Only a socket can tell; others are trusted.
+
+        On TLS a readable socket may hold only session tickets (TLS 1.3 sends them
+        after the handshake): they are taken in, and the connection is still good.
+        """
+        sock = self.sock
+        if sock is None:
             return False
         try:
-            readable, _, _ = select.select([self.stream.socket.fileno()], [], [], 0)
+            readable, _, _ = select.select([sock.fileno()], [], [], 0)
         except (OSError, ValueError):
             return True
-        return bool(readable)
+        if not readable:
+            return False
+        if not isinstance(sock, ssl.SSLSocket):
+            return True
+        try:
+            sock.recv(1)  # a record of data or the close: either way it is spent
+        except ssl.SSLWantReadError:
+            return sock.pending() > 0  # tickets only, nothing left over: still good
+        except OSError:
+            return True
+        return True
+
+    def close(self) -> None:
+        """Close at once, without a checkpoint."""
+        if self.sock is not None:
+            self.sock.close()
+        elif self.stream is not None:
+            _close_stream(self.stream)
 
 
-Connector = Callable[[], Awaitable[trio.abc.Stream]]
+#: Makes a connection: a Trio stream (a TCP one gets the direct path) or a connected,
+#: non-blocking socket.
+Connector = Callable[[], Awaitable[trio.abc.Stream | socket.socket]]
 
 
-def _with_socket(stream: trio.abc.Stream) -> _Conn:
-    """A connection of ``stream``; a TCP one keeps its socket for direct writes and reads.
-
-    The socket is taken out of Trio's wrapper (``detach``) and wrapped again around a
-    stdlib socket object this module keeps: one descriptor, one owner that closes it.
-    """
-    if not isinstance(stream, trio.SocketStream):
-        return _Conn(stream)
+def _detached(stream: trio.SocketStream) -> socket.socket:
+    """The stdlib socket of ``stream``, taken out of Trio's wrapper: one descriptor,
+    one owner (this module) that closes it. Non-blocking; TCP_NODELAY as Trio set it."""
     wrapped = stream.socket
     sock = socket.socket(wrapped.family, wrapped.type, wrapped.proto, fileno=wrapped.detach())
     sock.setblocking(False)
-    # trio.SocketStream sets TCP_NODELAY on the socket it wraps: the request goes at once.
-    return _Conn(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), sock)
+    return sock
 
 
 class H1Pool:
@@ -223,24 +272,27 @@ class H1Pool:
         max_connections: int,
         keepalive_expiry: float = 30.0,
         connect: Connector | None = None,
+        tls: TLSSettings | None = None,
     ) -> None:
         """Args:
-        host, port: where the backend listens (plain TCP).
+        host, port: where the backend listens.
         max_connections: connections busy at once; more requests wait their turn.
         keepalive_expiry: seconds an idle connection is kept.
         connect: makes a new connection (tests hand in memory streams); default TCP.
+        tls: speak TLS on each TCP connection (its context, name and session store).
         """
         self.host = host
         self.port = port
         self.keepalive_expiry = keepalive_expiry
-        self._connect = connect if connect is not None else self._tcp
+        self.tls = tls
+        self._connect = connect
         self._slots = trio.Semaphore(max_connections)
         self._idle: list[_Conn] = []
         self.busy = 0
         self._closed = False
-
-    async def _tcp(self) -> trio.abc.Stream:
-        return await trio.open_tcp_stream(self.host, self.port)
+        #: Requests sent again on a new connection because a reused one was closed
+        #: before any of it could be read (see the module docstring).
+        self.resent = 0
 
     def connections(self) -> tuple[int, int]:
         """(open connections, of which busy)."""
@@ -257,7 +309,8 @@ class H1Pool:
         self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
-            await trio.aclose_forcefully(conn.stream)
+            conn.close()
+        await trio.lowlevel.checkpoint()
 
     # --- used by Response ------------------------------------------------------------
 
@@ -286,33 +339,80 @@ class H1Pool:
                 and not conn.closed_by_peer()
             ):
                 return conn
-            _close_now(conn.stream)
+            conn.close()
         return None
 
     async def _new(self, timeouts: Timeouts) -> _Conn:
-        with trio.move_on_after(timeouts.connect) as waited:
+        where = f"{self.host}:{self.port}"
+        with trio.move_on_after(timeouts.connect):
             try:
-                stream = await self._connect()
+                if self._connect is not None:
+                    made = await self._connect()
+                else:
+                    made = await trio.open_tcp_stream(self.host, self.port)
             except OSError as exc:
-                raise ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
-        if waited.cancelled_caught:
-            raise ConnectTimeout(f"connecting to {self.host}:{self.port} timed out")
-        return _with_socket(stream)
+                raise ConnectError(f"cannot connect to {where}: {exc}") from exc
+            if isinstance(made, trio.SocketStream):
+                made = _detached(made)
+            if not isinstance(made, socket.socket):
+                return _Conn(stream=made)  # a test's memory streams
+            if self.tls is None:
+                return _Conn(sock=made)
+            try:
+                return _Conn(sock=await _handshake(made, self.tls))
+            except BaseException:
+                made.close()
+                raise
+        raise ConnectTimeout(f"connecting to {where} timed out")
 
     def _keep(self, conn: _Conn) -> None:
         if self._closed:
-            _close_now(conn.stream)
+            conn.close()
             return
+        if self.tls is not None and isinstance(conn.sock, ssl.SSLSocket):
+            self.tls.keep_session(conn.sock)
         conn.idle_since = trio.current_time()
         self._idle.append(conn)
 
 
-def _close_now(stream: trio.abc.Stream) -> None:
-    """Close without a checkpoint (a socket's descriptor is closed at once)."""
-    if isinstance(stream, trio.SocketStream):
-        stream.socket.close()
-        return
-    # Another stream (a test's memory streams): the halves' own close, if they have one.
+async def _handshake(sock: socket.socket, tls: TLSSettings) -> ssl.SSLSocket:
+    """``sock`` over TLS, the handshake done (resuming the backend's last session if any).
+
+    Raises:
+        TLSError: the handshake failed (the reason in words: :func:`tls.reason`).
+        ConnectError: the connection broke during it.
+    """
+    try:
+        wrapped = tls.context.wrap_socket(
+            sock,
+            server_hostname=tls.server_name,
+            do_handshake_on_connect=False,
+            session=tls.session,
+        )
+    except ssl.SSLError as exc:
+        raise TLSError(reason(exc)) from exc
+    try:
+        while True:
+            try:
+                wrapped.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                await trio.lowlevel.wait_readable(wrapped)
+            except ssl.SSLWantWriteError:
+                await trio.lowlevel.wait_writable(wrapped)
+            except ssl.SSLError as exc:
+                raise TLSError(reason(exc)) from exc
+            except OSError as exc:
+                raise ConnectError(f"the connection broke during the TLS handshake: {exc}") from exc
+    except BaseException:  # failed, timed out or cancelled: the wrapper owns the descriptor
+        wrapped.close()
+        raise
+    tls.handshake_done(wrapped)
+    return wrapped
+
+
+def _close_stream(stream: trio.abc.Stream) -> None:
+    """Close a (test's) stream without a checkpoint: the halves' own close, if they have one."""
     halves = (
         (stream.send_stream, stream.receive_stream)
         if isinstance(stream, trio.StapledStream)
@@ -322,6 +422,141 @@ def _close_now(stream: trio.abc.Stream) -> None:
         close = getattr(half, "close", None)
         if close is not None:
             close()
+
+
+# --- direct socket I/O ----------------------------------------------------------------
+#
+# A write or read the socket can do at once is done at once (a non-blocking ``send``
+# or ``recv``, plain or TLS); only one that must wait goes through Trio. A peer that
+# keeps the socket busy could keep such a loop from ever waiting, so each connection
+# counts what it moved and reaches a checkpoint every CHECKPOINT_BYTES.
+
+#: Bytes a connection may move without reaching a Trio checkpoint (see docs/architecture.md,
+#: "The upstream transport": the cost of moving them is far below the 20 ms bound).
+CHECKPOINT_BYTES: Final = 1 << 20
+
+
+class _Unsent(WriteError):
+    """The connection broke before a byte of the request went out."""
+
+
+async def _fair(conn: _Conn, moved: int) -> None:
+    conn.unyielded += moved
+    if conn.unyielded >= CHECKPOINT_BYTES:
+        conn.unyielded = 0
+        await trio.lowlevel.checkpoint()
+
+
+async def _wait(
+    wait: Callable[[socket.socket], Awaitable[None]],
+    conn: _Conn,
+    sock: socket.socket,
+    io: float,
+    too_slow: type[H1Timeout],
+) -> None:
+    conn.unyielded = 0  # waiting is a checkpoint
+    with trio.move_on_after(io) as waited:
+        try:
+            await wait(sock)
+        except trio.ClosedResourceError as exc:  # closed while waiting
+            raise ReadError(f"the connection was closed while waiting: {exc}") from exc
+    if waited.cancelled_caught:
+        what = "sending the request" if too_slow is WriteTimeout else "reading the response"
+        raise too_slow(f"{what} timed out")
+
+
+def _alert(sock: socket.socket) -> None:
+    """After a write failed on TLS: the backend's alert, if one came (a refused client
+    certificate shows up here under TLS 1.3), raised as :class:`TLSError`."""
+    if not isinstance(sock, ssl.SSLSocket):
+        return
+    try:
+        sock.recv(READ_SIZE)
+    except ssl.SSLError as exc:
+        if not isinstance(exc, (ssl.SSLWantReadError, ssl.SSLWantWriteError)):
+            raise TLSError(reason(exc)) from exc
+    except OSError:
+        return
+
+
+def _dropped_after_handshake(conn: _Conn) -> bool:
+    """Whether a new TLS 1.3 connection was closed before the backend sent even a session
+    ticket: the sign of a refused client certificate from a backend that closes without
+    an alert (Trio's TLS server does). A backend that accepted the handshake sends its
+    tickets at once; one that refused the certificate never gets that far."""
+    sock = conn.sock
+    if not conn.tls13 or not isinstance(sock, ssl.SSLSocket):
+        return False
+    session = sock.session
+    return session is None or not session.has_ticket
+
+
+async def _send_socket(conn: _Conn, sock: socket.socket, data: bytes, io: float) -> None:
+    view = memoryview(data)
+    sent = 0
+    while sent < len(data):
+        wait = trio.lowlevel.wait_writable
+        try:
+            n = sock.send(view[sent:] if sent else view)
+        except (BlockingIOError, ssl.SSLWantWriteError):
+            pass
+        except ssl.SSLWantReadError:
+            wait = trio.lowlevel.wait_readable
+        except ssl.SSLError as exc:
+            _alert(sock)  # the backend's own reason, if it sent one
+            raise TLSError(reason(exc)) from exc
+        except OSError as exc:  # reset, broken pipe: the server closed it
+            _alert(sock)
+            error = _Unsent if sent == 0 else WriteError
+            raise error(f"the connection broke while sending: {exc}") from exc
+        else:
+            sent += n
+            await _fair(conn, n)
+            continue
+        await _wait(wait, conn, sock, io, WriteTimeout)
+
+
+async def _send_stream(conn: _Conn, data: bytes, io: float) -> None:
+    assert conn.stream is not None
+    with trio.move_on_after(io) as waited:
+        try:
+            await conn.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise _Unsent(f"the connection broke while sending: {exc}") from exc
+    if waited.cancelled_caught:
+        raise WriteTimeout("sending the request timed out")
+
+
+async def _read_socket(conn: _Conn, sock: socket.socket, io: float) -> bytes:
+    """A read on a TCP (or TLS) connection: at once when there are bytes, else one wait."""
+    while True:
+        wait = trio.lowlevel.wait_readable
+        try:
+            data = sock.recv(READ_SIZE)
+        except (BlockingIOError, ssl.SSLWantReadError):
+            pass  # nothing yet: wait for it
+        except ssl.SSLWantWriteError:
+            wait = trio.lowlevel.wait_writable
+        except ssl.SSLZeroReturnError:
+            return b""
+        except ssl.SSLError as exc:
+            raise TLSError(reason(exc)) from exc
+        except OSError as exc:
+            raise ReadError(f"the connection broke while reading: {exc}") from exc
+        else:
+            await _fair(conn, len(data))
+            return data
+        await _wait(wait, conn, sock, io, ReadTimeout)
+
+
+async def read_up_to(body: AsyncIterable[bytes], limit: int) -> bytes:
+    """The pieces of ``body`` until there are at least ``limit`` bytes, or its end."""
+    out = b""
+    async for part in body:
+        out += part
+        if len(out) >= limit:
+            break
+    return out
 
 
 class Response:
@@ -428,10 +663,11 @@ class Response:
                 self._conn = conn
                 if await self._exchange(conn, reused=True):
                     return self
-                # The server had closed it: once more, on a new connection.
-                _close_now(conn.stream)
+                # Closed before a byte of the request went out: once more, on a new one.
+                conn.close()
                 self._conn = None
                 self._parser = httptools.HttpResponseParser(self)
+                pool.resent += 1
             conn = self._conn = await pool._new(timeouts)
             await self._exchange(conn, reused=False)
         except BaseException:
@@ -442,46 +678,52 @@ class Response:
     async def _exchange(self, conn: _Conn, *, reused: bool) -> bool:
         """Send the request and read up to the end of the response head.
 
-        Returns False when a reused connection turned out closed before a byte
-        of the response came (the caller tries a new one).
+        Returns False when a reused connection broke before a byte of the request
+        went out (the caller sends it on a new one).
+
+        Raises:
+            ClosedAfterSend: a reused connection closed after the request went out,
+                before a byte of the response: the backend may have seen it.
         """
         io = self._timeouts.io
         data = self._head + self._request_body
-        sent = 0
-        if conn.sock is not None:
-            try:
-                sent = conn.sock.send(data)
-            except BlockingIOError:
-                pass
-            except OSError as exc:  # reset, broken pipe: the server closed it
-                if reused:
-                    return False
-                raise WriteError(f"the connection broke while sending: {exc}") from exc
-        if sent < len(data):  # the socket's buffer is full, or not a socket: wait
-            with trio.move_on_after(io) as waited:
-                try:
-                    await conn.stream.send_all(data[sent:] if sent else data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    if reused and not sent:
-                        return False
-                    raise WriteError(f"the connection broke while sending: {exc}") from exc
-            if waited.cancelled_caught:
-                raise WriteTimeout("sending the request timed out")
+        try:
+            if conn.sock is not None:
+                await _send_socket(conn, conn.sock, data, io)
+            else:
+                await _send_stream(conn, data, io)
+        except _Unsent:
+            if reused:
+                return False
+            raise
         first = True
         while not self._headers_done:
-            data = await self._read(conn, io)
+            try:
+                data = await self._read(conn, io)
+            except ReadError as exc:
+                if reused and first:
+                    raise ClosedAfterSend(str(exc)) from exc
+                raise
             if not data:
                 if reused and first:
-                    return False
+                    raise ClosedAfterSend("the server closed the connection without a response")
+                if first and _dropped_after_handshake(conn):
+                    raise TLSError(
+                        "the backend closed the connection right after the TLS handshake, "
+                        "before any session ticket: it refused the client certificate "
+                        "without an alert"
+                    )
                 raise RemoteProtocolError("the server closed the connection without a response")
             first = False
             self._feed(data)
         return True
 
-    async def _read(self, conn: _Conn, io: float) -> bytes:
+    @staticmethod
+    async def _read(conn: _Conn, io: float) -> bytes:
         sock = conn.sock
         if sock is not None:
-            return await self._read_socket(sock, io)
+            return await _read_socket(conn, sock, io)
+        assert conn.stream is not None
         with trio.move_on_after(io) as waited:
             try:
                 return bytes(await conn.stream.receive_some(READ_SIZE))
@@ -490,24 +732,6 @@ class Response:
         if waited.cancelled_caught:
             raise ReadTimeout("reading the response timed out")
         raise AssertionError("unreachable")  # pragma: no cover
-
-    @staticmethod
-    async def _read_socket(sock: socket.socket, io: float) -> bytes:
-        """A read on a TCP connection: at once when there are bytes, else one wait for them."""
-        while True:
-            try:
-                return sock.recv(READ_SIZE)
-            except BlockingIOError:
-                pass  # nothing yet: wait for it
-            except OSError as exc:
-                raise ReadError(f"the connection broke while reading: {exc}") from exc
-            with trio.move_on_after(io) as waited:
-                try:
-                    await trio.lowlevel.wait_readable(sock)
-                except trio.ClosedResourceError as exc:  # closed while waiting
-                    raise ReadError(f"the connection broke while reading: {exc}") from exc
-            if waited.cancelled_caught:
-                raise ReadTimeout("reading the response timed out")
 
     def _feed(self, data: bytes) -> None:
         parser = self._parser
@@ -570,12 +794,7 @@ class Response:
 
     async def read(self, limit: int) -> bytes:
         """Up to about ``limit`` bytes of the body (an error body, a whole JSON answer)."""
-        out = b""
-        async for part in self:
-            out += part
-            if len(out) >= limit:
-                break
-        return out
+        return await read_up_to(self, limit)
 
     @property
     def complete(self) -> bool:
@@ -589,7 +808,7 @@ class Response:
             if keep:
                 self._pool._keep(conn)
             else:
-                _close_now(conn.stream)
+                conn.close()
         if self._slot:
             self._slot = False
             self._pool._give()

@@ -65,6 +65,7 @@ class _Piece(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: msgspec.Raw = _NULL
     finish_reason: str | None = None
     usage: _Usage | None = None
+    model: str | None = None
 
 
 class _Entry(msgspec.Struct, kw_only=True):
@@ -87,6 +88,7 @@ def _to_wire(p: Replayed) -> _Piece:
         tool_calls=p.tool_calls,
         logprobs=p.logprobs if p.logprobs is not None else _NULL,
         finish_reason=p.finish_reason,
+        model=p.model,
         usage=None
         if u is None
         else _Usage(
@@ -107,6 +109,7 @@ def _from_wire(p: _Piece) -> Replayed:
         tool_calls=p.tool_calls,
         logprobs=_raw(p.logprobs),
         finish_reason=p.finish_reason,
+        model=p.model,
         usage=None
         if u is None
         else Usage(

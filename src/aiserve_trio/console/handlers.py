@@ -11,8 +11,9 @@
 ``GET /admin/api/cache``          admin key or token      cache results, similarity, semantic hits
 ================================  ======================  =====================================
 
-With ``[auth] enabled = false`` the API answers only clients on a loopback address,
-as ``/debug/*`` does, and login hands out no token (there is nothing to sign for).
+With ``[auth] enabled = false`` the API answers only clients on a loopback address
+through a loopback ``Host``, as ``/debug/*`` does (the gate checks it, with what a web
+page could send: ``security/browser.py``), and login hands out no token.
 
 The numbers are this worker's (each hypercorn worker has its own registry, like
 ``/metrics``): the page says which worker answered.
@@ -42,7 +43,7 @@ from ..errors import (
 from ..http.body import read_body
 from ..http.endpoints import Admission, Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Headers
-from ..observability.debug import require_loopback
+from ..observability.metrics import label_value
 from ..reload import config_version
 from . import cacheview, sla
 from .edit import EditError, StepState, set_steps
@@ -244,21 +245,15 @@ class Console:
 
     # --- the API -------------------------------------------------------------------
 
-    def _local(self, request: Request) -> None:
-        if not self.host.gate.enabled:
-            require_loopback(request, "the console's endpoints")
-
     async def _json(self, request: Request, body: msgspec.Struct | dict[str, object]) -> None:
         await request.responder.complete(200, _API_HEADERS, _encoder.encode(body))
 
     async def login(self, request: Request) -> None:
         """``POST /admin/api/login`` with ``Authorization: Bearer <admin key>``: a console token.
 
-        Raises:
-            Forbidden: auth is off and the client is not on loopback (the gate has
-                refused keys that are not admin keys).
+        With auth off the gate has refused clients off loopback; with auth on, keys
+        that are not admin keys.
         """
-        self._local(request)
         gate = self.host.gate
         p = request.principal
         if p is None:
@@ -269,9 +264,7 @@ class Console:
             out = Login(token=token, expires_in=ttl, key_id=p.key_id, auth=True)
         await self._json(request, out)
 
-    async def overview(self, request: Request) -> None:
-        """``GET /admin/api/overview``: see :mod:`.sla`."""
-        self._local(request)
+    def _snapshot(self) -> sla.Snapshot:
         m = self.host.metrics
         metrics = (
             m.request_duration,
@@ -281,20 +274,36 @@ class Console:
             m.stage_latency,
             m.task_count,
         )
-        snap = sla.read((f for metric in metrics for f in metric.collect()), trio.current_time())
+        return sla.read((f for metric in metrics for f in metric.collect()), trio.current_time())
+
+    async def sample(self) -> None:
+        """Keep the last minute's snapshots whether or not a page is polling, so the
+        window a page first looks at already covers the minute before (the app's
+        background task)."""
+        while True:
+            self.window.add(self._snapshot())
+            await trio.sleep(self.window.step)
+
+    async def overview(self, request: Request) -> None:
+        """``GET /admin/api/overview``: see :mod:`.sla`."""
+        snap = self._snapshot()
         start = self.window.add(snap)
         span = snap.at - start.at
+        names = {
+            label_value(model): model
+            for adapter in self.host.config.adapters.values()
+            for model in getattr(adapter, "models", ())
+        }
         out = Overview(
             pid=os.getpid(),
-            window=sla.overview(sla.since(snap, start), span, STAGES),
-            total=sla.overview(snap, None, STAGES),
+            window=sla.overview(sla.since(snap, start), span, STAGES, names),
+            total=sla.overview(snap, None, STAGES, names),
             open_streams=round(snap.live.get("sse", 0.0)),
         )
         await self._json(request, out)
 
     async def slow(self, request: Request) -> None:
         """``GET /admin/api/slow``: the slowest of the recent requests, with stage times."""
-        self._local(request)
         await self._json(request, self.host.observer.slowest())
 
 
@@ -326,7 +335,6 @@ class Console:
 
     async def routes(self, request: Request) -> None:
         """``GET /admin/api/routes``: every route, its steps, and whether they can be changed."""
-        self._local(request)
         version, status = self._version()
         why = self._writable()
         out = Routes(
@@ -358,7 +366,6 @@ class Console:
             Unprocessable: the steps are not the route's, or the reloader refused
                 the new config (its one-line reason).
         """
-        self._local(request)
         change = await self._read(request)
         if change is None:
             return  # the client went away

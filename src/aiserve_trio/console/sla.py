@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING
@@ -204,8 +204,18 @@ class Table(msgspec.Struct, kw_only=True):
     stages: list[StageRow]
 
 
-def overview(snap: Snapshot, window_s: float | None, stages: Iterable[str]) -> Table:
-    """The console's tables from ``snap`` (a window's snapshot when ``window_s`` is set)."""
+def overview(
+    snap: Snapshot,
+    window_s: float | None,
+    stages: Iterable[str],
+    names: Mapping[str, str] | None = None,
+) -> Table:
+    """The console's tables from ``snap`` (a window's snapshot when ``window_s`` is set).
+
+    ``names``: a model's name by its metric label (``aiserve_mock`` -> ``aiserve-mock``),
+    so the table says what the rest of the gateway says.
+    """
+    names = names or {}
     keys = sorted(set(snap.requests) | set(snap.duration))
     models = []
     for key in keys:
@@ -220,7 +230,7 @@ def overview(snap: Snapshot, window_s: float | None, stages: Iterable[str]) -> T
         models.append(
             ModelRow(
                 route=key[0],
-                model=key[1],
+                model=names.get(key[1], key[1]),
                 requests=round(n),
                 rps=n / window_s if window_s else None,
                 p95_s=quantile(0.95, dur) if dur is not None else None,

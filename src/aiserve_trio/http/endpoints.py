@@ -30,7 +30,8 @@ class Auth(enum.Enum):
     METRICS = "metrics"
     #: Any valid key.
     KEY = "key"
-    #: A valid key, or a stream token for the session in the path (``EventSource``).
+    #: A key that may read sessions, or a stream token for the session in the path
+    #: (``EventSource``).
     KEY_OR_STREAM_TOKEN = "key_or_stream_token"
     #: An admin key.
     ADMIN = "admin"
@@ -38,6 +39,10 @@ class Auth(enum.Enum):
     ADMIN_OR_CONSOLE_TOKEN = "admin_or_console_token"
     #: A key allowed on this chat route; counts against the key's rate limit.
     CHAT = "chat"
+    #: A key that may read its tenant's sessions (``Principal.check_sessions``).
+    SESSION_READ = "session_read"
+    #: A key that may change its tenant's sessions.
+    SESSION_WRITE = "session_write"
 
 
 class Admission(enum.Enum):
@@ -68,7 +73,6 @@ class Request:
     params: dict[str, str] = field(default_factory=dict)
     #: Who the request acts as; None on open paths or when auth is off.
     principal: Principal | None = None
-
 
 
 Handler = Callable[[Request], Awaitable[None]]

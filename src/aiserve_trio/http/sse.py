@@ -29,11 +29,12 @@ CHUNK = "chat.completion.chunk"
 class ChatFramer:
     """Frames one completion's events. Each call returns the bytes of one event."""
 
-    __slots__ = ("_buf", "_created", "_id", "_model", "_seq")
+    __slots__ = ("_buf", "_created", "_id", "_seq", "model")
 
     def __init__(self, completion_id: str, model: str, created: int) -> None:
         self._id = completion_id
-        self._model = model
+        #: What every chunk names as the model (the one that answered, once known).
+        self.model = model
         self._created = created
         self._seq = 0
         self._buf = bytearray()
@@ -57,7 +58,7 @@ class ChatFramer:
             id=self._id,
             object=CHUNK,
             created=self._created,
-            model=self._model,
+            model=self.model,
             choices=[choice],
         )
 
@@ -80,7 +81,7 @@ class ChatFramer:
             id=self._id,
             object=CHUNK,
             created=self._created,
-            model=self._model,
+            model=self.model,
             choices=[],
             usage=usage,
         )

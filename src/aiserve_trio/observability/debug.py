@@ -9,10 +9,11 @@
 Both run for ``N`` seconds (0 < N <= 60) while the worker keeps serving, one of
 each kind at a time per worker (another gets 409), and stop early, without an
 answer, if the client goes away. They are admin endpoints (``Auth.ADMIN`` in
-the app's endpoint table); with ``[auth] enabled = false`` they answer only
-clients on a loopback address, since anyone who can reach them can read what
-the worker is doing (request ids, routes, code paths). Behind a reverse proxy
-on the same host every client looks local: turn auth on there.
+the app's endpoint table); with ``[auth] enabled = false`` the gate lets only
+clients on a loopback address through a loopback ``Host`` call them, since anyone
+who can reach them can read what the worker is doing (request ids, routes, code
+paths). Behind a reverse proxy on the same host every client looks local: turn
+auth on there.
 
 Each worker process answers for itself: with several hypercorn workers, the
 one the connection landed on is profiled (its pid is in the answer).
@@ -20,7 +21,6 @@ one the connection landed on is profiled (its pid is in the answer).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -29,7 +29,7 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
-from ..errors import BadRequest, Conflict, Forbidden, Overloaded
+from ..errors import BadRequest, Conflict, Overloaded
 from .profile import (
     FORMATS,
     HTML_CSP,
@@ -54,8 +54,7 @@ _json = msgspec.json.Encoder()
 class DebugEndpoints:
     """The profile and trace handlers of one app (one worker)."""
 
-    def __init__(self, *, auth_enabled: bool) -> None:
-        self.auth_enabled = auth_enabled
+    def __init__(self) -> None:
         # Flags, not locks: a second caller is refused at once rather than queued.
         self._profiling = False
         self._tracing = False
@@ -64,11 +63,9 @@ class DebugEndpoints:
         """``GET /debug/profile``: see the module docstring.
 
         Raises:
-            Forbidden: auth is off and the client is not on loopback.
             BadRequest: ``seconds`` or ``format`` is missing or out of range.
             Conflict: a profile is already running on this worker.
         """
-        self._check_client(request)
         query = _query(request)
         seconds = _seconds(query)
         fmt = query.get("format", "speedscope")
@@ -101,11 +98,9 @@ class DebugEndpoints:
         """``GET /debug/trace``: see the module docstring.
 
         Raises:
-            Forbidden: auth is off and the client is not on loopback.
             BadRequest: ``seconds`` or ``max_events`` is missing or out of range.
             Conflict: a trace is already running on this worker.
         """
-        self._check_client(request)
         query = _query(request)
         seconds = _seconds(query)
         max_events = _int(query, "max_events", DEFAULT_MAX_EVENTS, MIN_EVENTS, MAX_EVENTS)
@@ -137,23 +132,6 @@ class DebugEndpoints:
         body = await trio.to_thread.run_sync(encode)
         await request.responder.complete(200, _headers("trace", "trace"), body)
 
-    def _check_client(self, request: Request) -> None:
-        if self.auth_enabled:
-            return  # the gate has checked the admin key
-        require_loopback(request, "debug endpoints")
-
-
-def require_loopback(request: Request, what: str) -> None:
-    """With auth off: refuse a client not on a loopback address (``what`` names the endpoints).
-
-    Raises:
-        Forbidden: the client's address is not loopback (or unknown).
-    """
-    if not from_loopback(request):
-        raise Forbidden(
-            f"with auth off, {what} answer only clients on loopback", code="loopback_only"
-        )
-
 
 async def _unless_disconnected(request: Request, work: Any) -> Any:
     """Await the coroutine ``work``; None if the client went away first (``work`` is cancelled)."""
@@ -171,22 +149,6 @@ async def _unless_disconnected(request: Request, work: Any) -> Any:
                 nursery.cancel_scope.cancel(reason="client disconnected")
                 break
     return result[0] if result else None
-
-
-def from_loopback(request: Request) -> bool:
-    """Whether the request comes from a loopback address (what an admin endpoint
-    asks of a client when auth is off)."""
-    client = request.scope.get("client")
-    return _loopback(client[0] if client else None)
-
-
-def _loopback(host: str | None) -> bool:
-    if host is None:
-        return False  # a transport without an address (unix socket): not provably local
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _query(request: Request) -> dict[str, str]:

@@ -10,7 +10,7 @@ The moments:
 
 - a stage started / ended (live: the per-stage task gauge moves with them);
 - an upstream attempt (a context manager around one try), a retry about to
-  happen, the upstream error that ends a request;
+  happen, the upstream error that ends a request, a TLS handshake (full or resumed);
 - a request complete, with its immutable :class:`~aiserve_trio.stages.outcome.Outcome`
   (first-token time, usage, stage times, status, cache result);
 - the response cache's backend failing, and what became of a finished answer
@@ -41,6 +41,10 @@ class UpstreamHook(Protocol):
 
     def failed(self, adapter: str, error: UpstreamError) -> None:
         """``error`` ends the request's upstream call (no more tries)."""
+        ...
+
+    def tls_handshake(self, adapter: str, kind: str) -> None:
+        """A TLS handshake with the backend finished: ``full``, or ``resumed`` (a session)."""
         ...
 
 
@@ -97,6 +101,9 @@ class NullHook:
         pass
 
     def failed(self, adapter: str, error: UpstreamError) -> None:
+        pass
+
+    def tls_handshake(self, adapter: str, kind: str) -> None:
         pass
 
     def stage_started(self, stage: str) -> None:

@@ -130,6 +130,12 @@ class Metrics:
             ["adapter"],
             registry=r,
         )
+        self.upstream_tls_handshakes = Counter(
+            "aiserve_upstream_tls_handshakes",
+            "TLS handshakes with a backend by adapter and kind (full, resumed).",
+            ["adapter", "kind"],
+            registry=r,
+        )
         self.policy_actions = Counter(
             "policy_actions",
             "Actions taken by policies (redacted, blocked, flagged, rewritten).",

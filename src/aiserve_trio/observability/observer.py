@@ -162,6 +162,9 @@ class RequestObserver:
     def failed(self, adapter: str, error: UpstreamError) -> None:
         self.metrics.upstream_errors.labels(adapter, error.code or "upstream_error").inc()
 
+    def tls_handshake(self, adapter: str, kind: str) -> None:
+        self.metrics.upstream_tls_handshakes.labels(adapter, kind).inc()
+
     # --- the response cache ---------------------------------------------------
 
     def cache_error(self, op: str) -> None:
@@ -268,7 +271,7 @@ class RequestObserver:
                 None if ttft is None else ttft - arrival,
                 outcome.request_id,
                 outcome.route,
-                outcome.model,
+                outcome.served_model or outcome.model,
                 outcome.channel,
                 outcome.status,
                 outcome.stages,

@@ -175,6 +175,7 @@ def recorded_outcome(outcome: Outcome) -> RecordedOutcome:
     return RecordedOutcome(
         status=outcome.status,
         total_ms=_ms(outcome.ended - arrival),
+        model=outcome.served_model or None,
         ttft_ms=(
             _ms(outcome.first_token_at - arrival) if outcome.first_token_at is not None else None
         ),

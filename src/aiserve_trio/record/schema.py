@@ -43,6 +43,8 @@ class RecordedOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: ``ok``, ``client_closed``, or the HTTP status's name (``gateway_timeout``...).
     status: str
     total_ms: float
+    #: The model that answered (a fallback or a chain's step may be another than asked).
+    model: str | None = None
     ttft_ms: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

@@ -1,13 +1,20 @@
 """API keys, tenants and signed stream tokens (sans-IO, plus a small CLI).
 
 A plain API key looks like ``aik_<id>_<secret>``: the ``id`` finds the key's
-entry without trying every hash, the secret is what is checked. The config only
-ever holds a hash: ``scrypt$<log2 n>$<r>$<p>$<salt hex>$<digest hex>``, so a
-leaked config file does not leak keys. Verifying a hash costs ~0.1 s of CPU on
-purpose; a verified key is remembered (by the SHA-256 of the presented key) so
-that only a key's first request pays it, and failed presentations are
-remembered too, so a client cannot make the gateway burn CPU by repeating a bad
-key.
+entry, the secret is what is checked. The config only ever holds a hash,
+``sha256$<digest hex>``: the SHA-256 of the whole key. A key is 192 random bits,
+not a password, so a fast hash is as safe as a slow one against a leaked config
+(there is nothing to guess), and it is checked in about a microsecond on the
+event loop, compared in constant time. Every presented key -- malformed, of an
+unknown id, or of a known id with a wrong secret -- costs the same hash and
+comparison, so answers do not tell ids apart and a flood of wrong keys costs the
+gateway next to nothing.
+
+Hashes of the first format, ``scrypt$<log2 n>$<r>$<p>$<salt>$<digest>`` (~0.1 s
+of CPU each), are still accepted so that existing configs keep working: such a
+key is verified with scrypt (in a thread) until its first success, then
+re-hashed in memory to the new format and never scrypted again; the log prints
+the ``sha256$`` line to put in the config instead (docs/security.md, migration).
 
 Browsers' ``EventSource`` cannot send an ``Authorization`` header, so an
 authenticated client asks for a *stream token*: an HMAC-SHA256 over the tenant,
@@ -18,8 +25,8 @@ signed with its own key derived from the secret, so one is never taken for the o
 
 CLI::
 
-    python -m aiserve_trio.security.auth new demo     # a new key and its hash
-    aiserve-keys hash < key.txt                       # the hash of a key you have
+    aiserve-keys new demo          # a new key and its hash
+    aiserve-keys hash < key.txt    # the hash of a key you have
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -34,24 +42,26 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal
 
-from ..errors import Forbidden, Unauthorized
+from ..errors import BadRequest, Forbidden, Unauthorized
 
+log = logging.getLogger("aiserve_trio.security")
 KEY_RE = re.compile(r"^aik_(?P<id>[a-z0-9]{1,32})_(?P<secret>[A-Za-z0-9_-]{16,128})$")
-HASH_RE = re.compile(
+HASH_RE = re.compile(r"^sha256\$(?P<digest>[0-9a-f]{64})$")
+LEGACY_HASH_RE = re.compile(
     r"^scrypt\$(?P<logn>\d{1,2})\$(?P<r>\d{1,2})\$(?P<p>\d{1,2})"
     r"\$(?P<salt>[0-9a-f]{16,64})\$(?P<digest>[0-9a-f]{64})$"
 )
-#: scrypt cost for new keys: n = 2**14, r = 8 (16 MiB, ~0.1 s).
-DEFAULT_LOG_N = 14
+#: Refused legacy (scrypt) presentations remembered, so repeating one costs no scrypt.
 _CACHE_MAX = 4096
-_V = TypeVar("_V")
 WILDCARD = "*"
+#: What a key may do with its tenant's sessions: ``""`` follows its routes and channels.
+SessionGrant = Literal["", "none", "read", "write"]
 
 
 def new_key(key_id: str) -> str:
-    """A new random plain key for ``key_id``.
+    """A new random plain key for ``key_id`` (192 random bits).
 
     Raises:
         ValueError: ``key_id`` is not 1-32 lower-case letters or digits.
@@ -61,44 +71,51 @@ def new_key(key_id: str) -> str:
     return f"aik_{key_id}_{secrets.token_urlsafe(24)}"
 
 
-#: Hashes this cheap are verified inline: a thread would cost more than the hash.
-CHEAP_LOG_N = 10
-
-
-def hash_key(plain: str, *, log_n: int = DEFAULT_LOG_N, salt: bytes | None = None) -> str:
-    """The storable hash of a plain key (scrypt with a random per-key salt).
+def hash_key(plain: str) -> str:
+    """The storable hash of a plain key: ``sha256$`` and the SHA-256 of the whole key.
 
     Raises:
         ValueError: ``plain`` is not a well-formed key.
     """
     if not KEY_RE.match(plain):
         raise ValueError("a key must look like aik_<id>_<secret>")
-    salt = salt if salt is not None else secrets.token_bytes(16)
-    digest = _scrypt(plain, salt, log_n, 8, 1)
-    return f"scrypt${log_n}$8$1${salt.hex()}${digest.hex()}"
+    return "sha256$" + _digest(plain).hex()
 
 
 def check_hash(value: str) -> None:
-    """Raise ValueError unless ``value`` is a hash :func:`hash_key` could have made."""
-    m = HASH_RE.match(value)
+    """Raise ValueError unless ``value`` is a hash :func:`hash_key` makes (or a legacy one)."""
+    if HASH_RE.match(value):
+        return
+    m = LEGACY_HASH_RE.match(value)
     if not m or not 4 <= int(m["logn"]) <= 20:
-        raise ValueError("must be a hash printed by `aiserve-keys hash` (scrypt$...)")
+        raise ValueError("must be a hash printed by `aiserve-keys hash` (sha256$...)")
 
 
-def verify_hash(plain: str, stored: str) -> bool:
-    """Whether ``plain`` hashes to ``stored`` (compared in constant time)."""
-    m = HASH_RE.match(stored)
+def verify_legacy(plain: str, stored: str) -> bool:
+    """Whether ``plain`` matches a legacy ``scrypt$`` hash (slow: ~0.1 s of CPU)."""
+    m = LEGACY_HASH_RE.match(stored)
     if not m:
         return False
-    digest = _scrypt(plain, bytes.fromhex(m["salt"]), int(m["logn"]), int(m["r"]), int(m["p"]))
+    n, r, p = 1 << int(m["logn"]), int(m["r"]), int(m["p"])
+    salt = bytes.fromhex(m["salt"])
+    digest = hashlib.scrypt(
+        plain.encode(), salt=salt, n=n, r=r, p=p, maxmem=256 * n * r + (1 << 20), dklen=32
+    )
     return hmac.compare_digest(digest.hex(), m["digest"])
 
 
-def _scrypt(plain: str, salt: bytes, log_n: int, r: int, p: int) -> bytes:
+def legacy_hash(plain: str, *, log_n: int, salt: bytes | None = None) -> str:
+    """A ``scrypt$`` hash of the first format (for migration tests and tools)."""
+    salt = salt if salt is not None else secrets.token_bytes(16)
     n = 1 << log_n
-    return hashlib.scrypt(
-        plain.encode(), salt=salt, n=n, r=r, p=p, maxmem=256 * n * r + (1 << 20), dklen=32
+    digest = hashlib.scrypt(
+        plain.encode(), salt=salt, n=n, r=8, p=1, maxmem=256 * n * 8 + (1 << 20), dklen=32
     )
+    return f"scrypt${log_n}$8$1${salt.hex()}${digest.hex()}"
+
+
+def _digest(plain: str) -> bytes:
+    return hashlib.sha256(plain.encode("utf-8", "surrogatepass")).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +130,8 @@ class Principal:
     #: Requests and tokens (prompt + completion) per minute; 0 = unlimited.
     rpm: int = 0
     tpm: int = 0
+    #: The key's explicit sessions grant (``""``: what its routes and channels allow).
+    sessions: SessionGrant = ""
 
     def check_route(self, path: str) -> None:
         """Raises Forbidden unless this key may call ``path``."""
@@ -133,6 +152,44 @@ class Principal:
         if not self.admin:
             raise Forbidden(f"{what} needs an admin API key", code="admin_only")
 
+    def check_sessions(self, write: bool) -> None:
+        """Raises Forbidden unless this key may read (``write``: change) its tenant's sessions.
+
+        A key that may chat (some route, some channel) may, as its chats do; a key
+        without (an admin tool's) needs ``sessions = "read"`` or ``"write"``.
+        """
+        grant = self.sessions
+        if not grant:
+            grant = "write" if self.routes and self.channels else "none"
+        if grant == "write" or (grant == "read" and not write):
+            return
+        what = "change" if write else "read"
+        raise Forbidden(
+            f"this API key may not {what} sessions (its `sessions` grant is {grant!r})",
+            code="sessions_not_allowed",
+        )
+
+    def channel(self, header: str | None, channels: list[str]) -> str | None:
+        """The channel a request without ``X-Channel`` acts on, from the key's own channels:
+        its only one; None when the key may use any (the server's default applies).
+
+        Raises:
+            BadRequest: the key may use several channels: the request must say which.
+        """
+        if header is not None or WILDCARD in self.channels:
+            return None
+        mine = [c for c in channels if c in self.channels]
+        if not mine:
+            raise Forbidden("this API key may not use any channel", code="channel_not_allowed")
+        if len(mine) == 1:
+            return mine[0]
+        raise BadRequest(
+            f"this API key may use channels {', '.join(sorted(self.channels)) or '(none)'}: "
+            "send `X-Channel` to say which",
+            param="X-Channel",
+            code="channel_required",
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class KeyEntry:
@@ -141,72 +198,84 @@ class KeyEntry:
 
 
 class KeyStore:
-    """Looks up presented keys; remembers verified and refused ones (bounded)."""
+    """Checks presented keys against their stored hashes (sans-IO).
+
+    :meth:`check` does the same work for every presented key, so that its time
+    says nothing about whether the id exists.
+    """
 
     def __init__(self, entries: list[KeyEntry]) -> None:
         self._by_id = {e.principal.key_id: e for e in entries}
         if len(self._by_id) != len(entries):
             raise ValueError("two keys share an id")
-        self._good: OrderedDict[bytes, Principal] = OrderedDict()
+        self._digests = {
+            e.principal.key_id: bytes.fromhex(e.hash.removeprefix("sha256$"))
+            for e in entries
+            if HASH_RE.match(e.hash)
+        }
+        #: Keys still under a scrypt hash, until their first successful use.
+        self._legacy = {
+            e.principal.key_id: e.hash for e in entries if e.principal.key_id not in self._digests
+        }
         self._bad: OrderedDict[bytes, None] = OrderedDict()
+        #: Compared against when the id is unknown (never equal to a real digest).
+        self._nothing = secrets.token_bytes(32)
 
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def cached(self, plain: str) -> Principal | None:
-        """The principal of an already verified key, without hashing it again.
+    @property
+    def legacy(self) -> list[str]:
+        """The ids of keys still under a scrypt hash."""
+        return sorted(self._legacy)
+
+    def check(self, plain: str) -> Principal | None:
+        """The principal of ``plain``, in constant time; None when its id still has a
+        legacy scrypt hash, which :meth:`verify_legacy` checks (slowly, off the loop).
 
         Raises:
-            Unauthorized: the key is malformed, unknown, or was refused before.
+            Unauthorized: the key is malformed, of an unknown id, or does not match.
         """
         m = KEY_RE.match(plain)
-        if not m or m["id"] not in self._by_id:
-            raise Unauthorized("the API key is not valid")
-        fp = _fingerprint(plain)
-        if fp in self._bad:
-            raise Unauthorized("the API key is not valid")
-        hit = self._good.get(fp)
-        if hit is not None:
-            self._good.move_to_end(fp)
-        return hit
+        key_id = m["id"] if m else ""
+        got = _digest(plain)
+        want = self._digests.get(key_id, self._nothing)
+        if hmac.compare_digest(got, want) and m is not None:
+            return self._by_id[key_id].principal
+        if key_id in self._legacy and m is not None and got not in self._bad:
+            return None
+        raise Unauthorized("the API key is not valid")
 
-    def cheap(self, plain: str) -> bool:
-        """Whether ``plain``'s stored hash is cheap enough (scrypt n <= 2**10, well
-        under a millisecond) to verify on the event loop rather than in a thread."""
+    def verify_legacy(self, plain: str) -> bool:
+        """Whether ``plain`` matches its id's scrypt hash (slow: call it in a thread)."""
         m = KEY_RE.match(plain)
-        entry = self._by_id.get(m["id"]) if m else None
-        h = HASH_RE.match(entry.hash) if entry is not None else None
-        return h is not None and int(h["logn"]) <= CHEAP_LOG_N
+        stored = self._legacy.get(m["id"]) if m else None
+        return stored is not None and verify_legacy(plain, stored)
 
-    def verify(self, plain: str) -> Principal:
-        """Verify ``plain`` against its stored hash (slow: call it off the event loop).
+    def migrate(self, plain: str, ok: bool) -> Principal:
+        """Record the result of :meth:`verify_legacy` (on the event loop): a match is
+        re-hashed to the new format, a mismatch remembered.
 
         Raises:
-            Unauthorized: the key does not match.
+            Unauthorized: ``ok`` is false.
         """
-        hit = self.cached(plain)
-        if hit is not None:
-            return hit
         m = KEY_RE.match(plain)
-        assert m is not None  # cached() checked it
-        entry = self._by_id[m["id"]]
-        fp = _fingerprint(plain)
-        if not verify_hash(plain, entry.hash):
-            _remember(self._bad, fp, None)
+        got = _digest(plain)
+        if not ok or m is None:
+            self._bad[got] = None
+            while len(self._bad) > _CACHE_MAX:
+                self._bad.popitem(last=False)
             raise Unauthorized("the API key is not valid")
-        _remember(self._good, fp, entry.principal)
-        return entry.principal
-
-
-def _fingerprint(plain: str) -> bytes:
-    return hashlib.sha256(plain.encode()).digest()
-
-
-def _remember(cache: OrderedDict[bytes, _V], key: bytes, value: _V) -> None:
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > _CACHE_MAX:
-        cache.popitem(last=False)
+        key_id = m["id"]
+        if self._legacy.pop(key_id, None) is not None:
+            self._digests[key_id] = got
+            log.warning(
+                'key %r has a legacy scrypt hash: it is re-hashed in memory; put hash = "%s" '
+                "in its [[auth.keys]] entry (docs/security.md, key migration)",
+                key_id,
+                "sha256$" + got.hex(),
+            )
+        return self._by_id[key_id].principal
 
 
 def bearer(header: str | None) -> str:

@@ -64,6 +64,17 @@ RESET_MAX_RATIO = 0.5
 #: Bytes of one read handed to h2 at a time, the meters judging between slices
 #: (a few hundred small frames; a 16 KiB DATA frame arrives in four).
 FEED_SLICE = 4096
+#: Failed authentications one address may make in a burst, and per second after it,
+#: before it goes into the penalty box (a client with a typo in its key retries a few
+#: times; a flood of guessed keys does not stop)...
+STRIKE_BURST = 20
+STRIKE_RATE = 0.5
+#: ...unless the worker as a whole sees more than this burst and rate of them: a flood
+#: from many addresses. Then every address is boxed at its first failure.
+WORKER_STRIKE_BURST = 200
+WORKER_STRIKE_RATE = 50.0
+#: A failed-authentication offence counts as this many (its penalty starts 4x longer).
+STRIKE_WEIGHT = 3
 #: This worker's settings (read from hypercorn's config at its first connection) and
 #: penalty box (None when turned off).
 _settings: EdgeSettings | None = None
@@ -158,7 +169,7 @@ class PenaltyBox:
     many addresses misbehave (they then get shorter memories, not more memory).
     """
 
-    __slots__ = ("_peers", "capacity", "first", "longest", "refused")
+    __slots__ = ("_all", "_peers", "_strikes", "capacity", "first", "longest", "refused")
 
     def __init__(self, first: float, longest: float, capacity: int) -> None:
         self.first = first
@@ -166,23 +177,48 @@ class PenaltyBox:
         self.capacity = capacity
         #: peer -> (offences, refused until): least recently punished first.
         self._peers: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        #: peer -> its lesser offences (failed authentications), least recent first.
+        self._strikes: OrderedDict[str, FloodMeter] = OrderedDict()
+        #: Every address's, together.
+        self._all: FloodMeter | None = None
         #: Connections refused so far (for the log).
         self.refused = 0
 
     def __len__(self) -> int:
         return len(self._peers)
 
-    def punish(self, peer: str, now: float) -> float:
-        """Record an offence by ``peer``; returns how long it is refused from ``now``."""
+    def punish(self, peer: str, now: float, weight: int = 1) -> float:
+        """Record an offence by ``peer`` (``weight``: counted as that many); returns how
+        long it is refused from ``now``."""
         offences, until = self._peers.pop(peer, (0, now))
         if now - until > self.longest:
             offences = 0  # forgiven
-        offences = min(offences + 1, 64)  # 2**63 times any penalty is past ``longest``
+        offences = min(offences + weight, 64)  # 2**63 times any penalty is past ``longest``
         penalty = min(self.longest, self.first * 2.0 ** (offences - 1))
         self._peers[peer] = (offences, now + penalty)
         while len(self._peers) > self.capacity:
             self._peers.popitem(last=False)
         return penalty
+
+    def strike(self, peer: str, now: float) -> float:
+        """Record a lesser offence by ``peer`` (a failed authentication). One beyond a
+        burst of :data:`STRIKE_BURST` and :data:`STRIKE_RATE` per second is an offence
+        (:meth:`punish`), and so is any while the worker's failures together are beyond
+        :data:`WORKER_STRIKE_BURST` and :data:`WORKER_STRIKE_RATE`. Returns how long
+        ``peer`` is refused from ``now`` (0: not)."""
+        meter = self._strikes.pop(peer, None)
+        if meter is None:
+            meter = FloodMeter(now, STRIKE_BURST, STRIKE_RATE)
+        self._strikes[peer] = meter
+        while len(self._strikes) > self.capacity:
+            self._strikes.popitem(last=False)
+        if self._all is None:
+            self._all = FloodMeter(now, WORKER_STRIKE_BURST, WORKER_STRIKE_RATE)
+        flood = not self._all.spend(now, 1)
+        if meter.spend(now, 1) and not flood:
+            return 0.0
+        # Guessing keys does not stop by itself: the first penalty is already the third's.
+        return self.punish(peer, now, STRIKE_WEIGHT)
 
     def refuses(self, peer: str, now: float) -> bool:
         """Whether a connection from ``peer`` is refused at ``now`` (counted if so)."""
@@ -280,6 +316,13 @@ def configure(config: object) -> EdgeSettings:
             )
         _settings = settings
     return _settings
+
+
+def strike(host: str) -> float:
+    """Count a failed authentication by ``host`` in this worker's penalty box; how long
+    its new connections are refused (0: not refused, or no box in this process)."""
+    box = _box
+    return box.strike(peer_key(host), trio.current_time()) if box is not None else 0.0
 
 
 def control_frames(events: list[Any]) -> int:

@@ -1,12 +1,16 @@
 """The gate every HTTP request passes: admission, authentication, authorisation, rate limits.
 
 :class:`Gate` is built once per app from ``[auth]`` and ``[limits]`` and reads
-the endpoint table's rules (``http/endpoints.py``): :meth:`Gate.admit` holds
-the admission slot the endpoint takes (a fast 503 beyond the worker's caps,
-before any body is read), :meth:`Gate.authenticate` returns the
-:class:`~.auth.Principal` the request acts as -- its tenant is the only tenant
-the request can touch, whatever the client sends -- and :meth:`Gate.after_chat`
-charges the tokens a reply used.
+the endpoint table's rules (``http/endpoints.py``). :meth:`Gate.authenticate`
+runs first and returns the :class:`~.auth.Principal` the request acts as -- its
+tenant is the only tenant the request can touch, whatever the client sends. It
+costs a hash of the key (microseconds, the same for every wrong key) and takes no
+slot, so a client without a valid key costs nobody a slot; its failures are
+counted per address in the edge guard's penalty box. The admin, console, debug
+and session endpoints are checked first against what a web page could send
+(:mod:`.browser`). Then :meth:`Gate.admit` holds the admission slot the endpoint
+takes (a fast 503 beyond the worker's caps, before any body is read), and
+:meth:`Gate.after_chat` charges the tokens a reply used.
 
 With ``[auth] enabled = false`` every request acts as the route's (or the
 default) tenant with every right, and start-up says so loudly.
@@ -30,8 +34,10 @@ from ..http.endpoints import Admission as Admit
 from ..http.endpoints import Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Scope
 from ..sessions.bus import check_session_id
+from . import edge
 from .admission import Admission
 from .auth import KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
+from .browser import BrowserGuard
 from .ratelimit import Limiter, MemoryLimiter, RedisLimiter
 
 if TYPE_CHECKING:
@@ -39,8 +45,22 @@ if TYPE_CHECKING:
     from ..stages.outcome import Outcome
 
 log = logging.getLogger("aiserve_trio.security")
-#: At most this many key verifications (scrypt, ~0.1 s each) run at once.
+#: At most this many legacy (scrypt, ~0.1 s each) key verifications run at once.
 _VERIFY_LIMIT = 2
+#: Endpoints a web page must not drive (checked by :class:`BrowserGuard`)...
+_GUARDED = frozenset(
+    {
+        Auth.ADMIN,
+        Auth.ADMIN_OR_CONSOLE_TOKEN,
+        Auth.SESSION_READ,
+        Auth.SESSION_WRITE,
+        Auth.KEY_OR_STREAM_TOKEN,
+    }
+)
+#: ...and, of them, those that with auth off answer only clients on loopback.
+_ADMIN = frozenset({Auth.ADMIN, Auth.ADMIN_OR_CONSOLE_TOKEN})
+#: Endpoints on a tenant's sessions, and whether they change them.
+_SESSIONS = {Auth.SESSION_READ: False, Auth.KEY_OR_STREAM_TOKEN: False, Auth.SESSION_WRITE: True}
 #: What a console token is signed for (a stream token names a session id there).
 CONSOLE_SUBJECT = "console"
 
@@ -93,9 +113,14 @@ class Gate:
                 admin=k.admin,
                 rpm=k.rpm,
                 tpm=k.tpm,
+                sessions=k.sessions,
             )
             entries.append(KeyEntry(p, k.hash))
         self.keys = KeyStore(entries)
+        self._channels = config.server.channels
+        cors = config.cors
+        origins = frozenset(cors.allow_origins if cors is not None else ()) - {"*"}
+        self.browser = BrowserGuard(self.enabled, origins, frozenset(config.server.allowed_hosts))
         self._tenant_of = {e.principal.key_id: e.principal.tenant for e in entries}
         self._principals = {e.principal.key_id: e.principal for e in entries}
         ttl = auth.stream_token_ttl_s if auth is not None else 300
@@ -155,6 +180,12 @@ class Gate:
             )
             return
         log.info("auth on: %d API keys", len(self.keys))
+        for key_id in self.keys.legacy:
+            log.warning(
+                "key %r has a legacy scrypt hash (~0.1 s per check): give it a new "
+                "one with `aiserve-keys`, or see the log line after its first use",
+                key_id,
+            )
         if not self.shared_secret:
             log.warning("stream tokens use a per-worker secret: set the token secret env var")
 
@@ -174,47 +205,83 @@ class Gate:
         return adm.request(self.client_address(scope, headers) if adm.max_per_client else None)
 
     def client_address(self, scope: Scope, headers: dict[str, str]) -> str | None:
-        """Who the request comes from: the trusted proxy's header, or the connection's peer."""
+        """Who the request comes from: the trusted proxy's header, or the connection's
+        peer (also when the header is missing: a request that did not come through the
+        proxy is counted under its own address, not let through uncounted)."""
         if self._address_header:
             value = headers.get(self._address_header)
-            return value.rsplit(",", 1)[-1].strip() if value else None
+            forwarded = value.rsplit(",", 1)[-1].strip() if value else ""
+            if forwarded:
+                return forwarded
         client = scope.get("client")
         return str(client[0]) if client else None
 
-    def stream_slot(self, endpoint: Endpoint) -> contextlib.AbstractContextManager[None]:
-        """Hold an open-stream slot for endpoints that are streams by nature (session events).
+    def stream_slot(
+        self, endpoint: Endpoint, principal: Principal | None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Hold an open-stream slot for endpoints that are streams by nature (session
+        events), counted against the tenant's ``limits.tenant_max_streams`` like a chat's.
 
         Raises:
             Overloaded: the worker is at ``limits.max_streams``.
+            RateLimited: the tenant holds ``limits.tenant_max_streams`` streams.
         """
         if endpoint.admission is Admit.STREAM:
-            return self.admission.stream()
+            return self.admission.stream(self.tenant(principal, self.default_tenant))
         return contextlib.nullcontext()
 
     async def authenticate(self, endpoint: Endpoint, request: Request) -> Principal | None:
         """Who the request acts as; ``None`` for an open endpoint (or when auth is off).
 
+        Call it before :meth:`admit`: it takes no slot. On a chat route, a request
+        without ``X-Channel`` from a key limited to one channel acts on that channel
+        (the header is set to it for the stages after); limited to several, it must say.
+
         Raises:
             Unauthorized: no key, a bad key, a bad or expired stream token.
-            Forbidden: the key may not use this route, channel or admin endpoint.
+            Forbidden: the key may not use this route, channel, session or admin
+                endpoint; or (admin, console, debug, session endpoints) a web page
+                may have sent the request (:class:`BrowserGuard`).
+            UnsupportedMediaType: a body on those endpoints that is not JSON or TOML.
+            BadRequest: no ``X-Channel`` from a key limited to several channels.
             RateLimited: the key is over its request or token rate (chat routes).
         """
         need = endpoint.auth
+        if need in _GUARDED:
+            client = request.scope.get("client")
+            peer = str(client[0]) if client else None
+            self.browser.check(request.method, request.headers, peer, admin=need in _ADMIN)
         if need is Auth.OPEN or (need is Auth.METRICS and self.metrics_open):
             return None
         if not self.enabled:
             return None
-        principal = await self._principal(endpoint, request)
+        try:
+            principal = await self._principal(endpoint, request)
+        except Unauthorized as err:
+            self._failed(request.scope, err)
+            raise
         if need in (Auth.ADMIN, Auth.METRICS, Auth.ADMIN_OR_CONSOLE_TOKEN):
             principal.check_admin(request.path)
-        if need is Auth.CHAT:
-            principal.check_route(endpoint.path)
+        if need in _SESSIONS:
+            principal.check_sessions(write=_SESSIONS[need])
         channel = request.headers.get("x-channel")
         if channel is not None:
             principal.check_channel(channel.strip().lower())
         if need is Auth.CHAT:
+            principal.check_route(endpoint.path)
+            only = principal.channel(channel, self._channels)
+            if only is not None:
+                request.headers["x-channel"] = only
             await self.limiter.admit(principal)
         return principal
+
+    @staticmethod
+    def _failed(scope: Scope, err: Unauthorized) -> None:
+        """Count a failed authentication against the connection's address; once it is in
+        the penalty box, an HTTP/1 connection is closed after the answer."""
+        client = scope.get("client")
+        if client and edge.strike(str(client[0])) > 0 and scope.get("http_version", "") < "2":
+            err.headers["Connection"] = "close"
 
     async def _principal(self, endpoint: Endpoint, request: Request) -> Principal:
         auth = request.headers.get("authorization")
@@ -229,14 +296,14 @@ class Gate:
             subject = CONSOLE_SUBJECT
             key_id = self.console_tokens.check(plain, self._tenant_of, subject, time.time())
             return self._principals[key_id]
-        hit = self.keys.cached(plain)
+        hit = self.keys.check(plain)
         if hit is not None:
             return hit
-        if self.keys.cheap(plain):
-            return self.keys.verify(plain)
         async with self._verify:
-            # scrypt releases the GIL: verifying in a thread keeps the loop serving.
-            return await trio.to_thread.run_sync(self.keys.verify, plain)
+            # A legacy scrypt hash, until its first success: scrypt releases the GIL,
+            # so verifying in a thread keeps the loop serving.
+            ok = await trio.to_thread.run_sync(self.keys.verify_legacy, plain)
+        return self.keys.migrate(plain, ok)
 
     def tenant(self, principal: Principal | None, fallback: str) -> str:
         """The tenant a request acts for: the key's, never one the client names."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import ssl
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -57,7 +59,32 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--fault-after", type=int, default=3, help="tokens before a random fault")
     f.add_argument("--retry-after", type=float, default=1.0, help="Retry-After of random 429s")
     p.add_argument("--access-log", action="store_true", help="log every request")
+    tls = p.add_argument_group("TLS (HTTPS and WSS)")
+    tls.add_argument("--certfile", default=None, help="PEM certificate chain: serve over TLS")
+    tls.add_argument("--keyfile", default=None, help="PEM private key of --certfile")
+    tls.add_argument(
+        "--require-client-cert",
+        metavar="CA",
+        default=None,
+        help="PEM CA bundle: refuse a client without a certificate it signed (mTLS)",
+    )
     return p
+
+
+def tls_error(ns: argparse.Namespace) -> str | None:
+    """What is wrong with the TLS options, if anything."""
+    if (ns.certfile is None) != (ns.keyfile is None):
+        return "--certfile and --keyfile go together"
+    if ns.require_client_cert is not None and ns.certfile is None:
+        return "--require-client-cert needs --certfile and --keyfile"
+    for flag, path in (
+        ("--certfile", ns.certfile),
+        ("--keyfile", ns.keyfile),
+        ("--require-client-cert", ns.require_client_cert),
+    ):
+        if path is not None and not os.access(path, os.R_OK):
+            return f"{flag}: cannot read {path}"
+    return None
 
 
 def settings_from_args(ns: argparse.Namespace) -> SimSettings:
@@ -102,12 +129,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_args(ns)
     except FaultSpecError as exc:
         parser.error(str(exc))
+    problem = tls_error(ns)
+    if problem is not None:
+        parser.error(problem)
     config = HypercornConfig()
     config.bind = [ns.bind]
+    if ns.certfile is not None:
+        config.certfile = ns.certfile
+        config.keyfile = ns.keyfile
+    if ns.require_client_cert is not None:
+        config.ca_certs = ns.require_client_cert
+        config.verify_mode = ssl.CERT_REQUIRED
     config.accesslog = "-" if ns.access_log else None
     config.errorlog = "-"
     config.keep_alive_timeout = 30
-    print(f"aiserve-sim: serving on {ns.bind} (HTTP, and WebSocket at {WS_PATH})", file=sys.stderr)
+    scheme = "HTTPS" if ns.certfile is not None else "HTTP"
+    print(
+        f"aiserve-sim: serving on {ns.bind} ({scheme}, and WebSocket at {WS_PATH})",
+        file=sys.stderr,
+    )
     try:
         app: Any = SimApp(settings)  # hypercorn's ASGI types are narrower than our dicts
         trio.run(serve, app, config)

@@ -157,6 +157,7 @@ class ResponseAssembler:
         "_logprobs",
         "_max_bytes",
         "_max_tokens",
+        "_model_recorded",
         "_reasoning",
         "_recorded",
         "_refusal",
@@ -206,6 +207,7 @@ class ResponseAssembler:
         self.model = model
         self.created = created
         self._framer = ChatFramer(request_id, model, created) if stream else None
+        self._model_recorded = False
         self._include_usage = include_usage
         self._filters = filters or []
         self._side = side_filters or _no_filters
@@ -232,6 +234,11 @@ class ResponseAssembler:
     @property
     def stream(self) -> bool:
         return self._framer is not None
+
+    @property
+    def answered(self) -> bool:
+        """Whether the backend answered: something was released, or the reply finished."""
+        return self.first_token_at is not None or self.finish_reason is not None
 
     @property
     def delivered(self) -> str:
@@ -285,6 +292,7 @@ class ResponseAssembler:
                 )
                 for c in calls
             ]
+        model_recorded, self._model_recorded = self._model_recorded, True
         self._recorded.append(
             Replayed(
                 text=content,
@@ -292,6 +300,8 @@ class ResponseAssembler:
                 refusal=refusal,
                 tool_calls=fragments,
                 logprobs=logprobs,
+                # The first piece says which model answered, for whoever replays it.
+                model=None if model_recorded else self.model,
             )
         )
 
@@ -313,6 +323,11 @@ class ResponseAssembler:
         """
         before = self._go("feed")
         framer = self._framer
+        if before is State.IDLE and delta.model:
+            # The first delta names the model that answered: every chunk says it.
+            self.model = delta.model
+            if framer is not None:
+                framer.model = delta.model
         produced = delta.text or delta.reasoning or delta.refusal or delta.tool_calls
         if produced and self._max_tokens is not None:
             if self._tokens + delta.tokens > self._max_tokens:
@@ -441,7 +456,11 @@ class ResponseAssembler:
         if self._recorded is not None:
             if tail or reasoning or refusal or calls:
                 self._record(tail, reasoning, refusal, calls)
-            self._recorded.append(Replayed(finish_reason=self.finish_reason, usage=self.usage))
+            model = None if self._model_recorded else self.model
+            self._model_recorded = True
+            self._recorded.append(
+                Replayed(finish_reason=self.finish_reason, usage=self.usage, model=model)
+            )
         usage = self._wire_usage()
         if self._framer is None:
             if self.first_token_at is None:

@@ -40,6 +40,9 @@ class Outcome:
     info: RequestInfo | None = None
     #: The model the client asked for; "" if the body was never decoded.
     model: str = ""
+    #: The model that answered, as the reply names it (a group's fallback or a chain's
+    #: step may answer with another); "" when nothing answered.
+    served_model: str = ""
     stream: bool = False
     error: GatewayError | None = None
     error_stage: str | None = None

@@ -65,15 +65,6 @@ async def read_body(chunks: Inbox[bytes], max_bytes: int) -> bytes:
 #: context and policies, the upstream always streams); every other field of the
 #: body travels in ``ParsedRequest.extra`` exactly as the client sent it.
 REWRITTEN = frozenset({"model", "messages", "stream"})
-#: Fields every backend carries (see ``adapters.base.Capabilities``).
-CORE_FIELDS = REWRITTEN | {
-    "stream_options",
-    "max_tokens",
-    "max_completion_tokens",
-    "n",
-    "user",
-    "metadata",
-}
 _raw_body = msgspec.json.Decoder(dict[str, msgspec.Raw])
 #: A string (escapes included) or one bracket: what the depth bound looks at.
 _NESTING = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
@@ -225,7 +216,7 @@ def check_capabilities(
     what = f"the backend of this route ({adapter.name})"
     if caps.fields is not None:
         for key in req.extra:
-            if key not in CORE_FIELDS and key not in caps.fields:
+            if not caps.carries(key):
                 raise BadRequest(
                     f"`{key}` cannot be carried by {what}; it is not sent anywhere",
                     param=key,
