@@ -7,7 +7,6 @@ import json
 import re
 
 import pytest
-
 from bench import semantic
 
 from .servers import ROOT, hypercorn_gateway

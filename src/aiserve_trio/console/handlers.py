@@ -306,10 +306,8 @@ class Console:
         """``GET /admin/api/slow``: the slowest of the recent requests, with stage times."""
         await self._json(request, self.host.observer.slowest())
 
-
     async def cache(self, request: Request) -> None:
         """``GET /admin/api/cache``: see :mod:`.cacheview`."""
-        self._local(request)
         m = self.host.metrics
         out = cacheview.view(
             m.cache_requests.collect(), m.cache_similarity.collect(), self.host.cache
