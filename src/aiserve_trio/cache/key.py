@@ -127,6 +127,16 @@ def request_key(
     """
     material = [
         KEY_VERSION,
+        *_who(scope, tenant, channel, model),
+        [canonical(m) for m in messages],
+        *_asked(fields, max_tokens, variables),
+    ]
+    return hashlib.blake2b(_encode(material), digest_size=32).hexdigest()
+
+
+def _who(scope: RouteScope, tenant: str, channel: str, model: str) -> list[Any]:
+    """Who asks which model behind what: the start of every key's material."""
+    return [
         tenant,
         scope.route,
         channel if scope.per_channel else None,
@@ -134,12 +144,18 @@ def request_key(
         scope.adapter_version,
         scope.policy_version,
         model,
-        [canonical(m) for m in messages],
+    ]
+
+
+def _asked(
+    fields: Mapping[str, bytes | msgspec.Raw], max_tokens: int | None, variables: Mapping[str, str]
+) -> list[Any]:
+    """How it is asked: every other field, the token limit, the session variables."""
+    return [
         {k: canonical(v) for k, v in fields.items() if k not in NOT_IN_KEY},
         max_tokens,
         dict(variables),
     ]
-    return hashlib.blake2b(_encode(material), digest_size=32).hexdigest()
 
 
 def semantic_guard(
@@ -164,19 +180,11 @@ def semantic_guard(
     material = [
         KEY_VERSION,
         "semantic",
-        tenant,
-        scope.route,
-        channel if scope.per_channel else None,
-        scope.adapter,
-        scope.adapter_version,
-        scope.policy_version,
-        model,
+        *_who(scope, tenant, channel, model),
         [canonical(m) for m in earlier],
         dict(last),
         sorted(facts),
-        {k: canonical(v) for k, v in fields.items() if k not in NOT_IN_KEY},
-        max_tokens,
-        dict(variables),
+        *_asked(fields, max_tokens, variables),
         list(embedder),
     ]
     return hashlib.blake2b(_encode(material), digest_size=32).hexdigest()
