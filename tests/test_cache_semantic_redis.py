@@ -7,6 +7,7 @@ Real sockets: these run on the real clock, with a fast model."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import trio
@@ -16,8 +17,9 @@ from aiserve_trio.asgi import App
 from .asgi_client import Client
 from .cachefakes import ask, metric, reply_text
 from .redis_server import RedisServer
-from .test_cache_redis import gateways
+from .test_cache_redis import gateways, redis_text
 from .test_cache_semantic import Q
+from .test_reload import running
 
 pytestmark = pytest.mark.slow
 
@@ -88,3 +90,20 @@ async def test_redis_down_means_misses_and_counted_errors_never_a_failed_request
         finally:
             redis_up.start()
         assert [m.calls for m in models] == [2, 1]
+
+
+async def test_a_reload_that_turns_the_semantic_tier_on_follows_the_shared_index(
+    redis_up: RedisServer, tmp_path: Path
+) -> None:
+    async with gateways(redis_up, n=1, cache=SEMANTIC, table=VEC) as (apps, _, prefix):
+        path = tmp_path / "gateway.toml"
+        path.write_text(redis_text(redis_up.url, prefix, "{}", VEC))
+        async with running(path) as app:
+            assert app.cache is not None
+            assert app.cache.semantic.share is None  # no semantic route: no follower
+            path.write_text(redis_text(redis_up.url, prefix, SEMANTIC, VEC))
+            assert (await app.reloader.reload(by="test")).applied
+            await Client(apps[0]).chat(ask(Q))
+            await until(lambda: indexed(app) == 1)
+            r = await Client(app).chat(ask(Q.lower()))
+            assert r.headers["x-aiserve-cache"] == "semantic-hit"

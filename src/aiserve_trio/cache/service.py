@@ -181,7 +181,7 @@ class Cache:
         self._nursery = nursery
         if self.backend.shared:
             nursery.start_soon(self._stats_loop)
-            if any(p.settings.semantic is not None for p in self.routes.values()):
+            if self._needs_follower():
                 self.semantic.share = self._share
                 await nursery.start(self._follow_index)
 
@@ -196,6 +196,11 @@ class Cache:
         nxt._stats = self._stats
         nxt.semantic = self.semantic
         nxt._index_scope = self._index_scope
+        if nxt._needs_follower() and nxt._nursery is not None:
+            # A reload turned the semantic tier on: follow the shared index from now
+            # (its catch-up runs in the background; the app is serving already).
+            nxt.semantic.share = nxt._share
+            nxt._nursery.start_soon(nxt._follow_index)
         return nxt
 
     async def aclose(self) -> None:
@@ -218,6 +223,14 @@ class Cache:
                 await trio.sleep(self.config.stats_interval_s)
 
     # --- the semantic index, shared through the backend ------------------------------
+
+    def _needs_follower(self) -> bool:
+        """A shared backend, a route with a semantic tier, and no follower yet."""
+        return (
+            self.backend.shared
+            and self.semantic.share is None
+            and any(p.settings.semantic is not None for p in self.routes.values())
+        )
 
     async def _share(self, item: Item) -> None:
         await self._call(
