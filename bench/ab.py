@@ -4,7 +4,12 @@
     .venv/bin/python -m bench.ab HEAD@bench/configs/hypercorn-accesslog.toml HEAD
 
 ``REV@FILE`` serves ``REV`` with the hypercorn config ``FILE`` instead of
-``bench/configs/hypercorn-bench.toml``.
+``bench/configs/hypercorn-bench.toml``; ``REV+FILE`` appends the gateway TOML in
+``FILE`` to the generated config (both may be given: ``REV@FILE+FILE``). The audit
+log's cost, on and off in one run (prices set in both)::
+
+    .venv/bin/python -m bench.ab HEAD+bench/configs/audit-off.toml \
+        HEAD+bench/configs/audit-on.toml --conc 16 --duration 8 --rounds 3
 
 Each revision's ``src/`` is exported with ``git archive`` (``systems.snapshot``)
 and served by hypercorn (one Trio worker, pinned to CPU 0) in front of
@@ -99,7 +104,8 @@ def wrk(
 
 @contextlib.contextmanager
 def gateway_at(
-    rev_src: Path, upstream: Running, name: str, hypercorn_config: Path | None = None
+    rev_src: Path, upstream: Running, name: str, hypercorn_config: Path | None = None,
+    extra: str = "",
 ) -> Iterator[tuple[Running, str | None]]:
     """The gateway from one snapshot, auth on with a fresh bench key."""
     saved = systems.SNAPSHOT
@@ -107,10 +113,17 @@ def gateway_at(
     try:
         auth = systems.gateway_auth()
         with systems.gateway(name, {"/v1/chat/completions": upstream.base}, auth=auth,
-                             hypercorn_config=hypercorn_config) as gw:
+                             hypercorn_config=hypercorn_config, extra=extra) as gw:
             yield gw, auth.plain if auth is not None else None
     finally:
         systems.SNAPSHOT = saved
+
+
+def _spec(rev: str) -> tuple[str, str | None, str | None]:
+    """``REV[@HYPERCORN.toml][+GATEWAY.toml]`` -> (revision, hypercorn config, extra TOML)."""
+    rev, _, more = rev.partition("+")
+    rev, _, hypercorn = rev.partition("@")
+    return rev, hypercorn or None, more or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="markdown report (default bench/results/<date>/ab.md)")
     ns = ap.parse_args(argv)
     concs = [int(c) for c in ns.conc.split(",")]
-    snaps = {rev: systems.snapshot(rev.split("@")[0]) for rev in ns.revs}
+    snaps = {rev: systems.snapshot(_spec(rev)[0]) for rev in ns.revs}
     results: dict[str, dict[str, list[dict[str, Any]]]] = {rev: {} for rev in ns.revs}
     started = time.monotonic()
     load0 = os.getloadavg()[0]
@@ -131,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(ns.rounds):
             for rev in ns.revs:
                 src, sha = snaps[rev]
-                cfg = ROOT / rev.split("@")[1] if "@" in rev else None
-                with gateway_at(src, up, f"ab-{sha}", cfg) as (gw, key):
+                _, hc, more = _spec(rev)
+                cfg = ROOT / hc if hc else None
+                extra = (ROOT / more).read_text() if more else ""
+                name = f"ab-{sha}" + (f"-{Path(more).stem}" if more else "")
+                with gateway_at(src, up, name, cfg, extra) as (gw, key):
                     url = gw.base + "/v1/chat/completions"
                     wrk(url, 4, ns.warmup, stream=True, key=key)
                     for stream in (False, True):

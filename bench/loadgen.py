@@ -69,16 +69,26 @@ class Target:
     path: str
     body: bytes
     headers: tuple[tuple[str, str], ...] = ()
+    #: What marks a body chunk that carries text, and one that reports a failed
+    #: stream (Chat Completions by default; other APIs name their own events).
+    text: re.Pattern[bytes] = _CONTENT
+    failed: bytes = _ERROR_EVENT
 
     @classmethod
     def from_url(
-        cls, url: str, body: bytes, headers: Sequence[tuple[str, str]] = ()
+        cls,
+        url: str,
+        body: bytes,
+        headers: Sequence[tuple[str, str]] = (),
+        text: re.Pattern[bytes] = _CONTENT,
+        failed: bytes = _ERROR_EVENT,
     ) -> Target:
         """A target for ``url`` (``http://host:port/path`` only)."""
         parts = urlsplit(url)
         if parts.scheme != "http" or parts.hostname is None:
             raise ValueError(f"`url` must be http://host:port/path, got {url!r}")
-        return cls(parts.hostname, parts.port or 80, parts.path or "/", body, tuple(headers))
+        path = parts.path or "/"
+        return cls(parts.hostname, parts.port or 80, path, body, tuple(headers), text, failed)
 
     def request(self) -> h11.Request:
         """The h11 request event for one POST."""
@@ -143,9 +153,9 @@ class Connection:
                 sample.status = event.status_code
             elif isinstance(event, h11.Data):
                 sample.bytes += len(event.data)
-                if _ERROR_EVENT in event.data:
+                if self.target.failed in event.data:
                     sample.error = "error event in the stream"
-                if _CONTENT.search(event.data):
+                if self.target.text.search(event.data):
                     if last is None:
                         sample.ttft = now - clock
                     elif now > last:

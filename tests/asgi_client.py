@@ -146,6 +146,7 @@ def make_scope(
     method: str, path: str, headers: dict[str, str] | None = None, http_version: str = "1.1"
 ) -> dict[str, Any]:
     hdrs = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    path, _, query = path.partition("?")  # as a server splits the target
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -154,7 +155,7 @@ def make_scope(
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query.encode(),
         "root_path": "",
         "headers": hdrs,
         "client": ("127.0.0.1", 50000),

@@ -11,6 +11,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -140,6 +141,61 @@ def test_reload_runs_as_the_readme_says(tmp_path: Path):
     assert cfg.read_text() == (ROOT / "configs/aiserve.toml").read_text()
     shown = " ".join(README.split())
     assert "key `limits.max_inflight`: must be positive" in shown
+
+
+def test_responses_and_messages_run_as_the_readme_says(tmp_path: Path, config_file: Path):
+    curls = [c for c in sh_block("/v1/responses", "/v1/messages", "x-api-key") if c.startswith("curl")]
+    (python,) = [
+        b for b in re.findall(r"```python\n(.*?)```", README, re.S) if "client.responses.create" in b
+    ]
+    with hypercorn_gateway(config_file) as (base, _):
+        host = base.removeprefix("http://")
+        outputs = [run(c.replace("localhost:8000", host)) for c in curls]
+        script = tmp_path / "sdks.py"
+        script.write_text(python.replace("http://localhost:8000", base))
+        sdk = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+        )
+    tool, events, claude, refused = outputs
+    reply = json.loads(tool)
+    assert [i["type"] for i in reply["output"]] == ["reasoning", "function_call"]
+    assert json.loads(reply["output"][1]["arguments"]) == {"city": "Paris"}
+    assert events.split() == [
+        "event:",
+        "response.created",
+        "event:",
+        "response.in_progress",
+        "event:",
+        "response.output_item.added",
+        "event:",
+        "response.content_part.added",
+        *["event:", "response.output_text.delta"] * 2,
+        "event:",
+        "response.output_text.done",
+        "event:",
+        "response.content_part.done",
+        "event:",
+        "response.output_item.done",
+        "event:",
+        "response.completed",
+    ]
+    assert claude.startswith("event: message_start")
+    assert '"text":"Hello!"' in claude
+    assert '"stop_reason":"end_turn"' in claude
+    assert claude.rstrip().endswith('event: message_stop\ndata: {"type":"message_stop"}')
+    assert json.loads(refused) == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "`max_tokens`: field required [missing_required_parameter]",
+        },
+    }
+    assert sdk.returncode == 0, sdk.stderr
+    printed = sdk.stdout.splitlines()
+    assert printed[0].startswith("Hello! I am the aiserve-trio mock model")
+    assert printed[1].startswith("and what did I say first? ")
+    assert int(printed[1].rsplit(" ", 1)[1]) > 30  # the first turn went to the model too
+    assert printed[2] == "tool_use ['thinking', 'tool_use'] {'city': 'Oslo'}"
 
 
 def test_a_backend_over_tls_runs_as_the_readme_says(tmp_path: Path):

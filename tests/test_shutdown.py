@@ -19,14 +19,15 @@ from .servers import hypercorn_gateway
 pytestmark = pytest.mark.slow
 
 
-def _stream(port: int, text: str, out: dict[str, bytes]) -> None:
-    body = json.dumps(
-        {"model": "aiserve-mock", "stream": True, "messages": [{"role": "user", "content": text}]}
-    ).encode()
+def _stream(port: int, text: str, out: dict[str, bytes], path: str = "/v1/chat/completions") -> None:
+    ask = {"model": "aiserve-mock", "stream": True, "messages": [{"role": "user", "content": text}]}
+    if path == "/v1/messages":
+        ask["max_tokens"] = 1000
+    body = json.dumps(ask).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=15)
     sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
     )
     buf = b""
     try:
@@ -37,7 +38,7 @@ def _stream(port: int, text: str, out: dict[str, bytes]) -> None:
     except OSError:
         pass
     sock.close()
-    out[text] = buf
+    out[path if path != "/v1/chat/completions" else text] = buf
 
 
 def test_sigterm_drains_then_ends_streams_with_an_error_event(tmp_path: Path) -> None:
@@ -55,6 +56,7 @@ def test_sigterm_drains_then_ends_streams_with_an_error_event(tmp_path: Path) ->
         threads = [
             threading.Thread(target=_stream, args=(port, t, out)) for t in ("xyzzy", "echo: a b")
         ]
+        threads.append(threading.Thread(target=_stream, args=(port, "xyzzy", out, "/v1/messages")))
         for t in threads:
             t.start()
         time.sleep(0.3)
@@ -73,3 +75,8 @@ def test_sigterm_drains_then_ends_streams_with_an_error_event(tmp_path: Path) ->
     assert '"code":"shutting_down"' in long_, long_[-500:]
     assert "data: [DONE]" in long_
     assert long_.rstrip().endswith("0")  # the chunked body was ended, not torn
+    # A Messages stream ends in its own API's form: Anthropic's error event.
+    claude = out["/v1/messages"].decode()
+    assert '"type":"overloaded_error"' in claude, claude[-500:]
+    assert "shutting_down" in claude
+    assert "[DONE]" not in claude

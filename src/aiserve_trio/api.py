@@ -89,6 +89,8 @@ class Usage(msgspec.Struct, kw_only=True):
     # UNSET fields are left out of the JSON; a value is the backend's, relayed as is.
     prompt_tokens_details: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     completion_tokens_details: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    #: What the request cost in ``[pricing] currency``, when prices are set.
+    cost: float | msgspec.UnsetType = msgspec.UNSET
 
 
 class FunctionDelta(msgspec.Struct, kw_only=True, omit_defaults=True):

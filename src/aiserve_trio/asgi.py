@@ -30,6 +30,9 @@ from . import fdlimit, gctune
 from .adapters import Adapter, build_adapters
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
+from .apis import CODECS
+from .audit.log import build_audit
+from .audit.usage import UsageEndpoints
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .cache.service import Cache, build_cache, cache_plans
 from .chains.run import build_chain
@@ -51,7 +54,7 @@ from .http.cors import Cors
 from .http.disconnect import DisconnectHook
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .http.responder import Responder
-from .http.sse import shutdown_event
+from .http.sse import SHUTTING_DOWN, shutdown_event
 from .http.types import JSON_HEADERS, METRICS_HEADERS, Receive, Scope, Send
 from .observability.annotate import TASK_LABEL, TaskLabel
 from .observability.baseline import BaselineMonitor
@@ -67,11 +70,15 @@ from .record.recorder import build_recorder, recorded_routes
 from .reload import Reloader, Staged
 from .runtime import Closer, Generations, Held, Runtime, carry_adapters, close_all
 from .security import edge
+from .security.auth import Principal
 from .security.gate import Gate
 from .sessions import build_bus
 from .sessions.bus import SessionBus, check_session_id
 from .sessions.http import SessionEndpoints
 from .sessions.outbox import WriteBack
+from .spend.ledger import LedgerMetrics
+from .spend.metrics import SpendMetrics
+from .spend.prices import build_pricing, unpriced_models
 from .stages.outcome import Outcome
 from .stages.types import RequestInfo, Route
 from .startup import hypercorn_process
@@ -123,12 +130,21 @@ class App:
         self.debug = DebugEndpoints()
         #: ``/admin/``: the operator console (one for the worker, whatever the config).
         self.console = Console.of(self)
+        #: ``[audit]``: a row per finished request, through the observer.
+        self.audit = build_audit(config, self.metrics.registry)
+        if self.audit is not None:
+            self.observer.sinks.append(self.audit)
+        self.usage = UsageEndpoints(self.audit, config.pricing.currency)
+        self.console.usage = self.usage
         built = build_adapters(config.adapters, self.observer, adapters)
         #: The current runtime and the retired ones still serving their requests.
         self.generations = Generations(self._build(config, built, None))
         #: ``[record]``: finished requests go to it through the observer.
         self.recorder = build_recorder(config, self.routes, self.metrics)
         self.observer.recorder = self.recorder
+        #: ``aiserve_spend_total``, ``aiserve_spend_saved_total``.
+        self.observer.sinks.append(SpendMetrics(self.metrics.registry, config.pricing.currency))
+        self.gate.ledger.metrics = LedgerMetrics(self.metrics.registry)
         self.metrics.watch_cache(self._cache_held, self._cache_flights, self._cache_server)
         #: Reloads the config without a restart (``reload.py``).
         reloads = self.metrics.config_reloads
@@ -183,6 +199,7 @@ class App:
         rt = Runtime(config)
         rt.adapters = adapters
         rt.gate = Gate(config) if previous is None else previous.gate.successor(config)
+        pricing = build_pricing(config)
         rt.routes = {
             rc.path: Route(
                 config=rc,
@@ -191,6 +208,7 @@ class App:
                 policies=build_policies(rc.policies, config),
                 tenant=rc.tenant or config.server.default_tenant,
                 chain=build_chain(rc, route_label(rc), adapters, config),
+                pricing=pricing,
             )
             for rc in config.routes
         }
@@ -300,8 +318,9 @@ class App:
                 ("POST",),
                 Auth.CHAT,
                 req,
-                partial(self._chat if r.config.kind == "chat" else self._embed, rt, r),
+                partial(self._embed if r.config.kind == "embeddings" else self._chat, rt, r),
                 r.label,
+                codec.error if (codec := CODECS.get(r.config.kind)) is not None else None,
             )
             for r in rt.routes.values()
         ]
@@ -358,6 +377,13 @@ class App:
                 partial(self._config_reload, rt),
                 "admin_config_reload",
             ),
+        ]
+        # Spend read back from the audit log: everyone's (admin), the caller's own.
+        table += [
+            Endpoint(
+                "/admin/usage", get, Auth.ADMIN, req, partial(self._usage, rt), "admin_usage"
+            ),
+            Endpoint("/v1/usage", get, Auth.KEY, req, self.usage.own, "usage"),
         ]
         if rt.config.observability.debug_requests:
             table.append(
@@ -417,6 +443,8 @@ class App:
         if self.recorder is not None:
             # Outside the background scope: shutdown lets it write what is queued.
             await nursery.start(self.recorder.run)
+        if self.audit is not None:
+            await nursery.start(self.audit.run)  # likewise
         await self._open_cache(self.runtime)
         await nursery.start(self._run_background)
         if hypercorn_process() is not None:
@@ -424,6 +452,8 @@ class App:
             log.log(logging.INFO if enough else logging.WARNING, "%s", said)
             log.info("garbage collector: %s", gctune.tune())
         self.ready = True
+        if self.config.pricing.models and (unpriced := unpriced_models(self.config)):
+            log.warning("no price in [pricing] (these cost 0): %s", ", ".join(unpriced))
         log.info(
             "aiserve-trio ready: config %s, routes %s",
             self.config.source,
@@ -498,6 +528,7 @@ class App:
                 self._tasks = tasks
                 tasks.start_soon(self._baseline_loop)
                 tasks.start_soon(self.reloader.watch)
+                tasks.start_soon(self.gate.ledger.run)  # spend kept in an outage, merged back
                 tasks.start_soon(self.console.sample)
                 if self.sched_lag is not None:
                     tasks.start_soon(self.sched_lag.run)
@@ -514,6 +545,8 @@ class App:
                 await self.writeback.flush()
             if self.recorder is not None:
                 await self.recorder.aclose()
+            if self.audit is not None:
+                await self.audit.aclose()
             # Every runtime still alive (a retired one may be finishing requests).
             held: dict[int, Closer] = {}
             for rt in self.generations.live:
@@ -551,7 +584,9 @@ class App:
         hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         cors = rt.cors
         extra = cors.response_headers(hdrs.get("origin")) if cors is not None else None
-        responder = Responder(send, write_timeout, extra)
+        responder = Responder(send, write_timeout, extra, endpoint.errors)
+        principal: Principal | None = None
+        handled = False
         if cors is not None and cors.is_preflight(scope["method"], hdrs):
             # Before the gate: a browser sends no key with a preflight.
             try:
@@ -565,21 +600,64 @@ class App:
                 scope, scope["method"], path, hdrs, receive, responder, arrival, params
             )
             # The key first: a request without a valid one takes no slot.
-            request.principal = p = await rt.gate.authenticate(endpoint, request)
+            request.principal = principal = p = await rt.gate.authenticate(endpoint, request)
+            if chat:  # a spent budget takes no slot either
+                await rt.gate.within_budget(p, self._tenant_of(rt, path, p))
             # A fast 503 (429) before any body is read.
             with rt.gate.admit(endpoint, scope, hdrs), rt.gate.stream_slot(endpoint, p):
+                handled = True  # from here the handler reports how the request ended
                 await endpoint.handler(request)
         except GatewayError as err:
             if not responder.started:
                 await responder.error(err)
+            if chat and not handled:
+                self._refused(rt, endpoint, principal, hdrs, err, arrival)
         except BaseException:
             # Cancelled by hypercorn after its graceful_timeout: end an open stream
             # with a final event instead of tearing the connection.
             if responder.started and not responder.finished:
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                    last = shutdown_event(session_stream=endpoint.admission is Admission.STREAM)
+                    route = rt.routes.get(path)
+                    codec = CODECS.get(route.config.kind) if route is not None else None
+                    if codec is not None:  # the API's own failure event
+                        last = codec.framer("", "", 0, None).fail(SHUTTING_DOWN)
+                    else:
+                        last = shutdown_event(session_stream=endpoint.admission is Admission.STREAM)
                     await responder.body(last, more=False)
             raise
+
+    @staticmethod
+    def _tenant_of(rt: Runtime, path: str, principal: Principal | None) -> str:
+        """The tenant a request to ``path`` acts for: the key's, else its route's."""
+        route = rt.routes.get(path)
+        fallback = route.tenant if route is not None else rt.config.server.default_tenant
+        return rt.gate.tenant(principal, fallback)
+
+    def _refused(
+        self,
+        rt: Runtime,
+        endpoint: Endpoint,
+        principal: Principal | None,
+        headers: dict[str, str],
+        err: GatewayError,
+        arrival: float,
+    ) -> None:
+        """A chat request the gate refused (key, rate, budget): the audit log's row."""
+        now = trio.current_time()
+        self.observer.request_refused(
+            Outcome(
+                request_id=f"refused-{secrets.token_hex(12)}",
+                route=endpoint.name,
+                channel=headers.get("x-channel", "none")[:16].strip().lower() or "none",
+                arrival=arrival,
+                ended=now,
+                status=status_label(err.status),
+                error=err,
+                error_stage="gate",
+                tenant=self._tenant_of(rt, endpoint.path, principal),
+                key_id=principal.key_id if principal is not None else None,
+            )
+        )
 
     async def _healthz(self, request: Request) -> None:
         await request.responder.complete(200, JSON_HEADERS, b'{"status":"ok"}')
@@ -646,6 +724,11 @@ class App:
         )
         await request.responder.complete(200, [*JSON_HEADERS, *version], body)
 
+    async def _usage(self, rt: Runtime, request: Request) -> None:
+        """``GET /admin/usage`` (audit/usage.py)."""
+        self._admin_client(rt, request)
+        await self.usage.admin(request)
+
     async def _readyz(self, rt: Runtime, request: Request) -> None:
         problems: list[str] = []
         if not self.ready:
@@ -686,7 +769,7 @@ class App:
         d = cfg.deadline
         rd = route.config.deadline
         headers = request.headers
-        request_id = f"chatcmpl-{secrets.token_hex(12)}"
+        request_id = _ID_PREFIX.get(route.config.kind, "chatcmpl-") + secrets.token_hex(12)
         try:
             timeout_ms = effective_timeout_ms(
                 headers.get(TIMEOUT_HEADER),
@@ -697,6 +780,9 @@ class App:
             channel = self._channel(cfg, headers.get("x-channel"))
             sid = headers.get("x-session-id")
             session_id = check_session_id(sid) if sid is not None else None
+            if session_id is None and route.config.kind == "responses":
+                # A response's turns are stored under its id, for `previous_response_id`.
+                session_id = request_id
             declared = headers.get("content-length")
             limit = cfg.limits.max_body_bytes
             if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -735,6 +821,7 @@ class App:
             tenant=rt.gate.tenant(request.principal, route.tenant),
             headers=headers,
             trace=self.tracing.start(route.label, headers, request.arrival),
+            key_id=request.principal.key_id if request.principal is not None else None,
         )
         outcome = await rt.pipeline.run(
             info, request.receive, request.responder, DisconnectHook.of(request.scope)
@@ -772,6 +859,8 @@ class App:
 
 #: The largest config text ``POST /admin/config/reload`` takes.
 MAX_CONFIG_BYTES = 1_048_576
+#: A reply's id (and the request's ``X-Request-Id``) as each client API spells it.
+_ID_PREFIX = {"responses": "resp_", "messages": "msg_"}
 
 
 async def _toml_body(rt: Runtime, request: Request) -> str | None:

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .audit.settings import AuditConfig as AuditConfig
 from .chains.plan import AdapterFacts, check_chain
 from .chains.steps import StepConfig as StepConfig
 from .decoding import decode_toml, field_error
@@ -38,6 +39,7 @@ from .policies.base import Policy, PolicySpec
 from .policies.registry import build_policies, decode_policies, known_policies
 from .record.settings import RecordConfig, check_record
 from .security.auth import check_hash
+from .spend.settings import Period, PricingConfig, TenantConfig, check_budget
 from .tenants import check_tenant
 
 DEFAULT_CONFIG_NAME = "aiserve.toml"
@@ -639,8 +641,10 @@ class RouteDeadline(_Section):
 class RouteConfig(_Section):
     path: str
     adapter: str
-    #: ``chat`` (Chat Completions through the pipeline) or ``embeddings``.
-    kind: Literal["chat", "embeddings"] = "chat"
+    #: ``chat`` (Chat Completions through the pipeline), ``responses`` (OpenAI's
+    #: Responses API) or ``messages`` (Anthropic's Messages API) through the same
+    #: pipeline with their codecs (``apis/``), or ``embeddings``.
+    kind: Literal["chat", "embeddings", "responses", "messages"] = "chat"
     #: Metric label for the route; default derived from the path.
     name: str = ""
     #: Model used when the request names none.
@@ -696,8 +700,13 @@ class AuthKey(_Section):
     #: Its tenant's sessions (``/v1/sessions/...``): ``read``, ``write`` (and read) or
     #: ``none``; unset: read and write when the key may chat (some route and channel).
     sessions: Literal["", "none", "read", "write"] = ""
+    #: Spend allowed per ``budget_period`` in ``[pricing] currency`` (None: no budget).
+    budget: float | None = None
+    budget_period: Period = "month"
+    budget_alert_at: float = 0.8
 
     def __post_init__(self) -> None:
+        check_budget(self.budget, self.budget_alert_at)
         if not _KEY_ID_RE.match(self.id):
             raise field_error("id", "must be 1-32 lower-case letters/digits")
         try:
@@ -753,6 +762,7 @@ CORS_EXPOSE_HEADERS = (
     "x-aiserve-deployment",
     "x-aiserve-fallback",
     "x-aiserve-steps",
+    "x-aiserve-cost",
     "x-aiserve-cache-similarity",
 )
 _HEADER_NAME_RE = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
@@ -865,6 +875,12 @@ class Config(_Section):
     record: RecordConfig = msgspec.field(default_factory=RecordConfig)
     #: Where routes with ``cache`` keep their entries.
     cache: CacheConfig = msgspec.field(default_factory=CacheConfig)
+    #: Prices per model (spend/settings.py); a model without one costs 0.
+    pricing: PricingConfig = msgspec.field(default_factory=PricingConfig)
+    #: Budgets per tenant (``[tenants.NAME]``).
+    tenants: dict[str, TenantConfig] = msgspec.field(default_factory=dict)
+    #: The audit log (audit/settings.py); off unless ``[audit]`` is there.
+    audit: AuditConfig | None = None
     #: Where the config came from, and the folder relative paths in it start from
     #: (both set by the loader; values written in the TOML are replaced).
     source: str = "<memory>"
@@ -1028,6 +1044,11 @@ def check_config(cfg: Config) -> None:
         for j, ch in enumerate(k.channels):
             if ch != "*" and ch not in cfg.server.channels:
                 raise fail(f"{key}.channels[{j}]", f"unknown channel {ch!r}")
+    for name in cfg.tenants:
+        try:
+            check_tenant(name)
+        except ValueError as exc:
+            raise fail(f"tenants.{name}", str(exc)) from None
 
     _check_groups(cfg, fail)
     policy_names = known_policies(cfg)
@@ -1051,7 +1072,7 @@ def check_config(cfg: Config) -> None:
         if route.kind == "embeddings" and route.policies:
             raise fail(f"{key}.policies", "policies apply to chat routes, not to embeddings")
         if route.cache is not None:
-            if route.kind != "chat":
+            if route.kind == "embeddings":
                 raise fail(f"{key}.cache", "the response cache is for chat routes")
             served = getattr(cfg.adapters[route.adapter], "models", None)
             for j, model in enumerate(route.cache.models):
@@ -1100,7 +1121,7 @@ def _check_steps(
     """A chain (``routes[i].steps``): on a chat route without a cache, and sound
     (``chains/plan.py``)."""
     key = f"routes[{i}]"
-    if route.kind != "chat":
+    if route.kind == "embeddings":
         raise fail(f"{key}.steps", "steps are for chat routes")
     if route.cache is not None:
         why = "a route with steps has no response cache: its answer depends on every step's call"

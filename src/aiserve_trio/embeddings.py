@@ -26,6 +26,7 @@ from .http.endpoints import Request
 from .http.types import JSON_HEADERS
 from .observability.events import Hook
 from .observability.metrics import status_label
+from .spend.prices import decimal
 from .stages.outcome import Outcome
 from .stages.parse import check_content_type, check_depth
 from .stages.types import Route
@@ -70,14 +71,16 @@ class Embeddings:
         extra = [(b"x-request-id", request_id.encode())]
         model = ""
         prompt_tokens: int | None = None
+        cost = 0.0
         error: GatewayError | None = None
         try:
-            model, prompt_tokens = await self._answer(route, request, request_id, extra)
+            model, prompt_tokens, cost = await self._answer(route, request, request_id, extra)
         except GatewayError as err:
             error = err
             if not request.responder.started:
                 await request.responder.error(err, extra)
         usage = None
+        principal = request.principal
         if prompt_tokens is not None:
             usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0)
         outcome = Outcome(
@@ -92,6 +95,10 @@ class Embeddings:
             error_stage=None if error is None else "inference",
             usage=usage,
             finish_reason=None if error is not None else "stop",
+            tenant=principal.tenant if principal is not None else route.tenant,
+            key_id=principal.key_id if principal is not None else None,
+            served_model=model,
+            cost=cost,
         )
         self.hook.request_complete(outcome)
         return outcome
@@ -102,7 +109,7 @@ class Embeddings:
         request: Request,
         request_id: str,
         extra: list[tuple[bytes, bytes]],
-    ) -> tuple[str, int | None]:
+    ) -> tuple[str, int | None, float]:
         cfg = self.config
         d, rd = cfg.deadline, route.config.deadline
         timeout_ms = effective_timeout_ms(
@@ -159,8 +166,13 @@ class Embeddings:
             answer = await adapter.embed(call)
         if answer is None:
             raise StageDeadlineExceeded("inference", "the embeddings did not arrive in time")
+        tokens = _prompt_tokens(answer)
+        cost = 0.0
+        if route.pricing is not None and tokens is not None:
+            cost = route.pricing.cost(model, Usage(prompt_tokens=tokens, completion_tokens=0))
+            extra = [*extra, (b"x-aiserve-cost", decimal(cost).encode())]
         await request.responder.complete(200, [*JSON_HEADERS, *extra], answer)
-        return model, _prompt_tokens(answer)
+        return model, tokens, cost
 
 
 def _model(raw: msgspec.Raw | None) -> str | None:

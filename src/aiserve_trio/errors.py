@@ -131,6 +131,19 @@ class RateLimited(GatewayError):
     default_code = "rate_limit_exceeded"
 
 
+class BudgetExceeded(GatewayError):
+    """The API key's or its tenant's spend budget for the period is spent.
+
+    ``param`` names the budget (``key:<id>`` or ``tenant:<name>``), the message
+    says when it resets, and ``Retry-After`` carries the seconds until then (none
+    for a ``total`` budget, which never resets).
+    """
+
+    status = 429
+    type = "insufficient_quota"
+    default_code = "budget_exceeded"
+
+
 # --- server side ----------------------------------------------------------------
 
 

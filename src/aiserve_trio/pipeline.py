@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
-from .adapters.base import Delta
+from .adapters.base import Delta, Usage
+from .apis import CODECS
 from .cache.service import Cache
 from .errors import (
     BodyReadTimeout,
@@ -272,6 +273,9 @@ class Pipeline:
         asm = sse.assembler
         prepared = context.result
         parsed = parse.result
+        usage = asm.usage if asm is not None else None
+        served_model = asm.model if asm is not None and asm.answered else ""
+        cost, saved = _priced(info, served_model, usage, cache)
         return Outcome(
             request_id=info.request_id,
             route=info.route.label,
@@ -281,7 +285,7 @@ class Pipeline:
             status=status_of(run.error, run.disconnected),
             info=info,
             model=parsed.model if parsed is not None else "",
-            served_model=asm.model if asm is not None and asm.answered else "",
+            served_model=served_model,
             stream=parsed.stream if parsed is not None else False,
             error=None if run.disconnected else run.error,
             error_stage=run.disconnect_stage if run.disconnected else run.error_stage,
@@ -289,7 +293,7 @@ class Pipeline:
             policy=context.policy,
             stages=run.times,
             first_token_at=asm.first_token_at if asm is not None else None,
-            usage=asm.usage if asm is not None else None,
+            usage=usage,
             finish_reason=asm.finish_reason if asm is not None else None,
             delivered=asm.delivered if asm is not None else "",
             tool_calls=asm.tool_calls if asm is not None else [],
@@ -301,6 +305,11 @@ class Pipeline:
             upstream_bytes=upstream.bytes,
             cache=cache,
             chain=chain,
+            tenant=info.tenant,
+            key_id=info.key_id,
+            served=sse.served,
+            cost=cost,
+            saved=saved,
         )
 
     async def _stages(
@@ -492,8 +501,22 @@ class Pipeline:
                 asm = sse.assembler
                 tail = asm.fail(err) if asm is not None else None
                 if tail is None:  # the head went out without a framed event
-                    tail = ChatFramer(info.request_id, "", info.created).error(err) + DONE
+                    codec = CODECS.get(info.route.config.kind)
+                    if codec is None:
+                        tail = ChatFramer(info.request_id, "", info.created).error(err) + DONE
+                    else:
+                        tail = codec.framer(info.request_id, "", info.created, None).fail(err)
                 await responder.body(tail, more=False)
+
+
+def _priced(
+    info: RequestInfo, served_model: str, usage: Usage | None, cache: str | None
+) -> tuple[float, float]:
+    """(cost, saved) of a request that ended (see ``spend/prices.py``)."""
+    pricing = info.route.pricing
+    if pricing is None or not served_model:
+        return 0.0, 0.0
+    return pricing.charge(served_model, usage, cache)
 
 
 def _cap_of(error: GatewayError | None, asm: ResponseAssembler | None) -> str | None:

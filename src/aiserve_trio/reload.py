@@ -73,6 +73,7 @@ RESTART_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("auth", ("token_secret_env", "ratelimit_backend")),
     ("observability", ()),
     ("record", ()),
+    ("audit", ()),
 )
 
 

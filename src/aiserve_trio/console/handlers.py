@@ -9,6 +9,7 @@
 ``GET /admin/api/routes``         admin key or token      routes and their steps, the version
 ``PUT /admin/api/routes/steps``   admin key or token      a route's steps: new order, on/off
 ``GET /admin/api/cache``          admin key or token      cache results, similarity, semantic hits
+``GET /admin/api/spend``          admin key or token      spend per day, tenant, key, model; budgets
 ================================  ======================  =====================================
 
 With ``[auth] enabled = false`` the API answers only clients on a loopback address
@@ -47,8 +48,10 @@ from ..observability.metrics import label_value
 from ..reload import config_version
 from . import cacheview, sla
 from .edit import EditError, StepState, set_steps
+from .spend import spend_view
 
 if TYPE_CHECKING:
+    from ..audit.usage import UsageEndpoints
     from ..config import Config
     from ..observability.metrics import Metrics
     from ..observability.observer import RequestObserver
@@ -203,6 +206,8 @@ class Console:
     window: sla.Window
     #: The app's reloader; None: the routes are shown read-only.
     reloader: Reloads | None = None
+    #: The audit log's usage reads (the Spend page); None: spend is not shown.
+    usage: UsageEndpoints | None = None
     #: One steps change at a time: read the file, edit it, reload.
     _saving: trio.Lock = field(default_factory=trio.Lock)
 
@@ -223,6 +228,7 @@ class Console:
             Endpoint("/admin/api/routes", get, api, req, self.routes, "console_api"),
             Endpoint("/admin/api/routes/steps", ("PUT",), api, req, self.put_steps, "console_api"),
             Endpoint("/admin/api/cache", get, api, req, self.cache, "console_api"),
+            Endpoint("/admin/api/spend", get, api, req, self.spend, "console_api"),
         ]
 
     # --- the page ------------------------------------------------------------------
@@ -313,6 +319,10 @@ class Console:
             m.cache_requests.collect(), m.cache_similarity.collect(), self.host.cache
         )
         await self._json(request, out)
+
+    async def spend(self, request: Request) -> None:
+        """``GET /admin/api/spend``: see :mod:`.spend`."""
+        await self._json(request, await spend_view(self.usage, self.host.gate))
 
     # --- routes and their steps ------------------------------------------------------
 

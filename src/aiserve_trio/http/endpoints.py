@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import GatewayError, MethodNotAllowed, NotFound
-from .responder import Responder
+from .responder import ErrorShape, Responder
 from .types import Receive, Scope
 
 if TYPE_CHECKING:
@@ -87,6 +87,8 @@ class Endpoint:
     handler: Handler
     #: Metric-safe name (``chat`` endpoints use their route's label).
     name: str = ""
+    #: How its errors look when its API is not OpenAI's (``apis/``).
+    errors: ErrorShape | None = None
 
     def segments(self) -> tuple[str, ...]:
         return tuple(self.path.strip("/").split("/"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -10,6 +11,9 @@ from ..api import error_json
 from ..errors import GatewayError, WriteTimeout
 from .coalesce import DEFER
 from .types import JSON_HEADERS, Headers, Send
+
+#: An error as an API's status and body (``apis/``).
+ErrorShape = Callable[[GatewayError], tuple[int, bytes]]
 
 
 class Responder:
@@ -23,10 +27,12 @@ class Responder:
     ``writing_since`` (cheaper than a scope per token). Writes are serialised,
     so a heartbeat may go out between the stage's writes. ``headers`` go into
     every head this responder sends, whoever starts it (the CORS headers,
-    computed once per request).
+    computed once per request). ``errors`` renders an error in the API the
+    endpoint speaks (``apis/``); without it, errors are the OpenAI envelope.
     """
 
     __slots__ = (
+        "_errors",
         "_headers",
         "_lock",
         "_send",
@@ -40,9 +46,14 @@ class Responder:
     )
 
     def __init__(
-        self, send: Send, write_timeout: float | None = None, headers: Headers | None = None
+        self,
+        send: Send,
+        write_timeout: float | None = None,
+        headers: Headers | None = None,
+        errors: ErrorShape | None = None,
     ) -> None:
         self._send = send
+        self._errors = errors
         self._headers = headers
         self._lock = trio.StrictFIFOLock()
         self.started = False
@@ -109,7 +120,12 @@ class Responder:
         await self.body(data, more=False)
 
     async def error(self, err: GatewayError, extra: Headers | None = None) -> None:
-        """An error response with the OpenAI envelope, before anything was sent."""
+        """An error response in the endpoint's API's shape (the OpenAI envelope unless
+        the responder was given another), before anything was sent."""
         headers = [*JSON_HEADERS, *(extra or [])]
         headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
-        await self.complete(err.status, headers, error_json(err))
+        if self._errors is not None:
+            status, body = self._errors(err)
+        else:
+            status, body = err.status, error_json(err)
+        await self.complete(status, headers, body)

@@ -113,5 +113,8 @@ def shutdown_event(session_stream: bool) -> bytes:
     """
     if session_stream:
         return CLOSE
-    err = Overloaded("the gateway is shutting down; the reply was cut", code="shutting_down")
-    return b"data: %s\n\n%s" % (error_json(err), DONE)
+    return b"data: %s\n\n%s" % (error_json(SHUTTING_DOWN), DONE)
+
+
+#: What a stream the server ends while shutting down is told.
+SHUTTING_DOWN = Overloaded("the gateway is shutting down; the reply was cut", code="shutting_down")

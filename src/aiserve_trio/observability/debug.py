@@ -66,7 +66,7 @@ class DebugEndpoints:
             BadRequest: ``seconds`` or ``format`` is missing or out of range.
             Conflict: a profile is already running on this worker.
         """
-        query = _query(request)
+        query = query_params(request)
         seconds = _seconds(query)
         fmt = query.get("format", "speedscope")
         if fmt not in FORMATS:
@@ -101,7 +101,7 @@ class DebugEndpoints:
             BadRequest: ``seconds`` or ``max_events`` is missing or out of range.
             Conflict: a trace is already running on this worker.
         """
-        query = _query(request)
+        query = query_params(request)
         seconds = _seconds(query)
         max_events = _int(query, "max_events", DEFAULT_MAX_EVENTS, MIN_EVENTS, MAX_EVENTS)
         if self._tracing:
@@ -151,7 +151,12 @@ async def _unless_disconnected(request: Request, work: Any) -> Any:
     return result[0] if result else None
 
 
-def _query(request: Request) -> dict[str, str]:
+def query_params(request: Request) -> dict[str, str]:
+    """The request's query string, the last value of each name (at most 8 names).
+
+    Raises:
+        BadRequest: a query string that is not ASCII or has too many fields.
+    """
     raw = request.scope.get("query_string", b"")
     try:
         parsed = parse_qs(raw.decode("ascii"), max_num_fields=8, strict_parsing=False)

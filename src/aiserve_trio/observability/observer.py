@@ -122,6 +122,8 @@ class RequestObserver:
         self._attempts: dict[tuple[str, str], Any] = {}
         #: The traffic recording, when ``[record]`` is on (set by the app).
         self.recorder: RecordSink | None = None
+        #: More takers of every finished request: the spend counters, the audit log.
+        self.sinks: list[RecordSink] = []
 
     def _child(self, metric: Counter | Histogram, *values: str) -> Any:
         key = (metric, *values)
@@ -228,6 +230,15 @@ class RequestObserver:
             self._remember(outcome)
         if self.recorder is not None:
             self.recorder.offer(outcome)
+        for sink in self.sinks:
+            sink.offer(outcome)
+
+    def request_refused(self, outcome: Outcome) -> None:
+        """A chat request the gate refused before its handler ran (bad key, rate,
+        budget): only the sinks (the audit log) take it; the request metrics count
+        what reached a route."""
+        for sink in self.sinks:
+            sink.offer(outcome)
 
     @staticmethod
     def _trace(outcome: Outcome) -> None:
@@ -251,6 +262,9 @@ class RequestObserver:
             attrs["cache"] = outcome.cache
         if outcome.chain is not None:
             attrs["steps"] = ",".join(outcome.chain.names)
+        if outcome.cost or outcome.saved:
+            attrs["cost"] = outcome.cost
+            attrs["served_model"] = outcome.served_model
         error = outcome.error.message if outcome.error is not None else None
         outcome.info.trace.finish(
             stages=stages,

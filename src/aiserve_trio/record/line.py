@@ -183,6 +183,7 @@ def recorded_outcome(outcome: Outcome) -> RecordedOutcome:
         completion_tokens=usage.completion_tokens if usage is not None else None,
         stages_ms={name: _ms(t1 - t0) for name, (t0, t1) in outcome.stages.items()},
         finish_reason=outcome.finish_reason,
+        cost=outcome.cost or None,
         error=(error.code or type(error).__name__) if error is not None else None,
         error_stage=outcome.error_stage if outcome.status != "ok" else None,
     )

@@ -51,6 +51,8 @@ class RecordedOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: Milliseconds each stage worked (from getting its input to its end).
     stages_ms: dict[str, float] = msgspec.field(default_factory=dict)
     finish_reason: str | None = None
+    #: What it cost in ``[pricing] currency`` (absent without prices, or for a cache hit).
+    cost: float | None = None
     #: The error's code and the stage it came from, when it failed.
     error: str | None = None
     error_stage: str | None = None

@@ -34,6 +34,8 @@ from ..http.endpoints import Admission as Admit
 from ..http.endpoints import Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Scope
 from ..sessions.bus import check_session_id
+from ..spend.budget import Budgets, check
+from ..spend.ledger import Ledger
 from . import edge
 from .admission import Admission
 from .auth import KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
@@ -139,6 +141,10 @@ class Gate:
             else:
                 self.limiter = MemoryLimiter()
             self._verify = trio.CapacityLimiter(_VERIFY_LIMIT)
+        #: Spend budgets per key and tenant; the ledger (the spend) is worker-wide.
+        self.budgets = Budgets.of(config)
+        self.currency = config.pricing.currency
+        self.ledger: Ledger = previous.ledger if previous is not None else build_ledger(config)
         self.tokens = StreamTokens(self._secret, ttl)
         console_ttl = auth.console_token_ttl_s if auth is not None else 900
         self.console_tokens = StreamTokens(self._secret, console_ttl, purpose="console")
@@ -161,9 +167,11 @@ class Gate:
     async def aopen(self) -> None:
         if isinstance(self.limiter, RedisLimiter):
             await self.limiter.aopen()
+        await self.ledger.aopen()
         self.announce()
 
     async def aclose(self) -> None:
+        await self.ledger.aclose()
         if isinstance(self.limiter, RedisLimiter):
             await self.limiter.aclose()
 
@@ -291,6 +299,9 @@ class Gate:
                 sid = request.params.get("id", "")
                 key_id = self.tokens.check(token, self._tenant_of, sid, time.time())
                 return self._principals[key_id]
+        api_key = request.headers.get("x-api-key")
+        if auth is None and api_key is not None and endpoint.auth is Auth.CHAT:
+            auth = f"Bearer {api_key}"  # Anthropic's clients send the key this way
         plain = bearer(auth)
         if endpoint.auth is Auth.ADMIN_OR_CONSOLE_TOKEN and not plain.startswith("aik_"):
             subject = CONSOLE_SUBJECT
@@ -328,13 +339,43 @@ class Gate:
         """A console token for an admin key: ``Authorization: Bearer`` on the console's API."""
         return self.console_tokens.issue(principal, CONSOLE_SUBJECT)
 
+    async def within_budget(self, principal: Principal | None, tenant: str) -> None:
+        """Refuse a chat request whose key's or tenant's budget is spent.
+
+        Args:
+            tenant: the tenant the request acts for (with auth off, its route's).
+
+        Raises:
+            BudgetExceeded: naming the budget and when it resets (``Retry-After``).
+        """
+        if not self.budgets:
+            return
+        limits = self.budgets.limits(principal.key_id if principal else None, tenant)
+        if limits:
+            now = time.time()
+            check(limits, await self.ledger.spent(limits, now), now, self.currency)
+
     async def after_chat(self, principal: Principal | None, outcome: Outcome) -> None:
-        """Charge a finished chat request's tokens to its key."""
+        """Charge a finished chat request's tokens to its key, and its cost to its budgets."""
         # A key without a token rate has nothing to charge: no shielded scope for it.
         if principal is not None and principal.tpm and outcome.usage is not None:
             used = outcome.usage.prompt_tokens + outcome.usage.completion_tokens
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 await self.limiter.charge(principal, used)
+        if outcome.cost > 0 and self.budgets:
+            limits = self.budgets.limits(outcome.key_id, outcome.tenant)
+            if limits:
+                with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                    await self.ledger.charge(limits, outcome.cost, time.time())
+
+
+def build_ledger(config: Config) -> Ledger:
+    """The spend ledger: in the session bus's Redis when there is one and a budget
+    to keep, else in this worker (a budget added by a reload is then kept per worker)."""
+    sc = config.sessions
+    if sc.backend == "redis" and Budgets.of(config):
+        return Ledger(sc.url, sc.key_prefix)
+    return Ledger()
 
 
 def _query_token(query: bytes) -> str | None:

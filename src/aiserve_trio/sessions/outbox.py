@@ -90,7 +90,7 @@ def request_turns(outcome: Outcome) -> list[Turn]:
     is ``truncated``).
     """
     info, prepared = outcome.info, outcome.prepared
-    if info is None or prepared is None or info.session_id is None:
+    if info is None or prepared is None or info.session_id is None or not prepared.store:
         return []
     cut = outcome.cut
     if cut and not (outcome.delivered or outcome.tool_calls):
@@ -115,7 +115,8 @@ def request_turns(outcome: Outcome) -> list[Turn]:
             tool_call_id=m.tool_call_id,
         )
         for m in (asked if asked is not None else prepared.new_turns)
-        if m.role in ("user", "tool")
+        # An assistant message is new only in a Responses request's own history.
+        if m.role in ("user", "tool", "assistant")
     ]
     turns.append(
         Turn(

@@ -66,6 +66,7 @@ from ..policies.jsonstream import JsonStringFilter
 
 if TYPE_CHECKING:
     from ..adapters.base import Delta
+    from ..apis import Codec, Framer
     from ..errors import GatewayError
     from ..policies.base import OutputFilter
 
@@ -150,6 +151,7 @@ class ResponseAssembler:
     __slots__ = (
         "_bytes",
         "_calls",
+        "_codec",
         "_delivered",
         "_filters",
         "_framer",
@@ -158,6 +160,7 @@ class ResponseAssembler:
         "_max_bytes",
         "_max_tokens",
         "_model_recorded",
+        "_price",
         "_reasoning",
         "_recorded",
         "_refusal",
@@ -165,7 +168,9 @@ class ResponseAssembler:
         "_state",
         "_thought",
         "_tokens",
+        "_view",
         "capped",
+        "cost",
         "created",
         "finish_reason",
         "first_token_at",
@@ -187,6 +192,9 @@ class ResponseAssembler:
         max_tokens: int | None = None,
         max_bytes: int | None = None,
         record: bool = False,
+        price: Callable[[Usage | None], float] | None = None,
+        codec: Codec | None = None,
+        view: object = None,
     ) -> None:
         """Args:
         filters: the content's output filters, in policy order.
@@ -196,6 +204,11 @@ class ResponseAssembler:
             before a delta would take it past this many upstream tokens.
         max_bytes: :meth:`feed` raises once more bytes than this were released.
         record: keep the released pieces (see :meth:`take_recorded`).
+        price: the reply's cost from its usage; with it, the usage the client
+            gets carries ``cost`` (kept in :attr:`cost`).
+        codec: the client API's codec (``apis/``) when it is not Chat Completions:
+            its framer makes the stream's events, its ``body`` the whole reply;
+            ``view`` is the request as that client sent it.
         """
         self._max_tokens = max_tokens
         self._max_bytes = max_bytes
@@ -206,7 +219,15 @@ class ResponseAssembler:
         self.request_id = request_id
         self.model = model
         self.created = created
-        self._framer = ChatFramer(request_id, model, created) if stream else None
+        self._codec = codec
+        self._view = view
+        self._framer: ChatFramer | Framer | None = None
+        if stream:
+            self._framer = (
+                ChatFramer(request_id, model, created)
+                if codec is None
+                else codec.framer(request_id, model, created, view)
+            )
         self._model_recorded = False
         self._include_usage = include_usage
         self._filters = filters or []
@@ -224,6 +245,9 @@ class ResponseAssembler:
         #: Clock time at which the first text of the reply was released.
         self.first_token_at: float | None = None
         self._recorded: list[Replayed] | None = [] if record else None
+        self._price = price
+        #: What the reply cost, once :meth:`finish` priced it.
+        self.cost: float | None = None
 
     # --- what it knows --------------------------------------------------------
 
@@ -465,6 +489,8 @@ class ResponseAssembler:
         if self._framer is None:
             if self.first_token_at is None:
                 self.first_token_at = now
+            if self._codec is not None:
+                return self._codec.body(self._completion(usage), self._view)
             return encoder.encode(self._completion(usage))
         out = b""
         if tail or reasoning or refusal or calls:
@@ -476,6 +502,8 @@ class ResponseAssembler:
                     tool_calls=calls or None,
                 )
             )
+        if not isinstance(self._framer, ChatFramer):
+            return out + self._framer.close(self.finish_reason, usage)
         out += self._framer.finish(self.finish_reason)
         if self._include_usage:
             out += self._framer.usage(usage)
@@ -517,6 +545,8 @@ class ResponseAssembler:
         before = self._go("fail")
         if self._framer is None or before is State.IDLE:
             return None
+        if not isinstance(self._framer, ChatFramer):
+            return self._framer.fail(err)
         return self._framer.error(err) + DONE
 
     def _wire_usage(self) -> WireUsage:
@@ -530,6 +560,8 @@ class ResponseAssembler:
             wire.prompt_tokens_details = u.prompt_details
         if u is not None and u.completion_details is not None:
             wire.completion_tokens_details = u.completion_details
+        if self._price is not None:
+            wire.cost = self.cost = self._price(u)
         return wire
 
 

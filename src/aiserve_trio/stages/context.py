@@ -19,18 +19,22 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..adapters.base import InferenceRequest, Message
+from ..apis.responses import ResponsesRequest
 from ..cache.service import Cache, Ticket
-from ..errors import StageDeadlineExceeded
+from ..errors import BadRequest, NotFound, StageDeadlineExceeded
 from ..policies.base import OutputFilter, Policy, PolicyContext, redact_values
-from ..sessions.bus import SessionBusError, check_vars
+from ..sessions.bus import Session, SessionBusError, Turn, check_session_id, check_vars
 from .channel import Inbox, Outbox
 from .handoff import hand_on
 from .types import ParsedRequest, Prepared, RequestInfo
 
 if TYPE_CHECKING:
-    from ..sessions.bus import Session, SessionBus
+    from ..sessions.bus import SessionBus
 
 _FORWARDED = ("traceparent", "tracestate")
+#: The session variable that links a stored response to the one it continued (a name
+#: no client can set: theirs match ``[A-Za-z_][A-Za-z0-9_]*``).
+PREVIOUS = "aiserve.previous_response_id"
 
 
 def prompt_messages(req: ParsedRequest) -> list[Message]:
@@ -150,6 +154,15 @@ class ContextStage:
             await self._hand_on(req, prompt_messages(req), {}, None)
             return
         ttl = info.route.config.context_ttl
+        if isinstance(req.api, ResponsesRequest) and sid == info.request_id:
+            await self._response(req, req.api, bus, ttl)
+            return
+        if isinstance(req.api, ResponsesRequest) and req.api.previous_response_id is not None:
+            raise BadRequest(
+                "`previous_response_id` continues a stored response; it cannot go with "
+                "X-Session-Id, which names another conversation",
+                param="previous_response_id",
+            )
         try:
             if metadata:
                 await bus.set_vars(info.tenant, sid, metadata, ttl)
@@ -161,6 +174,52 @@ class ContextStage:
             return
         messages, variables = with_session(prompt_messages(req), session, self.system_template)
         await self._hand_on(req, messages, variables, None)
+
+    async def _response(
+        self, req: ParsedRequest, view: ResponsesRequest, bus: SessionBus, ttl: int
+    ) -> None:
+        """A Responses request, stored under its response id: it continues the
+        conversation of ``previous_response_id``, if it names one.
+
+        Raises:
+            NotFound: no stored response of this tenant has that id (expired, or never).
+            SessionBusError: the bus failed (a continuation never goes on without its past).
+        """
+        info = self.info
+        store = view.store is not False
+        turns: list[Turn] = []
+        previous = view.previous_response_id
+        if previous is not None:
+            check_session_id(previous)
+            turns = await self._conversation(bus, previous, ttl)
+            if store:
+                await bus.set_vars(info.tenant, info.request_id, {PREVIOUS: previous}, ttl)
+        if store and self.metadata:
+            await bus.set_vars(info.tenant, info.request_id, self.metadata, ttl)
+        session = Session(turns=turns)
+        messages, _ = with_session(prompt_messages(req), session, self.system_template)
+        await self._hand_on(req, messages, {}, None, store=store)
+
+    async def _conversation(self, bus: SessionBus, response_id: str, ttl: int) -> list[Turn]:
+        """The turns of a stored response and of those it continued, oldest first,
+        at most ``history_turns`` of them."""
+        tenant, limit = self.info.tenant, max(self.history_turns, 1)
+        parts: list[list[Turn]] = []
+        rid: str | None = response_id
+        held = 0
+        while rid is not None and held < limit:
+            session = await bus.load(tenant, rid, limit, ttl)
+            if not parts and not session.turns:
+                raise NotFound(
+                    f"Previous response with id {response_id!r} not found.",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+            parts.append(session.turns)
+            held += len(session.turns)
+            rid = session.variables.get(PREVIOUS)
+        turns = [t for part in reversed(parts) for t in part]
+        return turns[-limit:]
 
     async def expired(self, req: ParsedRequest) -> None:
         """The cut passed while the session was loading: degrade or fail."""
@@ -178,6 +237,8 @@ class ContextStage:
         messages: list[Message],
         variables: dict[str, str],
         degraded: str | None,
+        *,
+        store: bool = True,
     ) -> None:
         info = self.info
         route = info.route
@@ -225,8 +286,14 @@ class ContextStage:
             side_filters=partial(_side_filters, route.policies, ctx),
             policy=ctx,
             degraded=degraded,
-            new_turns=new_turns(messages[-own:]),
+            # A Responses request's whole input is new: it is stored under its id.
+            new_turns=(
+                new_turns(messages[-own:])
+                if not isinstance(req.api, ResponsesRequest)
+                else [m for m in messages[-own:] if m.role not in ("system", "developer")]
+            ),
             cache=self.ticket,
+            store=store,
         )
         self.result = prepared
         # The sse stage's copy first: it must be there when the first delta is.

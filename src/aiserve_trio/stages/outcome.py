@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..observability.metrics import label_value, status_label
 
 if TYPE_CHECKING:
-    from ..adapters.base import Usage
+    from ..adapters.base import ServedBy, Usage
     from ..chains.plan import ChainReport
     from ..errors import GatewayError
     from ..messages import ToolCall
@@ -75,6 +75,16 @@ class Outcome:
     #: What the route's chain did (its steps, labels, transcribed turns); None
     #: on a route without steps.
     chain: ChainReport | None = None
+    #: The tenant and API key (None with auth off) the request acted as.
+    tenant: str = ""
+    key_id: str | None = None
+    #: Which deployment of a group answered (None: not a group, or no answer).
+    served: ServedBy | None = None
+    #: What the request cost in ``[pricing] currency``, at ``served_model``'s price (0 for
+    #: a cache hit or an unpriced model).
+    cost: float = 0.0
+    #: What a cache hit would have cost had the model answered.
+    saved: float = 0.0
 
     @property
     def ok(self) -> bool:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import re
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from ..api import request_decoder
+from ..apis import CODECS
 from ..config import LimitsConfig
 from ..errors import (
     BadRequest,
@@ -276,7 +278,15 @@ class ParseStage:
         route = self.info.route
         check_content_type(self.info.headers.get("content-type"))
         raw = await read_body(self.body, self.limits.max_body_bytes)
+        codec = CODECS.get(route.config.kind)
+        view: object = None
+        if codec is not None:
+            # Another API's request becomes the pipeline's own (``apis/``).
+            check_depth(raw, self.limits.max_json_depth)
+            raw, view = codec.decode(raw)
         req = decode_request(raw, self.limits, route.config.default_model)
+        if view is not None:
+            req = replace(req, api=view)
         if req.model not in route.adapter.models:
             raise NotFound(
                 f"the model {req.model!r} is not served on this route "

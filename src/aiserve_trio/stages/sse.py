@@ -17,16 +17,19 @@ filters, into the same chunk shapes, usage and ``[DONE]``.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import trio
 
-from ..adapters.base import Delta
+from ..adapters.base import Delta, ServedBy, Usage
+from ..apis import CODECS
 from ..cache.entry import Replayed
 from ..config import LimitsConfig
 from ..errors import GatewayError, ReplyCapExceeded, StageDeadlineExceeded, WriteTimeout
 from ..http.responder import Responder
 from ..http.sse import PING
 from ..http.types import JSON_HEADERS, SSE_HEADERS, Headers
+from ..spend.prices import decimal, free
 from .assembler import ResponseAssembler
 from .channel import Inbox
 from .types import Prepared, RequestInfo, response_headers
@@ -54,6 +57,8 @@ class SSEStage:
         #: What the response cache did (``X-Aiserve-Cache``), once the reply has begun.
         self.cache_result: str | None = None
         self._stalled = False
+        #: Who answered (from the first delta), once the reply has begun.
+        self.served: ServedBy | None = None
 
     async def run(self, first: Delta) -> bool:
         """Write the reply; True when it ended before the upstream did (a cap).
@@ -68,6 +73,19 @@ class SSEStage:
         parsed = prepared.parsed
         route = self.info.route.config
         replayed = isinstance(first, Replayed)
+        self.served = first.served
+        similarity = None
+        if isinstance(first, Replayed):
+            self.cache_result = first.cache
+            similarity = first.similarity
+        elif prepared.cache is not None:
+            self.cache_result = prepared.cache.result
+        pricing = self.info.route.pricing
+        price = None
+        if pricing is not None:
+            model = first.model or parsed.model  # the model that answered
+            # An answer from the cache cost nothing (the saving is counted at the end).
+            price = _free if free(self.cache_result) else partial(pricing.cost, model)
         asm = self.assembler = ResponseAssembler(
             self.info.request_id,
             parsed.model,
@@ -79,13 +97,10 @@ class SSEStage:
             side_filters=None if replayed else prepared.side_filters,
             max_tokens=None if replayed else prepared.inference.max_tokens,
             max_bytes=route.max_reply_bytes,
+            price=price,
+            codec=CODECS.get(route.kind),
+            view=parsed.api,
         )
-        similarity = None
-        if isinstance(first, Replayed):
-            self.cache_result = first.cache
-            similarity = first.similarity
-        elif prepared.cache is not None:
-            self.cache_result = prepared.cache.result
         headers = response_headers(
             self.info,
             prepared,
@@ -131,6 +146,8 @@ class SSEStage:
         if asm.finish_reason is None:
             return  # the inference stage failed and says why
         body = asm.finish(trio.current_time())
+        if asm.cost is not None:
+            headers = [*headers, (b"x-aiserve-cost", decimal(asm.cost).encode())]
         await self.responder.complete(200, [*JSON_HEADERS, *headers], body)
 
     async def _streamed(self, asm: ResponseAssembler, first: Delta, headers: Headers) -> None:
@@ -209,6 +226,8 @@ class SSEStage:
         """
         responder = self.responder
         every = self.limits.heartbeat_s or math.inf
+        codec = CODECS.get(self.info.route.config.kind)
+        ping = PING if codec is None else codec.ping
         stall = self.limits.write_timeout_ms / 1000.0
         while not responder.finished:
             now = trio.current_time()
@@ -217,7 +236,7 @@ class SSEStage:
             # miss by a rounding error and spin at the same instant.
             if since is None and now >= responder.last_write + every:
                 with trio.move_on_after(stall):
-                    await responder.ping(PING)
+                    await responder.ping(ping)
                 since = responder.writing_since  # still set: the ping did not go out
                 now = trio.current_time()
             if since is not None and now >= since + stall:
@@ -230,3 +249,7 @@ class SSEStage:
 
     async def expired(self, first: Delta) -> None:
         raise StageDeadlineExceeded("sse")
+
+
+def _free(usage: Usage | None) -> float:
+    return 0.0

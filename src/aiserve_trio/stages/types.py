@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ..messages import Message
     from ..observability.tracing import RequestTrace
     from ..policies.base import OutputFilter, Policy, PolicyContext
+    from ..spend.prices import Pricing
 
 __all__ = ["STAGES", "ParsedRequest", "Prepared", "RequestInfo", "Route", "response_headers"]
 
@@ -47,6 +48,8 @@ class Route:
     tenant: str
     #: The route's chain of steps (``chains/``); None: the adapter answers.
     chain: Chain | None = None
+    #: ``[pricing]``, when it prices any model (None: every request costs 0).
+    pricing: Pricing | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,8 @@ class RequestInfo:
     #: Request headers, names lower-cased (last value wins).
     headers: dict[str, str]
     trace: RequestTrace
+    #: The API key's id (None with auth off).
+    key_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +85,9 @@ class ParsedRequest:
     include_usage: bool
     max_tokens: int | None
     stop: list[str]
+    #: On a route of another API than chat (``apis/``): the request as its client
+    #: sent it (what the reply echoes); None on chat.
+    api: object = None
 
     @property
     def model_label(self) -> str:
@@ -107,6 +115,8 @@ class Prepared:
     new_turns: list[Message]
     #: What the request does with the route's response cache (None: the route has none).
     cache: Ticket | None = None
+    #: False: the turns are not stored (a Responses request's ``store: false``).
+    store: bool = True
 
 
 def response_headers(

@@ -416,7 +416,82 @@ function renderCache(out) {
   $("semantic-hits").tBodies[0].replaceChildren(...hits);
 }
 
+const money = (x) => (x === null || x === undefined ? "-" : x.toFixed(x > 0 && x < 0.01 ? 6 : 4));
+
+function svg(tag, attrs = {}, text = "") {
+  // The chart's own namespace (the <svg> is in the page): no URL written here.
+  const node = document.createElementNS($("spend-chart").namespaceURI, tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, `${value}`);
+  if (text) node.textContent = text;
+  return node;
+}
+
+// One bar per day of the last 30 (UTC), drawn as inline SVG: nothing loaded from elsewhere.
+function renderChart(days, currency) {
+  const byDay = new Map(days.map((d) => [d.group, d]));
+  const today = new Date();
+  const dates = [];
+  for (let i = 29; i >= 0; i -= 1) {
+    const d = new Date(Date.UTC(today.getUTCFullYear(), today.getUTCMonth(), today.getUTCDate() - i));
+    dates.push(d.toISOString().slice(0, 10));
+  }
+  const max = Math.max(0, ...dates.map((d) => (byDay.get(d) || { cost: 0 }).cost));
+  const width = 600 / dates.length;
+  const bars = dates.map((day, i) => {
+    const entry = byDay.get(day) || { cost: 0, requests: 0 };
+    const h = max > 0 ? (entry.cost / max) * 140 : 0;
+    const bar = svg("rect", {
+      class: "bar", x: i * width + 1, y: 150 - h, width: width - 2, height: h, "data-day": day,
+    });
+    bar.append(svg("title", {}, `${day}: ${money(entry.cost)} ${currency}, ${entry.requests} requests`));
+    return bar;
+  });
+  const axis = svg("line", { class: "axis", x1: 0, y1: 150, x2: 600, y2: 150 });
+  const label = svg("text", { class: "max", x: 4, y: 12 }, max > 0 ? `${money(max)} ${currency}` : "no spend yet");
+  $("spend-chart").replaceChildren(axis, ...bars, label);
+}
+
+function spendRows(id, groups, empty) {
+  const rows = groups.map((g) =>
+    el(
+      "tr",
+      {},
+      el("td", { text: g.group || "(none)" }),
+      el("td", { class: "n", text: `${g.requests}` }),
+      el("td", { class: "n", text: `${g.prompt_tokens + g.completion_tokens}` }),
+      el("td", { class: "n", text: money(g.cost) }),
+      el("td", { class: "n", text: money(g.saved) }),
+    ),
+  );
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "5", class: "empty", text: empty })));
+  $(id).tBodies[0].replaceChildren(...rows);
+}
+
+function renderSpend(out) {
+  $("spend-currency").textContent = `(${out.currency})`;
+  $("spend-off").hidden = out.audit;
+  renderChart(out.days, out.currency);
+  spendRows("spend-tenants", out.tenants, "No spend yet.");
+  spendRows("spend-keys", out.keys, "No spend yet.");
+  spendRows("spend-models", out.models, "No spend yet.");
+  const rows = out.budgets.map((b) =>
+    el(
+      "tr",
+      { class: b.ratio >= 1 ? "bad" : b.ratio >= b.alert_at ? "warn" : "" },
+      el("td", { text: `${b.scope} ${b.name}` }),
+      el("td", { text: b.period }),
+      el("td", { class: "n", text: money(b.amount) }),
+      el("td", { class: "n", text: money(b.spent) }),
+      el("td", { class: "n" }, el("meter", { min: "0", max: "1", low: `${b.alert_at}`, high: `${b.alert_at}`, optimum: "0", value: `${Math.min(b.ratio, 1)}` }), ` ${pct(b.ratio)}`),
+      el("td", { text: b.resets_at ?? "never" }),
+    ),
+  );
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "6", class: "empty", text: "No budgets configured." })));
+  $("budgets").tBodies[0].replaceChildren(...rows);
+}
+
 let last = null;
+let polls = 0;
 
 async function refresh() {
   try {
@@ -429,6 +504,9 @@ async function refresh() {
     renderOverview(overview);
     renderSlow(slow);
     renderCache(cache);
+    // Spend is read from the audit database: every fifth poll is enough.
+    if (polls % 5 === 0) renderSpend(await api("GET", "spend"));
+    polls += 1;
     await loadRoutes();
     showError("");
   } catch (err) {

@@ -1,0 +1,192 @@
+"""What the API codecs share: the codec and framer shapes, the stream's state table,
+event framing, msgspec errors as 400s, usage details (pure)."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+
+from ..api import ChatCompletion, ChunkDelta
+from ..api import Usage as WireUsage
+from ..errors import BadRequest, GatewayError
+
+
+class Framer(Protocol):
+    """One streamed reply in an API's events: ``role`` opens it, ``delta`` frames what the
+    response assembler released, ``close`` ends it, ``fail`` ends it with an error."""
+
+    #: The model the events name (the one that answered, once the first delta says).
+    model: str
+
+    def role(self) -> bytes: ...
+
+    def delta(self, delta: ChunkDelta, logprobs: msgspec.Raw | None = None) -> bytes: ...
+
+    def close(self, finish_reason: str, usage: WireUsage) -> bytes: ...
+
+    def fail(self, err: GatewayError) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """A client API at the pipeline's edge (see the package docstring)."""
+
+    kind: str
+    #: The stream's keep-alive event.
+    ping: bytes
+    #: A request body -> the pipeline's Chat Completions body, and the request as sent.
+    decode: Callable[[bytes], tuple[bytes, object]]
+    #: (reply id, model, created, the request as sent) -> the stream's framer.
+    framer: Callable[[str, str, int, object], Framer]
+    #: The whole reply, for a client that did not stream.
+    body: Callable[[ChatCompletion, object], bytes]
+    #: Any gateway error as the API's status and body, before the response head.
+    error: Callable[[GatewayError], tuple[int, bytes]]
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    OPEN = "open"
+    DONE = "done"
+    FAILED = "failed"
+
+
+_STREAM: dict[tuple[State, str], State] = {
+    (State.IDLE, "role"): State.OPEN,
+    (State.OPEN, "delta"): State.OPEN,
+    (State.OPEN, "close"): State.DONE,
+    (State.IDLE, "fail"): State.FAILED,
+    (State.OPEN, "fail"): State.FAILED,
+}
+
+
+class FramerStateError(RuntimeError):
+    """A call the framer's state does not allow (a bug in the caller)."""
+
+
+class Stream:
+    """Where a framer's stream is: ``role``, ``delta``..., then ``close`` or ``fail``."""
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state = State.IDLE
+
+    def go(self, call: str) -> None:
+        """Raises: FramerStateError: ``call`` is not allowed now."""
+        try:
+            self.state = _STREAM[self.state, call]
+        except KeyError:
+            raise FramerStateError(f"{call} in state {self.state.value}") from None
+
+
+encoder = msgspec.json.Encoder()
+_details = msgspec.json.Decoder(dict[str, Any])
+_UNKNOWN = re.compile(
+    r"^Object contains unknown field `(?P<field>[^`]+)`(?: - at `\$\.?(?P<at>.*)`)?$"
+)
+_MISSING = re.compile(
+    r"^Object missing required field `(?P<field>[^`]+)`(?: - at `\$\.?(?P<at>.*)`)?$"
+)
+_AT = re.compile(r"^(?P<msg>.*) - at `\$\.?(?P<at>[^`]*)`$")
+
+
+def event(name: bytes, payload: bytes) -> bytes:
+    """One named Server-Sent Event."""
+    return b"event: %s\ndata: %s\n\n" % (name, payload)
+
+
+def refuse(param: str, why: str) -> BadRequest:
+    """A 400 naming a field the gateway cannot carry: it is refused, never dropped."""
+    return BadRequest(f"`{param}` {why}", param=param, code="unsupported_field")
+
+
+def only(obj: dict[str, Any], where: str, allowed: tuple[str, ...]) -> None:
+    """Refuse, naming it, a field of ``obj`` (at ``where``) that is set and not ``allowed``.
+
+    Raises:
+        BadRequest: ``unsupported_field``.
+    """
+    for key, value in obj.items():
+        if key not in allowed and value is not None:
+            raise refuse(f"{where}.{key}", "has no equivalent; it is not sent anywhere")
+
+
+def described(err: GatewayError) -> str:
+    """The error's message, with the field or stage it is about when it does not say it."""
+    if err.param and err.param not in err.message:
+        return f"{err.message} ({err.param})"
+    return err.message
+
+
+def string(obj: dict[str, Any], key: str, at: str) -> str:
+    """``obj[key]``, a string (absent: empty).
+
+    Raises:
+        BadRequest: it is there and not a string.
+    """
+    value = obj.get(key, "")
+    if not isinstance(value, str):
+        raise invalid(f"{at}.{key}", "must be a string")
+    return value
+
+
+def invalid(param: str, why: str) -> BadRequest:
+    return BadRequest(f"`{param}` {why}", param=param, code="invalid_value")
+
+
+def decode_error(exc: msgspec.MsgspecError) -> BadRequest:
+    """A msgspec error of an API request as a 400 naming the field."""
+    msg = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        if m := _UNKNOWN.match(msg):
+            param = _join(m["at"], m["field"])
+            return refuse(param, "has no equivalent on this gateway; it is not sent anywhere")
+        if m := _MISSING.match(msg):
+            param = _join(m["at"], m["field"])
+            return BadRequest(
+                f"`{param}`: field required", param=param, code="missing_required_parameter"
+            )
+        if m := _AT.match(msg):
+            at: str | None = m["at"] or None
+            return BadRequest(f"invalid request: {m['msg']}", param=at, code="invalid_type")
+        return BadRequest(f"invalid request: {msg}", code="invalid_type")
+    return BadRequest(f"request body is not valid JSON: {msg}", code="invalid_json")
+
+
+def _join(at: str | None, field: str) -> str:
+    return f"{at}.{field}" if at else field
+
+
+def detail(raw: msgspec.Raw | msgspec.UnsetType, key: str) -> int:
+    """A count in a usage details object (``cached_tokens``, ...); 0 when absent."""
+    if isinstance(raw, msgspec.UnsetType):
+        return 0
+    try:
+        value = _details.decode(raw).get(key)
+    except msgspec.DecodeError:
+        return 0
+    return value if isinstance(value, int) else 0
+
+
+def counts(usage: WireUsage) -> tuple[int, int, int, int]:
+    """(input, output, cached input, reasoning output) tokens of a usage."""
+    return (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        detail(usage.prompt_tokens_details, "cached_tokens"),
+        detail(usage.completion_tokens_details, "reasoning_tokens"),
+    )
+
+
+def image_url(url: str, detail_: str | None = None) -> dict[str, Any]:
+    """A Chat Completions image part."""
+    inner: dict[str, Any] = {"url": url}
+    if detail_ is not None:
+        inner["detail"] = detail_
+    return {"type": "image_url", "image_url": inner}

@@ -1,0 +1,763 @@
+"""OpenAI's Responses API (``POST /v1/responses``) as a codec at the pipeline's edge (sans-IO).
+
+:func:`decode` turns a Responses request into the pipeline's Chat Completions
+body: ``instructions`` becomes a system message, ``input`` items become messages
+(consecutive ``function_call`` items one assistant message with parallel tool
+calls, ``function_call_output`` a ``tool`` message, a ``reasoning`` item the next
+assistant message's ``reasoning_content``), ``tools`` become function tools,
+``text.format`` becomes ``response_format``, ``reasoning.effort`` becomes
+``reasoning_effort``, ``max_output_tokens`` becomes ``max_completion_tokens``.
+A field or item with no Chat Completions equivalent is refused with a 400
+naming it. ``store``, ``truncation`` and ``previous_response_id`` are the
+gateway's own business and go no further.
+
+:class:`ResponsesFramer` turns what the response assembler releases into the
+typed events, each numbered with ``sequence_number``::
+
+    response.created, response.in_progress,
+    per output item:  response.output_item.added,
+        message:      response.content_part.added, response.output_text.delta...,
+                      response.output_text.done, response.content_part.done
+                      (a refusal: response.refusal.delta / .done in its own part)
+        reasoning:    response.content_part.added, response.reasoning_text.delta...,
+                      response.reasoning_text.done, response.content_part.done
+        function_call: response.function_call_arguments.delta... / .done
+        response.output_item.done
+    response.completed (response.incomplete at max_output_tokens) or response.failed
+
+Its states are tables: the stream's (``_STREAM``) and which output item a piece
+of the reply belongs to (``_ITEM``: a piece of another item closes the open ones).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ..api import ChatCompletion, ChunkDelta, error_json
+from ..api import Usage as WireUsage
+from ..errors import GatewayError, UpstreamProtocolError
+from .common import (
+    Codec,
+    Stream,
+    counts,
+    decode_error,
+    described,
+    encoder,
+    event,
+    image_url,
+    invalid,
+    only,
+    refuse,
+    string,
+)
+
+__all__ = ["CODEC", "ResponsesFramer", "ResponsesRequest", "decode"]
+
+
+# --- the request --------------------------------------------------------------
+
+
+class _Format(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    type: Literal["text", "json_schema", "json_object"]
+    name: str | None = None
+    schema: msgspec.Raw = msgspec.Raw(b"null")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class _Text(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    format: _Format | None = None
+    verbosity: str | None = None
+
+
+class _Reasoning(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    effort: str | None = None
+    summary: str | None = None
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The fields of a Responses request this gateway carries; any other is refused."""
+
+    input: str | list[dict[str, Any]]
+    model: str | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: _Text | None = None
+    reasoning: _Reasoning | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    stream: bool = False
+    previous_response_id: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    include: list[str] | None = None
+    background: bool | None = None
+
+
+_request = msgspec.json.Decoder(ResponsesRequest)
+#: Relayed under the same name.
+_SAME = (
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "user",
+    "metadata",
+    "safety_identifier",
+    "prompt_cache_key",
+    "service_tier",
+)
+
+
+def decode(body: bytes) -> tuple[bytes, ResponsesRequest]:
+    """A Responses request body as the pipeline's Chat Completions body, and the request.
+
+    Raises:
+        BadRequest: not JSON, a wrong type, or a field, item, part or tool with no
+            equivalent (``unsupported_field``, ``param`` naming it).
+    """
+    try:
+        req = _request.decode(body)
+    except msgspec.MsgspecError as exc:
+        raise decode_error(exc) from None
+    if req.include:
+        raise refuse("include", "has no equivalent: the gateway adds nothing to the output")
+    if req.reasoning is not None and req.reasoning.summary is not None:
+        raise refuse("reasoning.summary", "has no equivalent: backends give their reasoning whole")
+    if req.background:
+        raise refuse("background", "has no equivalent: responses are served while the client waits")
+    chat: dict[str, Any] = {"messages": _messages(req)}
+    if req.model is not None:
+        chat["model"] = req.model
+    if req.stream:
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}
+    for key in _SAME:
+        value = getattr(req, key)
+        if value is not None:
+            chat[key] = value
+    if req.max_output_tokens is not None:
+        chat["max_completion_tokens"] = req.max_output_tokens
+    if req.top_logprobs is not None:
+        chat["logprobs"] = True
+        chat["top_logprobs"] = req.top_logprobs
+    if req.tools:
+        chat["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
+    if req.tool_choice is not None:
+        chat["tool_choice"] = _tool_choice(req.tool_choice)
+    if req.text is not None:
+        if req.text.format is not None and req.text.format.type != "text":
+            chat["response_format"] = _format(req.text.format)
+        if req.text.verbosity is not None:
+            chat["verbosity"] = req.text.verbosity
+    if req.reasoning is not None and req.reasoning.effort is not None:
+        chat["reasoning_effort"] = req.reasoning.effort
+    return encoder.encode(chat), req
+
+
+def _format(f: _Format) -> dict[str, Any]:
+    if f.type == "json_object":
+        return {"type": "json_object"}
+    if f.name is None or f.schema == msgspec.Raw(b"null"):
+        raise invalid("text.format", "of type `json_schema` needs `name` and `schema`")
+    spec: dict[str, Any] = {"name": f.name, "schema": f.schema}
+    if f.strict is not None:
+        spec["strict"] = f.strict
+    if f.description is not None:
+        spec["description"] = f.description
+    return {"type": "json_schema", "json_schema": spec}
+
+
+def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+    if tool.get("type") != "function":
+        raise refuse(f"tools[{i}].type", "must be `function`: built-in tools have no equivalent")
+    fn: dict[str, Any] = {}
+    for key in tool:
+        if key not in ("type", "name", "description", "parameters", "strict"):
+            raise refuse(f"tools[{i}].{key}", "has no equivalent; it is not sent anywhere")
+        if key != "type" and tool[key] is not None:
+            fn[key] = tool[key]
+    if not isinstance(fn.get("name"), str):
+        raise invalid(f"tools[{i}].name", "is required")
+    return {"type": "function", "function": fn}
+
+
+def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise invalid("tool_choice", "must be `none`, `auto`, `required` or a function")
+        return choice
+    if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+        raise refuse("tool_choice", "may name a function only (`{type: function, name}`)")
+    return {"type": "function", "function": {"name": choice["name"]}}
+
+
+def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if req.instructions:
+        out.append({"role": "system", "content": req.instructions})
+    if isinstance(req.input, str):
+        out.append({"role": "user", "content": req.input})
+        return out
+    # The assistant turn being built: reasoning, text and function calls of one
+    # model reply arrive as separate items.
+    turn: dict[str, Any] | None = None
+    thought: list[str] = []
+    for i, item in enumerate(req.input):
+        kind = item.get("type", "message")
+        where = f"input[{i}]"
+        if kind == "reasoning":
+            thought.append(_reasoning_text(item, where))
+            continue
+        if kind == "function_call":
+            if turn is None:
+                turn = {"role": "assistant", "content": None}
+                out.append(turn)
+            turn.setdefault("tool_calls", []).append(_call(item, where))
+        elif kind == "message" and item.get("role") == "assistant":
+            turn = {"role": "assistant", **_content(item, where, assistant=True)}
+            out.append(turn)
+        elif kind == "message":
+            turn = None
+            role = item.get("role")
+            if role not in ("user", "system", "developer"):
+                raise invalid(
+                    f"{where}.role", "must be `user`, `assistant`, `system` or `developer`"
+                )
+            out.append({"role": role, **_content(item, where, assistant=False)})
+        elif kind == "function_call_output":
+            turn = None
+            out.append(_output(item, where))
+        else:
+            raise refuse(f"{where}.type", f"`{kind}` items have no equivalent")
+        if thought and turn is not None:
+            turn["reasoning_content"] = "".join(thought)
+            thought = []
+    if thought:
+        raise invalid(
+            f"input[{len(req.input) - 1}]", "a reasoning item must precede the reply it led to"
+        )
+    return out
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    only(item, where, ("type", "id", "summary", "content", "status"))
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list):
+        raise invalid(f"{where}.content", "must be a list")
+    return "".join(
+        string(p, "text", f"{where}.content[{j}]") if isinstance(p, dict) else ""
+        for j, p in enumerate(parts)
+    )
+
+
+def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
+    only(item, where, ("type", "id", "call_id", "name", "arguments", "status"))
+    for key in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(key), str):
+            raise invalid(f"{where}.{key}", "must be a string")
+    fn = {"name": item["name"], "arguments": item["arguments"]}
+    return {"id": item["call_id"], "type": "function", "function": fn}
+
+
+def _output(item: dict[str, Any], where: str) -> dict[str, Any]:
+    only(item, where, ("type", "id", "call_id", "output", "status"))
+    if not isinstance(item.get("call_id"), str):
+        raise invalid(f"{where}.call_id", "must be a string")
+    output = item.get("output")
+    if isinstance(output, list):
+        texts = []
+        for j, part in enumerate(output):
+            if not isinstance(part, dict) or part.get("type") != "input_text":
+                raise refuse(f"{where}.output[{j}]", "a tool's output may hold text only")
+            texts.append(string(part, "text", f"{where}.output[{j}]"))
+        output = "".join(texts)
+    if not isinstance(output, str):
+        raise invalid(f"{where}.output", "must be a string or a list of input_text parts")
+    return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
+
+
+def _content(item: dict[str, Any], where: str, *, assistant: bool) -> dict[str, Any]:
+    only(item, where, ("type", "id", "role", "content", "status"))
+    content = item.get("content")
+    if isinstance(content, str):
+        return {"content": content}
+    if not isinstance(content, list):
+        raise invalid(f"{where}.content", "must be a string or a list of parts")
+    parts: list[dict[str, Any]] = []
+    refusal: list[str] = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text"):
+            only(part, at, ("type", "text", "annotations", "logprobs"))
+            if part.get("annotations"):
+                raise refuse(f"{at}.annotations", "have no equivalent")
+            parts.append({"type": "text", "text": string(part, "text", at)})
+        elif kind == "refusal" and assistant:
+            refusal.append(string(part, "refusal", at))
+        elif kind == "input_image" and not assistant:
+            only(part, at, ("type", "image_url", "detail"))
+            if not isinstance(part.get("image_url"), str):
+                raise invalid(f"{at}.image_url", "must be a URL or a data URL")
+            parts.append(image_url(part["image_url"], part.get("detail")))
+        elif kind == "input_file" and not assistant:
+            only(part, at, ("type", "file_data", "filename", "file_id"))
+            file = {k: part[k] for k in ("file_data", "filename", "file_id") if part.get(k)}
+            parts.append({"type": "file", "file": file})
+        else:
+            raise refuse(f"{at}.type", f"`{kind}` parts have no equivalent here")
+    out: dict[str, Any] = {}
+    if assistant:
+        # An assistant's text is one string: every backend reads that.
+        out["content"] = "".join(p["text"] for p in parts) if parts or not refusal else None
+        if refusal:
+            out["refusal"] = "".join(refusal)
+    else:
+        out["content"] = parts
+    return out
+
+
+# --- the reply ------------------------------------------------------------------
+
+
+def _status(finish_reason: str) -> tuple[str, dict[str, str] | None]:
+    """The response's status and ``incomplete_details`` for a Chat Completions finish."""
+    if finish_reason == "length":
+        return "incomplete", {"reason": "max_output_tokens"}
+    if finish_reason == "content_filter":
+        return "incomplete", {"reason": "content_filter"}
+    return "completed", None
+
+
+def _usage(usage: WireUsage) -> dict[str, Any]:
+    prompt, completion, cached, reasoning = counts(usage)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": prompt + completion,
+    }
+
+
+def _response(
+    response_id: str,
+    created: int,
+    model: str,
+    view: ResponsesRequest,
+    status: str,
+    output: list[dict[str, Any]],
+    *,
+    usage: dict[str, Any] | None = None,
+    incomplete: dict[str, str] | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    fmt: Any = {"type": "text"}
+    if view.text is not None and view.text.format is not None:
+        fmt = view.text.format
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": error,
+        "incomplete_details": incomplete,
+        "instructions": view.instructions,
+        "max_output_tokens": view.max_output_tokens,
+        "model": model,
+        "output": output,
+        "output_text": "".join(
+            c["text"]
+            for item in output
+            if item["type"] == "message"
+            for c in item["content"]
+            if c["type"] == "output_text"
+        ),
+        "parallel_tool_calls": view.parallel_tool_calls is not False,
+        "previous_response_id": view.previous_response_id,
+        "reasoning": {"effort": view.reasoning.effort if view.reasoning else None, "summary": None},
+        "store": view.store is not False,
+        "temperature": view.temperature,
+        "text": {"format": fmt},
+        "tool_choice": view.tool_choice if view.tool_choice is not None else "auto",
+        "tools": view.tools or [],
+        "top_p": view.top_p,
+        "truncation": view.truncation or "disabled",
+        "usage": usage,
+        "user": view.user,
+        "metadata": view.metadata or {},
+    }
+
+
+def _ids(response_id: str) -> str:
+    return response_id.removeprefix("resp_")
+
+
+def body(completion: ChatCompletion, view: object) -> bytes:
+    """The ``response`` object of a reply the client did not stream."""
+    assert isinstance(view, ResponsesRequest)
+    choice = completion.choices[0]
+    msg = choice.message
+    base = _ids(completion.id)
+    output: list[dict[str, Any]] = []
+    status, incomplete = _status(choice.finish_reason or "stop")
+    if isinstance(msg.reasoning_content, str) and msg.reasoning_content:
+        text = msg.reasoning_content
+        output.append(_reasoning_item(f"rs_{base}{len(output):02x}", text, "completed"))
+    content: list[dict[str, Any]] = []
+    if msg.content:
+        logprobs = (
+            choice.logprobs.content if not isinstance(choice.logprobs, msgspec.UnsetType) else []
+        )
+        content.append(_text_part(msg.content, logprobs))
+    if isinstance(msg.refusal, str):
+        content.append({"type": "refusal", "refusal": msg.refusal})
+    if content:
+        output.append(_message_item(f"msg_{base}{len(output):02x}", content, "completed"))
+    if not isinstance(msg.tool_calls, msgspec.UnsetType):
+        for call in msg.tool_calls:
+            item_id = f"fc_{base}{len(output):02x}"
+            output.append(
+                _call_item(
+                    item_id, call.id, call.function.name, call.function.arguments, "completed"
+                )
+            )
+    if incomplete and output:
+        # What was still being written when the reply stopped, as a stream closes it.
+        last = output[-1]["type"]
+        for item in reversed(output):
+            if item["type"] != last:
+                break
+            item["status"] = "incomplete"
+    response = _response(
+        completion.id,
+        completion.created,
+        completion.model,
+        view,
+        status,
+        output,
+        usage=_usage(completion.usage),
+        incomplete=incomplete,
+    )
+    return encoder.encode(response)
+
+
+def _text_part(text: str, logprobs: list[Any]) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+
+
+def _message_item(item_id: str, content: list[dict[str, Any]], status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": content,
+    }
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if text else []
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
+def _call_item(item_id: str, call_id: str, name: str, args: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": args,
+        "status": status,
+    }
+
+
+#: The output item each kind of piece belongs to; a piece of another item closes the open ones.
+_ITEM = {"reasoning": "reasoning", "text": "message", "refusal": "message", "call": "function_call"}
+#: The content part a piece of a message goes into, and the events of that part.
+_PART = {
+    "text": ("output_text", b"response.output_text.delta", b"response.output_text.done", "text"),
+    "refusal": ("refusal", b"response.refusal.delta", b"response.refusal.done", "refusal"),
+}
+
+
+_TEXT_DELTA = (
+    b'event: response.output_text.delta\ndata: {"item_id":"%s","output_index":%d,'
+    b'"content_index":%d,"delta":%s,"logprobs":[],"type":"response.output_text.delta",'
+    b'"sequence_number":%d}\n\n'
+)
+
+
+class _Item:
+    __slots__ = ("call", "id", "index", "kind", "name", "part", "parts", "text")
+
+    def __init__(self, kind: str, item_id: str, index: int) -> None:
+        self.kind = kind
+        self.id = item_id
+        self.index = index
+        #: The message's finished parts; the open part's kind ("text" / "refusal").
+        self.parts: list[dict[str, Any]] = []
+        self.part: str | None = None
+        #: The open part's (or the reasoning's, or the arguments') text so far.
+        self.text: list[str] = []
+        self.call = ""
+        self.name = ""
+
+
+class ResponsesFramer:
+    """One streamed response's events; see the module docstring."""
+
+    def __init__(self, response_id: str, model: str, created: int, view: object) -> None:
+        if not isinstance(view, ResponsesRequest):  # a failure before the request was read
+            view = ResponsesRequest(input="")
+        self._id = response_id
+        self._base = _ids(response_id)
+        self.model = model
+        self._created = created
+        self._view = view
+        self._stream = Stream()
+        self._seq = 0
+        self._items: list[_Item] = []
+        #: The open items: one, or several function calls (parallel calls).
+        self._open: list[_Item] = []
+        self._calls: dict[int, _Item] = {}
+        #: The closed items by output index.
+        self._done: dict[int, dict[str, Any]] = {}
+        self._logprobs: list[Any] = []
+
+    def _event(self, name: bytes, fields: dict[str, Any]) -> bytes:
+        fields["type"] = name.decode()
+        fields["sequence_number"] = self._seq
+        self._seq += 1
+        return event(name, encoder.encode(fields))
+
+    def _snapshot(self, status: str, **kw: Any) -> dict[str, Any]:
+        output = [item for _, item in sorted(self._done.items())]
+        return _response(self._id, self._created, self.model, self._view, status, output, **kw)
+
+    def role(self) -> bytes:
+        """``response.created`` and ``response.in_progress``."""
+        self._stream.go("role")
+        snapshot = msgspec.Raw(encoder.encode(self._snapshot("in_progress")))  # once, for both
+        return self._event(b"response.created", {"response": snapshot}) + (
+            self._event(b"response.in_progress", {"response": snapshot})
+        )
+
+    def delta(self, delta: ChunkDelta, logprobs: msgspec.Raw | None = None) -> bytes:
+        self._stream.go("delta")
+        out = b""
+        if delta.reasoning_content:
+            out += self._piece("reasoning", delta.reasoning_content)
+        if delta.content:
+            entries = _logprob_entries(logprobs)
+            out += self._piece("text", delta.content, entries)
+        if delta.refusal:
+            out += self._piece("refusal", delta.refusal)
+        for chunk in delta.tool_calls or ():
+            out += self._call(
+                chunk.index,
+                chunk.id,
+                chunk.function.name if chunk.function else None,
+                chunk.function.arguments if chunk.function else None,
+            )
+        return out
+
+    def _switch(self, kind: str) -> tuple[bytes, _Item | None]:
+        """Close the open items unless ``kind`` belongs to them; the open one it joins."""
+        if self._open and self._open[0].kind == _ITEM[kind]:
+            return b"", self._open[-1]
+        out = b"".join(self._close_item(item) for item in self._open)
+        self._open = []
+        return out, None
+
+    def _open_item(self, kind: str, prefix: str, item: dict[str, Any]) -> tuple[bytes, _Item]:
+        index = len(self._items)
+        opened = _Item(kind, f"{prefix}_{self._base}{index:02x}", index)
+        self._items.append(opened)
+        self._open.append(opened)
+        item["id"] = opened.id
+        return self._event(
+            b"response.output_item.added", {"output_index": index, "item": item}
+        ), opened
+
+    def _piece(self, kind: str, text: str, logprobs: list[Any] | None = None) -> bytes:
+        out, item = self._switch(kind)
+        if item is None:
+            if kind == "reasoning":
+                added, item = self._open_item(
+                    "reasoning", "rs", _reasoning_item("", "", "in_progress")
+                )
+                part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
+                out += added + self._event(
+                    b"response.content_part.added", self._at(item, part=part)
+                )
+                item.part = "reasoning"
+            else:
+                added, item = self._open_item(
+                    "message", "msg", _message_item("", [], "in_progress")
+                )
+                out += added
+        if kind == "reasoning":
+            item.text.append(text)
+            return out + self._event(b"response.reasoning_text.delta", self._at(item, delta=text))
+        if item.part != kind:
+            out += self._close_part(item)
+            ptype, _, _, key = _PART[kind]
+            item.part = kind
+            blank: dict[str, Any] = {"type": ptype, key: ""}
+            if ptype == "output_text":
+                blank |= {"annotations": [], "logprobs": []}
+            out += self._event(b"response.content_part.added", self._at(item, part=blank))
+        item.text.append(text)
+        if kind == "text" and not logprobs:
+            return out + self._text_delta(item, text)
+        fields = self._at(item, delta=text)
+        if kind == "text":
+            fields["logprobs"] = logprobs or []
+            self._logprobs.extend(logprobs or ())
+        return out + self._event(_PART[kind][1], fields)
+
+    def _text_delta(self, item: _Item, text: str) -> bytes:
+        """``response.output_text.delta``: the event of nearly every token, made from a template."""
+        seq = self._seq
+        self._seq += 1
+        return _TEXT_DELTA % (
+            item.id.encode(),
+            item.index,
+            len(item.parts),
+            encoder.encode(text),
+            seq,
+        )
+
+    def _at(self, item: _Item, **fields: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"item_id": item.id, "output_index": item.index}
+        if item.kind != "function_call":
+            out["content_index"] = len(item.parts)
+        return out | fields
+
+    def _call(self, index: int, call_id: str | None, name: str | None, args: str | None) -> bytes:
+        item = self._calls.get(index)
+        out = b""
+        if item is None or item not in self._open:
+            out, _ = self._switch("call")
+            if item is None:
+                shell = _call_item("", call_id or "", name or "", "", "in_progress")
+                added, item = self._open_item("function_call", "fc", shell)
+                out += added
+                self._calls[index] = item
+                item.call, item.name = call_id or "", name or ""
+                name = None
+            else:  # a fragment of a call already closed: it cannot be reopened
+                raise UpstreamProtocolError(
+                    f"the model backend interleaved tool call {index} with other output"
+                )
+        if call_id:
+            item.call = call_id
+        if name:
+            item.name += name
+        if args:
+            item.text.append(args)
+            out += self._event(
+                b"response.function_call_arguments.delta", self._at(item, delta=args)
+            )
+        return out
+
+    def _close_part(self, item: _Item) -> bytes:
+        if item.part is None:
+            return b""
+        text = "".join(item.text)
+        item.text = []
+        if item.part == "reasoning":
+            part: dict[str, Any] = {"type": "reasoning_text", "text": text}
+            done = self._event(b"response.reasoning_text.done", self._at(item, text=text))
+        else:
+            ptype, _, done_name, key = _PART[item.part]
+            part = {"type": ptype, key: text}
+            fields = self._at(item, **{key: text})
+            if ptype == "output_text":
+                part = _text_part(text, self._logprobs)
+                fields["logprobs"] = self._logprobs
+                self._logprobs = []
+            done = self._event(done_name, fields)
+        done += self._event(b"response.content_part.done", self._at(item, part=part))
+        item.parts.append(part)
+        item.part = None
+        return done
+
+    def _close_item(self, item: _Item, status: str = "completed") -> bytes:
+        out = b""
+        if item.kind == "function_call":
+            args = "".join(item.text)
+            out = self._event(
+                b"response.function_call_arguments.done", self._at(item, arguments=args)
+            )
+            whole = _call_item(item.id, item.call, item.name, args, status)
+        else:
+            out = self._close_part(item)
+            if item.kind == "reasoning":
+                whole = _reasoning_item(item.id, item.parts[0]["text"], status)
+            else:
+                whole = _message_item(item.id, item.parts, status)
+        self._done[item.index] = whole
+        return out + self._event(
+            b"response.output_item.done", {"output_index": item.index, "item": whole}
+        )
+
+    def close(self, finish_reason: str, usage: WireUsage) -> bytes:
+        """Close the open items; ``response.completed`` (or ``response.incomplete``)."""
+        self._stream.go("close")
+        status, incomplete = _status(finish_reason)
+        item_status = "incomplete" if incomplete else "completed"
+        out = b"".join(self._close_item(item, item_status) for item in self._open)
+        self._open = []
+        final = self._snapshot(status, usage=_usage(usage), incomplete=incomplete)
+        name = b"response.completed" if status == "completed" else b"response.incomplete"
+        return out + self._event(name, {"response": final})
+
+    def fail(self, err: GatewayError) -> bytes:
+        """``response.failed``: the response so far, and the error (naming a stage that expired)."""
+        self._stream.go("fail")
+        error = {"code": err.code or err.type, "message": described(err)}
+        return self._event(b"response.failed", {"response": self._snapshot("failed", error=error)})
+
+
+class _LogprobsContent(msgspec.Struct):
+    content: list[Any] | None = None
+
+
+_logprobs_decoder = msgspec.json.Decoder(_LogprobsContent)
+
+
+def _logprob_entries(raw: msgspec.Raw | None) -> list[Any]:
+    if raw is None:
+        return []
+    try:
+        return _logprobs_decoder.decode(raw).content or []
+    except msgspec.DecodeError:
+        return []
+
+
+def error_body(err: GatewayError) -> tuple[int, bytes]:
+    """The OpenAI error envelope, as on chat (the Responses API uses it too)."""
+    return err.status, error_json(err)
+
+
+CODEC = Codec(
+    kind="responses",
+    ping=b": ping\n\n",
+    decode=decode,
+    framer=ResponsesFramer,
+    body=body,
+    error=error_body,
+)

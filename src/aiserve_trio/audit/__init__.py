@@ -1,0 +1,1 @@
+"""The audit log: one row per request (schema, rows, the writer, the databases, usage reads)."""

@@ -1,0 +1,112 @@
+"""The audit log's schema: one table, ``audit_requests``, versioned with migrations.
+
+A database records its version in ``audit_schema``; start-up applies every
+migration past it, in order, in one transaction each. A migration is a list of
+statements both SQLite and PostgreSQL accept (the column types are the common
+subset: TEXT, INTEGER, DOUBLE PRECISION). A database newer than this code is
+refused rather than written with the wrong columns.
+"""
+
+from __future__ import annotations
+
+#: The columns of ``audit_requests``, in insert order.
+COLUMNS = (
+    "request_id",
+    "trace_id",
+    "ts",
+    "tenant",
+    "key_id",
+    "route",
+    "api",
+    "channel",
+    "session_hash",
+    "model",
+    "served_model",
+    "deployment",
+    "fallback",
+    "status",
+    "error_code",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost",
+    "saved",
+    "ttft_ms",
+    "total_ms",
+    "cache",
+    "steps",
+    "policy_actions",
+    "prompt",
+    "reply",
+)
+
+#: (version, statements): applied in order to a database below that version.
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,
+        (
+            """CREATE TABLE audit_requests (
+                request_id TEXT NOT NULL,
+                trace_id TEXT,
+                ts DOUBLE PRECISION NOT NULL,
+                tenant TEXT NOT NULL,
+                key_id TEXT,
+                route TEXT NOT NULL,
+                api TEXT NOT NULL,
+                channel TEXT NOT NULL,
+                session_hash TEXT,
+                model TEXT NOT NULL,
+                served_model TEXT NOT NULL,
+                deployment TEXT,
+                fallback INTEGER,
+                status TEXT NOT NULL,
+                error_code TEXT,
+                prompt_tokens INTEGER NOT NULL,
+                completion_tokens INTEGER NOT NULL,
+                cost DOUBLE PRECISION NOT NULL,
+                ttft_ms DOUBLE PRECISION,
+                total_ms DOUBLE PRECISION NOT NULL,
+                cache TEXT,
+                steps TEXT,
+                policy_actions TEXT
+            )""",
+            "CREATE INDEX audit_requests_ts ON audit_requests (ts)",
+            "CREATE INDEX audit_requests_key_ts ON audit_requests (key_id, ts)",
+        ),
+    ),
+    (
+        2,
+        (
+            # What a cache hit saved; the content, only with [audit] content = "redacted".
+            "ALTER TABLE audit_requests ADD COLUMN saved DOUBLE PRECISION NOT NULL DEFAULT 0",
+            "ALTER TABLE audit_requests ADD COLUMN prompt TEXT",
+            "ALTER TABLE audit_requests ADD COLUMN reply TEXT",
+        ),
+    ),
+)
+
+VERSION = MIGRATIONS[-1][0]
+
+CREATE_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS audit_schema (version INTEGER NOT NULL)"
+
+
+class SchemaTooNew(Exception):
+    """The database was migrated by a newer gateway than this one."""
+
+
+def pending(current: int) -> list[tuple[int, tuple[str, ...]]]:
+    """The migrations a database at version ``current`` needs, in order.
+
+    Raises:
+        SchemaTooNew: ``current`` is past :data:`VERSION`.
+    """
+    if current > VERSION:
+        raise SchemaTooNew(
+            f"the audit database is at schema version {current}; this gateway knows {VERSION}"
+        )
+    return [(v, stmts) for v, stmts in MIGRATIONS if v > current]
+
+
+def insert_sql(placeholder: str) -> str:
+    """``INSERT INTO audit_requests`` with one ``placeholder`` (``?`` or ``%s``) per column."""
+    marks = ", ".join([placeholder] * len(COLUMNS))
+    return f"INSERT INTO audit_requests ({', '.join(COLUMNS)}) VALUES ({marks})"

@@ -1,0 +1,46 @@
+"""``[audit]``: where each request's row goes; validated at load.
+
+::
+
+    [audit]
+    backend = "sqlite"           # "sqlite" (embedded, the default), "postgres" or "off"
+    path = "audit.db"            # sqlite: a file, relative to the config file
+    dsn_env = "AISERVE_AUDIT_DSN"  # postgres: the environment variable holding the DSN
+    retention_days = 90          # rows older than this are deleted (0: kept)
+    content = "none"             # "redacted": also the prompt and the reply, after the
+                                 # route's redaction policies
+    access_log = false           # also each row as one JSON line on stderr
+    buffer = 4096                # rows queued for the writer; beyond, dropped and counted
+
+Leaf module (msgspec and the decoding helpers): the config imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from ..decoding import field_error
+
+
+class AuditConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    backend: Literal["sqlite", "postgres", "off"] = "sqlite"
+    path: str = "audit.db"
+    dsn_env: str = "AISERVE_AUDIT_DSN"
+    retention_days: int = 90
+    content: Literal["none", "redacted"] = "none"
+    access_log: bool = False
+    buffer: int = 4096
+    #: Rows written per transaction at most.
+    batch: int = 512
+
+    def __post_init__(self) -> None:
+        if self.retention_days < 0:
+            raise field_error("retention_days", "must not be negative")
+        if self.buffer < 1:
+            raise field_error("buffer", "must be at least 1")
+        if self.batch < 1:
+            raise field_error("batch", "must be at least 1")
+        if not self.path:
+            raise field_error("path", "must not be empty")

@@ -1,0 +1,90 @@
+"""The audit log in SQLite (the standard library's ``sqlite3``): the embedded default.
+
+Every method blocks; the writer calls them in a worker thread, one at a time.
+The file is in WAL mode, so that the usage endpoints read (each on a
+connection of its own, also in a thread) while the writer writes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .row import Row
+from .schema import CREATE_VERSION_TABLE, insert_sql, pending
+
+_INSERT = insert_sql("?")
+
+
+class SQLiteDatabase:
+    """One SQLite file (see the module docstring)."""
+
+    placeholder = "?"
+    #: How a Unix time column becomes a ``YYYY-MM-DD`` day in SQL.
+    day_sql = "strftime('%Y-%m-%d', ts, 'unixepoch')"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+
+    def __str__(self) -> str:
+        return f"sqlite:{self.path}"
+
+    def _connect(self) -> sqlite3.Connection:
+        # Used by one thread at a time (the writer's), not always the same thread.
+        conn = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def open(self) -> int:
+        """Connect and migrate; returns the schema version.
+
+        Raises:
+            sqlite3.Error, OSError: the file cannot be opened or migrated.
+            SchemaTooNew: a newer gateway migrated it.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = self._conn = self._connect()
+        conn.execute(CREATE_VERSION_TABLE)
+        row = conn.execute("SELECT max(version) FROM audit_schema").fetchone()
+        current = int(row[0]) if row and row[0] is not None else 0
+        for version, statements in pending(current):
+            with conn:  # one transaction per migration
+                for stmt in statements:
+                    conn.execute(stmt)
+                conn.execute("DELETE FROM audit_schema")
+                conn.execute("INSERT INTO audit_schema (version) VALUES (?)", (version,))
+            current = version
+        return current
+
+    def insert(self, rows: Sequence[Row]) -> None:
+        conn = self._require()
+        with conn:
+            conn.executemany(_INSERT, rows)
+
+    def purge(self, before: float) -> int:
+        """Delete the rows older than Unix time ``before``; returns how many."""
+        conn = self._require()
+        with conn:
+            return conn.execute("DELETE FROM audit_requests WHERE ts < ?", (before,)).rowcount
+
+    def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Run a read on a connection of its own (the usage endpoints)."""
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _require(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn

@@ -1,0 +1,196 @@
+"""Reading usage back: ``GET /admin/usage`` (admin: everyone's) and ``GET /v1/usage``
+(the caller's own key), totals of requests, tokens and cost from the audit log.
+
+``from`` and ``to`` are ``YYYY-MM-DD`` (UTC days; ``to`` is inclusive) or Unix
+seconds; the default is the last 30 days. ``group_by`` is ``tenant``, ``key``,
+``model`` (the model that answered), ``route`` or ``day``. :func:`parse_query`
+and :func:`usage_sql` are pure; the handlers run the query in a worker thread.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..api import encoder
+from ..errors import BadRequest, NotFound
+from ..http.types import JSON_HEADERS
+from ..observability.debug import query_params
+
+if TYPE_CHECKING:
+    from ..http.endpoints import Request
+    from .log import AuditLog
+
+GROUPS = {
+    "tenant": "tenant",
+    "key": "key_id",
+    "model": "served_model",
+    "route": "route",
+    "day": None,  # the database's own day expression
+}
+DEFAULT_DAYS = 30
+DAY_S = 86_400.0
+#: Groups returned at most (a day per row for ten years, or every key of a big bank).
+MAX_GROUPS = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class UsageQuery:
+    start: float
+    end: float
+    group_by: str
+    #: Only this key's rows (``/v1/usage``); "" means rows without a key (auth off).
+    key_id: str | None = None
+
+
+class Totals(msgspec.Struct, kw_only=True):
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    saved: float = 0.0
+
+
+class Group(Totals, kw_only=True):
+    group: str | None
+
+
+class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    start: str
+    end: str
+    group_by: str
+    currency: str
+    groups: list[Group]
+    total: Totals
+    key: str | None = None
+
+
+def _time(value: str, name: str, *, end: bool) -> float:
+    try:
+        if value.replace(".", "", 1).isdigit():
+            return float(value)
+        day = dt.date.fromisoformat(value)
+    except ValueError:
+        raise BadRequest(
+            f"`{name}` must be a date (YYYY-MM-DD) or Unix seconds; got {value[:40]!r}",
+            param=name,
+            code="invalid_time",
+        ) from None
+    start = dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp()
+    return start + DAY_S if end else start  # `to` is the whole day
+
+
+def parse_query(q: Mapping[str, str], now: float) -> UsageQuery:
+    """The query of a usage request (``q``: its query string's parameters).
+
+    Raises:
+        BadRequest: an unknown ``group_by``, a bad ``from``/``to``, or ``from`` after ``to``.
+    """
+    group_by = q.get("group_by", "day")
+    if group_by not in GROUPS:
+        raise BadRequest(
+            f"`group_by` must be one of {', '.join(GROUPS)}; got {group_by[:40]!r}",
+            param="group_by",
+            code="invalid_group_by",
+        )
+    end = _time(q["to"], "to", end=True) if "to" in q else now
+    start = _time(q["from"], "from", end=False) if "from" in q else end - DEFAULT_DAYS * DAY_S
+    if start > end:
+        raise BadRequest("`from` is after `to`", param="from", code="invalid_time")
+    return UsageQuery(start=start, end=end, group_by=group_by)
+
+
+def usage_sql(query: UsageQuery, placeholder: str, day_sql: str) -> tuple[str, list[Any]]:
+    """The SQL (and its parameters) of ``query`` for a database with ``placeholder``."""
+    group = GROUPS[query.group_by] or day_sql
+    where = f"ts >= {placeholder} AND ts < {placeholder}"
+    params: list[Any] = [query.start, query.end]
+    if query.key_id is not None:
+        if query.key_id:
+            where += f" AND key_id = {placeholder}"
+            params.append(query.key_id)
+        else:
+            where += " AND key_id IS NULL"
+    sql = (
+        f"SELECT {group} AS g, count(*), coalesce(sum(prompt_tokens), 0), "
+        f"coalesce(sum(completion_tokens), 0), coalesce(sum(cost), 0), "
+        f"coalesce(sum(saved), 0) FROM audit_requests WHERE {where} "
+        f"GROUP BY {group} ORDER BY g LIMIT {MAX_GROUPS}"
+    )
+    return sql, params
+
+
+def summarise(query: UsageQuery, rows: list[tuple[Any, ...]], currency: str) -> Usage:
+    """The JSON body of ``rows`` (one per group)."""
+    groups = [
+        Group(
+            group=None if g is None else str(g),
+            requests=int(n),
+            prompt_tokens=int(p),
+            completion_tokens=int(c),
+            cost=round(float(cost), 10),
+            saved=round(float(saved), 10),
+        )
+        for g, n, p, c, cost, saved in rows
+    ]
+    total = Totals(
+        requests=sum(g.requests for g in groups),
+        prompt_tokens=sum(g.prompt_tokens for g in groups),
+        completion_tokens=sum(g.completion_tokens for g in groups),
+        cost=round(sum(g.cost for g in groups), 10),
+        saved=round(sum(g.saved for g in groups), 10),
+    )
+    return Usage(
+        start=_iso(query.start),
+        end=_iso(query.end),
+        group_by=query.group_by,
+        currency=currency,
+        groups=groups,
+        total=total,
+        key=query.key_id,
+    )
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+class UsageEndpoints:
+    """The two usage handlers, reading the app's audit log (None: it is off)."""
+
+    def __init__(self, audit: AuditLog | None, currency: str) -> None:
+        self.audit = audit
+        self.currency = currency
+
+    async def read(self, query: UsageQuery) -> Usage:
+        """Totals for ``query``.
+
+        Raises:
+            NotFound: the audit log is off (usage is read from it).
+        """
+        audit = self.audit
+        if audit is None:
+            raise NotFound(
+                "usage is read from the audit log, which is off: add [audit]", code="audit_off"
+            )
+        sql, params = usage_sql(query, audit.db.placeholder, audit.db.day_sql)
+        return summarise(query, await audit.query(sql, params), self.currency)
+
+    async def admin(self, request: Request) -> None:
+        """``GET /admin/usage``: every tenant's and key's usage."""
+        query = parse_query(query_params(request), time.time())
+        body = encoder.encode(await self.read(query))
+        await request.responder.complete(200, JSON_HEADERS, body)
+
+    async def own(self, request: Request) -> None:
+        """``GET /v1/usage``: the calling key's usage (with auth off: requests without a key)."""
+        query = parse_query(query_params(request), time.time())
+        p = request.principal
+        query = UsageQuery(query.start, query.end, query.group_by, p.key_id if p else "")
+        body = encoder.encode(await self.read(query))
+        await request.responder.complete(200, JSON_HEADERS, body)

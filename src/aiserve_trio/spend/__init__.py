@@ -1,0 +1,1 @@
+"""Spend: prices (pure), budget periods and checks (pure), the shared spend ledger."""

@@ -1,0 +1,131 @@
+"""What a request cost: prices per model applied to its usage (pure: no I/O).
+
+A request is priced at the model that answered (the first delta names it,
+``Delta.model``): a group that fell back to another model is charged at that
+model's price, not at what the client asked for. A model without a price costs
+0 (start-up names the served models that have none: :func:`unpriced_models`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from ..adapters.base import Usage
+    from ..config import Config
+    from .settings import ModelPrice, PricingConfig
+
+MTOK = 1_000_000.0
+
+
+class _Details(msgspec.Struct):
+    """What ``prompt_tokens_details`` / ``completion_tokens_details`` say that is priced."""
+
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+_details = msgspec.json.Decoder(_Details)
+_NONE = _Details()
+
+
+def _read(raw: msgspec.Raw | None) -> _Details:
+    if raw is None:
+        return _NONE
+    try:
+        return _details.decode(raw)
+    except msgspec.DecodeError:
+        return _NONE
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A model's prices per token (not per million)."""
+
+    input: float
+    output: float
+    cached_input: float
+    reasoning: float
+
+    @classmethod
+    def of(cls, price: ModelPrice) -> Rate:
+        cached = price.cached_input_per_mtok
+        reasoning = price.reasoning_per_mtok
+        return cls(
+            input=price.input_per_mtok / MTOK,
+            output=price.output_per_mtok / MTOK,
+            cached_input=(price.input_per_mtok if cached is None else cached) / MTOK,
+            reasoning=(price.output_per_mtok if reasoning is None else reasoning) / MTOK,
+        )
+
+
+class Pricing:
+    """``[pricing]``: a request's cost from its usage."""
+
+    def __init__(self, config: PricingConfig) -> None:
+        self.currency = config.currency
+        self._rates = {model: Rate.of(price) for model, price in config.models.items()}
+
+    def cost(self, model: str, usage: Usage | None) -> float:
+        """What ``usage`` of ``model`` cost in :attr:`currency` (0 without a price or usage)."""
+        rate = self._rates.get(model)
+        if rate is None or usage is None:
+            return 0.0
+        cached = min(max(0, _read(usage.prompt_details).cached_tokens), usage.prompt_tokens)
+        reasoning = min(
+            max(0, _read(usage.completion_details).reasoning_tokens), usage.completion_tokens
+        )
+        return (
+            (usage.prompt_tokens - cached) * rate.input
+            + cached * rate.cached_input
+            + (usage.completion_tokens - reasoning) * rate.output
+            + reasoning * rate.reasoning
+        )
+
+    def charge(self, model: str, usage: Usage | None, cache: str | None) -> tuple[float, float]:
+        """(what a request answered by ``model`` cost, what the cache saved)."""
+        cost = self.cost(model, usage)
+        return (0.0, cost) if free(cache) else (cost, 0.0)
+
+    def unpriced(self, models: Iterable[str]) -> list[str]:
+        """The ``models`` without a price, sorted."""
+        return sorted({m for m in models if m not in self._rates})
+
+
+def free(cache: str | None) -> bool:
+    """The reply came from the response cache (stored, or shared with an identical request,
+    or stored for a question worded differently: a semantic hit)."""
+    return cache in ("hit", "semantic-hit", "coalesced")
+
+
+def decimal(cost: float) -> str:
+    """``cost`` as the ``X-Aiserve-Cost`` header writes it: a plain decimal, no exponent."""
+    text = f"{cost:.10f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def build_pricing(config: Config) -> Pricing | None:
+    """The pricing of ``config`` (None when ``[pricing]`` prices no model)."""
+    return Pricing(config.pricing) if config.pricing.models else None
+
+
+def unpriced_models(config: Config) -> list[str]:
+    """The models ``config``'s routes may answer with that ``[pricing]`` has no price for:
+    their adapters' models and, for a group, its members' and fallbacks'."""
+    seen: set[str] = set()
+    todo = [route.adapter for route in config.routes]
+    models: set[str] = set()
+    while todo:
+        name = todo.pop()
+        adapter = config.adapters.get(name)
+        if name in seen or adapter is None:
+            continue
+        seen.add(name)
+        models.update(getattr(adapter, "models", None) or [])
+        todo += [d.adapter for d in getattr(adapter, "deployments", [])]
+        todo += list(getattr(adapter, "fallbacks", []))
+    return Pricing(config.pricing).unpriced(models)

@@ -1,0 +1,83 @@
+"""``[pricing]`` and ``[tenants.NAME]``: prices per model and tenant budgets; validated at load.
+
+::
+
+    [pricing]
+    currency = "USD"
+    [pricing.models."aiserve-mock"]
+    input_per_mtok = 3.0          # per million prompt tokens
+    output_per_mtok = 15.0        # per million completion tokens
+    cached_input_per_mtok = 0.3   # prompt tokens the backend served from its cache
+    reasoning_per_mtok = 15.0     # reasoning tokens (default: output_per_mtok)
+
+    [tenants.bank]
+    budget = 100.0                # in `currency`
+    budget_period = "month"       # day, week, month (calendar, UTC) or total
+    budget_alert_at = 0.8         # aiserve_budget_used_ratio alerts from here
+
+Leaf module (msgspec and the decoding helpers): the config imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from ..decoding import field_error
+
+Period = Literal["day", "week", "month", "total"]
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Like the config's sections: an unknown key is an error."""
+
+
+class ModelPrice(_Section):
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
+    #: Default: ``input_per_mtok`` (no discount for cached prompt tokens).
+    cached_input_per_mtok: float | None = None
+    #: Default: ``output_per_mtok``.
+    reasoning_per_mtok: float | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok",
+                    "reasoning_per_mtok"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise field_error(key, "must not be negative")
+
+
+class PricingConfig(_Section):
+    currency: str = "USD"
+    #: Prices by model name, as clients and adapters' ``models`` name them.
+    models: dict[str, ModelPrice] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (3 <= len(self.currency) <= 8 and self.currency.isalnum()):
+            raise field_error("currency", "must be a currency code such as USD")
+
+
+class BudgetFields(_Section):
+    """A budget: on ``[[auth.keys]]`` and ``[tenants.NAME]``."""
+
+    #: In ``[pricing] currency``; None: no budget.
+    budget: float | None = None
+    budget_period: Period = "month"
+    #: The used share from which ``aiserve_budget_used_ratio`` should alert.
+    budget_alert_at: float = 0.8
+
+    def __post_init__(self) -> None:
+        check_budget(self.budget, self.budget_alert_at)
+
+
+class TenantConfig(BudgetFields):
+    pass
+
+
+def check_budget(budget: float | None, alert_at: float) -> None:
+    if budget is not None and budget < 0:
+        raise field_error("budget", "must not be negative")
+    if not 0.0 < alert_at <= 1.0:
+        raise field_error("budget_alert_at", "must be in (0, 1]")

@@ -1,0 +1,302 @@
+"""The audit log: a row per request (served, refused, failed) in SQLite, written off the
+request path by a writer task; versioned schema; retention; drops counted; usage read back."""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from prometheus_client import CollectorRegistry
+
+from aiserve_trio.asgi import App
+from aiserve_trio.audit.log import AuditLog, AuditMetrics
+from aiserve_trio.audit.row import Row, RowBuilder
+from aiserve_trio.audit.schema import COLUMNS, MIGRATIONS, VERSION, SchemaTooNew
+from aiserve_trio.audit.settings import AuditConfig
+from aiserve_trio.audit.sqlite import SQLiteDatabase
+from aiserve_trio.audit.usage import UsageQuery, parse_query
+from aiserve_trio.config import parse_config
+from aiserve_trio.errors import BadRequest
+from aiserve_trio.stages.outcome import Outcome
+
+from .asgi_client import chat_body
+from .authcfg import OFF
+from .conftest import config_text
+from .spendcfg import KEY_CAROL, KEY_DAN, KEY_OPS, auth, running, spend_config, spend_toml
+
+
+def rows(path: Path, where: str = "1=1") -> list[dict[str, Any]]:
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(f"SELECT * FROM audit_requests WHERE {where}")]
+    finally:
+        conn.close()
+
+
+# --- the schema ---------------------------------------------------------------------
+
+
+def test_a_new_database_is_migrated_to_the_current_version(tmp_path):
+    db = SQLiteDatabase(tmp_path / "a.db")
+    assert db.open() == VERSION
+    db.close()
+    cols = [r[1] for r in sqlite3.connect(tmp_path / "a.db").execute("PRAGMA table_info(audit_requests)")]
+    assert sorted(cols) == sorted(COLUMNS)
+
+
+def test_an_older_database_gets_the_later_migrations_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE audit_schema (version INTEGER NOT NULL)")
+    for stmt in MIGRATIONS[0][1]:
+        conn.execute(stmt)
+    conn.execute("INSERT INTO audit_schema VALUES (1)")
+    conn.execute(
+        "INSERT INTO audit_requests (request_id, ts, tenant, route, api, channel, model, "
+        "served_model, status, prompt_tokens, completion_tokens, cost, total_ms) VALUES "
+        "('old', 1.0, 't', 'chat', 'chat', 'api', 'm', 'm', 'ok', 1, 2, 0.5, 3.0)"
+    )
+    conn.commit()
+    conn.close()
+    db = SQLiteDatabase(path)
+    assert db.open() == VERSION
+    db.close()
+    (old,) = rows(path)
+    assert old["request_id"] == "old"
+    assert old["saved"] == 0
+    assert old["prompt"] is None
+
+
+def test_a_database_from_a_newer_gateway_is_refused(tmp_path):
+    path = tmp_path / "new.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE audit_schema (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO audit_schema VALUES (?)", (VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(SchemaTooNew, match="schema version"):
+        SQLiteDatabase(path).open()
+
+
+# --- the gateway writes a row per request ------------------------------------------
+
+
+async def test_every_request_has_a_row_the_budget_429_included(tmp_path):
+    app = App(spend_config(tmp_path))
+    async with running(app) as client:
+        first = await client.chat(chat_body("echo: one"), headers=auth(KEY_CAROL))
+        assert first.status == 200
+        assert float(first.headers["x-aiserve-cost"]) > 0
+        # The first reply spent carol's tiny budget: the next is refused.
+        refused = await client.chat(chat_body("echo: two"), headers=auth(KEY_CAROL))
+        assert refused.status == 429
+        assert refused.json()["error"]["code"] == "budget_exceeded"
+        bad_key = await client.chat(chat_body("echo: three"), headers=auth("aik_x_" + "z" * 32))
+        assert bad_key.status == 401
+        other = await client.chat(chat_body("echo: four"), headers=auth(KEY_DAN))
+        assert other.status == 200
+    got = rows(tmp_path / "audit.db")
+    assert len(got) == 4
+    by_status = {r["status"]: r for r in got if r["key_id"] != "dan"}
+    ok = by_status["ok"]
+    assert ok["key_id"] == "carol"
+    assert ok["tenant"] == "shop"
+    assert ok["request_id"] == first.headers["x-request-id"]
+    assert ok["cost"] == pytest.approx(float(first.headers["x-aiserve-cost"]))
+    assert ok["prompt_tokens"] > 0
+    assert ok["served_model"] == "aiserve-mock"
+    assert ok["api"] == "chat"
+    assert ok["total_ms"] >= ok["ttft_ms"] > 0
+    assert ok["prompt"] is None  # no content by default
+    assert ok["reply"] is None
+    limited = by_status["too_many_requests"]
+    assert (limited["key_id"], limited["error_code"], limited["cost"]) == ("carol", "budget_exceeded", 0)
+    assert by_status["unauthorized"]["error_code"] == "invalid_api_key"
+
+
+async def test_redacted_content_is_the_prompt_and_reply_after_the_routes_policies(tmp_path):
+    app = App(spend_config(tmp_path, audit_extra='content = "redacted"\n'))
+    async with running(app) as client:
+        r = await client.chat(chat_body("echo: hello auditor"), headers=auth(KEY_DAN))
+        assert r.status == 200
+    (row,) = rows(tmp_path / "audit.db")
+    assert row["prompt"] == "echo: hello auditor"
+    assert row["reply"] == r.json()["choices"][0]["message"]["content"]
+
+
+async def test_usage_read_back_by_key_and_the_callers_own(tmp_path):
+    app = App(spend_config(tmp_path, carol_budget="100.0"))
+    async with running(app) as client:
+        spent = 0.0
+        for i in range(3):
+            r = await client.chat(chat_body(f"echo: request {i}"), headers=auth(KEY_CAROL))
+            spent += float(r.headers["x-aiserve-cost"])
+        await client.chat(chat_body("echo: dan"), headers=auth(KEY_DAN))
+        # Rows are written by the writer task, in a thread: let it catch up.
+        assert app.audit is not None
+        await app.audit.settle()
+        admin = await client.request("GET", "/admin/usage?group_by=key", headers=auth(KEY_OPS))
+        assert admin.status == 200
+        body = admin.json()
+        groups = {g["group"]: g for g in body["groups"]}
+        assert groups["carol"]["requests"] == 3
+        assert groups["carol"]["cost"] == pytest.approx(spent)
+        assert groups["dan"]["requests"] == 1
+        assert body["currency"] == "USD"
+        assert body["total"]["requests"] == 4
+        mine = await client.request("GET", "/v1/usage?group_by=model", headers=auth(KEY_CAROL))
+        assert mine.status == 200
+        (model,) = mine.json()["groups"]
+        assert (model["group"], model["requests"]) == ("aiserve-mock", 3)
+        day = await client.request("GET", "/admin/usage?group_by=day", headers=auth(KEY_OPS))
+        assert [g["group"] for g in day.json()["groups"]] == [time.strftime("%Y-%m-%d", time.gmtime())]
+        not_admin = await client.request("GET", "/admin/usage", headers=auth(KEY_CAROL))
+        assert not_admin.status == 403
+        bad = await client.request("GET", "/admin/usage?group_by=colour", headers=auth(KEY_OPS))
+        assert bad.status == 400
+        assert bad.json()["error"]["param"] == "group_by"
+
+
+def test_usage_queries_take_days_or_unix_seconds():
+    q = parse_query({"from": "2026-12-01", "to": "2026-12-01", "group_by": "tenant"}, now=0.0)
+    assert (q.start, q.end - q.start, q.group_by) == (1796083200.0, 86400.0, "tenant")
+    assert parse_query({"from": "10", "to": "20"}, now=0.0) == UsageQuery(10.0, 20.0, "day")
+    for bad in ({"from": "yesterday"}, {"from": "20", "to": "10"}, {"group_by": "x"}):
+        with pytest.raises(BadRequest):
+            parse_query(bad, now=0.0)
+
+
+async def test_usage_with_the_audit_log_off_says_so(autojump_clock):
+    app = App(spend_config())
+    async with running(app) as client:
+        r = await client.request("GET", "/admin/usage", headers=auth(KEY_OPS))
+        assert r.status == 404
+        assert r.json()["error"]["code"] == "audit_off"
+
+
+async def test_rows_older_than_retention_are_deleted_at_start(tmp_path):
+    db = SQLiteDatabase(tmp_path / "audit.db")
+    db.open()
+    base = dict.fromkeys(COLUMNS)
+    base.update(tenant="t", route="chat", api="chat", channel="api", model="m",
+                served_model="m", status="ok", prompt_tokens=0, completion_tokens=0,
+                cost=0.0, saved=0.0, total_ms=1.0)
+    stale = {**base, "request_id": "stale", "ts": time.time() - 40 * 86400}
+    fresh = {**base, "request_id": "fresh", "ts": time.time() - 86400}
+    db.insert([tuple(stale[c] for c in COLUMNS), tuple(fresh[c] for c in COLUMNS)])
+    db.close()
+    app = App(spend_config(tmp_path))
+    async with running(app):
+        pass
+    assert [r["request_id"] for r in rows(tmp_path / "audit.db")] == ["fresh"]
+
+
+# --- the writer: drops, recovery, the access log (a fake database) --------------------
+
+
+class FlakyDatabase:
+    placeholder = "?"
+    day_sql = "ts"
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.down = False
+
+    def open(self) -> int:
+        return VERSION
+
+    def insert(self, rows: Sequence[Row]) -> None:
+        if self.down:
+            raise OSError("connection refused")
+        self.rows.extend(rows)
+
+    def purge(self, before: float) -> int:
+        return 0
+
+    def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def outcome(i: int) -> Outcome:
+    return Outcome(request_id=f"r{i}", route="chat", channel="api", arrival=0.0, ended=0.1,
+                   status="ok", tenant="t", model="m")
+
+
+def dropped(registry: CollectorRegistry, reason: str) -> float:
+    return registry.get_sample_value("aiserve_audit_dropped_total", {"reason": reason}) or 0.0
+
+
+async def test_a_dead_database_drops_rows_counted_and_rows_resume():
+    registry = CollectorRegistry()
+    db = FlakyDatabase()
+    access = io.BytesIO()
+    log = AuditLog(AuditConfig(buffer=4), db, RowBuilder(b"k"), AuditMetrics(registry),
+                   access=access)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        log.offer(outcome(0))
+        await log.settle()
+        db.down = True
+        log.offer(outcome(1))
+        log.offer(outcome(2))
+        await log.settle()
+        assert dropped(registry, "db_error") == 2
+        db.down = False
+        log.offer(outcome(3))
+        await log.aclose()
+    assert [r[0] for r in db.rows] == ["r0", "r3"]
+    lines = [json.loads(line) for line in access.getvalue().splitlines()]
+    assert [line["request_id"] for line in lines] == ["r0", "r3"]
+    assert lines[0]["tenant"] == "t"
+
+
+async def test_a_full_queue_drops_instead_of_waiting(autojump_clock):
+    registry = CollectorRegistry()
+    log = AuditLog(AuditConfig(buffer=2), FlakyDatabase(), RowBuilder(b"k"), AuditMetrics(registry))
+    # No writer running: the queue fills and the request path never blocks.
+    for i in range(5):
+        log.offer(outcome(i))
+    assert dropped(registry, "buffer_full") == 3
+
+
+async def test_shutdown_writes_what_is_queued():
+    db = FlakyDatabase()
+    log = AuditLog(AuditConfig(), db, RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        for i in range(700):  # more than one batch
+            log.offer(outcome(i))
+        await log.aclose()
+    assert len(db.rows) == 700
+
+
+def test_session_ids_are_kept_as_a_keyed_hash():
+    a, b = RowBuilder(b"key-a"), RowBuilder(b"key-b")
+    assert a.session_hash("s1") == a.session_hash("s1") != a.session_hash("s2")
+    assert a.session_hash("s1") != b.session_hash("s1")
+    assert "s1" not in (a.session_hash("s1") or "")
+
+
+async def test_redacted_content_never_holds_what_the_routes_redaction_removed(tmp_path):
+    audit = f'[audit]\npath = "{tmp_path / "audit.db"}"\ncontent = "redacted"\n'
+    toml = config_text().replace("policies = []", 'policies = ["gdpr-redact"]', 1)
+    app = App(parse_config(toml.replace(OFF, spend_toml(audit=audit)), source="<test>"))
+    async with running(app) as client:
+        card = "echo: my card is 4111 1111 1111 1111"
+        r = await client.chat(chat_body(card), headers=auth(KEY_DAN))
+        assert r.status == 200
+    (row,) = rows(tmp_path / "audit.db")
+    assert "4111" not in row["prompt"]
+    assert "4111" not in row["reply"]
+    assert "[CARD]" in row["prompt"]
