@@ -267,3 +267,9 @@ def test_a_bad_semantic_table_is_refused_naming_the_key(cache: str, key: str) ->
     text = cache_config_text(cache, VEC.format(ttft=0))
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
         parse_config(text, source="<t>")
+
+
+def test_a_semantic_hit_is_priced_as_an_exact_hit_is() -> None:
+    from aiserve_trio.spend.prices import free
+
+    assert free("semantic-hit") is free("hit") is True
