@@ -143,6 +143,19 @@ async def test_another_tenant_never_hits(autojump_clock: trio.testing.MockClock)
     assert model.calls == 2
 
 
+async def test_a_conversation_with_another_history_never_hits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Session context is in the guard: a personalised answer stays with its conversation.
+    app, model = semantic_app()
+    client = Client(app)
+    await client.chat(ask("my income is 5000 a month"), headers={"x-session-id": "s-1"})
+    await client.chat(ask(Q), headers={"x-session-id": "s-1"})
+    other = await client.chat(ask(Q.lower()), headers={"x-session-id": "s-2"})
+    assert other.headers["x-aiserve-cache"] == "miss"
+    assert model.calls == 3
+
+
 async def test_a_near_question_below_the_threshold_is_a_miss_and_counted(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

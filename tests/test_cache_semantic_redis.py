@@ -87,6 +87,8 @@ async def test_redis_down_means_misses_and_counted_errors_never_a_failed_request
                 r = await Client(app).chat(ask(Q.lower()))
                 assert (r.status, r.headers["x-aiserve-cache"]) == (200, "miss"), i
             assert metric(apps[1], "aiserve_cache_backend_errors_total", op="get") >= 1
+            # A failed lookup is not an entry gone: the question stays filed.
+            assert indexed(apps[1]) == 1
         finally:
             redis_up.start()
         assert [m.calls for m in models] == [2, 1]

@@ -359,9 +359,15 @@ class Cache:
         if not self.semantic.observe(plan.label, found, plan.settings.semantic.threshold):
             return None
         assert found is not None
-        entry = await self._lookup(found.key, deadline)
+        entry: Entry | None = None
+        looked = False
+        if deadline > trio.current_time():
+            with contextlib.suppress(CacheUnavailable), trio.move_on_at(deadline):
+                entry = await self._call("get", partial(self.backend.get, found.key))
+                looked = True
         if entry is None:
-            self.semantic.forget(probe, found)
+            if looked:  # gone (TTL, eviction): its question goes too
+                self.semantic.forget(probe, found)
             return None
         self.semantic.served(plan.label, probe, found)
         return Ticket(plan.label, "semantic-hit", plan, entry=entry, similarity=found.similarity)
