@@ -350,4 +350,6 @@ async def test_the_routes_with_their_steps_as_the_active_config_has_them() -> No
             {"name": "generate", "kind": "generate", "enabled": True},
             {"name": "comply", "kind": "rewrite", "enabled": False},
         ],
+        "adapters": ["mock"],
+        "models": {"aiserve-mock": "mock"},
     }

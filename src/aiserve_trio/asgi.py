@@ -27,7 +27,7 @@ import trio
 from opentelemetry.trace import TracerProvider
 
 from . import fdlimit, gctune
-from .adapters import Adapter, build_adapters
+from .adapters import Adapter, build_adapters, route_adapter
 from .adapters.group import GroupAdapter
 from .api import Model, ModelList, encoder
 from .apis import CODECS
@@ -204,7 +204,7 @@ class App:
             rc.path: Route(
                 config=rc,
                 label=route_label(rc),
-                adapter=adapters[rc.adapter],
+                adapter=route_adapter(rc, route_label(rc), adapters),
                 policies=build_policies(rc.policies, config),
                 tenant=rc.tenant or config.server.default_tenant,
                 chain=build_chain(rc, route_label(rc), adapters, config),
@@ -852,7 +852,7 @@ class App:
         seen: dict[str, str] = {}
         for route in routes:
             for model in route.adapter.models:
-                seen.setdefault(model, route.adapter.name)
+                seen.setdefault(model, route.adapter.serving(model).name)
         data = [Model(id=m, created=created, owned_by=owner) for m, owner in seen.items()]
         return encoder.encode(ModelList(data=data))
 

@@ -473,7 +473,97 @@ class GroupAdapterConfig(_Section, tag="group", tag_field="kind"):
                 raise field_error("fallback_ttft_prior_ms", "must not be negative")
 
 
-AdapterConfig = MockAdapterConfig | OpenAIAdapterConfig | VllmWsAdapterConfig | GroupAdapterConfig
+class NativeAdapterConfig(UpstreamTLS):
+    """What every native provider adapter's table has (``adapters/native.py``)."""
+
+    #: The provider's API root; default: its public endpoint.
+    base_url: str = ""
+    #: Public names, or public name -> the provider's name (a deployment, a model id).
+    models: list[str] | dict[str, str] = msgspec.field(default_factory=list)
+    #: Name of the environment variable holding the API key.
+    api_key_env: str | None = None
+    #: Concurrent upstream requests before more queue.
+    max_connections: int = 512
+    connect_timeout_ms: int = 2_000
+    #: Retries before the first token (connect errors, timeouts, 429, 529, 5xx).
+    max_retries: int = 2
+    backoff_base_ms: int = 100
+    backoff_max_ms: int = 2_000
+    context_window: int = 200_000
+    tokenizer: str | None = None
+    #: Extra headers sent upstream on every request.
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _models(list(self.models))
+        _positive(self, "max_connections", "connect_timeout_ms", "context_window")
+        if self.max_retries < 0:
+            raise field_error("max_retries", "must not be negative")
+
+
+class AnthropicAdapterConfig(NativeAdapterConfig, tag="anthropic", tag_field="kind"):
+    """Anthropic's Messages API (``adapters/anthropic.py``)."""
+
+    #: The ``anthropic-version`` header.
+    anthropic_version: str = "2023-06-01"
+    #: ``max_tokens`` when neither the client nor the route gives one (Anthropic needs it).
+    max_tokens: int = 4_096
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive(self, "max_tokens")
+
+
+class AzureOpenAIAdapterConfig(NativeAdapterConfig, tag="azure_openai", tag_field="kind"):
+    """Azure OpenAI chat completions (``adapters/azure_openai.py``); ``base_url`` is the
+    resource's endpoint (``https://NAME.openai.azure.com``); a model's mapped name is its
+    deployment."""
+
+    #: The ``api-version`` query parameter.
+    api_version: str = "2024-10-21"
+    #: Name of the environment variable holding an Entra ID bearer token (instead of a key).
+    token_env: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.base_url:
+            raise field_error("base_url", "required: the resource's endpoint")
+        if self.api_key_env and self.token_env:
+            raise field_error("token_env", "give `api_key_env` or `token_env`, not both")
+
+
+class GeminiAdapterConfig(NativeAdapterConfig, tag="gemini", tag_field="kind"):
+    """Google's Gemini API (``adapters/gemini.py``)."""
+
+
+class BedrockAdapterConfig(NativeAdapterConfig, tag="bedrock", tag_field="kind"):
+    """Amazon Bedrock's Converse API (``adapters/bedrock.py``); a model's mapped name is
+    its model id (or inference profile)."""
+
+    #: The AWS region: the signature's, and the default endpoint's.
+    region: str = ""
+    #: A named profile of the standard AWS credential chain (default: its usual order,
+    #: the AWS_* environment variables first).
+    profile: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", self.region):
+            why = f"an AWS region like us-east-1 is required, got {self.region!r}"
+            raise field_error("region", why)
+
+
+AdapterConfig = (
+    MockAdapterConfig
+    | OpenAIAdapterConfig
+    | VllmWsAdapterConfig
+    | GroupAdapterConfig
+    | AnthropicAdapterConfig
+    | AzureOpenAIAdapterConfig
+    | GeminiAdapterConfig
+    | BedrockAdapterConfig
+)
 
 
 class SessionsConfig(_Section):
@@ -640,7 +730,9 @@ class RouteDeadline(_Section):
 
 class RouteConfig(_Section):
     path: str
-    adapter: str
+    #: The adapter that answers (with ``adapters``: the default, for a request naming
+    #: no model; when left out, the first of ``adapters``).
+    adapter: str = ""
     #: ``chat`` (Chat Completions through the pipeline), ``responses`` (OpenAI's
     #: Responses API) or ``messages`` (Anthropic's Messages API) through the same
     #: pipeline with their codecs (``apis/``), or ``embeddings``.
@@ -668,10 +760,17 @@ class RouteConfig(_Section):
     #: A chain of capabilities (``[[routes.steps]]``, ``chains/steps.py``); empty:
     #: the route's adapter answers, as on any route.
     steps: list[StepConfig] = msgspec.field(default_factory=list)
+    #: Model routing: the request's ``model`` picks the adapter (of these and
+    #: ``adapter``) whose ``models`` has it (``adapters/router.py``).
+    adapters: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
             raise field_error("path", f"must start with '/', got {self.path!r}")
+        if not self.adapter:
+            if not self.adapters:
+                raise field_error("adapter", "missing: name the route's adapter (or `adapters`)")
+            self.adapter = self.adapters[0]
         label = route_label(self)
         if not _LABEL_RE.match(label):
             raise field_error("name", f"must match {_LABEL_RE.pattern}, got {label!r}")
@@ -1062,6 +1161,8 @@ def check_config(cfg: Config) -> None:
         if route.path in seen_paths:
             raise fail(f"{key}.path", f"{route.path!r} is served by an earlier route")
         seen_paths.add(route.path)
+        if route.adapters:
+            _check_routing(cfg, i, route, fail)
         if route.adapter not in cfg.adapters:
             known = ", ".join(sorted(cfg.adapters)) or "none"
             raise fail(f"{key}.adapter", f"unknown adapter {route.adapter!r} (configured: {known})")
@@ -1104,6 +1205,51 @@ def check_config(cfg: Config) -> None:
     if (problem := check_record(cfg)) is not None:
         raise fail(*problem)
     build_policies(list(dict.fromkeys(n for r in cfg.routes for n in r.policies)), cfg)
+
+
+def route_adapters(route: RouteConfig) -> list[str]:
+    """The adapters a route serves from: ``adapter`` first, then ``adapters``, once each."""
+    return list(dict.fromkeys([route.adapter, *route.adapters]))
+
+
+def route_models(cfg: Config, route: RouteConfig) -> dict[str, str]:
+    """Each model a (checked) route serves -> the adapter that answers it."""
+    out: dict[str, str] = {}
+    for name in route_adapters(route):
+        for model in cfg.adapters[name].models:
+            out.setdefault(model, name)
+    return out
+
+
+def _check_routing(
+    cfg: Config, i: int, route: RouteConfig, fail: Callable[[str, str], ConfigError]
+) -> None:
+    """A route with ``adapters``: not an embeddings route, without a cache or steps, whose adapters
+    exist and never claim the same model (the request's model must pick one)."""
+    key = f"routes[{i}]"
+    if route.kind == "embeddings":
+        raise fail(f"{key}.adapters", "model routing is for chat, responses and messages routes")
+    if route.cache is not None:
+        why = "a route with `adapters` has no response cache (its key holds one adapter)"
+        raise fail(f"{key}.cache", why)
+    if route.steps:
+        why = "a route with `adapters` has no steps: a chain names its own adapters"
+        raise fail(f"{key}.steps", why)
+    named = [] if route.adapter in route.adapters else [(f"{key}.adapter", route.adapter)]
+    named += [(f"{key}.adapters[{j}]", n) for j, n in enumerate(route.adapters)]
+    owner: dict[str, str] = {}
+    seen: set[str] = set()
+    for where, name in named:
+        if name not in cfg.adapters:
+            known = ", ".join(sorted(cfg.adapters)) or "none"
+            raise fail(where, f"unknown adapter {name!r} (configured: {known})")
+        if name in seen:
+            raise fail(where, f"{name!r} is named more than once")
+        seen.add(name)
+        for model in cfg.adapters[name].models:
+            other = owner.setdefault(model, name)
+            if other != name:
+                raise fail(where, f"model {model!r} is served by both {other!r} and {name!r}")
 
 
 def chain_policies(route: RouteConfig) -> list[str]:

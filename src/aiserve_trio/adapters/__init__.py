@@ -6,10 +6,16 @@ from collections.abc import Mapping
 
 from ..config import (
     AdapterConfig,
+    AnthropicAdapterConfig,
+    AzureOpenAIAdapterConfig,
+    BedrockAdapterConfig,
+    GeminiAdapterConfig,
     GroupAdapterConfig,
     MockAdapterConfig,
     OpenAIAdapterConfig,
+    RouteConfig,
     VllmWsAdapterConfig,
+    route_adapters,
 )
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .base import Adapter, Delta, DeltaSink, InferenceRequest, Message, Usage
@@ -23,6 +29,7 @@ __all__ = [
     "Usage",
     "build_adapter",
     "build_adapters",
+    "route_adapter",
 ]
 
 
@@ -51,6 +58,22 @@ def build_adapter(name: str, config: AdapterConfig, hook: UpstreamHook = NULL_HO
         from .vllm_ws import VllmWsAdapter
 
         return VllmWsAdapter(name, config, hook=hook)
+    if isinstance(config, AnthropicAdapterConfig):
+        from .anthropic import AnthropicAdapter
+
+        return AnthropicAdapter(name, config, hook=hook)
+    if isinstance(config, AzureOpenAIAdapterConfig):
+        from .azure_openai import AzureOpenAIAdapter
+
+        return AzureOpenAIAdapter(name, config, hook=hook)
+    if isinstance(config, GeminiAdapterConfig):
+        from .gemini import GeminiAdapter
+
+        return GeminiAdapter(name, config, hook=hook)
+    if isinstance(config, BedrockAdapterConfig):
+        from .bedrock import BedrockAdapter
+
+        return BedrockAdapter(name, config, hook=hook)
     raise ValueError(f"adapter kind {type(config).__name__} is not available")
 
 
@@ -84,6 +107,16 @@ def build_adapters(
                 built[n] = _group(n, groups[n], configs, built, hook)
             del groups[n]
     return built
+
+
+def route_adapter(route: RouteConfig, label: str, built: Mapping[str, Adapter]) -> Adapter:
+    """The adapter a route's stages call: its ``adapter``, or with ``adapters`` a router
+    picking one by the request's model (``router.py``)."""
+    if not route.adapters:
+        return built[route.adapter]
+    from .router import ModelRouter
+
+    return ModelRouter(label, [built[n] for n in route_adapters(route)])
 
 
 def _group(

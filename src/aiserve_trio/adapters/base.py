@@ -258,6 +258,9 @@ class Adapter(abc.ABC):
 
     #: What this backend can carry (class-wide; a backend relaying everything keeps the default).
     capabilities: Capabilities = EVERYTHING
+    #: The model a request naming none gets, when the route sets no ``default_model``
+    #: (a router: its default adapter's first model).
+    default_model: str | None = None
 
     def __init__(
         self,
@@ -282,6 +285,11 @@ class Adapter(abc.ABC):
         self.policy = policy
         self.hook = hook
         self.rng = rng if rng is not None else random.Random()
+
+    def serving(self, model: str) -> Adapter:
+        """The adapter that answers a request for ``model`` (this one; a router: the one
+        its table names). Capabilities and the models listing are that adapter's."""
+        return self
 
     async def aopen(self, nursery: trio.Nursery) -> None:  # noqa: B027 - optional hook
         """Open pools and connections; called once in lifespan start-up.

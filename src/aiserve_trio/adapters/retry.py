@@ -28,8 +28,9 @@ from ..errors import (
 )
 from ..observability.events import NULL_HOOK, UpstreamHook
 
-#: Upstream statuses worth another attempt: rate limited, and the 5xx family.
-RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+#: Upstream statuses worth another attempt: rate limited, and the 5xx family
+#: (529: Anthropic's "overloaded").
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 
 
 class RetryConfig(Protocol):

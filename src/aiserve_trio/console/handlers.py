@@ -32,7 +32,7 @@ import msgspec
 import trio
 
 from ..budgets import STAGES
-from ..config import ConfigError, parse_config, route_label
+from ..config import ConfigError, parse_config, route_adapters, route_label, route_models
 from ..errors import (
     BadRequest,
     BodyReadTimeout,
@@ -151,6 +151,10 @@ class RouteOut(msgspec.Struct, kw_only=True):
     path: str
     name: str
     steps: list[StepOut]
+    #: The adapters the route serves from (the default first; more with model routing).
+    adapters: list[str]
+    #: Each model the route serves -> the adapter that answers it.
+    models: dict[str, str]
 
 
 class Routes(msgspec.Struct, kw_only=True):
@@ -355,6 +359,8 @@ class Console:
                     path=rc.path,
                     name=route_label(rc),
                     steps=[StepOut(name=s.name, kind=s.KIND, enabled=s.enabled) for s in rc.steps],
+                    adapters=route_adapters(rc),
+                    models=route_models(self.host.config, rc),
                 )
                 for rc in self.host.config.routes
             ],

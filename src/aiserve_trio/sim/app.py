@@ -9,6 +9,7 @@ The WebSocket protocol is served by :mod:`.ws`. See the package docstring
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -16,9 +17,14 @@ import trio
 
 from ..adapters.tokens import encoding_name_for, get_encoding
 from ..vectors import DEFAULT_DIMENSIONS, embeddings_body
+from .anthropic import AnthropicDialect
 from .audio import hear, parse_form
+from .azure import AzureDialect
+from .bedrock import BedrockDialect
 from .core import Done, Prepared, Receive, Scope, Send, SimCore, Stats, header_dict
-from .model import Fault, FaultSpecError, choose_fault, prefill_delay
+from .dialect import Dialect, DialectError
+from .gemini import GeminiDialect
+from .model import Fault, FaultSpecError, Plan, choose_fault, prefill_delay
 from .request import chat_decoder, embedding_inputs, embeddings_decoder
 from .schema import SchemaError
 from .wire import completion_body, reply_usage, sse_choices, sse_finish
@@ -28,6 +34,13 @@ _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")
 MALFORMED_CHUNK = b'data: {"id": "broken", "choices": [{"delta": \n\n'
 #: What a bad request is answered with 400 for (its body, a fault header, a schema).
 _BAD_REQUEST = (msgspec.DecodeError, FaultSpecError, SchemaError, ValueError)
+#: Every provider dialect the sim speaks, by the name ``--dialect`` takes.
+DIALECTS: dict[str, Dialect] = {
+    "anthropic": AnthropicDialect(),
+    "azure": AzureDialect(),
+    "gemini": GeminiDialect(),
+    "bedrock": BedrockDialect(),
+}
 _enc = msgspec.json.Encoder()
 
 
@@ -87,7 +100,9 @@ class SimApp(SimCore):
             return
         headers = header_dict(scope)
         if _recorded(path):
-            self.log.add(path, "http", headers, body)
+            query = scope.get("query_string", b"")
+            shown = f"{path}?{query.decode('latin-1')}" if query else path
+            self.log.add(shown, "http", headers, body)
         if path == "/v1/chat/completions" and method == "POST":
             await self._chat(headers, body, receive, send)
         elif path == "/v1/embeddings" and method == "POST":
@@ -100,6 +115,9 @@ class SimApp(SimCore):
                 for m in self.settings.models
             ]
             await _reply(send, 200, _enc.encode({"object": "list", "data": data}))
+        elif (dialect := self._dialect_for(method, path)) is not None:
+            query = scope.get("query_string", b"").decode("latin-1")
+            await self._dialect(dialect, path, query, headers, body, receive, send)
         else:
             await _reply(send, 404, _error_body(f"no route {method} {path}", "unknown_url"))
 
@@ -120,8 +138,14 @@ class SimApp(SimCore):
             self.stats.last_timeout_ms = round(timeout * 1000)
         return fault, timeout
 
-    async def _status_fault(self, send: Send, fault: Fault | None) -> bool:
-        """Count ``fault``; answer it if it is a status fault (then return True)."""
+    async def _status_fault(
+        self, send: Send, fault: Fault | None, error: Callable[[int], bytes] | None = None
+    ) -> bool:
+        """Count ``fault``; answer it if it is a status fault (then return True).
+
+        Args:
+            error: the error body for a status (a dialect's); default OpenAI's.
+        """
         if fault is None:
             return False
         self.stats.count_fault(fault)
@@ -130,7 +154,10 @@ class SimApp(SimCore):
         extra = []
         if fault.retry_after is not None:
             extra.append((b"retry-after", _secs(fault.retry_after)))
-        body = _error_body(f"simulated {fault.status}", _status_code(fault.status))
+        if error is not None:
+            body = error(fault.status)
+        else:
+            body = _error_body(f"simulated {fault.status}", _status_code(fault.status))
         await _reply(send, fault.status, body, extra)
         return True
 
@@ -205,18 +232,12 @@ class SimApp(SimCore):
     ) -> None:
         plan, script = ready.plan, ready.script
         await w.start()
-        await trio.sleep(plan.ttft)
-        for k in range(plan.tokens):
-            if k:
-                await trio.sleep(plan.gaps[k - 1])
-            if fault is not None and k == fault.after:
-                if fault.kind == "stall":
-                    await trio.sleep_forever()
-                if fault.kind == "drop":
-                    return  # leaving mid-body makes hypercorn close the connection
-                if fault.kind == "malformed":
-                    await w.raw(MALFORMED_CHUNK)
-            await w.raw(b"".join(w.event(c) for c in sse_choices(script, k, top)))
+
+        def piece(k: int) -> bytes:
+            return b"".join(w.event(c) for c in sse_choices(script, k, top))
+
+        if not await _paced(plan, fault, piece, w.raw):
+            return  # leaving mid-body makes hypercorn close the connection
         # Counted before the last write: the client may hang up as soon as it has it.
         self.stats.completed += 1
         out = w.event(sse_finish(script, plan))
@@ -242,6 +263,78 @@ class SimApp(SimCore):
         self.stats.completed += 1
         await _reply(send, 200, _enc.encode(body))
 
+    # --- provider dialects ------------------------------------------------------
+
+    def _dialect_for(self, method: str, path: str) -> Dialect | None:
+        for name in self.settings.dialects:
+            dialect = DIALECTS.get(name)
+            if dialect is not None and dialect.matches(method, path):
+                return dialect
+        return None
+
+    async def _dialect(
+        self,
+        d: Dialect,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body: bytes,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """A provider's request, answered in its format (``dialect.py``): the same
+        decisions, timing and faults as ``/v1/chat/completions``."""
+        self.stats.requests += 1
+        refused = d.auth_error(headers)
+        if refused is not None:
+            await _reply(send, refused[0], refused[1])
+            return
+        try:
+            ask = d.read(path, query, body)
+            fault, timeout = self._fault_and_budget(headers)
+            decided = self.decide(
+                ask.model,
+                ask.messages,
+                tools=ask.tools,
+                tool_choice=ask.tool_choice,
+                reasoning_effort=ask.reasoning_effort,
+                response_format=ask.response_format,
+            )
+        except (*_BAD_REQUEST, DialectError) as exc:
+            status = exc.status if isinstance(exc, DialectError) else 400
+            await _reply(send, status, d.error(status, str(exc)))
+            return
+        if await self._status_fault(send, fault, lambda status: d.error(status, "simulated")):
+            return
+        # A provider's max_tokens is a cap (Anthropic requires one on every request):
+        # the length is drawn as without it, and cut to it only when longer.
+        ready = self.prepare(decided, None)
+        cap = ask.max_tokens
+        if cap is not None and ready.plan.tokens - ready.plan.reasoning > cap:
+            ready = self.prepare(decided, cap)
+
+        async def streamed(done: Done) -> None:
+            plan = ready.plan
+            head = [(b"content-type", d.stream_type), (b"cache-control", b"no-cache")]
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await _more(send, d.opening(ready, ask.model))
+            if not await _paced(plan, fault, partial(d.token, ready), partial(_more, send)):
+                return
+            self.stats.completed += 1
+            done.flag = True
+            last = d.closing(ready, ask.model)
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+
+        async def whole(done: Done) -> None:
+            await trio.sleep(ready.plan.total)
+            if not await _body_fault(send, fault):
+                return
+            done.flag = True
+            self.stats.completed += 1
+            await _reply(send, 200, d.whole(ready, ask.model))
+
+        await self._serve(receive, timeout, streamed if ask.stream else whole)
+
     # --- embeddings ------------------------------------------------------------
 
     async def _embeddings(
@@ -264,9 +357,7 @@ class SimApp(SimCore):
             return
         if await self._status_fault(send, fault):
             return
-        counts = [
-            len(x) if isinstance(x, list) else self.text_tokens(req.model, x) for x in inputs
-        ]
+        counts = [len(x) if isinstance(x, list) else self.text_tokens(req.model, x) for x in inputs]
         delay = prefill_delay(self.settings.timing, sum(counts), self.rng)
 
         async def reply(done: Done) -> None:
@@ -279,7 +370,6 @@ class SimApp(SimCore):
             await _reply(send, 200, _enc.encode(out))
 
         await self._serve(receive, timeout, reply)
-
 
     # --- speech to text ---------------------------------------------------------
 
@@ -338,6 +428,34 @@ class _SSEWriter:
     async def finish(self, data: bytes) -> None:
         self._done.flag = True
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+async def _more(send: Send, data: bytes) -> None:
+    if data:  # a dialect may have nothing to send for a token (Gemini: a call comes whole)
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+async def _paced(
+    plan: Plan,
+    fault: Fault | None,
+    piece: Callable[[int], bytes],
+    write: Callable[[bytes], Awaitable[None]],
+) -> bool:
+    """Write each output token's bytes when the plan says it is due, acting out a stall,
+    drop or malformed fault at its token. Returns False when the reply was dropped."""
+    await trio.sleep(plan.ttft)
+    for k in range(plan.tokens):
+        if k:
+            await trio.sleep(plan.gaps[k - 1])
+        if fault is not None and k == fault.after:
+            if fault.kind == "stall":
+                await trio.sleep_forever()
+            if fault.kind == "drop":
+                return False
+            if fault.kind == "malformed":
+                await write(MALFORMED_CHUNK)
+        await write(piece(k))
+    return True
 
 
 async def _body_fault(send: Send, fault: Fault | None) -> bool:

@@ -14,6 +14,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from .app import SimApp
+from .dialect import DIALECTS
 from .model import FaultRates, FaultSpecError, SimSettings, Timing, parse_fault
 from .ws import WS_PATH
 
@@ -58,6 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--rate-malformed", type=float, default=0.0)
     f.add_argument("--fault-after", type=int, default=3, help="tokens before a random fault")
     f.add_argument("--retry-after", type=float, default=1.0, help="Retry-After of random 429s")
+    p.add_argument(
+        "--dialect",
+        action="append",
+        dest="dialects",
+        choices=DIALECTS,
+        help="serve only this provider dialect (repeat; default: every one, each under its "
+        "paths: anthropic /v1/messages, azure /openai/deployments/D/chat/completions, "
+        "gemini /v1beta/models/M:streamGenerateContent, bedrock /model/M/converse-stream)",
+    )
     p.add_argument("--access-log", action="store_true", help="log every request")
     tls = p.add_argument_group("TLS (HTTPS and WSS)")
     tls.add_argument("--certfile", default=None, help="PEM certificate chain: serve over TLS")
@@ -118,6 +128,7 @@ def settings_from_args(ns: argparse.Namespace) -> SimSettings:
         fault=parse_fault(ns.fault) if ns.fault else None,
         models=ns.models or ["sim-model"],
         seed=ns.seed,
+        dialects=tuple(ns.dialects) if ns.dialects else DIALECTS,
     )
 
 

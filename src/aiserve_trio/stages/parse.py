@@ -284,7 +284,8 @@ class ParseStage:
             # Another API's request becomes the pipeline's own (``apis/``).
             check_depth(raw, self.limits.max_json_depth)
             raw, view = codec.decode(raw)
-        req = decode_request(raw, self.limits, route.config.default_model)
+        default = route.config.default_model or route.adapter.default_model
+        req = decode_request(raw, self.limits, default)
         if view is not None:
             req = replace(req, api=view)
         if req.model not in route.adapter.models:
@@ -295,7 +296,7 @@ class ParseStage:
                 code="model_not_found",
             )
         consumed = route.chain.consumes if route.chain is not None else frozenset()
-        check_capabilities(req, route.adapter, consumed)
+        check_capabilities(req, route.adapter.serving(req.model), consumed)
         if req.stream and self.admission is not None:
             # 503 (429 for the tenant's cap) before the head.
             self.slots.enter_context(self.admission.stream(self.info.tenant))

@@ -14,6 +14,8 @@ const state = {
   writable: false,
   // path -> the steps as the server has them ([{name, kind, enabled}])
   saved: new Map(),
+  // path -> the route as the server showed it (name, adapters, models)
+  shown: new Map(),
   timer: 0,
 };
 
@@ -179,6 +181,10 @@ function routeArticle(route) {
     { class: "route", "data-path": route.path },
     el("h3", {}, el("span", { text: route.name }), " ", el("code", { text: route.path })),
   );
+  if (route.adapters && route.adapters.length > 1) {
+    const served = Object.entries(route.models).map(([m, a]) => `${m} \u2192 ${a}`).join(", ");
+    article.append(el("p", { class: "adapters", text: `Models: ${served}` }));
+  }
   if (!route.steps.length) {
     article.append(el("p", { class: "hint", text: "This route has no steps." }));
     return article;
@@ -252,8 +258,8 @@ function wire(article, ol) {
   });
   article.querySelector("button.save").addEventListener("click", () => save(article));
   article.querySelector("button.revert").addEventListener("click", () => {
-    const route = { path: article.dataset.path, name: article.querySelector("h3 span").textContent };
-    route.steps = state.saved.get(route.path);
+    const path = article.dataset.path;
+    const route = { ...state.shown.get(path), steps: state.saved.get(path) };
     article.replaceWith(routeArticle(route));
   });
 }
@@ -290,6 +296,7 @@ async function loadRoutes({ force = false } = {}) {
   state.version = out.version;
   state.writable = out.writable;
   state.saved = new Map(out.routes.map((r) => [r.path, r.steps]));
+  state.shown = new Map(out.routes.map((r) => [r.path, r]));
   $("routes-readonly").hidden = out.writable;
   $("routes-readonly").textContent = out.writable ? "" : `Read-only: ${out.reason}`;
   list.replaceChildren(...out.routes.map(routeArticle));
