@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -59,3 +61,44 @@ def test_a_vector_is_a_unit_vector_or_zero_and_the_same_every_time(text: str, di
     n = math.sqrt(sum(x * x for x in v))
     assert n == pytest.approx(1.0) or n == 0.0
     assert v == vector(text, dims)
+
+
+@pytest.mark.parametrize("server", ["gateway", "sim"])
+async def test_a_large_input_is_embedded_off_the_event_loop(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 200 KB of text is ~250 ms of hashing: the mock and aiserve-sim hand it to a
+    # worker thread; a short input is embedded at once.
+    from aiserve_trio.adapters import mock
+    from aiserve_trio.asgi import App
+    from aiserve_trio.sim import SimApp, SimSettings, Timing
+    from aiserve_trio.sim import app as sim_app
+
+    from .asgi_client import Client
+    from .conftest import make_config
+
+    module: Any = mock if server == "gateway" else sim_app
+    on_loop: list[bool] = []
+    real = module.embeddings_body
+
+    def spy(*args: Any) -> Any:
+        try:
+            trio.lowlevel.current_task()
+            on_loop.append(True)
+        except RuntimeError:  # a worker thread: no Trio task here
+            on_loop.append(False)
+        return real(*args)
+
+    monkeypatch.setattr(module, "embeddings_body", spy)
+    timing = Timing(prefill_overhead_ms=0, prefill_per_token_ms=0)
+    app: Any = App(make_config()) if server == "gateway" else SimApp(SimSettings(timing=timing))
+    model = "aiserve-mock" if server == "gateway" else "sim-embed"
+    long = "the quick brown fox jumps over the lazy dog 12345 " * 4_000
+    client = Client(app)
+    for text in (long, "short"):
+        r = await client.request(
+            "POST", "/v1/embeddings", json_body={"model": model, "input": text}
+        )
+        assert r.status == 200
+        assert r.json()["data"][0]["embedding"] == pytest.approx(vector(text, DEFAULT_DIMENSIONS))
+    assert on_loop == [False, True]

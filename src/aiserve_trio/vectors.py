@@ -28,6 +28,9 @@ from typing import Any
 #: ``dimensions`` when the request gives none: enough buckets that unrelated
 #: texts of a few dozen words rarely share one.
 DEFAULT_DIMENSIONS = 512
+#: Inputs longer than this in all (characters) are embedded in a worker thread by the
+#: mock and aiserve-sim: about 10 ms of hashing, the most a request may hold the loop.
+INLINE_CHARS = 8_192
 #: Weights: words and word pairs carry the meaning; trigrams smooth inflections.
 _WORD = 1.0
 _PAIR = 1.0
@@ -134,6 +137,11 @@ def embeddings_body(
         "model": model,
         "usage": {"prompt_tokens": n, "total_tokens": n},
     }
+
+
+def heavy(inputs: list[str | list[int]]) -> bool:
+    """Whether embedding ``inputs`` would hold an event loop too long (see :data:`INLINE_CHARS`)."""
+    return sum(len(x) for x in inputs) > INLINE_CHARS
 
 
 def embedding_inputs(raw: str | list[Any]) -> list[str | list[int]]:
