@@ -16,14 +16,23 @@ flight or starts one; the last member to leave an unfinished flight ends it
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 import trio
 
 if TYPE_CHECKING:
     from ..errors import GatewayError
     from .entry import Replayed
+
+
+#: Publishes released pieces to the flight (called by a producer as they come).
+Publish: TypeAlias = "Callable[[Sequence[Replayed]], None]"
+#: Produces the answer until the deadline given: the model through the route's
+#: output filters, every released piece published, the final one last. Returns
+#: the cap that ended the reply early (``max_tokens``), if one did; raises a
+#: GatewayError on failure.
+Producer: TypeAlias = Callable[[Publish, float], Awaitable[str | None]]
 
 
 class FlightState(enum.Enum):
@@ -121,6 +130,16 @@ class Flight:
         """Wake the members waiting for more of the log."""
         self._changed.set()
         self._changed = trio.Event()
+
+    def publish(self, pieces: Sequence[Replayed], source: str) -> None:
+        """Add released pieces to the log (from ``source``) and wake the members."""
+        if pieces:
+            self.log.publish(pieces, source)
+            self.changed()
+
+    def finish(self) -> None:
+        self.log.finish()
+        self.changed()
 
     async def wait(self, cursor: int) -> None:
         """Return once the log has more than ``cursor`` pieces or has ended."""

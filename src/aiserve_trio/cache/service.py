@@ -18,13 +18,15 @@ One :class:`Cache` per app. For a request on a route with ``cache``:
   member to leave an unfinished flight cancels it.
 
 A flight that finishes cleanly is stored before it is forgotten, so a request
-arriving meanwhile either joins it or finds the entry. With a shared backend
-(Redis) the flight first claims the key across gateways: the entry, or a lease
-(this gateway answers and publishes the pieces), or another gateway's answer
-to follow; a gateway that dies loses its lease, and a follower that has
-received nothing takes over.
+arriving meanwhile either joins it or finds the entry. That is local single
+flight; with a shared backend (Redis) a flight is first handed to
+``remote.SharedFlight``, which claims the key across gateways (the entry, a
+lease, or another gateway's answer to follow).
 
-The backend is never in the way: every call is bounded (``[cache] timeout_ms``),
+On a route with a semantic tier, an exact miss is looked up once more by the
+meaning of its question, under a guard of everything else (``semantic.py``).
+
+The backend is never in the way: every call is bounded (``remote.BackendCalls``),
 a failure is counted and the request goes on without the cache, and after a
 failure the backend is skipped for ``retry_ms``.
 """
@@ -33,13 +35,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
@@ -50,15 +51,12 @@ from ..observability.events import NULL_HOOK, CacheHook
 from .backend import CacheBackend, MemoryBackend
 from .entry import (
     Entry,
-    Replayed,
-    decode_pieces,
     encode,
-    encode_pieces,
     new_entry,
     why_not_stored,
 )
-from .errors import CacheUnavailable, FlightLate, SharedReplyLost
-from .flight import Flight, FlightState, FlightTable
+from .errors import CacheUnavailable, FlightLate
+from .flight import Flight, FlightState, FlightTable, Producer
 from .key import (
     RouteScope,
     adapter_version,
@@ -67,7 +65,8 @@ from .key import (
     policy_version,
     request_key,
 )
-from .semantic import Item, Probe, Semantic, item_fields, item_of
+from .remote import BackendCalls, SharedFlight, SharedIndex, Storing
+from .semantic import Probe, Semantic
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -76,20 +75,6 @@ if TYPE_CHECKING:
     from ..config import CacheConfig, Config, RouteCache, RouteConfig
 
 log = logging.getLogger("aiserve_trio.cache")
-T = TypeVar("T")
-#: Publishes released pieces to the flight (called by a producer as they come).
-Publish = Callable[[Sequence[Replayed]], None]
-#: Produces the answer until the deadline given: the model through the route's
-#: output filters, every released piece published, the final one last. Returns
-#: the cap that ended the reply early (``max_tokens``), if one did; raises a
-#: GatewayError on failure.
-Producer = Callable[[Publish, float], Awaitable[str | None]]
-#: A follower reads a published answer that long after it ended.
-_KEEP_MS = 30_000
-#: The semantic index's log is read in pages of this many records, ...
-_INDEX_PAGE = 512
-#: ... a follower waiting this long in each read for the next.
-_INDEX_BLOCK_MS = 1_000
 PACKS_PACKAGE = "aiserve_trio.policies.packs"
 
 
@@ -161,17 +146,28 @@ class Cache:
         self.config = config
         #: By route path.
         self.routes = routes
-        self.backend = backend
         self.hook = hook
         self.flights = FlightTable()
         self._nursery: trio.Nursery | None = None
-        self._timeout = config.timeout_ms / 1000.0
-        self._down_until = -1.0
         #: The server's counters as last read (Redis ``INFO stats``).
         self.server: dict[str, float] = {}
         self._stats = trio.CancelScope()
         self.semantic = Semantic(config.semantic_max_entries, hook)
-        self._index_scope = trio.CancelScope()
+        self.backend = backend
+
+    @property
+    def backend(self) -> CacheBackend:
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: CacheBackend) -> None:
+        self._backend = backend
+        #: Every backend call, bounded (and the backend skipped a while after a failure).
+        self._call = BackendCalls(backend, self.config, self.hook)
+        #: With a shared backend: single flight across gateways, and the semantic
+        #: index's log that every worker follows (``remote.py``).
+        self.shared = SharedFlight(self._call) if backend.shared else None
+        self.index_log = SharedIndex(self._call, self.semantic) if backend.shared else None
 
     # --- the app's lifetime -----------------------------------------------------
 
@@ -181,9 +177,9 @@ class Cache:
         self._nursery = nursery
         if self.backend.shared:
             nursery.start_soon(self._stats_loop)
-            if self._needs_follower():
-                self.semantic.share = self._share
-                await nursery.start(self._follow_index)
+            if self.index_log is not None and self._needs_follower():
+                self.semantic.share = self.index_log.share
+                await nursery.start(self.index_log.follow)
 
     def successor(self, routes: dict[str, RouteCachePlan]) -> Cache:
         """The cache of a reloaded config whose ``[cache]`` did not change: the same
@@ -195,18 +191,19 @@ class Cache:
         nxt.server = self.server
         nxt._stats = self._stats
         nxt.semantic = self.semantic
-        nxt._index_scope = self._index_scope
-        if nxt._needs_follower() and nxt._nursery is not None:
+        nxt.index_log = self.index_log
+        if nxt.index_log is not None and nxt._needs_follower() and nxt._nursery is not None:
             # A reload turned the semantic tier on: follow the shared index from now
             # (its catch-up runs in the background; the app is serving already).
-            nxt.semantic.share = nxt._share
-            nxt._nursery.start_soon(nxt._follow_index)
+            nxt.semantic.share = nxt.index_log.share
+            nxt._nursery.start_soon(nxt.index_log.follow)
         return nxt
 
     async def aclose(self) -> None:
         self._nursery = None
         self._stats.cancel(reason="app shutdown")
-        self._index_scope.cancel(reason="app shutdown")
+        if self.index_log is not None:
+            self.index_log.scope.cancel(reason="app shutdown")
         await self.backend.aclose()
 
     def held(self) -> tuple[int, int]:
@@ -227,53 +224,10 @@ class Cache:
     def _needs_follower(self) -> bool:
         """A shared backend, a route with a semantic tier, and no follower yet."""
         return (
-            self.backend.shared
+            self.index_log is not None
             and self.semantic.share is None
             and any(p.settings.semantic is not None for p in self.routes.values())
         )
-
-    async def _share(self, item: Item) -> None:
-        await self._call(
-            "index_add",
-            partial(self.backend.index_add, item_fields(item), self.config.semantic_max_entries),
-        )
-
-    async def _follow_index(
-        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Keep this worker's semantic index up with every gateway's inserts: read what
-        the log holds (at most ``semantic_catch_up_ms``, then the worker serves), then
-        follow it. Failures are counted and retried after ``retry_ms``; meanwhile the
-        index misses what others insert, which is a miss, never a wrong answer."""
-        after = "0-0"
-        with self._index_scope:
-            with trio.move_on_after(self.config.semantic_catch_up_ms / 1000.0):
-                while True:
-                    read = partial(self.backend.index_read, after, _INDEX_PAGE, None)
-                    try:
-                        page = await self._call("index_read", read)
-                    except CacheUnavailable:
-                        break
-                    after = self._file_records(page, after)
-                    if len(page) < _INDEX_PAGE:
-                        break
-            task_status.started()
-            while True:
-                read = partial(self.backend.index_read, after, _INDEX_PAGE, _INDEX_BLOCK_MS)
-                try:
-                    page = await self._call("index_read", read, extra_s=_INDEX_BLOCK_MS / 1000.0)
-                except CacheUnavailable:
-                    await trio.sleep(self.config.retry_ms / 1000.0)
-                    continue
-                after = self._file_records(page, after)
-
-    def _file_records(self, page: list[tuple[str, dict[str, str]]], after: str) -> str:
-        for ident, fields in page:
-            item = item_of(fields)
-            if item is not None:
-                self.semantic.index.add(item)
-            after = ident
-        return after
 
     # --- the context stage --------------------------------------------------------
 
@@ -520,17 +474,6 @@ class Cache:
                 self._fail(flight, InternalError("the gateway is shutting down"))
             self.flights.remove(flight)
 
-    @staticmethod
-    def _publish(flight: Flight, pieces: Sequence[Replayed], source: str) -> None:
-        if pieces:
-            flight.log.publish(pieces, source)
-            flight.changed()
-
-    @staticmethod
-    def _finish(flight: Flight) -> None:
-        flight.log.finish()
-        flight.changed()
-
     def _fail(self, flight: Flight, err: GatewayError) -> None:
         if flight.log.fail(err):
             # Gone for new requests at once: they start afresh, not with this error.
@@ -540,37 +483,31 @@ class Cache:
     async def _answer(
         self, flight: Flight, plan: RouteCachePlan, produce: Producer, until: float
     ) -> None:
-        backend = self.backend
-        if backend.shared:
-            token = secrets.token_hex(8)
-            lease = self.config.lease_ms
-            while True:
-                try:
-                    claim = await self._call(
-                        "claim",
-                        partial(backend.claim, flight.key, token, lease, fresh=flight.fresh),
-                    )
-                except CacheUnavailable:
-                    break  # answer here, without the other gateways
-                if claim.kind == "hit":
-                    assert claim.entry is not None
-                    self._publish(flight, claim.entry.pieces, "store")
-                    self._finish(flight)
-                    return
-                if claim.kind == "lead":
-                    await self._lead(flight, plan, produce, token, until)
-                    return
-                if claim.token is not None and await self._follow_remote(flight, claim.token):
-                    return
-                if flight.log.pieces:
-                    raise SharedReplyLost(
-                        "the gateway producing the answer this request shared went away "
-                        "midway; it cannot be continued with another answer"
-                    )
-                # That gateway let go before sending anything: claim again (take over).
-        capped = await produce(partial(self._publish, flight, source="model"), until)
-        self._finish(flight)
+        if self.shared is not None and await self.shared.answer(
+            flight, produce, until, self._storing(flight, plan)
+        ):
+            return
+        # Alone: no shared backend, or it failed (the other gateways are not asked).
+        capped = await produce(partial(flight.publish, source="model"), until)
+        flight.finish()
         await self._store(flight, plan, capped)
+
+    def _storing(self, flight: Flight, plan: RouteCachePlan) -> Storing:
+        async def stored() -> None:
+            self.hook.cache_stored(plan.label, "stored")
+            await self._file(flight, plan)
+
+        def blob(capped: str | None) -> bytes | None:
+            made = self._entry(flight, plan, capped)
+            return made[1] if made is not None else None
+
+        return Storing(
+            ttl_s=plan.settings.ttl_s,
+            max_bytes=plan.settings.max_entry_bytes,
+            blob=blob,
+            stored=stored,
+            fail=partial(self._fail, flight),
+        )
 
     def _entry(
         self, flight: Flight, plan: RouteCachePlan, capped: str | None
@@ -605,152 +542,6 @@ class Cache:
         """File the stored entry's question in the semantic index (and share it)."""
         if isinstance(flight.probe, Probe):
             await self.semantic.insert(flight.probe, flight.key, plan.settings.ttl_s)
-
-    # --- across gateways (shared backends) ------------------------------------------
-
-    async def _lead(
-        self, flight: Flight, plan: RouteCachePlan, produce: Producer, token: str, until: float
-    ) -> None:
-        """Answer with the lease: publish the pieces for other gateways, then store."""
-        capped: str | None = None
-        failure: str | None = "cancelled"
-        try:
-            async with trio.open_nursery() as tasks:
-                tasks.start_soon(self._keep_lease, flight.key, token)
-                relayed = trio.Event()
-                tasks.start_soon(self._relay, flight, token, relayed)
-                try:
-                    capped = await produce(partial(self._publish, flight, source="model"), until)
-                    self._finish(flight)
-                    failure = None
-                except GatewayError as err:
-                    failure = err.code or "upstream_error"
-                    self._fail(flight, err)
-                await relayed.wait()
-                tasks.cancel_scope.cancel(reason="answer relayed")
-        finally:
-            made = self._entry(flight, plan, capped) if failure is None else None
-            blob = made[1] if made is not None else None
-            # Shielded and bounded: a cancelled leader still lets the others take over now.
-            with trio.CancelScope(shield=True):
-                try:
-                    await self._call(
-                        "close",
-                        partial(
-                            self.backend.close,
-                            flight.key,
-                            token,
-                            outcome="fail" if failure is not None else "done",
-                            detail=failure or "",
-                            blob=blob,
-                            ttl_s=plan.settings.ttl_s,
-                            max_bytes=plan.settings.max_entry_bytes,
-                            keep_ms=_KEEP_MS,
-                        ),
-                    )
-                    if blob is not None:
-                        self.hook.cache_stored(plan.label, "stored")
-                        await self._file(flight, plan)
-                except CacheUnavailable:
-                    pass
-
-    async def _keep_lease(self, key: str, token: str) -> None:
-        lease = self.config.lease_ms
-        while True:
-            await trio.sleep(lease / 3000.0)
-            try:
-                if not await self._call("renew", partial(self.backend.renew, key, token, lease)):
-                    return  # lost: another may take over; our own members are still served
-            except CacheUnavailable:
-                continue
-
-    async def _relay(self, flight: Flight, token: str, relayed: trio.Event) -> None:
-        """Publish the flight's pieces for the gateways that follow it, as they come."""
-        cursor = 0
-        healthy = True
-        try:
-            while True:
-                pieces = flight.log.since(cursor)
-                if pieces and healthy:
-                    try:
-                        await self._call(
-                            "publish",
-                            partial(
-                                self.backend.publish,
-                                flight.key,
-                                token,
-                                encode_pieces(pieces),
-                                _KEEP_MS,
-                            ),
-                        )
-                    except CacheUnavailable:
-                        healthy = False  # the others will see the lease go and take over
-                cursor += len(pieces)
-                if flight.log.ended and cursor >= len(flight.log.pieces):
-                    return
-                await flight.wait(cursor)
-        finally:
-            relayed.set()
-
-    async def _follow_remote(self, flight: Flight, token: str) -> bool:
-        """Follow another gateway's answer; False when it went away or failed."""
-        after = "0-0"
-        lease = self.config.lease_ms
-        while True:
-            try:
-                records = await self._call(
-                    "read",
-                    partial(self.backend.read, flight.key, token, after, lease),
-                    extra_s=lease / 1000.0,
-                )
-                if (
-                    not records
-                    and await self._call("holder", partial(self.backend.holder, flight.key))
-                    != token
-                ):
-                    return False  # it died without a word (its lease expired)
-            except CacheUnavailable:
-                return False
-            for record in records:
-                after = record.id
-                if record.kind == "pieces":
-                    try:
-                        pieces = decode_pieces(record.data)
-                    except (msgspec.DecodeError, msgspec.ValidationError):
-                        return False  # a gateway of another version: answer here
-                    self._publish(flight, pieces, "remote")
-                elif record.kind == "done":
-                    self._finish(flight)
-                    return True
-                else:
-                    return False
-
-    # --- every backend call ----------------------------------------------------------
-
-    async def _call(self, op: str, fn: Callable[[], Awaitable[T]], *, extra_s: float = 0.0) -> T:
-        """``fn()`` bounded by ``[cache] timeout_ms``; failures counted, then skipped a while.
-
-        Raises:
-            CacheUnavailable: it failed, timed out, or the backend is being skipped.
-        """
-        if not self.backend.shared:
-            return await fn()  # in this process: nothing to wait for, nothing to fail
-        now = trio.current_time()
-        if now < self._down_until:
-            self.hook.cache_error(op)
-            raise CacheUnavailable(f"the cache is skipped after a failure ({op})")
-        failure: CacheUnavailable | None = None
-        with trio.move_on_after(self._timeout + extra_s):
-            try:
-                return await fn()
-            except CacheUnavailable as exc:
-                failure = exc
-        self._down_until = trio.current_time() + self.config.retry_ms / 1000.0
-        self.hook.cache_error(op)
-        if failure is not None:
-            log.warning("cache backend: %s", failure, exc_info=failure.__cause__)
-            raise failure
-        raise CacheUnavailable(f"the cache did not answer {op} in time")
 
 
 def _may_take_over(flight: Flight, err: GatewayError, deadline: float) -> bool:
