@@ -759,3 +759,40 @@ async def test_the_request_span_says_what_the_cache_did(
     # A hit still has its stages, the inference one included (it replayed).
     names = [s.name for s in exporter.get_finished_spans()]
     assert names.count("inference") == 2
+
+
+# --- numbers the key must survive (issue 33, item 8) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "number", [b"1e1000000", b"-1e-1000000", b"1." + b"9" * 5000, b"9" * 4000]
+)
+async def test_huge_and_tiny_numbers_are_keyed_not_a_500(
+    autojump_clock: trio.testing.MockClock, number: bytes
+) -> None:
+    app, model = cache_app()
+    client = Client(app)
+    body = b'{"model":"aiserve-mock","messages":[{"role":"user","content":"hi"}],'
+    body += b'"temperature":0,"metadata_extra":{"n":' + number + b"}}"
+    headers = {"content-type": "application/json"}
+    a = await client.request("POST", "/v1/chat/completions", body=body, headers=headers)
+    b = await client.request("POST", "/v1/chat/completions", body=body, headers=headers)
+    assert (a.status, b.status) == (200, 200)
+    assert (a.headers["x-aiserve-cache"], b.headers["x-aiserve-cache"]) == ("miss", "hit")
+    assert model.calls == 1
+
+
+async def test_an_integer_too_long_to_read_is_invalid_json_naming_the_limit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, model = cache_app()
+    body = b'{"model":"aiserve-mock","messages":[{"role":"user","content":"hi"}],'
+    body += b'"temperature":0,"options":{"n":' + b"7" * 5000 + b"}}"
+    r = await Client(app).request(
+        "POST", "/v1/chat/completions", body=body, headers={"content-type": "application/json"}
+    )
+    assert r.status == 400
+    error = r.json()["error"]
+    assert error["code"] == "invalid_json"
+    assert "4300 digits" in error["message"]
+    assert model.calls == 0

@@ -288,3 +288,13 @@ def test_cache_control_directives(header: str | None, no_cache: bool, no_store: 
 )
 def test_deterministic(temperature: float | None, seed: bytes | None, expected: bool) -> None:
     assert deterministic(temperature, seed) is expected
+
+
+def test_numbers_of_any_exponent_are_canonical_by_value() -> None:
+    from aiserve_trio.cache.key import canonical, canonical_bytes
+
+    assert canonical_bytes(canonical(b"1e1000000")) == canonical_bytes(canonical(b"10e999999"))
+    assert canonical_bytes(canonical(b"1e1000000")) != canonical_bytes(canonical(b"1e999999"))
+    # A long mantissa is not rounded into another number's key.
+    a = b"1." + b"1" * 40
+    assert canonical_bytes(canonical(a)) != canonical_bytes(canonical(a + b"1"))

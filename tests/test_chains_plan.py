@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from aiserve_trio.chains.plan import build_plan, match_rules, route_choice
@@ -25,8 +27,9 @@ HEAD = ADAPTERS + """
 path = "/v1/bank"
 adapter = "mock"
 """
-#: The route is the embedded default's third: its steps are routes[2].steps[...].
-R = "routes[2]"
+#: The route comes after the embedded default's own: its steps are routes[N].steps[...].
+N = len(make_config().routes)
+R = f"routes[{N}]"
 
 
 def step(kind: str, **keys: str) -> str:
@@ -35,7 +38,7 @@ def step(kind: str, **keys: str) -> str:
 
 
 def chain(*steps: str) -> RouteConfig:
-    return make_config(HEAD + "".join(steps)).routes[2]
+    return make_config(HEAD + "".join(steps)).routes[N]
 
 
 def refused(*steps: str, extra: str = "") -> str:
@@ -52,7 +55,7 @@ def refused(*steps: str, extra: str = "") -> str:
 
 def test_a_plain_route_has_no_steps() -> None:
     cfg = make_config()
-    assert [r.steps for r in cfg.routes] == [[], []]
+    assert [r.steps for r in cfg.routes] == [[]] * N
 
 
 def test_steps_decode_into_their_kinds_named_after_them_by_default() -> None:
@@ -233,7 +236,7 @@ def test_the_route_level_rules() -> None:
     assert f"key `{R}.cache`" in cache
     assert "no response cache" in cache
     embed = make_config
-    with pytest.raises(ConfigError, match=r"key `routes\[2\]\.steps`: steps are for chat routes"):
+    with pytest.raises(ConfigError, match=re.escape(f"key `{R}.steps`: steps are for chat routes")):
         embed(HEAD.replace('adapter = "mock"', 'adapter = "mock"\nkind = "embeddings"') + step("generate"))
 
 

@@ -140,7 +140,9 @@ async def test_100_open_streams_survive_a_reload_and_new_requests_see_the_new_co
                 for s in results:
                     assert s.done, "a stream was cut"
                     assert s.finish == "stop"
-                    assert len(s.content) == TOKENS == s.completion_tokens
+                    assert s.completion_tokens == TOKENS
+                    # Tokens that queued during a slow write go out in one chunk.
+                    assert 0 < len(s.content) <= TOKENS
                 assert len({"".join(s.content) for s in results}) == 1
                 metrics = (await client.get("/metrics")).text
                 assert 'aiserve_config_reloads_total{result="applied"} 1.0' in metrics

@@ -76,6 +76,7 @@ from .sessions import build_bus
 from .sessions.bus import SessionBus, check_session_id
 from .sessions.http import SessionEndpoints
 from .sessions.outbox import WriteBack
+from .slices import Steps
 from .spend.ledger import LedgerMetrics
 from .spend.metrics import SpendMetrics
 from .spend.prices import build_pricing, unpriced_models
@@ -746,7 +747,7 @@ class App:
         await request.responder.complete(200, JSON_HEADERS, b'{"status":"ready"}')
 
     @staticmethod
-    def _vars_redactor(rt: Runtime) -> Callable[[dict[str, str]], dict[str, str]] | None:
+    def _vars_redactor(rt: Runtime) -> Callable[[dict[str, str]], Steps[dict[str, str]]] | None:
         """What ``PUT /v1/sessions/{id}/vars`` applies: the data protection of every
         chat route, since every route reads the same sessions."""
         policies = [p for r in rt.routes.values() for p in r.policies]
@@ -754,7 +755,7 @@ class App:
             return None
         clear = frozenset(rt.config.sessions.clear_vars)
 
-        def redact(values: dict[str, str]) -> dict[str, str]:
+        def redact(values: dict[str, str]) -> Steps[dict[str, str]]:
             ctx = PolicyContext(route="sessions", channel="api", tenant="", request_id="")
             return redact_values(values, policies, ctx, clear)
 

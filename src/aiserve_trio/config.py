@@ -31,7 +31,7 @@ import msgspec
 from .audit.settings import AuditConfig as AuditConfig
 from .chains.plan import AdapterFacts, check_chain
 from .chains.steps import StepConfig as StepConfig
-from .decoding import decode_toml, field_error
+from .decoding import config_roots, confined, decode_toml, field_error, outside
 
 # ConfigError lives with the other errors; re-exported for code that imports it from here.
 from .errors import ConfigError as ConfigError
@@ -92,6 +92,10 @@ class ServerConfig(_Section):
     #: files it names): a change is loaded as ``POST /admin/config/reload`` would
     #: (0: not watched).
     reload_watch_s: float = 5.0
+    #: Folders besides the config's own (relative ones from it) that its keys file
+    #: and rule pack files may be in; anything else is not read. Changed only on disk:
+    #: a reload proposed over HTTP that changes it is refused.
+    config_paths: list[str] = msgspec.field(default_factory=list)
     #: With auth off, the admin, console, debug and session endpoints answer only a
     #: ``Host`` that is a loopback name or address; these host names are accepted too.
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
@@ -311,12 +315,22 @@ def _why(exc: OSError) -> str:
     return f"not usable ({reason or exc.strerror or exc})"
 
 
-def check_tls_files(tls: UpstreamTLS, key: str, base_dir: str, source: str) -> UpstreamTLS:
+def check_tls_files(
+    tls: UpstreamTLS,
+    key: str,
+    base_dir: str,
+    source: str,
+    roots: tuple[str, ...] | None = None,
+) -> UpstreamTLS:
     """``tls`` with its paths made absolute and the digest of its files' bytes.
 
+    Args:
+        roots: the folders the files must be in (``decoding.config_roots``); None: any.
+
     Raises:
-        ConfigError: one line naming ``source`` and ``key.<field>``: a file cannot
-            be read, the key is readable by others, or a file is not valid PEM.
+        ConfigError: one line naming ``source`` and ``key.<field>``: a file is
+            outside ``roots``, cannot be read, the key is readable by others, or
+            a file is not valid PEM.
     """
     paths: dict[str, str] = {}
     digest = hashlib.blake2b(digest_size=8)
@@ -325,6 +339,8 @@ def check_tls_files(tls: UpstreamTLS, key: str, base_dir: str, source: str) -> U
         if value is None:
             continue
         path = Path(base_dir) / value
+        if not confined(str(path), roots):
+            raise ConfigError(f"{source}: key `{key}.{field}`: {outside('the file', value)}")
         try:
             digest.update(path.read_bytes())
             mode = path.stat().st_mode
@@ -598,10 +614,16 @@ class SessionsConfig(_Section):
     replay_events: int = 100
     heartbeat_ms: int = 15_000
     events_max_s: int = 3_600
+    #: Variables one session may hold, and their names' and values' UTF-8 bytes in
+    #: all: they ride along in every prompt, so a write past either is refused (413).
+    max_vars_per_session: int = 128
+    max_var_bytes_per_session: int = 32_768
 
     def __post_init__(self) -> None:
         _positive(
             self,
+            "max_vars_per_session",
+            "max_var_bytes_per_session",
             "pool_size",
             "follow_pool_size",
             "connect_timeout_ms",
@@ -1057,11 +1079,16 @@ def _loaded(decoded: Config, *, source: str, base_dir: str) -> Config:
             table is not valid for its kind.
     """
     auth = decoded.auth
+    roots = config_roots(source, base_dir, decoded.server.config_paths)
     if auth is not None and auth.keys_file is not None:
-        extra = _read_keys_file(Path(base_dir) / auth.keys_file, source)
+        file = Path(base_dir) / auth.keys_file
+        if not confined(str(file), roots):
+            why = outside("the keys file", auth.keys_file)
+            raise ConfigError(f"{source}: key `auth.keys_file`: {why}")
+        extra = _read_keys_file(file, source)
         auth = msgspec.structs.replace(auth, keys=[*auth.keys, *extra])
     adapters = {
-        name: check_tls_files(cfg, f"adapters.{name}", base_dir, source)
+        name: check_tls_files(cfg, f"adapters.{name}", base_dir, source, roots)
         if isinstance(cfg, UpstreamTLS)
         else cfg
         for name, cfg in decoded.adapters.items()

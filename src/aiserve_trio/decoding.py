@@ -14,6 +14,7 @@ policies can both import it.
 
 from __future__ import annotations
 
+import os
 import re
 import typing
 from typing import Any, TypeVar
@@ -135,3 +136,37 @@ def _name_the_key(message: str, data: bytes, typ: type[Any]) -> str:
             detail, rest = (inner["msg"], inner["path"]) if inner else (str(exc), "")
             return f"{detail} - at `$.{field}.{name}{rest}`"
     return message
+
+
+# --- what a config file may read ----------------------------------------------------
+
+
+def config_roots(source: str, base_dir: str, config_paths: list[str]) -> tuple[str, ...] | None:
+    """The folders a config's keys file and rule pack files must be inside.
+
+    A config read from a file (``source`` is a path, not ``<...>``) reads only
+    from its own folder's tree and the folders of ``[server] config_paths``
+    (relative ones from that folder); otherwise the admin API's reload could read,
+    and report on, any file the process can open. A config given as text (the
+    embedded default, tests) has no folder of its own: None, not confined.
+    """
+    if source.startswith("<"):
+        return None
+    base = os.path.realpath(base_dir)
+    return (base, *(os.path.realpath(os.path.join(base, p)) for p in config_paths))
+
+
+def confined(path: str, roots: tuple[str, ...] | None) -> bool:
+    """Whether ``path`` (symbolic links followed) is inside one of ``roots``."""
+    if roots is None:
+        return True
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def outside(what: str, ref: str) -> str:
+    """The message for a file outside the roots: it says nothing about the file itself."""
+    return (
+        f"{what} {ref!r} is outside the config's folder and `[server] config_paths`; "
+        "it is not read"
+    )

@@ -45,6 +45,7 @@ from .config import (
     load_config,
     parse_config,
 )
+from .decoding import config_roots, confined
 
 log = logging.getLogger("aiserve_trio.reload")
 
@@ -137,13 +138,17 @@ def config_version(config: Config) -> str:
 
 
 def _pack_files(config: Config) -> list[Path]:
-    """The rule pack files (not the shipped packs) the config's policies name."""
+    """The rule pack files (not the shipped packs) the config's policies name:
+    those it may read (``decoding.confined``), for a version must not tell about others."""
     out = []
+    roots = config_roots(config.source, config.base_dir, config.server.config_paths)
     for spec in config.policy_specs.values():
         ref = getattr(spec.settings, "pack", None)
         if isinstance(ref, str) and ("/" in ref or ref.endswith(".toml")):
             path = Path(ref)
-            out.append(path if path.is_absolute() else Path(config.base_dir) / path)
+            path = path if path.is_absolute() else Path(config.base_dir) / path
+            if confined(str(path), roots):
+                out.append(path)
     return out
 
 
@@ -201,6 +206,34 @@ def _restart(config: Config, key: str) -> str:
         f"{config.source}: key `{key}`: changed, and a running worker cannot change it; "
         "restart the server to apply it (the running configuration stays)"
     )
+
+
+class _ServerPaths(msgspec.Struct):
+    config_paths: list[str] = msgspec.field(default_factory=list)
+
+
+class _Paths(msgspec.Struct):
+    server: _ServerPaths = msgspec.field(default_factory=_ServerPaths)
+
+
+def check_config_paths(current: Config, candidate: str) -> None:
+    """Refuse a proposed config that changes ``[server] config_paths``, before it is loaded.
+
+    The folders a config may read files from are widened on disk only: otherwise
+    a proposal could first allow ``/`` and then name any file as its keys file.
+
+    Raises:
+        ConfigError: it changes them (text that is not TOML is left to the loader).
+    """
+    try:
+        proposed = msgspec.toml.decode(candidate.encode(), type=_Paths).server.config_paths
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return
+    if proposed != current.server.config_paths:
+        raise ConfigError(
+            f"{current.source}: key `server.config_paths`: changed only by editing the "
+            "file on disk, not by a reload over HTTP"
+        )
 
 
 def _from_file(config: Config) -> bool:
@@ -309,6 +342,7 @@ class Reloader:
                     "start with a config file to save"
                 )
             path = Path(current.source)
+            check_config_paths(current, candidate)
             parse = partial(parse_config, candidate, source=str(path), base_dir=path.parent)
             new = await trio.to_thread.run_sync(parse)
         version = await trio.to_thread.run_sync(config_version, new)

@@ -27,7 +27,9 @@ no whitespace, string escapes decoded, and numbers by value (``1``, ``1.0`` and
 
 from __future__ import annotations
 
+import decimal
 import hashlib
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -35,20 +37,26 @@ from typing import Any
 
 import msgspec
 
+from ..errors import BadRequest
+
 #: Changes when what the key covers or how an entry is encoded changes.
 KEY_VERSION = 1
 #: Top-level fields that do not change the answer: how it is delivered
 #: (a streamed and a non-streamed request share it) and who asked.
 NOT_IN_KEY = frozenset({"stream", "stream_options", "user", "metadata"})
 _INT_RANGE = 2**63
+#: Exact arithmetic over any exponent a JSON literal can carry (``1e1000000``):
+#: the default context would overflow, or round a long mantissa.
+_EXACT = decimal.Context(prec=decimal.MAX_PREC, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
 
 
 def _number(text: str) -> int | Decimal:
     """A JSON non-integer literal by its value: integral values as ints, others exact."""
     d = Decimal(text)
-    if d.is_finite() and d == d.to_integral_value() and abs(d) < _INT_RANGE:
+    # adjusted() first: an integral test of 1e1000000 would build a million digits.
+    if d.adjusted() < 19 and d == d.to_integral_value(context=_EXACT) and abs(d) < _INT_RANGE:
         return int(d)
-    return d.normalize()
+    return d.normalize(context=_EXACT)
 
 
 _decode = msgspec.json.Decoder(float_hook=_number).decode
@@ -60,8 +68,17 @@ def canonical(raw: bytes | msgspec.Raw) -> Any:
 
     Raises:
         msgspec.DecodeError: ``raw`` is not JSON (the parse stage has refused such bodies).
+        BadRequest: ``invalid_json`` -- an integer literal longer than Python
+            converts (``sys.get_int_max_str_digits()``, 4,300 digits by default).
     """
-    return _decode(raw)
+    try:
+        return _decode(raw)
+    except msgspec.ValidationError:  # the only one an untyped decode raises: int too long
+        limit = sys.get_int_max_str_digits()
+        raise BadRequest(
+            f"the request holds an integer with more than {limit} digits, the limit",
+            code="invalid_json",
+        ) from None
 
 
 def canonical_bytes(value: Any) -> bytes:

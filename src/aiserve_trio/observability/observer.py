@@ -186,8 +186,8 @@ class RequestObserver:
         model = outcome.model_label
         self._child(m.requests, route, model, outcome.channel, outcome.status).inc()
         if outcome.policy is not None:  # policy names like "gdpr-redact" are folded
-            for policy, action in outcome.policy.actions:
-                self._child(m.policy_actions, label_value(policy), action).inc()
+            for (policy, action), n in outcome.policy.counts.items():
+                self._child(m.policy_actions, label_value(policy), action).inc(n)
         if outcome.info is None and isinstance(outcome.error, StageDeadlineExceeded):
             # Served outside the pipeline's stage shells (embeddings), which count theirs.
             m.stage_expiries.labels(label_value(outcome.error.stage)).inc()

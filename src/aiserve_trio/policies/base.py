@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
 
 import msgspec
 
-from ..decoding import convert, decode_toml
+from ..decoding import confined, convert, decode_toml, outside
 from ..errors import ConfigError
+from ..slices import Steps
 
 if TYPE_CHECKING:
     from ..adapters.base import Message
@@ -49,12 +50,20 @@ class PolicyContext:
     #: Notes a policy wants recorded (e.g. a fraud score that flagged the request).
     flags: dict[str, str] = field(default_factory=dict)
     #: ``(policy name, action)`` pairs -- redacted, blocked, flagged, rewritten --
-    #: counted into ``policy_actions_total`` when the request ends. Never the values.
+    #: each once, in the order first taken. Never the values.
     actions: list[tuple[str, str]] = field(default_factory=list)
+    #: How many times each pair was taken: counted into ``policy_actions_total``
+    #: when the request ends (a megabyte of text can hold many thousand hits).
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def record(self, policy: str, action: str) -> None:
         """Note that ``policy`` took ``action`` (one of :data:`ACTIONS`)."""
-        self.actions.append((policy, action))
+        key = (policy, action)
+        n = self.counts.get(key)
+        if n is None:
+            self.actions.append(key)
+            n = 0
+        self.counts[key] = n + 1
 
 
 class OutputFilter(Protocol):
@@ -83,6 +92,27 @@ class Policy:
     def check_input(self, messages: list[Message], ctx: PolicyContext) -> list[Message]:
         """Return the messages to send on (rewritten or not), or raise PolicyViolation."""
         return messages
+
+    def input_steps(self, messages: list[Message], ctx: PolicyContext) -> Steps[list[Message]]:
+        """:meth:`check_input` in bounded steps (the context stage runs them sliced).
+
+        Default: :meth:`check_input` in one step. A policy whose work grows with
+        the text overrides this (and makes ``check_input`` run the steps).
+        """
+        yield from ()
+        return self.check_input(messages, ctx)
+
+    def fields_steps(
+        self, fields: dict[str, msgspec.Raw], ctx: PolicyContext
+    ) -> Steps[dict[str, msgspec.Raw]]:
+        """The request's other top-level fields as they go upstream (``user``,
+        ``metadata``, ``tools``...), raw JSON by name; rewritten or not.
+
+        Raises:
+            PolicyViolation: the policy refuses a field.
+        """
+        yield from ()
+        return fields
 
     def output_filter(self, ctx: PolicyContext) -> OutputFilter | None:
         """A fresh filter for one reply, or None if this policy does not touch output."""
@@ -139,6 +169,8 @@ class BuildContext:
     base_dir: str
     #: ``server.channels``: the channels a policy may be configured for.
     channels: tuple[str, ...]
+    #: The folders pack files must be in (``decoding.config_roots``); None: anywhere.
+    roots: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +219,9 @@ def read_pack(ref: str, typ: type[PackT], *, policy: str, ctx: BuildContext) -> 
             path = Path(ref)
             if not path.is_absolute():
                 path = Path(ctx.base_dir) / path
+            if not confined(str(path), ctx.roots):
+                why = outside("rule pack", ref)
+                raise ConfigError(f"{ctx.source}: policy {policy!r}: {why}")
             where, data = str(path), path.read_bytes()
         else:
             where = f"<shipped pack {ref}>"
@@ -217,12 +252,16 @@ def finish_filters(filters: list[OutputFilter]) -> str:
 
 def redact_values(
     values: dict[str, str], policies: list[Policy], ctx: PolicyContext, clear: Collection[str]
-) -> dict[str, str]:
-    """``values`` with every policy's :meth:`Policy.redact_text` applied, but to ``clear`` names."""
+) -> Steps[dict[str, str]]:
+    """``values`` with every policy's :meth:`Policy.redact_text` applied, but to ``clear`` names.
+
+    In steps, one value (at most ``sessions.bus.MAX_VAR_CHARS``) by one policy each.
+    """
     out = {}
     for name, value in values.items():
         if name not in clear:
             for policy in policies:
                 value = policy.redact_text(value, ctx)
+                yield
         out[name] = value
     return out

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import phonenumbers
@@ -35,6 +35,9 @@ from stdnum import iban, luhn
 from stdnum.cn import ric
 
 from ..decoding import field_error
+from ..errors import PolicyViolation
+from ..messages import decode_message
+from ..slices import Steps, finish
 from .base import (
     BuildContext,
     OutputFilter,
@@ -44,6 +47,7 @@ from .base import (
     PolicySettings,
     Table,
 )
+from .reach import Opaque, Walker, decoded
 from .stream import Rewriter, Rule, literal, make_rule
 
 if TYPE_CHECKING:
@@ -84,6 +88,25 @@ DEFAULT_TOKENS = {
 #: Order matters: the first kind accepted at a position wins (a numeric QQ
 #: e-mail is an e-mail; an 18-digit ID is an ID even if it passes Luhn).
 DEFAULT_DETECT = ("email", "cn_id", "card", "iban", "ip", "phone")
+#: Top-level fields that are parameters, not data: their numbers are not personal data.
+PARAMETERS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "n",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "logprobs",
+        "top_logprobs",
+        "logit_bias",
+        "parallel_tool_calls",
+        "stream_options",
+    }
+)
+_encoder = msgspec.json.Encoder()
 _SEPARATORS = regex.compile(r"[ \-]+")
 _NON_DIGITS = regex.compile(r"[^0-9]")
 #: A CN number dialled without a country code: a mobile, or a trunk 0 + area code.
@@ -213,18 +236,78 @@ def build_rules(
 
 
 class GdprRedact(Policy):
-    """Redacts personal data in the request (input) and in the reply (output)."""
+    """Redacts personal data in the request (input) and in the reply (output).
 
-    def __init__(self, rewriter: Rewriter, *, on_input: bool = True, on_output: bool = True):
+    On input it reaches every string that goes upstream (:mod:`.reach`): each
+    message's every field, key and number, URLs in their path and query, and
+    the request's other top-level fields (``user``, ``metadata``, ``tools``...).
+    """
+
+    def __init__(
+        self,
+        rewriter: Rewriter,
+        *,
+        on_input: bool = True,
+        on_output: bool = True,
+        refuse_opaque: bool = False,
+    ):
         self.rewriter = rewriter
         self.on_input = on_input
         self.on_output = on_output
+        self.refuse_opaque = refuse_opaque
 
     def check_input(self, messages: list[Message], ctx: PolicyContext) -> list[Message]:
+        return finish(self.input_steps(messages, ctx))
+
+    def _walker(self, ctx: PolicyContext) -> Walker:
+        hit = lambda _kind: ctx.record(self.name, "redacted")  # noqa: E731
+        return Walker(
+            lambda text: self.rewriter.rewrite_steps(text, hit), refuse_opaque=self.refuse_opaque
+        )
+
+    def input_steps(self, messages: list[Message], ctx: PolicyContext) -> Steps[list[Message]]:
         if not self.on_input:
             return messages
-        hit = lambda _kind: ctx.record(self.name, "redacted")  # noqa: E731
-        return [msg.map_text(lambda text: self.rewriter.rewrite(text, hit)) for msg in messages]
+        walker = self._walker(ctx)
+        out = []
+        for i, msg in enumerate(messages):
+            value = decoded(msg.to_raw(), f"messages[{i}]")
+            new = yield from self._refusing(walker.value(value, f"messages[{i}]"))
+            if new is value:
+                out.append(msg)
+                continue
+            redone = decode_message(msgspec.Raw(_encoder.encode(new)), i)
+            # A message the gateway made stays one (no client JSON to keep).
+            out.append(redone if msg.raw is not None else msgspec.structs.replace(redone, raw=None))
+        return out
+
+    def fields_steps(
+        self, fields: dict[str, msgspec.Raw], ctx: PolicyContext
+    ) -> Steps[dict[str, msgspec.Raw]]:
+        if not self.on_input:
+            return fields
+        walker = self._walker(ctx)
+        out: dict[str, msgspec.Raw] = {}
+        for key, raw in fields.items():
+            if key in PARAMETERS:
+                out[key] = raw
+                continue
+            value = decoded(raw, key)
+            new_key = yield from walker.rewrite(key)
+            new = yield from self._refusing(walker.value(value, key))
+            out[new_key] = raw if new is value else msgspec.Raw(_encoder.encode(new))
+        return out
+
+    def _refusing(self, steps: Steps[Any]) -> Steps[Any]:
+        try:
+            return (yield from steps)
+        except Opaque as exc:
+            raise PolicyViolation(
+                f"`{exc.where}` holds data that {self.name} cannot scan for personal "
+                "data (audio, a file, a data: URL); this route does not send it upstream",
+                code="unscannable_content",
+                param=exc.where,
+            ) from None
 
     def output_filter(self, ctx: PolicyContext) -> OutputFilter | None:
         if not self.on_output:
@@ -258,6 +341,9 @@ class RedactSettings(PolicySettings, frozen=True):
     #: Redact the request's messages / the reply stream.
     input: bool = True
     output: bool = True
+    #: What input that cannot be read as text (audio, files, ``data:`` URLs) gets:
+    #: ``pass`` sends it as it is, ``refuse`` answers 403 naming the field.
+    opaque: Literal["pass", "refuse"] = "pass"
 
     def __post_init__(self) -> None:
         for i, kind in enumerate(self.detect):
@@ -271,7 +357,12 @@ class RedactSettings(PolicySettings, frozen=True):
 def gdpr_redact(name: str, settings: RedactSettings, ctx: BuildContext) -> Policy:
     """Factory for ``gdpr-redact`` (and policies with ``kind = "gdpr-redact"``)."""
     rules = build_rules(settings.detect, msgspec.structs.asdict(settings.tokens), settings.region)
-    return GdprRedact(Rewriter(rules), on_input=settings.input, on_output=settings.output)
+    return GdprRedact(
+        Rewriter(rules),
+        on_input=settings.input,
+        on_output=settings.output,
+        refuse_opaque=settings.opaque == "refuse",
+    )
 
 
 KINDS: dict[str, PolicyKind[Any]] = {"gdpr-redact": PolicyKind(gdpr_redact, RedactSettings)}

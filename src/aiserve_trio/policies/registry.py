@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from ..decoding import convert
+from ..decoding import config_roots, convert
 from ..errors import ConfigError
 from . import antifraud, channel, compliance, redact
 from .base import BuildContext, Policy, PolicyKind, PolicySpec
@@ -108,7 +108,10 @@ def known_policies(cfg: Config) -> set[str]:
 def build_context(cfg: Config) -> BuildContext:
     """What building a policy needs from ``cfg``."""
     return BuildContext(
-        source=cfg.source, base_dir=cfg.base_dir, channels=tuple(cfg.server.channels)
+        source=cfg.source,
+        base_dir=cfg.base_dir,
+        channels=tuple(cfg.server.channels),
+        roots=config_roots(cfg.source, cfg.base_dir, cfg.server.config_paths),
     )
 
 

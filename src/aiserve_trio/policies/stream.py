@@ -37,6 +37,8 @@ from typing import Any
 
 import regex
 
+from ..slices import CHARS_PER_STEP, Steps, text_slices
+
 #: Dropped: invisible characters used to split numbers past filters.
 ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"
 _TABLE: dict[int, int | None] = {ord(c): None for c in ZERO_WIDTH}
@@ -176,6 +178,24 @@ class Rewriter:
         """Rewrite a whole text (the same result as streaming it in any chunks)."""
         s = self.stream(on_hit)
         return s.feed(text) + s.finish()
+
+    def rewrite_steps(
+        self, text: str, on_hit: Callable[[str], None] | None = None
+    ) -> Steps[str]:
+        """:meth:`rewrite` in steps of :data:`~aiserve_trio.slices.CHARS_PER_STEP` characters.
+
+        Each step is bounded: the stream is fed one slice at a time, so every
+        regular-expression search covers at most a slice and the held-back tail.
+        """
+        if len(text) <= CHARS_PER_STEP:
+            return self.rewrite(text, on_hit)
+        s = self.stream(on_hit)
+        out = []
+        for piece in text_slices(text):
+            out.append(s.feed(piece))
+            yield
+        out.append(s.finish())
+        return "".join(out)
 
 
 class RewriteStream:

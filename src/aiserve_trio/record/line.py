@@ -10,8 +10,8 @@ request path. What goes in (``schema.py`` has the format):
   sends the hashed session id, so a gateway with sessions rebuilds that context),
   the model and ``stream`` as asked, and every other top-level field as sent;
 - redaction on top (``settings.py``): the messages through the default
-  ``gdpr-redact`` when the route has no input-side ``gdpr-redact``, and the string
-  values of the other fields always, unless ``redact = false``;
+  ``gdpr-redact`` when the route has no input-side ``gdpr-redact``, and the strings,
+  object keys and numbers of the other fields always, unless ``redact = false``;
 - three headers: the channel, the session id as an HMAC (a session's requests stay
   together; the id cannot be read back or confirmed without the key), the timeout;
 - the labels of ``labels.py``, computed on the recorded body, whose ``metadata``
@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..messages import Message, map_json_strings
 from ..policies.base import Policy, PolicyContext
 from ..policies.redact import GdprRedact
+from ..slices import Steps, finish
 from .labels import LabelRules
 from .schema import (
     CHANNEL_HEADER,
@@ -90,15 +90,25 @@ class LineBuilder:
 
     def line(self, outcome: Outcome, path: str) -> bytes:
         """The JSON line (with its newline) of ``outcome``, a request to route ``path``."""
-        return encoder.encode(self.record(outcome, path)) + b"\n"
+        return finish(self.line_steps(outcome, path))
+
+    def line_steps(self, outcome: Outcome, path: str) -> Steps[bytes]:
+        """:meth:`line` in bounded steps (the recorder runs them sliced)."""
+        record = yield from self.record_steps(outcome, path)
+        return encoder.encode(record) + b"\n"
 
     def record(self, outcome: Outcome, path: str) -> Record:
+        return finish(self.record_steps(outcome, path))
+
+    def record_steps(self, outcome: Outcome, path: str) -> Steps[Record]:
         info = outcome.info
         body: bytes | None = None
         labels: dict[str, str] = {}
         if outcome.prepared is not None and info is not None:
             chain = outcome.chain
-            body = self.body(outcome.prepared, info.route, chain.labels if chain else None)
+            body = yield from self.body_steps(
+                outcome.prepared, info.route, chain.labels if chain else None
+            )
             decoded = _any.decode(body)
             labels = self.rules.labels(decoded if isinstance(decoded, Mapping) else {})
         headers: dict[str, str] = {}
@@ -124,47 +134,39 @@ class LineBuilder:
     ) -> bytes:
         """The request body as recorded (see the module docstring); ``labels`` (a
         chain's) are put into its ``metadata``."""
+        return finish(self.body_steps(prepared, route, labels))
+
+    def body_steps(
+        self, prepared: Prepared, route: Route, labels: Mapping[str, str] | None = None
+    ) -> Steps[bytes]:
+        """:meth:`body` in bounded steps."""
         inference = prepared.inference
         # The client's messages carry their JSON; what the gateway made (session
         # history, the variables' system prompt) does not.
         messages = [m for m in inference.messages if m.raw is not None]
         redactor = self.redactor
-        if redactor is not None and not route_redacts_input(route):
-            messages = redactor.check_input(messages, _context(route))
+        extra = inference.extra
+        if redactor is not None:
+            ctx = _context(route)
+            if not route_redacts_input(route):
+                messages = yield from redactor.input_steps(messages, ctx)
+            # Always: keys, numbers and strings of every other field.
+            extra = yield from redactor.fields_steps(extra, ctx)
         out: dict[str, Any] = {
             "model": prepared.parsed.model,
             "messages": [m.to_raw() for m in messages],
             "stream": prepared.parsed.stream,
         }
-        scrub = self._scrub(route) if redactor is not None else None
-        for key, raw in inference.extra.items():
-            out[key] = _scrubbed(raw, scrub) if scrub is not None else raw
+        out.update(extra)
         if labels:
             metadata = _any.decode(out["metadata"]) if "metadata" in out else None
             out["metadata"] = {**(metadata if isinstance(metadata, dict) else {}), **labels}
         return encoder.encode(out)
 
-    def _scrub(self, route: Route) -> Callable[[str], str]:
-        redactor = self.redactor
-        assert redactor is not None
-        ctx = _context(route)
-
-        def scrub(text: str) -> str:
-            # Through the policy's own interface, so any redaction policy would do.
-            return redactor.check_input([Message(role="user", content=text)], ctx)[0].text()
-
-        return scrub
-
 
 def _context(route: Route) -> PolicyContext:
     # The actions the redactor records here are not the request's: not counted.
     return PolicyContext(route=route.label, channel="", tenant="", request_id="")
-
-
-def _scrubbed(raw: msgspec.Raw, scrub: Callable[[str], str]) -> msgspec.Raw:
-    text = bytes(raw).decode()
-    new = map_json_strings(text, scrub)
-    return raw if new == text else msgspec.Raw(new.encode())
 
 
 def recorded_outcome(outcome: Outcome) -> RecordedOutcome:

@@ -35,6 +35,7 @@ from typing import IO, TYPE_CHECKING, Protocol, TypeVar
 import trio
 
 from ..policies.registry import build_policies
+from ..slices import run_sliced
 from ..stages.outcome import Outcome
 from .labels import LabelRules
 from .line import LineBuilder
@@ -120,6 +121,12 @@ class Rotation:
         return chunks
 
 
+def private_file(path: Path) -> IO[bytes]:
+    """``path`` opened to append, created readable and writable by its owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    # A file created earlier with a looser mode (or under a loose umask) is tightened.
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 def batch_of(first: _T, inbox: trio.MemoryReceiveChannel[_T], limit: int) -> list[_T]:
     """``first`` and what is queued behind it in ``inbox``, at most ``limit`` in all
     (a writer task's next batch, taken without a trip through the scheduler)."""
@@ -163,12 +170,14 @@ class ThreadDisk:
         return str(self.directory)
 
     async def prepare(self) -> None:
-        await trio.to_thread.run_sync(lambda: self.directory.mkdir(parents=True, exist_ok=True))
+        # Recordings hold what customers sent: the owner's only (0700 / 0600).
+        await trio.to_thread.run_sync(
+            lambda: self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        )
 
     async def open(self, name: str) -> None:
         await self.close()
-        path = self.directory / name
-        self._file = await trio.to_thread.run_sync(path.open, "ab")
+        self._file = await trio.to_thread.run_sync(private_file, self.directory / name)
 
     async def write(self, data: bytes) -> None:
         f = self._file
@@ -314,12 +323,14 @@ class Recorder:
         lines = []
         for outcome in batch:
             try:
-                lines.append(self.builder.line(outcome, self.routes[outcome.route]))
+                # Redaction is CPU by the character: in slices, between which
+                # the requests in flight run.
+                steps = self.builder.line_steps(outcome, self.routes[outcome.route])
+                lines.append(await run_sliced(steps))
             except Exception:
                 # A request the builder cannot record must not stop the recording.
                 log.exception("recording: request %s could not be recorded", outcome.request_id)
                 self._dropped["unrecordable"].inc()
-            # Redaction is CPU: let the requests in flight run between records.
             await trio.lowlevel.checkpoint()
         return lines
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..errors import ConfigError
-from .bus import Event, Session, SessionBus, SessionBusError, Turn, check_tenant
+from .bus import Event, Session, SessionBus, SessionBusError, Turn, VarCaps, check_tenant
 from .memory import MemoryBus
 
 if TYPE_CHECKING:
@@ -48,7 +48,11 @@ def build_bus(config: Config, metrics: Metrics | None = None) -> SessionBus:
     check_tenants(config)
     cfg = config.sessions
     if cfg.backend == "memory":
-        return MemoryBus(max_sessions=cfg.max_sessions, max_turns=cfg.max_turns)
+        return MemoryBus(
+            max_sessions=cfg.max_sessions,
+            max_turns=cfg.max_turns,
+            caps=VarCaps(cfg.max_vars_per_session, cfg.max_var_bytes_per_session),
+        )
     from .redis_streams import RedisBus  # late: coredis is only needed for this backend
 
     try:

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import abc
 import re
+from dataclasses import dataclass
 
 import msgspec
 import trio
 
-from ..errors import BadRequest, Overloaded
+from ..errors import BadRequest, Overloaded, PayloadTooLarge
 from ..messages import ToolCall
 
 # Re-exported: the tenant rule is shared with the config (see ``tenants``).
@@ -39,6 +40,49 @@ class SessionBusError(Overloaded):
     """The session bus could not be reached or answered wrongly (503)."""
 
     default_code = "session_bus_unavailable"
+
+
+class SessionVarsFull(PayloadTooLarge):
+    """Writing the variables would take the session past a ``[sessions]`` cap (413)."""
+
+    default_code = "session_variables_full"
+
+
+@dataclass(frozen=True, slots=True)
+class VarCaps:
+    """What one session's variables may hold (``[sessions] max_vars_per_session``,
+    ``max_var_bytes_per_session``)."""
+
+    count: int = 128
+    bytes: int = 32_768
+
+    def check(self, count: int, size: int, param: str = "variables") -> None:
+        """Raises:
+        SessionVarsFull: ``count`` variables or ``size`` bytes are past a cap (naming it).
+        """
+        if count > self.count:
+            raise SessionVarsFull(
+                f"the session would hold {count} variables, more than "
+                f"[sessions] max_vars_per_session = {self.count}",
+                param=param,
+            )
+        if size > self.bytes:
+            raise SessionVarsFull(
+                f"the session's variables would take {size} bytes, more than "
+                f"[sessions] max_var_bytes_per_session = {self.bytes}",
+                param=param,
+            )
+
+
+def var_bytes(name: str, value: str) -> int:
+    """What one variable counts against ``max_var_bytes_per_session``: UTF-8 bytes."""
+    return len(name.encode()) + len(value.encode())
+
+
+def merged_size(current: dict[str, str], values: dict[str, str]) -> tuple[int, int]:
+    """``(count, bytes)`` of ``current`` once ``values`` are merged into it."""
+    merged = {**current, **values}
+    return len(merged), sum(var_bytes(k, v) for k, v in merged.items())
 
 
 class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -159,7 +203,12 @@ class SessionBus(abc.ABC):
     async def set_vars(
         self, tenant: str, session_id: str, values: dict[str, str], ttl: int
     ) -> None:
-        """Merge ``values`` into the session's variables; refreshes the TTL."""
+        """Merge ``values`` into the session's variables; refreshes the TTL.
+
+        Raises:
+            SessionVarsFull: the merge would pass the bus's :class:`VarCaps`;
+                nothing is written.
+        """
 
     async def read(
         self, tenant: str, session_id: str, after: str | None, *, limit: int, block_ms: int

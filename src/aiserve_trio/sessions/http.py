@@ -32,6 +32,7 @@ from ..errors import (
 from ..http.body import read_body
 from ..http.sse import CLOSE, PING, RETRY, bus_error_event, session_event
 from ..http.types import JSON_HEADERS, SSE_HEADERS
+from ..slices import Steps, run_sliced
 from .bus import (
     Event,
     SessionBus,
@@ -95,7 +96,7 @@ class SessionEndpoints:
         bus: SessionBus,
         closing: Sequence[trio.Event],
         tenant: Callable[[Request], str],
-        redact: Callable[[dict[str, str]], dict[str, str]] | None = None,
+        redact: Callable[[dict[str, str]], Steps[dict[str, str]]] | None = None,
     ) -> None:
         """Args:
         closing: any of these set ends the live event streams cleanly (the app
@@ -148,7 +149,7 @@ class SessionEndpoints:
             raise BadRequest("the body is not valid JSON", param="body") from None
         check_vars(values, "body")
         if self.redact is not None:
-            values = self.redact(values)
+            values = await run_sliced(self.redact(values))
         await self._bounded(lambda: self.bus.set_vars(tenant, sid, values, self.ttl))
         out = VarsUpdated(id=sid, updated=sorted(values))
         await request.responder.complete(200, JSON_HEADERS, encoder.encode(out))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .bus import Event, Session, SessionBus, Turn, parse_event_id
+from .bus import Event, Session, SessionBus, Turn, VarCaps, merged_size, parse_event_id
 
 _Key = tuple[str, str]
 
@@ -64,9 +64,12 @@ class MemoryBus(SessionBus):
 
     kind = "memory"
 
-    def __init__(self, *, max_sessions: int = 10_000, max_turns: int = 100) -> None:
+    def __init__(
+        self, *, max_sessions: int = 10_000, max_turns: int = 100, caps: VarCaps | None = None
+    ) -> None:
         self.max_sessions = max_sessions
         self.max_turns = max_turns
+        self.caps = caps or VarCaps()
         self._sessions: OrderedDict[_Key, _Entry] = OrderedDict()
         self._waiters = _Waiters()
         self._last_id = (0, 0)
@@ -151,6 +154,8 @@ class MemoryBus(SessionBus):
         self, tenant: str, session_id: str, values: dict[str, str], ttl: int
     ) -> None:
         await trio.lowlevel.checkpoint()
+        entry = self._get((tenant, session_id))
+        self.caps.check(*merged_size(entry.variables if entry is not None else {}, values))
         self._get_or_create((tenant, session_id), ttl).variables.update(values)
 
     async def read(

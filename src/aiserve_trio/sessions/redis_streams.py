@@ -12,7 +12,8 @@ pipelines and the append script work on Redis Cluster too. Tenants have no
 a key. Every key expires ``ttl`` seconds after the session's last use.
 
 Round trips: ``load`` is one pipeline (XREVRANGE, HGETALL, 3x EXPIRE),
-``append`` one EVALSHA (dedupe + XADD + EXPIRE), ``set_vars`` one pipeline.
+``append`` one EVALSHA (dedupe + XADD + EXPIRE), ``set_vars`` one EVALSHA
+(the per-session caps checked and the merge, atomically).
 Followers block in ``XREAD BLOCK`` on a second, separately sized pool so that
 long-lived event streams never starve the request path of connections.
 
@@ -35,7 +36,7 @@ import msgspec
 from coredis.connection import TCPLocation
 
 from ..messages import ToolCall
-from .bus import Event, Session, SessionBus, SessionBusError, Turn
+from .bus import Event, Session, SessionBus, SessionBusError, Turn, VarCaps
 
 if TYPE_CHECKING:
     from ..config import SessionsConfig
@@ -64,6 +65,33 @@ for _ = 1, tonumber(ARGV[5]) do
 end
 for k = 1, 3 do redis.call('EXPIRE', KEYS[k], ARGV[1]) end
 return ids
+"""
+
+# KEYS: turns, vars, seen. ARGV: ttl, max count, max bytes, then name, value, ...
+# Merges the variables unless the result passes a cap: returns {} when written,
+# else {"count" | "bytes", the size the session would have had}. Lua's # is bytes.
+_SET_VARS_LUA = """
+local cur = redis.call('HGETALL', KEYS[2])
+local size = {}
+local count, bytes = 0, 0
+for i = 1, #cur, 2 do
+  size[cur[i]] = #cur[i] + #cur[i + 1]
+  count = count + 1
+  bytes = bytes + size[cur[i]]
+end
+for i = 4, #ARGV, 2 do
+  local old = size[ARGV[i]]
+  if old then bytes = bytes - old else count = count + 1 end
+  size[ARGV[i]] = #ARGV[i] + #ARGV[i + 1]
+  bytes = bytes + size[ARGV[i]]
+end
+if count > tonumber(ARGV[2]) then return {'count', count} end
+if bytes > tonumber(ARGV[3]) then return {'bytes', bytes} end
+local args = {KEYS[2]}
+for i = 4, #ARGV do args[#args + 1] = ARGV[i] end
+redis.call('HSET', unpack(args))
+for k = 1, 3 do redis.call('EXPIRE', KEYS[k], ARGV[1]) end
+return {}
 """
 
 _ERRORS = (coredis.exceptions.RedisError, OSError, TimeoutError)
@@ -211,6 +239,8 @@ class RedisBus(SessionBus):
         self._client = client_for_url(config.url, config.pool_size, timeout)
         self._follow_client = client_for_url(config.url, config.follow_pool_size, timeout)
         self._append = self._client.register_script(_APPEND_LUA)
+        self._set_vars = self._client.register_script(_SET_VARS_LUA)
+        self.caps = VarCaps(config.max_vars_per_session, config.max_var_bytes_per_session)
         self._stack: AsyncExitStack | None = None
 
     async def aopen(self) -> None:
@@ -284,12 +314,17 @@ class RedisBus(SessionBus):
     ) -> None:
         if not values:
             return
-        keys = self._keys(tenant, session_id)
+        args: list[str | int] = [ttl, self.caps.count, self.caps.bytes]
+        for name, value in values.items():
+            args += [name, value]
         with self._translate("set_vars"):
-            async with self._client.pipeline(transaction=False) as pipe:
-                pipe.hset(keys[1], dict(values))
-                for key in keys:
-                    pipe.expire(key, ttl)
+            refused = await self._set_vars(keys=list(self._keys(tenant, session_id)), args=args)
+        if refused:
+            which, size = (x.decode() if isinstance(x, bytes) else x for x in refused)
+            # The script checked both caps the same way; raise the one it names.
+            if which == "count":
+                self.caps.check(int(size), 0)
+            self.caps.check(0, int(size))
 
     async def read(
         self, tenant: str, session_id: str, after: str | None, *, limit: int, block_ms: int

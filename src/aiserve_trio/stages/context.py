@@ -24,6 +24,7 @@ from ..cache.service import Cache, Ticket
 from ..errors import BadRequest, NotFound, StageDeadlineExceeded
 from ..policies.base import OutputFilter, Policy, PolicyContext, redact_values
 from ..sessions.bus import Session, SessionBusError, Turn, check_session_id, check_vars
+from ..slices import run_sliced
 from .channel import Inbox, Outbox
 from .handoff import hand_on
 from .types import ParsedRequest, Prepared, RequestInfo
@@ -147,7 +148,9 @@ class ContextStage:
             check_vars(metadata, "metadata")
             # Stored data is protected data: what the route's policies take out
             # of messages they take out of variables too (unless allowlisted).
-            metadata = redact_values(metadata, route.policies, self.policy, self.clear_vars)
+            metadata = await run_sliced(
+                redact_values(metadata, route.policies, self.policy, self.clear_vars)
+            )
         self.metadata = metadata
         bus, sid = self.bus, info.session_id
         if bus is None or sid is None:
@@ -247,8 +250,12 @@ class ContextStage:
         ctx = self.policy
         assert ctx is not None  # run() made it
         own = len(req.messages)
+        extra = req.extra
         for policy in route.policies:
-            messages = policy.check_input(messages, ctx)
+            # Sliced: a megabyte of text must not hold the event loop (and the
+            # stage's cut point applies at each checkpoint).
+            messages = await run_sliced(policy.input_steps(messages, ctx))
+            extra = await run_sliced(policy.fields_steps(extra, ctx))
         forward = {k: info.headers[k] for k in _FORWARDED if k in info.headers}
         request = InferenceRequest(
             request_id=info.request_id,
@@ -263,7 +270,7 @@ class ContextStage:
             forward_headers=forward,
             tool_names=[t.function.name for t in req.body.tools or () if t.function is not None],
             tool_choice=_tool_choice(req),
-            extra=req.extra,
+            extra=extra,
         )
         request = await route.adapter.prepare(request)
         if self.cache is not None:
