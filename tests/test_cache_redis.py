@@ -44,10 +44,17 @@ def redis_text(url: str, prefix: str, cache: str = "{}", table: str = "", extra:
 
 @asynccontextmanager
 async def gateways(
-    redis: RedisServer, n: int = 2, *, cache: str = "{}", table: str = "", **model: Any
+    redis: RedisServer,
+    n: int = 2,
+    *,
+    cache: str = "{}",
+    table: str = "",
+    prefix: str = "",
+    **model: Any,
 ) -> AsyncIterator[tuple[list[App], list[CountingModel], str]]:
-    """``n`` started apps sharing one Redis (a fresh key prefix), each with its own model."""
-    prefix = f"t{secrets.token_hex(4)}"
+    """``n`` started apps sharing one Redis (a fresh key prefix unless given), each with
+    its own model."""
+    prefix = prefix or f"t{secrets.token_hex(4)}"
     apps, models = [], []
     for _ in range(n):
         m = CountingModel(**model)

@@ -21,7 +21,7 @@ from .asgi_client import Client, Exchange, Response, chat_body, make_scope
 from .authcfg import KEY_A, KEY_ADMIN, auth_app, bearer
 from .conftest import make_config
 
-API = ["/admin/api/overview", "/admin/api/slow", "/admin/api/routes"]
+API = ["/admin/api/overview", "/admin/api/slow", "/admin/api/routes", "/admin/api/cache"]
 
 
 async def call(app: App, method: str, path: str, *, headers: dict[str, str] | None = None,

@@ -109,6 +109,7 @@ class Host:
     gate: Gate
     metrics: Metrics
     observer: RequestObserver
+    cache: None = None
 
 
 @dataclass

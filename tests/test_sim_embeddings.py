@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from aiserve_trio.sim import SimApp, SimSettings, Timing
-from aiserve_trio.vectors import vector
+from aiserve_trio.vectors import DEFAULT_DIMENSIONS, cosine, vector
 
 from .asgi_client import Client, Response
 
@@ -24,9 +24,7 @@ def sim() -> SimApp:
 
 async def embed(app: SimApp, headers: dict[str, str] | None = None, **payload: Any) -> Response:
     payload.setdefault("model", "sim-embed")
-    return await Client(app).request(
-        "POST", "/v1/embeddings", json_body=payload, headers=headers
-    )
+    return await Client(app).request("POST", "/v1/embeddings", json_body=payload, headers=headers)
 
 
 def norm(v: list[float]) -> float:
@@ -43,7 +41,7 @@ async def test_one_text(autojump_clock: trio.testing.MockClock) -> None:
     [item] = obj["data"]
     assert item["object"] == "embedding"
     assert item["index"] == 0
-    assert len(item["embedding"]) == 8
+    assert len(item["embedding"]) == DEFAULT_DIMENSIONS
     assert norm(item["embedding"]) == pytest.approx(1.0)
     assert obj["usage"] == {"prompt_tokens": 2, "total_tokens": 2}
     # The prefill model: overhead + per prompt token.
@@ -62,7 +60,7 @@ async def test_inputs_of_every_shape_in_order(autojump_clock: trio.testing.MockC
     many = (await embed(app, input=[[1, 2], [3]])).json()
     assert [d["index"] for d in many["data"]] == [0, 1]
     assert many["usage"]["prompt_tokens"] == 3
-    assert many["data"][0]["embedding"] == vector([1, 2], 8)
+    assert many["data"][0]["embedding"] == vector([1, 2], DEFAULT_DIMENSIONS)
 
 
 async def test_vectors_are_the_same_in_every_process_and_seed(
@@ -71,7 +69,7 @@ async def test_vectors_are_the_same_in_every_process_and_seed(
     a = (await embed(sim(), input="same")).json()["data"][0]["embedding"]
     other = SimApp(SimSettings(seed=99))
     b = (await embed(other, input="same")).json()["data"][0]["embedding"]
-    assert a == b == vector("same", 8)
+    assert a == b == vector("same", DEFAULT_DIMENSIONS)
 
 
 async def test_dimensions_and_base64(autojump_clock: trio.testing.MockClock) -> None:
@@ -81,9 +79,15 @@ async def test_dimensions_and_base64(autojump_clock: trio.testing.MockClock) -> 
     raw = base64.b64decode(b64["data"][0]["embedding"])
     assert list(struct.unpack("<3f", raw)) == pytest.approx(floats, rel=1e-6)
     assert norm(floats) == pytest.approx(1.0)
-    # A shorter vector is the start of the longer one, renormalised.
-    full = vector("x", 8)
-    assert [v / norm(full[:3]) for v in full[:3]] == pytest.approx(floats)
+    assert floats == pytest.approx(vector("x", 3))
+
+
+async def test_texts_sharing_their_words_are_near(autojump_clock: trio.testing.MockClock) -> None:
+    texts = ["What is the 20-year mortgage rate?", "what is the 20 year MORTGAGE rate", "hello"]
+    data = (await embed(sim(), input=texts)).json()["data"]
+    a, b, c = (d["embedding"] for d in data)
+    assert cosine(a, b) == pytest.approx(1.0)
+    assert cosine(a, c) < 0.3
 
 
 @pytest.mark.parametrize(

@@ -431,14 +431,22 @@ def test_a_ca_file_that_is_not_pem_is_refused(tmp_path: Path) -> None:
         _load(tmp_path, ca_file="junk.pem")
 
 
+def _beside(tmp_path: Path, source: Path) -> str:
+    """A copy of ``source`` in the config's folder (files outside it are not read)."""
+    copy = tmp_path / source.name
+    copy.write_bytes(source.read_bytes())
+    return str(copy)
+
+
 def test_a_client_key_others_may_read_is_refused(pki: PKI, tmp_path: Path) -> None:
     key = tmp_path / "client.key"
     key.write_bytes(pki.client_key.read_bytes())
     key.chmod(0o644)
+    cert = _beside(tmp_path, pki.client_cert)
     with pytest.raises(ConfigError, match=r"key `adapters.up.client_key`: .* readable by others"):
-        _load(tmp_path, client_cert=str(pki.client_cert), client_key=str(key))
+        _load(tmp_path, client_cert=cert, client_key=str(key))
     key.chmod(0o600)
-    _load(tmp_path, client_cert=str(pki.client_cert), client_key=str(key))
+    _load(tmp_path, client_cert=cert, client_key=str(key))
 
 
 def test_a_client_key_that_does_not_match_the_certificate_is_refused(
@@ -446,7 +454,7 @@ def test_a_client_key_that_does_not_match_the_certificate_is_refused(
 ) -> None:
     key = _write_key(tmp_path / "other.key", trustme.CA().issue_cert("x.test").private_key_pem.bytes())
     with pytest.raises(ConfigError, match=r"key `adapters.up.client_cert`: not usable"):
-        _load(tmp_path, client_cert=str(pki.client_cert), client_key=str(key))
+        _load(tmp_path, client_cert=_beside(tmp_path, pki.client_cert), client_key=str(key))
 
 
 def test_client_cert_and_client_key_go_together(pki: PKI, tmp_path: Path) -> None:

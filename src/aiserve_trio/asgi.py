@@ -302,8 +302,8 @@ class App:
         labels = {path: r.label for path, r in rt.routes.items()}
         prev = previous.cache if previous is not None else None
         if prev is None or previous is None or previous.config.cache != config.cache:
-            return build_cache(config, labels, self.observer)
-        plans = cache_plans(config, labels)
+            return build_cache(config, labels, self.observer, rt.adapters)
+        plans = cache_plans(config, labels, rt.adapters)
         if not plans:
             return None
         rt.cache_closer = previous.cache_closer

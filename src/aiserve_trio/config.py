@@ -643,6 +643,34 @@ class SessionsConfig(_Section):
             raise field_error("key_prefix", "must be 1-64 letters, digits or '_.-'")
 
 
+class RouteSemantic(_Section):
+    """A route's semantic cache tier (``cache = { ..., semantic = { ... } }``).
+
+    After an exact miss, the last user message is embedded and an answer stored
+    for a question whose wording was near is served -- only when everything else
+    matches exactly, the facts of the question included (``cache/semantic.py``).
+    """
+
+    #: The adapter (``[adapters.NAME]``) that embeds the question.
+    embeddings: str
+    #: The embedding model, as that adapter names it.
+    model: str
+    #: The least cosine similarity served; tune it on your own questions
+    #: (``python -m bench.semantic``).
+    threshold: float = 0.92
+    #: The embedding call is given up after this long (or at the context stage's
+    #: cut, if sooner): the request goes on as an exact miss.
+    timeout_ms: int = 250
+    #: A longer last message is not looked up nor filed (a semantic cache is for
+    #: questions; reading the facts of a long text would hold the worker).
+    max_chars: int = 2_000
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold <= 1.0:
+            raise field_error("threshold", "must be in (0, 1]")
+        _positive(self, "timeout_ms", "max_chars")
+
+
 class RouteCache(_Section):
     """A route's response cache (``cache = { ... }`` on a route; off without it).
 
@@ -661,6 +689,8 @@ class RouteCache(_Section):
     #: Only requests that ask for a repeatable answer (``temperature`` 0 or a
     #: ``seed``) are looked up, shared and stored; false: every request.
     deterministic_only: bool = True
+    #: The semantic tier behind the exact cache; off without it.
+    semantic: RouteSemantic | None = None
 
     def __post_init__(self) -> None:
         _positive(self, "ttl_s", "max_entry_bytes")
@@ -692,6 +722,10 @@ class CacheConfig(_Section):
     connect_timeout_ms: int = 1_000
     #: Redis ``INFO stats`` (keyspace hits and misses) is read this often.
     stats_interval_s: float = 15.0
+    #: Semantic tier: questions (vectors) each worker's index holds at most, oldest out.
+    semantic_max_entries: int = 50_000
+    #: Semantic tier with Redis: a starting worker reads the shared index this long at most.
+    semantic_catch_up_ms: int = 2_000
 
     def __post_init__(self) -> None:
         _positive(
@@ -704,6 +738,8 @@ class CacheConfig(_Section):
             "follow_pool_size",
             "connect_timeout_ms",
             "stats_interval_s",
+            "semantic_max_entries",
+            "semantic_catch_up_ms",
         )
         if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", self.key_prefix):
             raise field_error("key_prefix", "must be 1-64 letters, digits or '_.-'")
@@ -848,6 +884,7 @@ CORS_EXPOSE_HEADERS = (
     "x-aiserve-fallback",
     "x-aiserve-steps",
     "x-aiserve-cost",
+    "x-aiserve-cache-similarity",
 )
 _HEADER_NAME_RE = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
 _ORIGIN_RE = re.compile(
@@ -1170,6 +1207,11 @@ def check_config(cfg: Config) -> None:
                 if served is not None and model not in served:
                     why = f"{model!r} is not served by adapter {route.adapter!r}"
                     raise fail(f"{key}.cache.models[{j}]", why)
+            sem = route.cache.semantic
+            if sem is not None and sem.embeddings not in cfg.adapters:
+                known = ", ".join(sorted(cfg.adapters))
+                why = f"unknown adapter {sem.embeddings!r} (known: {known})"
+                raise fail(f"{key}.cache.semantic.embeddings", why)
         for j, policy in enumerate(route.policies):
             if policy not in policy_names:
                 known = ", ".join(sorted(policy_names)) or "none"

@@ -34,6 +34,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -43,7 +44,7 @@ from ..config import MockAdapterConfig, MockToolCall
 from ..errors import BadRequest
 from ..intents import simulated_label
 from ..observability.events import NULL_HOOK, UpstreamHook
-from ..vectors import DEFAULT_DIMENSIONS, embedding_inputs, embeddings_body
+from ..vectors import DEFAULT_DIMENSIONS, embedding_inputs, embeddings_body, heavy
 from ..wav import WavError, transcript
 from .base import (
     Adapter,
@@ -235,7 +236,8 @@ class MockAdapter(Adapter):
         return text
 
     async def embed_once(self, request: EmbeddingRequest) -> bytes:
-        """Deterministic unit vectors (``vectors.py``): the same text, the same vector.
+        """Lexical unit vectors (``vectors.py``): the same text, the same vector; texts
+        sharing their words are near.
 
         Raises:
             BadRequest: ``input``, ``dimensions`` or ``encoding_format`` is not usable.
@@ -257,7 +259,10 @@ class MockAdapter(Adapter):
         counts = [count_tokens(x) if isinstance(x, str) else len(x) for x in inputs]
         if self.config.ttft_ms:
             await trio.sleep(self.config.ttft_ms / 1000.0)
-        out = embeddings_body(request.model, inputs, counts, body.dimensions, body.encoding_format)
+        make = partial(
+            embeddings_body, request.model, inputs, counts, body.dimensions, body.encoding_format
+        )
+        out = await trio.to_thread.run_sync(make) if heavy(inputs) else make()
         return _embed_encoder.encode(out)
 
 

@@ -6,5 +6,9 @@
 - ``flight.py``: single flight's state: the shared log, the table of flights (no I/O);
 - ``backend.py``, ``redis.py``: where entries live, and (Redis) leases and
   published answers across gateways;
+- ``facts.py``, ``semantic.py``: the semantic tier: a question's facts (pure), the
+  embedder call, the vector index;
+- ``remote.py``: across gateways: bounded backend calls, single flight through a
+  shared backend, the semantic index's shared log;
 - ``service.py``: what the stages call: admit, replay / follow, release.
 """

@@ -110,6 +110,20 @@ class CacheBackend(abc.ABC):
         waiting up to ``block_ms`` for the first."""
         raise self._not_shared()
 
+    # --- shared backends only: the semantic index's inserts ----------------------
+
+    async def index_add(self, fields: dict[str, str], max_len: int) -> None:
+        """Append one question (the fields of a ``semantic.Item``) to the index's log,
+        which keeps about ``max_len`` of the latest."""
+        raise self._not_shared()
+
+    async def index_read(
+        self, after: str, count: int, block_ms: int | None
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Up to ``count`` questions after id ``after`` (``0-0``: from the oldest kept),
+        waiting up to ``block_ms`` for the first (None: not waiting)."""
+        raise self._not_shared()
+
     # --- what the gauges show ---------------------------------------------------
 
     def held(self) -> tuple[int, int] | None:

@@ -26,8 +26,10 @@ class Replayed(Delta, kw_only=True):
     first one a request gets says where its answer came from.
     """
 
-    #: On the first piece only: ``hit``, ``miss``, ``coalesced`` or ``bypass``.
+    #: On the first piece only: ``hit``, ``semantic-hit``, ``miss``, ``coalesced`` or ``bypass``.
     cache: str | None = None
+    #: On the first piece of a ``semantic-hit``: the similarity of the stored question.
+    similarity: float | None = None
 
 
 class Entry(msgspec.Struct, kw_only=True, frozen=True):

@@ -16,14 +16,23 @@ flight or starts one; the last member to leave an unfinished flight ends it
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 import trio
 
 if TYPE_CHECKING:
     from ..errors import GatewayError
     from .entry import Replayed
+
+
+#: Publishes released pieces to the flight (called by a producer as they come).
+Publish: TypeAlias = "Callable[[Sequence[Replayed]], None]"
+#: Produces the answer until the deadline given: the model through the route's
+#: output filters, every released piece published, the final one last. Returns
+#: the cap that ended the reply early (``max_tokens``), if one did; raises a
+#: GatewayError on failure.
+Producer: TypeAlias = Callable[[Publish, float], Awaitable[str | None]]
 
 
 class FlightState(enum.Enum):
@@ -92,6 +101,7 @@ class Flight:
         "limit",
         "log",
         "members",
+        "probe",
         "scope",
     )
 
@@ -111,12 +121,25 @@ class Flight:
         self.limit = float("inf")
         #: 0, or how many flights for this key failed before this one took over.
         self.generation = 0
+        #: The semantic tier's probe of the question (``semantic.Probe``): filed
+        #: under its guard when the answer is stored.
+        self.probe: object | None = None
         self._changed = trio.Event()
 
     def changed(self) -> None:
         """Wake the members waiting for more of the log."""
         self._changed.set()
         self._changed = trio.Event()
+
+    def publish(self, pieces: Sequence[Replayed], source: str) -> None:
+        """Add released pieces to the log (from ``source``) and wake the members."""
+        if pieces:
+            self.log.publish(pieces, source)
+            self.changed()
+
+    def finish(self) -> None:
+        self.log.finish()
+        self.changed()
 
     async def wait(self, cursor: int) -> None:
         """Return once the log has more than ``cursor`` pieces or has ended."""

@@ -144,6 +144,16 @@ def request_key(
     """
     material = [
         KEY_VERSION,
+        *_who(scope, tenant, channel, model),
+        [canonical(m) for m in messages],
+        *_asked(fields, max_tokens, variables),
+    ]
+    return hashlib.blake2b(_encode(material), digest_size=32).hexdigest()
+
+
+def _who(scope: RouteScope, tenant: str, channel: str, model: str) -> list[Any]:
+    """Who asks which model behind what: the start of every key's material."""
+    return [
         tenant,
         scope.route,
         channel if scope.per_channel else None,
@@ -151,10 +161,48 @@ def request_key(
         scope.adapter_version,
         scope.policy_version,
         model,
-        [canonical(m) for m in messages],
+    ]
+
+
+def _asked(
+    fields: Mapping[str, bytes | msgspec.Raw], max_tokens: int | None, variables: Mapping[str, str]
+) -> list[Any]:
+    """How it is asked: every other field, the token limit, the session variables."""
+    return [
         {k: canonical(v) for k, v in fields.items() if k not in NOT_IN_KEY},
         max_tokens,
         dict(variables),
+    ]
+
+
+def semantic_guard(
+    scope: RouteScope,
+    *,
+    tenant: str,
+    channel: str,
+    model: str,
+    earlier: Iterable[bytes | msgspec.Raw],
+    last: Mapping[str, Any],
+    facts: Iterable[str],
+    fields: Mapping[str, bytes | msgspec.Raw],
+    max_tokens: int | None,
+    variables: Mapping[str, str],
+    embedder: tuple[str, str],
+) -> str:
+    """The guard of a semantic lookup: :func:`request_key`'s material with the last
+    user message's wording left out -- its other fields (``last``) and its ``facts``
+    stay -- and the embedder (adapter, model) in: vectors of two
+    models are not comparable. Two questions share an answer only under one guard.
+    """
+    material = [
+        KEY_VERSION,
+        "semantic",
+        *_who(scope, tenant, channel, model),
+        [canonical(m) for m in earlier],
+        dict(last),
+        sorted(facts),
+        *_asked(fields, max_tokens, variables),
+        list(embedder),
     ]
     return hashlib.blake2b(_encode(material), digest_size=32).hexdigest()
 

@@ -6,6 +6,9 @@ Keys, for key hash ``k`` (prefix ``p``)::
     p:cache:{k}:l         the lease: the token of the gateway answering k, PX lease
     p:cache:{k}:s:TOKEN   that gateway's answer as it is released: a stream of
                           records (pieces / done / fail), kept a while after
+    p:cache:semantic      the semantic index's inserts (guard, key, vector, question,
+                          expiry), capped at about ``[cache] semantic_max_entries``;
+                          every worker's index follows it
 
 The ``{k}`` hash tag puts one key's records in one Cluster slot, so the scripts
 work on Redis Cluster too. A stream per token: a follower never reads the
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import coredis
 import coredis.exceptions
+from coredis.tokens import PureToken
 
 from ..sessions.redis_streams import client_for_url
 from .backend import CacheBackend, Claim, Record
@@ -197,6 +201,36 @@ class RedisBackend(CacheBackend):
             fields = entry.field_values
             out.append(Record(str(entry.identifier), str(fields["k"]), str(fields.get("d", ""))))
         return out
+
+    async def index_add(self, fields: dict[str, str], max_len: int) -> None:
+        try:
+            await self._client.xadd(
+                f"{self.prefix}:semantic",
+                dict(fields),
+                trim_strategy=PureToken.MAXLEN,
+                threshold=max_len,
+                trim_operator=PureToken.APPROXIMATELY,
+            )
+        except _ERRORS as exc:
+            raise CacheUnavailable("the cache failed during index_add") from exc
+
+    async def index_read(
+        self, after: str, count: int, block_ms: int | None
+    ) -> list[tuple[str, dict[str, str]]]:
+        stream = f"{self.prefix}:semantic"
+        try:
+            if block_ms is None:
+                found = await self._client.xread({stream: after}, count=count)
+            else:
+                found = await self._follow.xread({stream: after}, count=count, block=block_ms)
+        except _ERRORS as exc:
+            raise CacheUnavailable("the cache failed during index_read") from exc
+        if not found:
+            return []
+        return [
+            (str(e.identifier), {str(k): str(v) for k, v in e.field_values.items()})
+            for e in next(iter(found.values()))
+        ]
 
     async def server_stats(self) -> dict[str, float]:
         try:

@@ -18,13 +18,15 @@ One :class:`Cache` per app. For a request on a route with ``cache``:
   member to leave an unfinished flight cancels it.
 
 A flight that finishes cleanly is stored before it is forgotten, so a request
-arriving meanwhile either joins it or finds the entry. With a shared backend
-(Redis) the flight first claims the key across gateways: the entry, or a lease
-(this gateway answers and publishes the pieces), or another gateway's answer
-to follow; a gateway that dies loses its lease, and a follower that has
-received nothing takes over.
+arriving meanwhile either joins it or finds the entry. That is local single
+flight; with a shared backend (Redis) a flight is first handed to
+``remote.SharedFlight``, which claims the key across gateways (the entry, a
+lease, or another gateway's answer to follow).
 
-The backend is never in the way: every call is bounded (``[cache] timeout_ms``),
+On a route with a semantic tier, an exact miss is looked up once more by the
+meaning of its question, under a guard of everything else (``semantic.py``).
+
+The backend is never in the way: every call is bounded (``remote.BackendCalls``),
 a failure is counted and the request goes on without the cache, and after a
 failure the backend is skipped for ``retry_ms``.
 """
@@ -33,13 +35,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
@@ -50,15 +51,12 @@ from ..observability.events import NULL_HOOK, CacheHook
 from .backend import CacheBackend, MemoryBackend
 from .entry import (
     Entry,
-    Replayed,
-    decode_pieces,
     encode,
-    encode_pieces,
     new_entry,
     why_not_stored,
 )
-from .errors import CacheUnavailable, FlightLate, SharedReplyLost
-from .flight import Flight, FlightState, FlightTable
+from .errors import CacheUnavailable, FlightLate
+from .flight import Flight, FlightState, FlightTable, Producer
 from .key import (
     RouteScope,
     adapter_version,
@@ -67,22 +65,16 @@ from .key import (
     policy_version,
     request_key,
 )
+from .remote import BackendCalls, SharedFlight, SharedIndex, Storing
+from .semantic import Probe, Semantic
 
 if TYPE_CHECKING:
-    from ..adapters.base import DeltaSink, InferenceRequest
+    from collections.abc import Mapping
+
+    from ..adapters.base import Adapter, DeltaSink, InferenceRequest
     from ..config import CacheConfig, Config, RouteCache, RouteConfig
 
 log = logging.getLogger("aiserve_trio.cache")
-T = TypeVar("T")
-#: Publishes released pieces to the flight (called by a producer as they come).
-Publish = Callable[[Sequence[Replayed]], None]
-#: Produces the answer until the deadline given: the model through the route's
-#: output filters, every released piece published, the final one last. Returns
-#: the cap that ended the reply early (``max_tokens``), if one did; raises a
-#: GatewayError on failure.
-Producer = Callable[[Publish, float], Awaitable[str | None]]
-#: A follower reads a published answer that long after it ended.
-_KEEP_MS = 30_000
 PACKS_PACKAGE = "aiserve_trio.policies.packs"
 
 
@@ -97,6 +89,8 @@ class RouteCachePlan:
     #: long the backend is told a shared answer may take; the flight itself ends
     #: at the latest deadline of the requests sharing it.
     longest: float
+    #: The adapter that embeds questions for the semantic tier (``settings.semantic``).
+    embedder: Adapter | None = None
 
 
 class Member:
@@ -135,6 +129,8 @@ class Ticket:
     plan: RouteCachePlan | None = None
     entry: Entry | None = None
     member: Member | None = None
+    #: ``semantic-hit``: the cosine similarity of the stored question.
+    similarity: float | None = None
 
 
 class Cache:
@@ -150,15 +146,28 @@ class Cache:
         self.config = config
         #: By route path.
         self.routes = routes
-        self.backend = backend
         self.hook = hook
         self.flights = FlightTable()
         self._nursery: trio.Nursery | None = None
-        self._timeout = config.timeout_ms / 1000.0
-        self._down_until = -1.0
         #: The server's counters as last read (Redis ``INFO stats``).
         self.server: dict[str, float] = {}
         self._stats = trio.CancelScope()
+        self.semantic = Semantic(config.semantic_max_entries, hook)
+        self.backend = backend
+
+    @property
+    def backend(self) -> CacheBackend:
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: CacheBackend) -> None:
+        self._backend = backend
+        #: Every backend call, bounded (and the backend skipped a while after a failure).
+        self._call = BackendCalls(backend, self.config, self.hook)
+        #: With a shared backend: single flight across gateways, and the semantic
+        #: index's log that every worker follows (``remote.py``).
+        self.shared = SharedFlight(self._call) if backend.shared else None
+        self.index_log = SharedIndex(self._call, self.semantic) if backend.shared else None
 
     # --- the app's lifetime -----------------------------------------------------
 
@@ -168,6 +177,9 @@ class Cache:
         self._nursery = nursery
         if self.backend.shared:
             nursery.start_soon(self._stats_loop)
+            if self.index_log is not None and self._needs_follower():
+                self.semantic.share = self.index_log.share
+                await nursery.start(self.index_log.follow)
 
     def successor(self, routes: dict[str, RouteCachePlan]) -> Cache:
         """The cache of a reloaded config whose ``[cache]`` did not change: the same
@@ -178,11 +190,20 @@ class Cache:
         nxt._nursery = self._nursery
         nxt.server = self.server
         nxt._stats = self._stats
+        nxt.semantic = self.semantic
+        nxt.index_log = self.index_log
+        if nxt.index_log is not None and nxt._needs_follower() and nxt._nursery is not None:
+            # A reload turned the semantic tier on: follow the shared index from now
+            # (its catch-up runs in the background; the app is serving already).
+            nxt.semantic.share = nxt.index_log.share
+            nxt._nursery.start_soon(nxt.index_log.follow)
         return nxt
 
     async def aclose(self) -> None:
         self._nursery = None
         self._stats.cancel(reason="app shutdown")
+        if self.index_log is not None:
+            self.index_log.scope.cancel(reason="app shutdown")
         await self.backend.aclose()
 
     def held(self) -> tuple[int, int]:
@@ -198,6 +219,16 @@ class Cache:
                     self.server.update(await self._call("stats", self.backend.server_stats))
                 await trio.sleep(self.config.stats_interval_s)
 
+    # --- the semantic index, shared through the backend ------------------------------
+
+    def _needs_follower(self) -> bool:
+        """A shared backend, a route with a semantic tier, and no follower yet."""
+        return (
+            self.index_log is not None
+            and self.semantic.share is None
+            and any(p.settings.semantic is not None for p in self.routes.values())
+        )
+
     # --- the context stage --------------------------------------------------------
 
     async def admit(
@@ -210,6 +241,7 @@ class Cache:
         temperature: float | None,
         request: InferenceRequest,
         deadline: float,
+        request_id: str = "",
     ) -> Ticket | None:
         """Decide what ``request`` does with the cache; None when its route has none.
 
@@ -247,13 +279,52 @@ class Cache:
             entry = await self._lookup(key, deadline)
             if entry is not None:
                 return Ticket(plan.label, "hit", plan, entry=entry)
+            probe: Probe | None = None
+            if plan.embedder is not None and s.semantic is not None:
+                probe = await self.semantic.probe(
+                    s.semantic,
+                    plan.embedder,
+                    plan.scope,
+                    request_id=request_id,
+                    tenant=tenant,
+                    channel=channel,
+                    request=request,
+                    deadline=deadline,
+                )
+                if probe is not None:
+                    ticket = await self._semantic(plan, probe, deadline)
+                    if ticket is not None:
+                        return ticket
             # Looked again after the wait: another request may have started it.
             flight = self.flights.find(key) or self.flights.start(key)
+            if flight.probe is None:
+                flight.probe = probe
         if flight.log.state is FlightState.DONE:
             # Finished, and being stored: that is an entry already.
             entry = Entry(pieces=flight.log.pieces, route=plan.label)
             return Ticket(plan.label, "hit", plan, entry=entry)
         return self._member(plan, flight, request.deadline)
+
+    async def _semantic(self, plan: RouteCachePlan, probe: Probe, deadline: float) -> Ticket | None:
+        """A semantic hit for ``probe``: the nearest question under its guard at or
+        above the threshold, whose entry is still there."""
+        assert plan.settings.semantic is not None
+        found = await self.semantic.search(probe)
+        if not self.semantic.observe(plan.label, found, plan.settings.semantic.threshold):
+            return None
+        assert found is not None
+        entry: Entry | None = None
+        looked = False
+        if deadline > trio.current_time():
+            with contextlib.suppress(CacheUnavailable), trio.move_on_at(deadline):
+                entry = await self._call("get", partial(self.backend.get, found.key))
+                looked = True
+        if entry is None:
+            if looked:  # gone (TTL, eviction): its question goes too
+                self.semantic.forget(probe, found)
+            return None
+        self.semantic.served(plan.label, probe, found)
+        return Ticket(plan.label, "semantic-hit", plan, entry=entry, similarity=found.similarity)
 
     def _member(self, plan: RouteCachePlan, flight: Flight, until: float) -> Ticket:
         self.flights.join(flight)
@@ -278,13 +349,16 @@ class Cache:
     # --- the inference stage ------------------------------------------------------
 
     @staticmethod
-    async def replay(entry: Entry, out: DeltaSink) -> str:
-        """Send a stored reply's pieces; the first says ``hit``."""
+    async def replay(
+        entry: Entry, out: DeltaSink, result: str = "hit", similarity: float | None = None
+    ) -> str:
+        """Send a stored reply's pieces; the first says ``result`` (``hit`` or
+        ``semantic-hit``, with the similarity)."""
         pieces = entry.pieces
-        await out.send(msgspec.structs.replace(pieces[0], cache="hit"))
+        await out.send(msgspec.structs.replace(pieces[0], cache=result, similarity=similarity))
         for piece in pieces[1:]:
             await out.send(piece)
-        return "hit"
+        return result
 
     async def follow(
         self,
@@ -400,17 +474,6 @@ class Cache:
                 self._fail(flight, InternalError("the gateway is shutting down"))
             self.flights.remove(flight)
 
-    @staticmethod
-    def _publish(flight: Flight, pieces: Sequence[Replayed], source: str) -> None:
-        if pieces:
-            flight.log.publish(pieces, source)
-            flight.changed()
-
-    @staticmethod
-    def _finish(flight: Flight) -> None:
-        flight.log.finish()
-        flight.changed()
-
     def _fail(self, flight: Flight, err: GatewayError) -> None:
         if flight.log.fail(err):
             # Gone for new requests at once: they start afresh, not with this error.
@@ -420,37 +483,31 @@ class Cache:
     async def _answer(
         self, flight: Flight, plan: RouteCachePlan, produce: Producer, until: float
     ) -> None:
-        backend = self.backend
-        if backend.shared:
-            token = secrets.token_hex(8)
-            lease = self.config.lease_ms
-            while True:
-                try:
-                    claim = await self._call(
-                        "claim",
-                        partial(backend.claim, flight.key, token, lease, fresh=flight.fresh),
-                    )
-                except CacheUnavailable:
-                    break  # answer here, without the other gateways
-                if claim.kind == "hit":
-                    assert claim.entry is not None
-                    self._publish(flight, claim.entry.pieces, "store")
-                    self._finish(flight)
-                    return
-                if claim.kind == "lead":
-                    await self._lead(flight, plan, produce, token, until)
-                    return
-                if claim.token is not None and await self._follow_remote(flight, claim.token):
-                    return
-                if flight.log.pieces:
-                    raise SharedReplyLost(
-                        "the gateway producing the answer this request shared went away "
-                        "midway; it cannot be continued with another answer"
-                    )
-                # That gateway let go before sending anything: claim again (take over).
-        capped = await produce(partial(self._publish, flight, source="model"), until)
-        self._finish(flight)
+        if self.shared is not None and await self.shared.answer(
+            flight, produce, until, self._storing(flight, plan)
+        ):
+            return
+        # Alone: no shared backend, or it failed (the other gateways are not asked).
+        capped = await produce(partial(flight.publish, source="model"), until)
+        flight.finish()
         await self._store(flight, plan, capped)
+
+    def _storing(self, flight: Flight, plan: RouteCachePlan) -> Storing:
+        async def stored() -> None:
+            self.hook.cache_stored(plan.label, "stored")
+            await self._file(flight, plan)
+
+        def blob(capped: str | None) -> bytes | None:
+            made = self._entry(flight, plan, capped)
+            return made[1] if made is not None else None
+
+        return Storing(
+            ttl_s=plan.settings.ttl_s,
+            max_bytes=plan.settings.max_entry_bytes,
+            blob=blob,
+            stored=stored,
+            fail=partial(self._fail, flight),
+        )
 
     def _entry(
         self, flight: Flight, plan: RouteCachePlan, capped: str | None
@@ -479,151 +536,12 @@ class Cache:
         except CacheUnavailable:
             return
         self.hook.cache_stored(plan.label, "stored")
+        await self._file(flight, plan)
 
-    # --- across gateways (shared backends) ------------------------------------------
-
-    async def _lead(
-        self, flight: Flight, plan: RouteCachePlan, produce: Producer, token: str, until: float
-    ) -> None:
-        """Answer with the lease: publish the pieces for other gateways, then store."""
-        capped: str | None = None
-        failure: str | None = "cancelled"
-        try:
-            async with trio.open_nursery() as tasks:
-                tasks.start_soon(self._keep_lease, flight.key, token)
-                relayed = trio.Event()
-                tasks.start_soon(self._relay, flight, token, relayed)
-                try:
-                    capped = await produce(partial(self._publish, flight, source="model"), until)
-                    self._finish(flight)
-                    failure = None
-                except GatewayError as err:
-                    failure = err.code or "upstream_error"
-                    self._fail(flight, err)
-                await relayed.wait()
-                tasks.cancel_scope.cancel(reason="answer relayed")
-        finally:
-            made = self._entry(flight, plan, capped) if failure is None else None
-            blob = made[1] if made is not None else None
-            # Shielded and bounded: a cancelled leader still lets the others take over now.
-            with trio.CancelScope(shield=True):
-                try:
-                    await self._call(
-                        "close",
-                        partial(
-                            self.backend.close,
-                            flight.key,
-                            token,
-                            outcome="fail" if failure is not None else "done",
-                            detail=failure or "",
-                            blob=blob,
-                            ttl_s=plan.settings.ttl_s,
-                            max_bytes=plan.settings.max_entry_bytes,
-                            keep_ms=_KEEP_MS,
-                        ),
-                    )
-                    if blob is not None:
-                        self.hook.cache_stored(plan.label, "stored")
-                except CacheUnavailable:
-                    pass
-
-    async def _keep_lease(self, key: str, token: str) -> None:
-        lease = self.config.lease_ms
-        while True:
-            await trio.sleep(lease / 3000.0)
-            try:
-                if not await self._call("renew", partial(self.backend.renew, key, token, lease)):
-                    return  # lost: another may take over; our own members are still served
-            except CacheUnavailable:
-                continue
-
-    async def _relay(self, flight: Flight, token: str, relayed: trio.Event) -> None:
-        """Publish the flight's pieces for the gateways that follow it, as they come."""
-        cursor = 0
-        healthy = True
-        try:
-            while True:
-                pieces = flight.log.since(cursor)
-                if pieces and healthy:
-                    try:
-                        await self._call(
-                            "publish",
-                            partial(
-                                self.backend.publish,
-                                flight.key,
-                                token,
-                                encode_pieces(pieces),
-                                _KEEP_MS,
-                            ),
-                        )
-                    except CacheUnavailable:
-                        healthy = False  # the others will see the lease go and take over
-                cursor += len(pieces)
-                if flight.log.ended and cursor >= len(flight.log.pieces):
-                    return
-                await flight.wait(cursor)
-        finally:
-            relayed.set()
-
-    async def _follow_remote(self, flight: Flight, token: str) -> bool:
-        """Follow another gateway's answer; False when it went away or failed."""
-        after = "0-0"
-        lease = self.config.lease_ms
-        while True:
-            try:
-                records = await self._call(
-                    "read",
-                    partial(self.backend.read, flight.key, token, after, lease),
-                    extra_s=lease / 1000.0,
-                )
-                if (
-                    not records
-                    and await self._call("holder", partial(self.backend.holder, flight.key))
-                    != token
-                ):
-                    return False  # it died without a word (its lease expired)
-            except CacheUnavailable:
-                return False
-            for record in records:
-                after = record.id
-                if record.kind == "pieces":
-                    try:
-                        pieces = decode_pieces(record.data)
-                    except (msgspec.DecodeError, msgspec.ValidationError):
-                        return False  # a gateway of another version: answer here
-                    self._publish(flight, pieces, "remote")
-                elif record.kind == "done":
-                    self._finish(flight)
-                    return True
-                else:
-                    return False
-
-    # --- every backend call ----------------------------------------------------------
-
-    async def _call(self, op: str, fn: Callable[[], Awaitable[T]], *, extra_s: float = 0.0) -> T:
-        """``fn()`` bounded by ``[cache] timeout_ms``; failures counted, then skipped a while.
-
-        Raises:
-            CacheUnavailable: it failed, timed out, or the backend is being skipped.
-        """
-        if not self.backend.shared:
-            return await fn()  # in this process: nothing to wait for, nothing to fail
-        now = trio.current_time()
-        if now < self._down_until:
-            self.hook.cache_error(op)
-            raise CacheUnavailable(f"the cache is skipped after a failure ({op})")
-        failure: CacheUnavailable | None = None
-        with trio.move_on_after(self._timeout + extra_s):
-            try:
-                return await fn()
-            except CacheUnavailable as exc:
-                failure = exc
-        self._down_until = trio.current_time() + self.config.retry_ms / 1000.0
-        self.hook.cache_error(op)
-        if failure is not None:
-            log.warning("cache backend: %s", failure, exc_info=failure.__cause__)
-            raise failure
-        raise CacheUnavailable(f"the cache did not answer {op} in time")
+    async def _file(self, flight: Flight, plan: RouteCachePlan) -> None:
+        """File the stored entry's question in the semantic index (and share it)."""
+        if isinstance(flight.probe, Probe):
+            await self.semantic.insert(flight.probe, flight.key, plan.settings.ttl_s)
 
 
 def _may_take_over(flight: Flight, err: GatewayError, deadline: float) -> bool:
@@ -663,8 +581,17 @@ def _pack_bytes(ref: str, base_dir: str) -> bytes:
         return b""
 
 
-def route_plan(route: RouteConfig, label: str, config: Config) -> RouteCachePlan | None:
-    """The cache plan of a route, or None when it has no cache."""
+def route_plan(
+    route: RouteConfig,
+    label: str,
+    config: Config,
+    adapters: Mapping[str, Adapter] | None = None,
+) -> RouteCachePlan | None:
+    """The cache plan of a route, or None when it has no cache.
+
+    Args:
+        adapters: the app's adapters, by name (the semantic tier's embedder is one).
+    """
     settings = route.cache
     if settings is None or not settings.enabled:
         return None
@@ -687,32 +614,43 @@ def route_plan(route: RouteConfig, label: str, config: Config) -> RouteCachePlan
     max_ms = route.deadline.max_ms or config.deadline.max_ms
     shares = config.budgets.context + config.budgets.inference
     longest = (max_ms - config.deadline.reserve_ms) / 1000.0 * shares
-    return RouteCachePlan(label=label, settings=settings, scope=scope, longest=longest)
+    sem = settings.semantic
+    embedder = adapters.get(sem.embeddings) if sem is not None and adapters else None
+    return RouteCachePlan(
+        label=label, settings=settings, scope=scope, longest=longest, embedder=embedder
+    )
 
 
-def cache_plans(config: Config, labels: dict[str, str]) -> dict[str, RouteCachePlan]:
+def cache_plans(
+    config: Config, labels: dict[str, str], adapters: Mapping[str, Adapter] | None = None
+) -> dict[str, RouteCachePlan]:
     """The cache plan of every route that has a cache, by path.
 
     Args:
         labels: each route's label, by path.
+        adapters: the app's adapters, by name.
     """
     plans = {}
     for route in config.routes:
-        plan = route_plan(route, labels[route.path], config)
+        plan = route_plan(route, labels[route.path], config, adapters)
         if plan is not None:
             plans[route.path] = plan
     return plans
 
 
 def build_cache(
-    config: Config, labels: dict[str, str], hook: CacheHook = NULL_HOOK
+    config: Config,
+    labels: dict[str, str],
+    hook: CacheHook = NULL_HOOK,
+    adapters: Mapping[str, Adapter] | None = None,
 ) -> Cache | None:
     """The app's cache, or None when no route has one.
 
     Args:
         labels: each route's label, by path.
+        adapters: the app's adapters, by name (the semantic tier embeds with them).
     """
-    plans = cache_plans(config, labels)
+    plans = cache_plans(config, labels, adapters)
     if not plans:
         return None
     cc = config.cache

@@ -8,6 +8,7 @@
 ``GET /admin/api/slow``           admin key or token      the slowest recent requests
 ``GET /admin/api/routes``         admin key or token      routes and their steps, the version
 ``PUT /admin/api/routes/steps``   admin key or token      a route's steps: new order, on/off
+``GET /admin/api/cache``          admin key or token      cache results, similarity, semantic hits
 ``GET /admin/api/spend``          admin key or token      spend per day, tenant, key, model; budgets
 ================================  ======================  =====================================
 
@@ -45,7 +46,7 @@ from ..http.endpoints import Admission, Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Headers
 from ..observability.metrics import label_value
 from ..reload import config_version
-from . import sla
+from . import cacheview, sla
 from .edit import EditError, StepState, set_steps
 from .spend import spend_view
 
@@ -97,6 +98,9 @@ class Host(Protocol):
 
     @property
     def observer(self) -> RequestObserver: ...
+
+    @property
+    def cache(self) -> cacheview.CacheLike | None: ...
 
 
 class Result(Protocol):
@@ -227,6 +231,7 @@ class Console:
             Endpoint("/admin/api/slow", get, api, req, self.slow, "console_api"),
             Endpoint("/admin/api/routes", get, api, req, self.routes, "console_api"),
             Endpoint("/admin/api/routes/steps", ("PUT",), api, req, self.put_steps, "console_api"),
+            Endpoint("/admin/api/cache", get, api, req, self.cache, "console_api"),
             Endpoint("/admin/api/spend", get, api, req, self.spend, "console_api"),
         ]
 
@@ -310,6 +315,14 @@ class Console:
     async def slow(self, request: Request) -> None:
         """``GET /admin/api/slow``: the slowest of the recent requests, with stage times."""
         await self._json(request, self.host.observer.slowest())
+
+    async def cache(self, request: Request) -> None:
+        """``GET /admin/api/cache``: see :mod:`.cacheview`."""
+        m = self.host.metrics
+        out = cacheview.view(
+            m.cache_requests.collect(), m.cache_similarity.collect(), self.host.cache
+        )
+        await self._json(request, out)
 
     async def spend(self, request: Request) -> None:
         """``GET /admin/api/spend``: see :mod:`.spend`."""

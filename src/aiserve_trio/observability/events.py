@@ -61,6 +61,11 @@ class CacheHook(Protocol):
         ``capped``, ``too_large``."""
         ...
 
+    def cache_similarity(self, route: str, similarity: float, result: str) -> None:
+        """A semantic lookup's nearest question under the guard: its similarity, and
+        whether it was served (``hit``) or below the threshold (``miss``)."""
+        ...
+
 
 class Hook(UpstreamHook, CacheHook, Protocol):
     """Everything the request path reports."""
@@ -114,6 +119,9 @@ class NullHook:
         pass
 
     def cache_stored(self, route: str, result: str) -> None:
+        pass
+
+    def cache_similarity(self, route: str, similarity: float, result: str) -> None:
         pass
 
 

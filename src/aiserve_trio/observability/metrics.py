@@ -22,6 +22,9 @@ from prometheus_client.registry import Collector
 from ..budgets import STAGES
 from .baseline import Assessment
 
+#: The semantic cache's similarity histogram: fine near the thresholds one tunes.
+SIMILARITY_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98, 0.99, 1.0)
+
 __all__ = ["STAGES", "Metrics", "check_label", "label_value", "status_label"]
 
 M = TypeVar("M", bound=MetricWrapperBase)
@@ -197,8 +200,9 @@ class Metrics:
         """The response cache (cache issue): results, stores, backend failures, what is held."""
         self.cache_requests = Counter(
             "aiserve_cache_requests",
-            "Requests on routes with a cache, by result: hit, miss, coalesced (shared an "
-            "identical request's answer in flight), bypass (not looked up).",
+            "Requests on routes with a cache, by result: hit, semantic_hit (a stored answer "
+            "to a question worded differently, every guard equal), miss, coalesced (shared "
+            "an identical request's answer in flight), bypass (not looked up).",
             ["route", "result"],
             registry=r,
         )
@@ -213,6 +217,14 @@ class Metrics:
             "Cache backend calls that failed, timed out or were skipped while it was down "
             "(the request went on without the cache).",
             ["op"],
+            registry=r,
+        )
+        self.cache_similarity = Histogram(
+            "aiserve_cache_semantic_similarity",
+            "Semantic lookups' nearest stored question under the same guard: its cosine "
+            "similarity, by result (hit: at or above the route's threshold, served; miss).",
+            ["route", "result"],
+            buckets=SIMILARITY_BUCKETS,
             registry=r,
         )
         self.cache_bytes = Gauge(

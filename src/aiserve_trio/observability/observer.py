@@ -175,6 +175,9 @@ class RequestObserver:
     def cache_stored(self, route: str, result: str) -> None:
         self._child(self.metrics.cache_stores, route, result).inc()
 
+    def cache_similarity(self, route: str, similarity: float, result: str) -> None:
+        self._child(self.metrics.cache_similarity, route, result).observe(similarity)
+
     # --- the end of a request -------------------------------------------------
 
     def request_complete(self, outcome: Outcome) -> None:
@@ -198,7 +201,8 @@ class RequestObserver:
                     step.ended - step.started
                 )
         if outcome.cache is not None:
-            self._child(m.cache_requests, route, outcome.cache).inc()
+            # ``semantic-hit`` (the header's spelling) is ``semantic_hit`` as a label.
+            self._child(m.cache_requests, route, outcome.cache.replace("-", "_")).inc()
             if self.baseline is not None and outcome.cache != "bypass":
                 # The storm detector's hit ratio: answered without a model call or not.
                 self.baseline.record_cache(route, outcome.cache in ("hit", "coalesced"))

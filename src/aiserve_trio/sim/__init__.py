@@ -68,12 +68,13 @@ HTTP (OpenAI-compatible)
          "completion_tokens_details": {"reasoning_tokens": r}}   # c includes r
 
     ``POST /v1/embeddings`` -- ``input`` a string, a list of strings, a token
-    array or a list of token arrays; ``dimensions`` (default 8);
+    array or a list of token arrays; ``dimensions`` (default 512);
     ``encoding_format`` ``float`` (default) or ``base64`` (little-endian
     float32). Answers ``{"object": "list", "data": [{"object": "embedding",
     "index": i, "embedding": [...]}], "model": ..., "usage": {"prompt_tokens":
-    n, "total_tokens": n}}`` with unit vectors seeded by a hash of each input
-    (the same in every process), after the prefill time of its tokens. The
+    n, "total_tokens": n}}`` with lexical unit vectors (hashed word and
+    character n-grams of the normalised text: texts sharing their words are
+    near, the same text embeds the same in every process), after the prefill time of its tokens. The
     fault headers and the budget apply as for chat.
 
     ``POST /v1/audio/transcriptions`` -- OpenAI's ``multipart/form-data``: a

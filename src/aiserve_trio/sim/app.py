@@ -16,7 +16,7 @@ import msgspec
 import trio
 
 from ..adapters.tokens import encoding_name_for, get_encoding
-from ..vectors import DEFAULT_DIMENSIONS, embeddings_body
+from ..vectors import DEFAULT_DIMENSIONS, embeddings_body, heavy
 from .anthropic import AnthropicDialect
 from .audio import hear, parse_form
 from .azure import AzureDialect
@@ -364,7 +364,8 @@ class SimApp(SimCore):
             await trio.sleep(delay)
             if not await _body_fault(send, fault):
                 return
-            out = embeddings_body(req.model, inputs, counts, dims, req.encoding_format)
+            make = partial(embeddings_body, req.model, inputs, counts, dims, req.encoding_format)
+            out = await trio.to_thread.run_sync(make) if heavy(inputs) else make()
             done.flag = True
             self.stats.completed += 1
             await _reply(send, 200, _enc.encode(out))

@@ -97,8 +97,9 @@ class Pricing:
 
 
 def free(cache: str | None) -> bool:
-    """The reply came from the response cache (stored, or shared with an identical request)."""
-    return cache in ("hit", "coalesced")
+    """The reply came from the response cache (stored, or shared with an identical request,
+    or stored for a question worded differently: a semantic hit)."""
+    return cache in ("hit", "semantic-hit", "coalesced")
 
 
 def decimal(cost: float) -> str:

@@ -284,6 +284,7 @@ class ContextStage:
                 temperature=req.body.temperature,
                 request=request,
                 deadline=info.budget.cut("context"),
+                request_id=info.request_id,
             )
         prepared = Prepared(
             parsed=req,

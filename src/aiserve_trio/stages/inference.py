@@ -76,7 +76,9 @@ class InferenceStage:
         request = prepared.inference
         with info.trace.live_stage("inference") as span:
             if ticket is not None and ticket.entry is not None:
-                self.cache_result = await Cache.replay(ticket.entry, self.out)
+                self.cache_result = await Cache.replay(
+                    ticket.entry, self.out, ticket.result, ticket.similarity
+                )
                 return
             carried = info.trace.inject(span)
             if carried:

@@ -74,8 +74,10 @@ class SSEStage:
         route = self.info.route.config
         replayed = isinstance(first, Replayed)
         self.served = first.served
+        similarity = None
         if isinstance(first, Replayed):
             self.cache_result = first.cache
+            similarity = first.similarity
         elif prepared.cache is not None:
             self.cache_result = prepared.cache.result
         pricing = self.info.route.pricing
@@ -100,7 +102,12 @@ class SSEStage:
             view=parsed.api,
         )
         headers = response_headers(
-            self.info, prepared, first.served, cache=self.cache_result, steps=first.steps
+            self.info,
+            prepared,
+            first.served,
+            cache=self.cache_result,
+            steps=first.steps,
+            similarity=similarity,
         )
         if route.max_stream_s is None:  # no cap: no cancel scope either
             await self._write(asm, first, headers)

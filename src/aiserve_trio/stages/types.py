@@ -126,16 +126,20 @@ def response_headers(
     *,
     cache: str | None = None,
     steps: Sequence[str] | None = None,
+    similarity: float | None = None,
 ) -> Headers:
     """The gateway's own response headers: request id, degradation, trimming, trace,
     (``served``, from the first delta) which deployment of a group answered, on a
-    route with a cache what it did (``hit``, ``miss``, ``bypass``, ``coalesced``),
+    route with a cache what it did (``hit``, ``semantic-hit`` with its similarity,
+    ``miss``, ``bypass``, ``coalesced``),
     and on a chain the steps that ran, in order."""
     out = [(b"x-request-id", info.request_id.encode())]
     if steps:
         out.append((b"x-aiserve-steps", ",".join(steps).encode()))
     if cache is not None:
         out.append((b"x-aiserve-cache", cache.encode()))
+    if similarity is not None:
+        out.append((b"x-aiserve-cache-similarity", b"%.4f" % similarity))
     trimmed = served.trimmed if served is not None else 0
     if prepared is not None:
         if prepared.degraded:

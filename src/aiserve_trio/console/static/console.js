@@ -378,6 +378,51 @@ function renderSlow(out) {
   $("slow-table").tBodies[0].replaceChildren(...rows);
 }
 
+function renderCache(out) {
+  const rows = Object.entries(out.results).map(([route, r]) =>
+    el(
+      "tr",
+      {},
+      el("td", { text: route }),
+      ...["hit", "semantic_hit", "miss", "coalesced", "bypass"].map((k) =>
+        el("td", { class: "n", text: `${r[k] || 0}` }),
+      ),
+    ),
+  );
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "6", class: "empty", text: "No cached route has been asked yet." })));
+  $("cache-table").tBodies[0].replaceChildren(...rows);
+  $("cache-entries").textContent = `${out.semantic_entries}`;
+  const sim = out.similarity;
+  const most = Math.max(1, ...sim.le.map((_, i) => sim.hit[i] + sim.miss[i]));
+  const buckets = sim.le
+    .map((le, i) =>
+      el(
+        "tr",
+        {},
+        el("td", { text: le === null ? "1+" : le.toFixed(2) }),
+        el("td", { class: "n", text: `${sim.hit[i]}` }),
+        el("td", { class: "n", text: `${sim.miss[i]}` }),
+        el("td", {}, el("meter", { min: "0", max: `${most}`, value: `${sim.hit[i] + sim.miss[i]}` })),
+      ),
+    )
+    .filter((_, i) => sim.hit[i] + sim.miss[i] > 0);
+  if (!buckets.length) buckets.push(el("tr", {}, el("td", { colspan: "4", class: "empty", text: "No semantic lookup found a stored question yet." })));
+  $("similarity-table").tBodies[0].replaceChildren(...buckets);
+  const hits = out.recent.map((h) =>
+    el(
+      "tr",
+      {},
+      el("td", { text: new Date(h.at * 1000).toLocaleTimeString() }),
+      el("td", { text: h.route }),
+      el("td", { class: "n", text: h.similarity.toFixed(4) }),
+      el("td", { class: "question", text: h.asked }),
+      el("td", { class: "question", text: h.stored }),
+    ),
+  );
+  if (!hits.length) hits.push(el("tr", {}, el("td", { colspan: "5", class: "empty", text: "No semantic hits yet." })));
+  $("semantic-hits").tBodies[0].replaceChildren(...hits);
+}
+
 const money = (x) => (x === null || x === undefined ? "-" : x.toFixed(x > 0 && x < 0.01 ? 6 : 4));
 
 function svg(tag, attrs = {}, text = "") {
@@ -457,10 +502,15 @@ let polls = 0;
 
 async function refresh() {
   try {
-    const [overview, slow] = await Promise.all([api("GET", "overview"), api("GET", "slow")]);
+    const [overview, slow, cache] = await Promise.all([
+      api("GET", "overview"),
+      api("GET", "slow"),
+      api("GET", "cache"),
+    ]);
     last = overview;
     renderOverview(overview);
     renderSlow(slow);
+    renderCache(cache);
     // Spend is read from the audit database: every fifth poll is enough.
     if (polls % 5 === 0) renderSpend(await api("GET", "spend"));
     polls += 1;
