@@ -147,9 +147,9 @@ class Served:
             self.finished.set()
 
 
-async def serve_and_disconnect(app: Any) -> tuple[Served, float]:
+async def serve_and_disconnect(app: Any, split: bool = False) -> tuple[Served, float]:
     """Serve ``app`` on hypercorn; a client streams, leaves after a few chunks; how long
-    the gateway took to notice."""
+    the gateway took to notice. ``split``: the body comes in two pieces, 50 ms apart."""
     from functools import partial
 
     from hypercorn.config import Config
@@ -172,7 +172,12 @@ async def serve_and_disconnect(app: Any) -> tuple[Served, float]:
         await nursery.start(partial(serve, served, config, shutdown_trigger=done.wait))
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(request)
+            if split:
+                await stream.send_all(request[:-10])
+                await trio.sleep(0.05)  # hypercorn hands the app the body in two messages
+                await stream.send_all(request[-10:])
+            else:
+                await stream.send_all(request)
             got = b""
             while got.count(b"data: ") < 3:
                 got += await stream.receive_some(65536)
@@ -203,4 +208,14 @@ async def test_on_hypercorn_as_shipped_the_watcher_hears_the_disconnect(
     app = auth_app(OFF, ttft_ms="5", itl_ms="50")
     served, noticed = await serve_and_disconnect(app)
     assert served.calls == [None]  # no call offered: the pipeline's watcher reads receive()
+    assert noticed < 1.0
+
+
+async def test_a_body_in_pieces_is_read_then_the_servers_call_hears_the_disconnect(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.delenv("AISERVE_HYPERCORN_PATCHES", raising=False)
+    app = auth_app(OFF, ttft_ms="5", itl_ms="50")
+    served, noticed = await serve_and_disconnect(app, split=True)
+    assert [type(c) for c in served.calls] == [ServerCall]
     assert noticed < 1.0
