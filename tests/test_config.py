@@ -247,3 +247,42 @@ def test_a_bad_key_in_the_keys_file_names_that_file(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "gw.toml")
     assert str(info.value).startswith(f"{tmp_path / 'keys.toml'}: key `keys[0].tenant`: ")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize(
+    ("case", "line"),
+    [
+        ("missing", "hypercorn's certfile 'certs/server.pem' cannot be read: No such file or directory"),
+        ("not a certificate", "hypercorn's certfile 'certs/server.pem' is not usable"),
+    ],
+)
+def test_server_on_missing_tls_files_says_one_line_and_exits_non_zero(tmp_path, workers, case, line):
+    # configs/examples/hypercorn-tls.toml run before its certificate was made (or with junk).
+    if case != "missing":
+        (tmp_path / "certs").mkdir()
+        (tmp_path / "certs/server.pem").write_text("not a certificate")
+        (tmp_path / "certs/server.key").write_text("not a key")
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "hypercorn"),
+            "--config",
+            str(ROOT / "configs/examples/hypercorn-tls.toml"),
+            "--bind",
+            "127.0.0.1:0",
+            "--workers",
+            str(workers),
+            "aiserve_trio:app",
+        ],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode != 0, proc
+    lines = proc.stderr.decode().splitlines()
+    assert len(lines) == 1, proc.stderr.decode()
+    assert lines[0].startswith("aiserve-trio: not started: ")
+    assert line in lines[0]

@@ -80,7 +80,7 @@ from .spend.metrics import SpendMetrics
 from .spend.prices import build_pricing, unpriced_models
 from .stages.outcome import Outcome
 from .stages.types import RequestInfo, Route
-from .startup import hypercorn_process, refuse_to_start
+from .startup import hypercorn_process, refuse_to_start, unusable_tls_files
 
 log = logging.getLogger("aiserve_trio")
 
@@ -460,11 +460,14 @@ class App:
 
     def _install_seam(self) -> None:
         """The hypercorn seam (``hypercorn_seam.py``); a hypercorn it does not know refuses
-        the start, as a bad config does (unless hypercorn's TOML allows it)."""
+        the start, as a bad config does (unless hypercorn's TOML allows it), and so do TLS
+        files hypercorn could not load."""
+        role = hypercorn_process()
+        if role is not None and (why := unusable_tls_files(self.server_config)) is not None:
+            refuse_to_start(why, role)
         try:
             log.info("hypercorn seam: %s", hypercorn_seam.install(self.server_config))
         except hypercorn_seam.SeamRefused as exc:
-            role = hypercorn_process()
             if role is None:
                 raise
             refuse_to_start(str(exc), role)

@@ -53,6 +53,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import ssl
 import sys
 import tempfile
 import time
@@ -87,6 +88,30 @@ def hypercorn_process() -> Literal["worker", "server"] | None:
         argv0.name == "hypercorn" or argv0.parts[-2:] == ("hypercorn", "__main__.py")
     ):
         return "server"
+    return None
+
+
+def unusable_tls_files(server_config: object) -> str | None:
+    """Why hypercorn's TLS files (``certfile``, ``keyfile``, ``ca_certs``) cannot be used, or
+    None. hypercorn loads them only after the app's start-up, where a missing file is a
+    ~35-line traceback and the binary still exits 0: the app checks them first, so a bad
+    path is refused like a bad config (:func:`refuse_to_start`)."""
+    files = {k: getattr(server_config, k, None) for k in ("certfile", "keyfile", "ca_certs")}
+    for key, path in files.items():
+        if not path:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            return f"hypercorn's {key} {str(path)!r} cannot be read: {exc.strerror}"
+    if files["certfile"]:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                files["certfile"], files["keyfile"] or None
+            )
+        except (ssl.SSLError, ValueError) as exc:
+            return f"hypercorn's certfile {files['certfile']!r} is not usable: {exc}"
     return None
 
 
