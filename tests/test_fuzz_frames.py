@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import hpack
 import pytest
 from bench import hostile
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 pytestmark = pytest.mark.slow
@@ -135,6 +135,9 @@ def gateway() -> Iterator[tuple[int, int]]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(frames=st.lists(frame(), min_size=1, max_size=24))
+# Every type at least once, valid and not, whatever the random draws are.
+@example(frames=[(n, TYPES[n] if TYPES[n] >= 0 else 77, 0, 1, None) for n in sorted(TYPES)])
+@example(frames=[(n, TYPES[n] if TYPES[n] >= 0 else 200, 0xFF, 3, b"\x00" * 5) for n in sorted(TYPES)])
 def test_random_frames_leave_the_worker_up_fair_and_serving(
     gateway: tuple[int, int], frames: list[tuple[str, int, int, int, bytes | None]]
 ) -> None:
