@@ -133,15 +133,21 @@ def refuse_to_start(message: str, role: Literal["worker", "server"]) -> NoReturn
     if claim is None:
         _wait_for_new_parent(parent.pid, QUIET_WAIT_S)  # another worker reports
         os._exit(EX_CONFIG)
-    for pid in _sibling_workers(parent.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        os.unlink(claim)  # it decided between the siblings, who are gone now
-    _say(line)
-    for name in _parent_semaphores():
-        _unlink(name)
-    os.kill(parent.pid, PARENT_SIGNAL)
+    # The parent is held still while its siblings go: running, it would see a worker
+    # end, stop the rest and exit 0 before the signal that ends it non-zero arrives.
+    os.kill(parent.pid, signal.SIGSTOP)
+    try:
+        for pid in _sibling_workers(parent.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.unlink(claim)  # it decided between the siblings, who are gone now
+        _say(line)
+        for name in _parent_semaphores():
+            _unlink(name)
+        os.kill(parent.pid, PARENT_SIGNAL)  # pending until it runs again
+    finally:
+        os.kill(parent.pid, signal.SIGCONT)
     os._exit(EX_CONFIG)
 
 
