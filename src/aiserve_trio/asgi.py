@@ -36,7 +36,7 @@ from .audit.usage import UsageEndpoints
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .cache.service import Cache, build_cache, cache_plans
 from .chains.run import build_chain
-from .config import Config, ConfigError, load_config, route_label
+from .config import Config, ConfigError, build_policies, load_config, route_label
 from .console.handlers import Console
 from .embeddings import Embeddings
 from .errors import (
@@ -64,7 +64,6 @@ from .observability.sched import SchedulerLag
 from .observability.tracing import Tracing, configure_otlp
 from .pipeline import Pipeline
 from .policies.base import Policy, PolicyContext, redact_values
-from .policies.registry import build_policies
 from .record.recorder import build_recorder, recorded_routes
 from .reload import Reloader, Staged
 from .runtime import Closer, Generations, Held, Runtime, carry_adapters, close_all

@@ -50,13 +50,14 @@ from ..adapters.base import (
     TranscriptionRequest,
     Usage,
 )
+from ..config import build_policies
 from ..errors import BadRequest, GatewayError, StepDeadlineExceeded, UpstreamTimeout
 from ..intents import parse_label, prompt
 from ..messages import Message, Part
 from ..policies.base import OutputFilter, apply_filters, finish_filters
-from ..policies.registry import build_policies
 from ..wav import FORMATS
-from .plan import ChainReport, Plan, PlannedStep, StepRun, build_plan, match_rules, route_choice
+from .plan import Plan, PlannedStep, build_plan, match_rules, route_choice
+from .state import ChainRun
 from .steps import ClassifyStep, GenerateStep, RewriteStep, RouteStep, TranscribeStep
 
 if TYPE_CHECKING:
@@ -79,38 +80,6 @@ class _AudioPart(msgspec.Struct):
 
 
 _audio_part = msgspec.json.Decoder(_AudioPart)
-
-
-class ChainRun:
-    """What one request's chain did so far (owned by the inference stage's task)."""
-
-    __slots__ = ("_open", "labels", "last", "new_turns", "started", "steps")
-
-    def __init__(self) -> None:
-        #: Names of the steps begun, in order.
-        self.started: list[str] = []
-        #: The step begun last: the one a deadline that passes names.
-        self.last: str | None = None
-        self.steps: list[StepRun] = []
-        self.labels: dict[str, str] = {}
-        self.new_turns: tuple[Message, ...] | None = None
-        self._open: dict[str, float] = {}
-
-    def begin(self, name: str) -> None:
-        self.started.append(name)
-        self.last = name
-        self._open[name] = trio.current_time()
-
-    def end(self, step: PlannedStep, result: str) -> None:
-        started = self._open.pop(step.name)
-        self.steps.append(StepRun(step.name, step.kind, started, trio.current_time(), result))
-
-    def report(self) -> ChainReport:
-        return ChainReport(
-            steps=tuple(sorted(self.steps, key=lambda s: self.started.index(s.name))),
-            labels=dict(self.labels),
-            new_turns=self.new_turns,
-        )
 
 
 @dataclass(slots=True)
