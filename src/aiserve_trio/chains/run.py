@@ -320,11 +320,11 @@ class Chain:
     ) -> int | None:
         """Run step ``i`` (before the streaming step); returns where a goto goes on."""
         step = self.plan.steps[i]
-        kind = STEP_KINDS[step.kind]
-        if kind.skipped(step, work):
+        kind, at = STEP_KINDS[step.kind], _At(self, step, prepared, work, state)
+        if kind.skipped(at):
             return None  # like a disabled step
         with self._step(step, cut, info, state):
-            return await kind.awaited(self, step, cut, prepared, work, state)
+            return await kind.awaited(at, cut)
 
     async def _stream(
         self,
@@ -341,7 +341,8 @@ class Chain:
         end = info.budget.inference_end
         filtering = steps[i + 1 :]
         ran = (*state.started, step.name, *(s.name for s in filtering))
-        adapter, request = await STEP_KINDS[step.kind].stream(self, step, end, prepared, work)
+        at = _At(self, step, prepared, work, state)
+        adapter, request = await STEP_KINDS[step.kind].stream(at, end)
         text_filters: list[OutputFilter] = []
         side_filters: list[OutputFilter] = []
         for s in filtering:
@@ -372,12 +373,24 @@ class Chain:
 C = TypeVar("C", bound=StepBase)
 
 
+@dataclass(frozen=True, slots=True)
+class _At:
+    """One step of one request: what a step kind's behaviour works with."""
+
+    chain: Chain
+    step: PlannedStep
+    prepared: Prepared
+    work: _Work
+    state: ChainRun
+
+
 class StepKind(Generic[C]):
     """What one kind of step does, registered in :data:`STEP_KINDS` by its ``kind``.
 
     - :meth:`awaited`: the step before the streaming one, inside its span; by
       default the kind's :meth:`call` under the step's cut point;
-    - :meth:`call`: the model call the step makes;
+    - :meth:`call`: the model call the step makes; by default the :meth:`stream`
+      request's whole answer becomes the draft;
     - :meth:`stream`: the request of the streaming step (a generate or a model
       rewrite; the plan lets no other kind stream).
     """
@@ -390,42 +403,27 @@ class StepKind(Generic[C]):
         assert isinstance(cfg, self.config), f"a {type(cfg).__name__} is not a {step.kind} step"
         return cfg
 
-    def skipped(self, step: PlannedStep, work: _Work) -> bool:
+    def skipped(self, at: _At) -> bool:
         """Nothing for the step to do: it is passed over, like a disabled step."""
         return False
 
-    async def awaited(
-        self,
-        chain: Chain,
-        step: PlannedStep,
-        cut: float,
-        prepared: Prepared,
-        work: _Work,
-        state: ChainRun,
-    ) -> int | None:
+    async def awaited(self, at: _At, cut: float) -> int | None:
         """Run the step before the streaming one; returns where a goto goes on."""
         with trio.move_on_at(cut) as scope:
-            await self.call(chain, step, cut, prepared, work, state)
+            await self.call(at, cut)
         if scope.cancelled_caught:
-            raise StepDeadlineExceeded(step.name)
+            raise StepDeadlineExceeded(at.step.name)
         return None
 
-    async def call(
-        self,
-        chain: Chain,
-        step: PlannedStep,
-        cut: float,
-        prepared: Prepared,
-        work: _Work,
-        state: ChainRun,
-    ) -> None:
-        """The step's call, finished by ``cut`` (a kind without one has nothing to do)."""
+    async def call(self, at: _At, cut: float) -> None:
+        """The step's call, finished by ``cut``."""
+        adapter, request = await self.stream(at, cut)
+        at.work.draft, usage = await _collect(adapter, request)
+        at.work.count(usage)
 
-    async def stream(
-        self, chain: Chain, step: PlannedStep, end: float, prepared: Prepared, work: _Work
-    ) -> tuple[Adapter, InferenceRequest]:
-        """The adapter and request of the streaming step."""
-        raise AssertionError(f"the plan let a {step.kind} step stream")
+    async def stream(self, at: _At, end: float) -> tuple[Adapter, InferenceRequest]:
+        """The adapter and request of the streaming step (or of an awaited call)."""
+        raise AssertionError(f"a {at.step.kind} step makes no generating call")
 
 
 class _Transcribe(StepKind[TranscribeStep]):
@@ -433,22 +431,14 @@ class _Transcribe(StepKind[TranscribeStep]):
 
     config = TranscribeStep
 
-    def skipped(self, step: PlannedStep, work: _Work) -> bool:
-        return not _has_audio(work.request.messages)  # nothing to hear
+    def skipped(self, at: _At) -> bool:
+        return not _has_audio(at.work.request.messages)  # nothing to hear
 
-    async def call(
-        self,
-        chain: Chain,
-        step: PlannedStep,
-        cut: float,
-        prepared: Prepared,
-        work: _Work,
-        state: ChainRun,
-    ) -> None:
-        cfg = self.settings(step)
-        adapter = chain.adapter_for(cfg.adapter)
+    async def call(self, at: _At, cut: float) -> None:
+        cfg = self.settings(at.step)
+        adapter = at.chain.adapter_for(cfg.adapter)
         model = cfg.model or adapter.models[0]
-        request = work.request
+        request = at.work.request
         done: dict[int, Message] = {}
         client = -1
         for m in request.messages:
@@ -479,8 +469,8 @@ class _Transcribe(StepKind[TranscribeStep]):
         if not done:
             return
         messages = [done.get(id(m), m) for m in request.messages]
-        work.request = msgspec.structs.replace(request, messages=messages)
-        state.new_turns = tuple(done.get(id(m), m) for m in prepared.new_turns)
+        at.work.request = msgspec.structs.replace(request, messages=messages)
+        at.state.new_turns = tuple(done.get(id(m), m) for m in at.prepared.new_turns)
 
 
 class _Classify(StepKind[ClassifyStep]):
@@ -488,40 +478,25 @@ class _Classify(StepKind[ClassifyStep]):
 
     config = ClassifyStep
 
-    async def awaited(
-        self,
-        chain: Chain,
-        step: PlannedStep,
-        cut: float,
-        prepared: Prepared,
-        work: _Work,
-        state: ChainRun,
-    ) -> int | None:
-        cfg = self.settings(step)
+    async def awaited(self, at: _At, cut: float) -> int | None:
+        cfg = self.settings(at.step)
         if cfg.labels:
-            return await super().awaited(chain, step, cut, prepared, work, state)
+            return await super().awaited(at, cut)
         # Rules only: no call.
-        text = _last_user_text(work.request.messages)
-        self._label(cfg, match_rules(step.rules, text), work, state)
+        text = _last_user_text(at.work.request.messages)
+        self._label(cfg, match_rules(at.step.rules, text), at)
         return None
 
-    async def call(
-        self,
-        chain: Chain,
-        step: PlannedStep,
-        cut: float,
-        prepared: Prepared,
-        work: _Work,
-        state: ChainRun,
-    ) -> None:
-        cfg = self.settings(step)
+    async def call(self, at: _At, cut: float) -> None:
+        cfg = self.settings(at.step)
+        work = at.work
         text = _last_user_text(work.request.messages)
-        label = match_rules(step.rules, text)
+        label = match_rules(at.step.rules, text)
         if label is None:
-            adapter = chain.adapter_for(cfg.adapter)
+            adapter = at.chain.adapter_for(cfg.adapter)
             request = InferenceRequest(
                 request_id=work.request.request_id,
-                model=chain.model_for(adapter, cfg.model, prepared.parsed.model),
+                model=at.chain.model_for(adapter, cfg.model, at.prepared.parsed.model),
                 messages=[
                     Message(role="system", content=prompt(cfg.prompt, cfg.labels)),
                     Message(role="user", content=text),
@@ -534,14 +509,14 @@ class _Classify(StepKind[ClassifyStep]):
             answer, usage = await _collect(adapter, request)
             work.count(usage)
             label = parse_label(answer, cfg.labels)
-        self._label(cfg, label, work, state)
+        self._label(cfg, label, at)
 
     @staticmethod
-    def _label(cfg: ClassifyStep, label: str | None, work: _Work, state: ChainRun) -> None:
+    def _label(cfg: ClassifyStep, label: str | None, at: _At) -> None:
         label = label or cfg.default_label
-        work.variables[cfg.key] = label
-        work.metadata[cfg.key] = label
-        state.labels[cfg.key] = label
+        at.work.variables[cfg.key] = label
+        at.work.metadata[cfg.key] = label
+        at.state.labels[cfg.key] = label
 
 
 class _Route(StepKind[RouteStep]):
@@ -549,21 +524,14 @@ class _Route(StepKind[RouteStep]):
 
     config = RouteStep
 
-    async def awaited(
-        self,
-        chain: Chain,
-        step: PlannedStep,
-        cut: float,
-        prepared: Prepared,
-        work: _Work,
-        state: ChainRun,
-    ) -> int | None:
-        choice = route_choice(self.settings(step), work.variables)
+    async def awaited(self, at: _At, cut: float) -> int | None:
+        work = at.work
+        choice = route_choice(self.settings(at.step), work.variables)
         if choice is None:
             return None
         work.adapter = choice.adapter or work.adapter
         work.model = choice.model or work.model
-        return chain.plan.goto(choice.goto) if choice.goto is not None else None
+        return at.chain.plan.goto(choice.goto) if choice.goto is not None else None
 
 
 class _Generate(StepKind[GenerateStep]):
@@ -571,26 +539,11 @@ class _Generate(StepKind[GenerateStep]):
 
     config = GenerateStep
 
-    async def call(
-        self,
-        chain: Chain,
-        step: PlannedStep,
-        cut: float,
-        prepared: Prepared,
-        work: _Work,
-        state: ChainRun,
-    ) -> None:
-        adapter, request = await self.stream(chain, step, cut, prepared, work)
-        work.draft, usage = await _collect(adapter, request)
-        work.count(usage)
-
-    async def stream(
-        self, chain: Chain, step: PlannedStep, end: float, prepared: Prepared, work: _Work
-    ) -> tuple[Adapter, InferenceRequest]:
+    async def stream(self, at: _At, end: float) -> tuple[Adapter, InferenceRequest]:
         """The request of a generate step: a route step's choice first, then the step's."""
-        cfg = self.settings(step)
+        cfg, work, chain = self.settings(at.step), at.work, at.chain
         adapter = chain.adapter_for(work.adapter or cfg.adapter)
-        model = chain.model_for(adapter, work.model or cfg.model, prepared.parsed.model)
+        model = chain.model_for(adapter, work.model or cfg.model, at.prepared.parsed.model)
         work.adapter = work.model = None  # a route step's choice is for the next one only
         base = work.request
         request = msgspec.structs.replace(
@@ -610,42 +563,19 @@ class _Rewrite(StepKind[RewriteStep]):
 
     config = RewriteStep
 
-    async def awaited(
-        self,
-        chain: Chain,
-        step: PlannedStep,
-        cut: float,
-        prepared: Prepared,
-        work: _Work,
-        state: ChainRun,
-    ) -> int | None:
-        cfg = self.settings(step)
+    async def awaited(self, at: _At, cut: float) -> int | None:
+        cfg = self.settings(at.step)
         if cfg.policy is None:
-            return await super().awaited(chain, step, cut, prepared, work, state)
-        work.draft = chain.filter_draft(cfg.policy, prepared.policy, work.draft)
+            return await super().awaited(at, cut)
+        at.work.draft = at.chain.filter_draft(cfg.policy, at.prepared.policy, at.work.draft)
         return None
 
-    async def call(
-        self,
-        chain: Chain,
-        step: PlannedStep,
-        cut: float,
-        prepared: Prepared,
-        work: _Work,
-        state: ChainRun,
-    ) -> None:
-        adapter, request = await self.stream(chain, step, cut, prepared, work)
-        work.draft, usage = await _collect(adapter, request)
-        work.count(usage)
-
-    async def stream(
-        self, chain: Chain, step: PlannedStep, end: float, prepared: Prepared, work: _Work
-    ) -> tuple[Adapter, InferenceRequest]:
-        cfg = self.settings(step)
-        adapter = chain.adapter_for(cfg.adapter)
+    async def stream(self, at: _At, end: float) -> tuple[Adapter, InferenceRequest]:
+        cfg, work = self.settings(at.step), at.work
+        adapter = at.chain.adapter_for(cfg.adapter)
         request = InferenceRequest(
             request_id=work.request.request_id,
-            model=chain.model_for(adapter, cfg.model, prepared.parsed.model),
+            model=at.chain.model_for(adapter, cfg.model, at.prepared.parsed.model),
             messages=[
                 Message(role="system", content=cfg.system_prompt),
                 Message(role="user", content=work.draft),
