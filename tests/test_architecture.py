@@ -266,6 +266,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "reload:types",
         "security.gate:types",
         "sessions:types",
+        "stages.types:types",
         "telemetry:types",
     ),
     "builder.py": (

@@ -149,10 +149,6 @@ class App(Lifespan):
     # --- the current runtime (what a new request uses) --------------------------
 
     @property
-    def routes(self) -> dict[str, Route]:
-        return self.runtime.routes
-
-    @property
     def pipeline(self) -> Pipeline:
         return self.runtime.pipeline
 

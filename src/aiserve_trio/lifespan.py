@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .security.gate import Gate
     from .sessions.bus import SessionBus
     from .sessions.outbox import WriteBack
+    from .stages.types import Route
     from .telemetry import Telemetry
 
 log = logging.getLogger("aiserve_trio")
@@ -78,6 +79,10 @@ class Lifespan:
     @property
     def gate(self) -> Gate:
         return self.runtime.gate
+
+    @property
+    def routes(self) -> dict[str, Route]:
+        return self.runtime.routes
 
     # --- reloading (reload.py calls these) ---------------------------------------
 
