@@ -156,3 +156,11 @@ def counting_backend(app: App) -> CountingBackend:
     spy = CountingBackend(app.cache.backend)
     app.cache.backend = spy
     return spy
+
+
+async def opened(app: App, nursery: trio.Nursery) -> None:
+    """Open ``app``'s response cache with the test's nursery (pytest-trio's ``nursery``
+    fixture), as the app's start-up opens it with the app's own: the cache's flights
+    run there, owned by the test, for a test that drives the app without its lifespan."""
+    assert app.cache is not None
+    await app.cache.aopen(nursery)

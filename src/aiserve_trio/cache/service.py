@@ -436,14 +436,18 @@ class Cache:
         return new
 
     def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        # Spawned from the launching request's task: the flight inherits its
-        # context (trace span, task label, upstream read counter).
-        if self._nursery is not None:
-            self._nursery.start_soon(fn, *args)
-        else:  # an app used without its lifespan (tests): flights end with their members
-            import contextvars
+        """Start a flight in the nursery the cache was opened with (the app's).
 
-            trio.lowlevel.spawn_system_task(fn, *args, context=contextvars.copy_context())
+        Spawned from the launching request's task: the flight inherits its context
+        (trace span, task label, upstream read counter).
+
+        Raises:
+            RuntimeError: the cache was not opened (:meth:`aopen`): a flight would
+                have no owner.
+        """
+        if self._nursery is None:
+            raise RuntimeError("the response cache is not open: flights need its nursery (aopen)")
+        self._nursery.start_soon(fn, *args)
 
     # --- the pipeline -------------------------------------------------------------
 
