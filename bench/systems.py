@@ -9,7 +9,9 @@ report can print exactly what ran.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -326,6 +328,16 @@ class GatewayAuth:
     toml: str
 
 
+def _legacy_scrypt(plain: str, log_n: int = 14) -> str:
+    """``plain`` hashed as revisions before SHA-256 keys stored it (scrypt, log2 N = 14)."""
+    salt = secrets.token_bytes(16)
+    n = 1 << log_n
+    digest = hashlib.scrypt(
+        plain.encode(), salt=salt, n=n, r=8, p=1, maxmem=256 * n * 8 + (1 << 20), dklen=32
+    )
+    return f"scrypt${log_n}$8$1${salt.hex()}${digest.hex()}"
+
+
 def gateway_auth() -> GatewayAuth | None:
     """A fresh key and its ``[auth]`` TOML, or None when the measured build has no auth."""
     src = SNAPSHOT if SNAPSHOT is not None else ROOT / "src"
@@ -337,6 +349,8 @@ def gateway_auth() -> GatewayAuth | None:
         return None
     plain = new_key("bench")
     digest = hash_key(plain)
+    if "sha256$" not in (src / "aiserve_trio" / "security" / "auth.py").read_text():
+        digest = _legacy_scrypt(plain)  # a revision from before SHA-256 keys
     toml = f"""
 [auth]
 enabled = true

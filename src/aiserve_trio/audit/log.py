@@ -198,6 +198,9 @@ class AuditLog:
                 await self._purge()
                 next_purge = trio.current_time() + PURGE_EVERY_S
                 continue
+            if self._inbox.statistics().open_send_channels:  # not shutting down
+                # Let the batch gather: the thread hop costs as much as a batch's rows.
+                await trio.sleep(self.settings.flush_ms / 1000)
             batch = batch_of(first, self._inbox, limit)
             await self._write(await self._rows(batch))
             self._settled += len(batch)
