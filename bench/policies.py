@@ -166,7 +166,7 @@ def main() -> None:
         + " | no-rate-figures | redactor (stream) |",
         "|---|" + "---|" * (len(dict.fromkeys(r.name for r in rw.rules)) + 2),
     ]
-    from aiserve_trio.policies.registry import build_policies
+    from aiserve_trio.config import build_policies
 
     (nrf,) = build_policies(["no-rate-figures"], base)
     assert isinstance(nrf, Compliance)

@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 
 from aiserve_trio.adapters.base import Message
-from aiserve_trio.config import ConfigError
+from aiserve_trio.config import ConfigError, build_policies
 from aiserve_trio.errors import PolicyViolation
 from aiserve_trio.policies.antifraud import AntiFraud
 from aiserve_trio.policies.base import PolicyContext
-from aiserve_trio.policies.registry import build_policies
 
 from .conftest import make_config
 

@@ -16,6 +16,7 @@ from aiserve_trio.errors import UpstreamStatusError
 
 from .asgi_client import Client, Response
 from .authcfg import KEY_B, auth_app
+from .cachefakes import opened
 from .conftest import make_config
 
 
@@ -264,7 +265,9 @@ async def test_an_idle_messages_stream_is_kept_alive_with_anthropics_ping(
 # --- the rest of the pipeline: cache and metrics apply as on chat -------------------
 
 
-async def test_a_cached_messages_reply_is_replayed_in_anthropics_form(autojump_clock: Any) -> None:
+async def test_a_cached_messages_reply_is_replayed_in_anthropics_form(
+    autojump_clock: Any, nursery: trio.Nursery
+) -> None:
     cfg = make_config(
         """
 [[routes]]
@@ -274,7 +277,9 @@ adapter = "mock"
 cache = { ttl_s = 300 }
 """
     )
-    client = Client(App(cfg))
+    app = App(cfg)
+    await opened(app, nursery)
+    client = Client(app)
     ask = body("messages", "aiserve-mock", "hello", stream=True) | {"temperature": 0}
     first = await client.request("POST", "/t/cached", json_body=ask)
     second = await client.request("POST", "/t/cached", json_body=ask)

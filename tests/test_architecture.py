@@ -33,26 +33,33 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
-    """Modules of the package that ``tree`` imports, anywhere but under ``if TYPE_CHECKING:``."""
-    found: set[str] = set()
+def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> dict[str, bool]:
+    """Modules of the package that ``tree`` imports, anywhere (inside functions and
+    ``if TYPE_CHECKING:`` blocks too): each with True when it is imported at run time,
+    False when only for type checking."""
+    found: dict[str, bool] = {}
     package = module if is_package else module.rpartition(".")[0]
 
-    def resolve(base: str, name: str | None) -> None:
-        if name is not None and f"{base}.{name}" in known:
-            found.add(f"{base}.{name}")  # `from . import x` names a submodule
-        elif base in known:
-            found.add(base)
+    def add(name: str, runtime: bool) -> None:
+        found[name] = found.get(name, False) or runtime
 
-    def visit(node: ast.AST) -> None:
+    def resolve(base: str, name: str | None, runtime: bool) -> None:
+        if name is not None and f"{base}.{name}" in known:
+            add(f"{base}.{name}", runtime)  # `from . import x` names a submodule
+        elif base in known:
+            add(base, runtime)
+
+    def visit(node: ast.AST, runtime: bool) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, False)
             for child in node.orelse:
-                visit(child)
+                visit(child, runtime)
             return
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name in known:
-                    found.add(alias.name)
+                    add(alias.name, runtime)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
@@ -62,22 +69,28 @@ def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> s
             else:
                 base = node.module or ""
             for alias in node.names:
-                resolve(base, alias.name)
+                resolve(base, alias.name, runtime)
         for sub in ast.iter_child_nodes(node):
-            visit(sub)
+            visit(sub, runtime)
 
-    visit(tree)
-    found.discard(module)
+    visit(tree, True)
+    found.pop(module, None)
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+def typed_import_graph() -> dict[str, dict[str, bool]]:
+    """Every module's imports of the package: True at run time, False for types only."""
     files = {_module_name(p): p for p in PKG.rglob("*.py")}
     known = set(files)
     return {
         name: _imports(ast.parse(path.read_text()), name, path.name == "__init__.py", known)
         for name, path in files.items()
     }
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every module's imports of the package, type-level ones included."""
+    return {name: set(deps) for name, deps in typed_import_graph().items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -115,15 +128,332 @@ def test_the_import_graph_sees_relative_and_function_local_imports() -> None:
         "if TYPE_CHECKING:\n    from .z import t\n"
     )
     known = {"p.a", "p.b", "p.c", "p.d", "x", "p.z"}
-    assert _imports(tree, "p.a", False, known) == {"p.b", "p.c", "p.d"}
+    assert _imports(tree, "p.a", False, known) == {
+        "p.b": True,
+        "p.c": True,
+        "p.d": True,
+        "p.z": False,  # a type-level import is an edge too
+    }
 
 
 def test_no_import_cycles_in_the_package() -> None:
-    graph = import_graph()
+    graph = import_graph()  # `if TYPE_CHECKING:` imports included
     # The top package re-exports the app; every module may import it implicitly.
     graph.pop("aiserve_trio", None)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+# --- the package map ----------------------------------------------------------------
+
+#: Every module may import these (docs/architecture.md's table says so in its header).
+ANYONE = ("errors", "api", "config", "budgets")
+
+#: What each package (``name/``) or top-level module (``name.py``) may import of ours
+#: besides :data:`ANYONE` and itself. An entry allows a module and everything under it;
+#: ``:types`` allows it only under ``if TYPE_CHECKING:``; ``*`` allows everything.
+#: docs/architecture.md's package map shows this as its last column
+#: (``test_the_documented_map_is_the_enforced_one``).
+PACKAGE_MAP: dict[str, tuple[str, ...]] = {
+    "errors.py": (),
+    "budgets.py": (),
+    "api.py": (),
+    "messages.py": (),
+    "vectors.py": (),
+    "tenants.py": (),
+    "decoding.py": (),
+    "config.py": (
+        "decoding",
+        "tenants",
+        "policies.base",
+        "policies.registry",
+        "record.settings",
+        "chains.steps",
+        "chains.plan",
+        "audit.settings",
+        "spend.settings",
+        "security.auth",
+    ),
+    "intents.py": (),
+    "wav.py": (),
+    "wavtool.py": ("wav",),
+    "chains/": (
+        "decoding",
+        "intents",
+        "messages",
+        "wav",
+        "adapters.base",
+        "policies.base",
+        "stages.types:types",
+    ),
+    "http/": ("security.auth:types",),
+    "observability/": ("http.endpoints:types", "stages.outcome:types"),
+    "policies/": ("decoding", "messages", "slices", "adapters.base:types"),
+    "adapters/": (
+        "intents",
+        "messages",
+        "slices",
+        "vectors",
+        "wav",
+        "observability.events",
+        "observability.annotate",
+    ),
+    "sessions/": (
+        "http",
+        "messages",
+        "slices",
+        "tenants",
+        "observability.metrics:types",
+        "stages.outcome:types",
+    ),
+    "security/": (
+        "http",
+        "sessions.bus",
+        "sessions.redis_streams",
+        "spend.budget",
+        "spend.ledger",
+        "stages.outcome:types",
+    ),
+    "hypercorn_seam.py": ("http", "security.edge"),
+    "cache/": (
+        "adapters.base",
+        "adapters.retry",
+        "observability.events",
+        "sessions.redis_streams",
+    ),
+    "apis/": (),
+    "stages/": (
+        "adapters",
+        "apis",
+        "cache",
+        "chains.plan",
+        "chains.state",
+        "http",
+        "messages",
+        "observability",
+        "policies",
+        "security.admission:types",
+        "sessions.bus",
+        "slices",
+        "spend.prices",
+    ),
+    "pipeline.py": (
+        "stages",
+        "http",
+        "adapters.base",
+        "apis",
+        "cache.service",
+        "observability.annotate",
+        "security.admission",
+        "sessions.bus:types",
+        "sessions.outbox:types",
+    ),
+    "asgi.py": ("*",),
+    "lifespan.py": (
+        "adapters",
+        "builder",
+        "fdlimit",
+        "gctune",
+        "hypercorn_seam",
+        "record.recorder",
+        "runtime",
+        "spend.prices",
+        "startup",
+        "audit.log:types",
+        "console.handlers:types",
+        "http.types:types",
+        "observability:types",
+        "reload:types",
+        "security.gate:types",
+        "sessions:types",
+        "stages.types:types",
+        "telemetry:types",
+    ),
+    "builder.py": (
+        "adapters",
+        "apis",
+        "cache.service",
+        "chains.run",
+        "embeddings",
+        "http",
+        "pipeline",
+        "policies.base",
+        "runtime",
+        "security.gate",
+        "sessions.http",
+        "slices",
+        "spend.prices",
+        "stages.types",
+        "admin:types",
+        "audit.usage:types",
+        "console.handlers:types",
+        "observability:types",
+        "sessions.bus:types",
+        "sessions.outbox:types",
+    ),
+    "admin.py": (
+        "http",
+        "audit.usage:types",
+        "observability:types",
+        "reload:types",
+        "runtime:types",
+        "sessions.bus:types",
+    ),
+    "telemetry.py": ("adapters.group", "observability", "runtime:types"),
+    "runtime.py": (
+        "adapters",
+        "cache:types",
+        "embeddings:types",
+        "http:types",
+        "observability.events:types",
+        "pipeline:types",
+        "security.gate:types",
+        "sessions.http:types",
+        "stages.types:types",
+    ),
+    "reload.py": ("decoding",),
+    "console/": ("http", "observability", "reload", "audit.usage", "security.gate:types"),
+    "embeddings.py": (
+        "adapters.base",
+        "http",
+        "observability.metrics",
+        "spend.prices",
+        "stages",
+        "vectors",
+    ),
+    "startup.py": (),
+    "slices.py": (),
+    "gctune.py": (),
+    "fdlimit.py": (),
+    "sim/": ("adapters.tokens", "intents", "vectors", "wav"),
+    "record/": (
+        "decoding",
+        "slices",
+        "policies",
+        "observability.metrics",
+        "stages.outcome",
+        "stages.types:types",
+    ),
+    "replay/": ("record.schema", "record.settings"),
+    "spend/": (
+        "decoding",
+        "observability.metrics",
+        "sessions.redis_streams",
+        "adapters.base:types",
+        "stages.outcome:types",
+    ),
+    "audit/": (
+        "decoding",
+        "http",
+        "observability.debug",
+        "record.recorder",
+        "stages.outcome:types",
+    ),
+}
+
+
+def unit_of(module: str) -> str:
+    """The map's row of ``module`` (``aiserve_trio.x.y``): ``x/`` for a package, else ``x.py``."""
+    top = module.split(".")[1]
+    return f"{top}/" if (PKG / top).is_dir() else f"{top}.py"
+
+
+def map_refusals(
+    graph: dict[str, dict[str, bool]], package_map: dict[str, tuple[str, ...]]
+) -> list[str]:
+    """Each import in ``graph`` that ``package_map`` does not allow, as a sentence."""
+
+    def covers(entry: str, target: str) -> bool:
+        return target == entry or target.startswith(entry + ".")
+
+    refused = []
+    for module, deps in sorted(graph.items()):
+        if module == "aiserve_trio":
+            continue
+        unit = unit_of(module)
+        allowed = package_map.get(unit)
+        if allowed is None:
+            refused.append(f"{unit} has no row in the package map")
+            continue
+        for dep, runtime in sorted(deps.items()):
+            target = dep.removeprefix("aiserve_trio.")
+            if dep == "aiserve_trio" or unit_of(dep) == unit or "*" in allowed:
+                continue
+            if any(covers(e, target) for e in ANYONE):
+                continue
+            ok = any(
+                covers(e.removesuffix(":types"), target)
+                and (not runtime or not e.endswith(":types"))
+                for e in allowed
+            )
+            if not ok:
+                how = "imports" if runtime else "imports (for type checking)"
+                refused.append(f"{module} {how} {dep}, which the map does not allow {unit}")
+    return refused
+
+
+def render_allowed(entries: tuple[str, ...]) -> str:
+    """The package map's last column for a row (how docs/architecture.md writes it)."""
+    if "*" in entries:
+        return "everything"
+    if not entries:
+        return "—"
+    words = [
+        f"`{e.removesuffix(':types')}` (types)" if e.endswith(":types") else f"`{e}`"
+        for e in entries
+    ]
+    return ", ".join(words)
+
+
+def test_the_map_checker_refuses_what_the_map_does_not_allow() -> None:
+    graph = {
+        "aiserve_trio.policies.registry": {"aiserve_trio.stages.outcome": False},
+        "aiserve_trio.observability.events": {"aiserve_trio.stages.outcome": True},
+        "aiserve_trio.wav": {"aiserve_trio.errors": True},
+    }
+    package_map = {
+        "policies/": (),
+        "observability/": ("stages.outcome:types",),
+        "wav.py": (),
+    }
+    assert map_refusals(graph, package_map) == [
+        "aiserve_trio.observability.events imports aiserve_trio.stages.outcome, "
+        "which the map does not allow observability/",
+        "aiserve_trio.policies.registry imports (for type checking) aiserve_trio.stages.outcome, "
+        "which the map does not allow policies/",
+    ]
+    assert map_refusals({"aiserve_trio.nowhere": {}}, {}) == [
+        "nowhere.py has no row in the package map"
+    ]
+
+
+def test_every_import_is_one_the_package_map_allows() -> None:
+    assert map_refusals(typed_import_graph(), PACKAGE_MAP) == []
+
+
+def documented_map() -> dict[str, str]:
+    """docs/architecture.md's package map: each row's names, with its last column."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Package map", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, str] = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        for name in re.findall(r"`([^`]+)`", cells[0]):
+            rows[name] = cells[-1]
+    return rows
+
+
+def test_the_documented_map_is_the_enforced_one() -> None:
+    documented = documented_map()
+    assert sorted(documented) == sorted(PACKAGE_MAP), "rows differ from PACKAGE_MAP"
+    wrong = {
+        name: f"| ... | {render_allowed(PACKAGE_MAP[name])} |"
+        for name, column in documented.items()
+        if column != render_allowed(PACKAGE_MAP[name])
+    }
+    assert wrong == {}, "docs/architecture.md's package map says otherwise; write these"
 
 
 def test_importing_the_package_leaves_hypercorn_alone() -> None:

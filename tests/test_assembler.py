@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Delta, Usage
+from aiserve_trio.config import build_policies
 from aiserve_trio.errors import StageDeadlineExceeded, UpstreamProtocolError
 from aiserve_trio.policies.base import PolicyContext
-from aiserve_trio.policies.registry import build_policies
 from aiserve_trio.stages.assembler import AssemblerStateError, ResponseAssembler, State
 
 from .conftest import make_config

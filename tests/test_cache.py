@@ -26,6 +26,7 @@ from .cachefakes import (
     cache_config_text,
     counting_backend,
     metric,
+    opened,
     reply_text,
     scrubbed,
     usage_of,
@@ -81,9 +82,11 @@ def test_a_bad_cache_table_is_refused_naming_the_key(table: str, key: str) -> No
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
 async def test_same_request_twice_one_upstream_call_identical_reply(
+    nursery: trio.Nursery,
     stream: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
     app, model = cache_app()
+    await opened(app, nursery)
     client = Client(app)
     body = ask(stream=stream, stream_options={"include_usage": True} if stream else None)
     first = await client.chat(body)
@@ -106,9 +109,11 @@ async def test_same_request_twice_one_upstream_call_identical_reply(
 
 @pytest.mark.parametrize("first_streams", [True, False])
 async def test_a_streamed_and_a_whole_request_share_the_answer(
+    nursery: trio.Nursery,
     first_streams: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
     app, model = cache_app()
+    await opened(app, nursery)
     client = Client(app)
     usage: dict[str, Any] = {"stream_options": {"include_usage": True}}
     streamed, whole = ask(stream=True, **usage), ask(stream=False)
@@ -140,10 +145,12 @@ def policed_app(tmp_path: Path, model: CountingModel, pack: str = DOUBLING_PACK)
 
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_hit_replays_the_post_policy_reply_without_running_the_policies(
+    nursery: trio.Nursery,
     stream: bool, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     model = CountingModel(words=5)
     app = policed_app(tmp_path, model)
+    await opened(app, nursery)
     client = Client(app)
     body = ask("cache ann@example.com now", stream=stream)
     first = await client.chat(body)
@@ -158,8 +165,11 @@ async def test_a_hit_replays_the_post_policy_reply_without_running_the_policies(
     assert rewritten == 1  # the hit did not run the output filter
 
 
-async def test_an_entry_expires_after_its_ttl(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_entry_expires_after_its_ttl(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     app, model = cache_app("{ ttl_s = 10 }")
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask())
     await trio.sleep(9)
@@ -178,10 +188,12 @@ FIELDS = [c for c in CHANGED if c[0] != "model"]
 
 @pytest.mark.parametrize(("what", "change"), FIELDS, ids=[c[0] for c in FIELDS])
 async def test_any_changed_field_is_a_miss(
+    nursery: trio.Nursery,
     what: str, change: dict[str, Any], autojump_clock: trio.testing.MockClock
 ) -> None:
     # Every request cached here, so that a sampled temperature counts too.
     app, model = cache_app("{ deterministic_only = false }")
+    await opened(app, nursery)
     client = Client(app)
     base = ask("hi")
     base["model"] = "aiserve-mock"
@@ -197,8 +209,11 @@ async def test_any_changed_field_is_a_miss(
     assert model.calls == 2
 
 
-async def test_key_order_and_whitespace_are_a_hit(autojump_clock: trio.testing.MockClock) -> None:
+async def test_key_order_and_whitespace_are_a_hit(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     app, model = cache_app()
+    await opened(app, nursery)
     client = Client(app)
     compact = (
         b'{"model":"aiserve-mock","messages":[{"role":"user","content":"hi"}],'
@@ -216,10 +231,13 @@ async def test_key_order_and_whitespace_are_a_hit(autojump_clock: trio.testing.M
     assert model.calls == 1
 
 
-async def test_two_tenants_never_share(autojump_clock: trio.testing.MockClock) -> None:
+async def test_two_tenants_never_share(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     model = CountingModel()
     text = cache_config_text("{}").replace(OFF, auth_toml())
     app = App(parse_config(text, source="<t>"), adapters={"mock": model})
+    await opened(app, nursery)
     client = Client(app)
     alice = {"authorization": f"Bearer {KEY_A}", "x-channel": "app"}
     bob = {"authorization": f"Bearer {KEY_B}", "x-channel": "app"}
@@ -238,10 +256,12 @@ async def test_two_tenants_never_share(autojump_clock: trio.testing.MockClock) -
 
 
 async def test_sessions_are_part_of_what_the_model_sees(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # The same question in two conversations: the history differs, so does the key.
     app, model = cache_app()
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask("my income is 5000"), headers={"x-session-id": "s-1"})
     await client.chat(ask("what is a cache"), headers={"x-session-id": "s-1"})
@@ -254,9 +274,11 @@ async def test_sessions_are_part_of_what_the_model_sees(
 
 
 async def test_no_cache_skips_the_lookup_and_stores_a_fresh_answer(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, model = cache_app()
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask())
     fresh = await client.chat(ask(), headers={"cache-control": "no-cache"})
@@ -268,8 +290,11 @@ async def test_no_cache_skips_the_lookup_and_stores_a_fresh_answer(
     assert model.calls == 2
 
 
-async def test_no_store_neither_looks_up_nor_stores(autojump_clock: trio.testing.MockClock) -> None:
+async def test_no_store_neither_looks_up_nor_stores(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     app, model = cache_app()
+    await opened(app, nursery)
     client = Client(app)
     r = await client.chat(ask(), headers={"cache-control": "no-store"})
     assert r.headers["x-aiserve-cache"] == "bypass"
@@ -293,9 +318,11 @@ async def test_no_store_neither_looks_up_nor_stores(autojump_clock: trio.testing
     ids=["temperature-0", "seed", "seed-and-temperature", "default-temperature", "sampled"],
 )
 async def test_by_default_only_deterministic_requests_are_cached(
+    nursery: trio.Nursery,
     body: dict[str, Any], cached: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
     app, model = cache_app()
+    await opened(app, nursery)
     client = Client(app)
     request = {"model": "aiserve-mock", "messages": [{"role": "user", "content": "q"}], **body}
     await client.chat(request)
@@ -304,8 +331,11 @@ async def test_by_default_only_deterministic_requests_are_cached(
     assert model.calls == (1 if cached else 2)
 
 
-async def test_a_route_may_cache_sampled_requests(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_route_may_cache_sampled_requests(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     app, model = cache_app("{ deterministic_only = false }")
+    await opened(app, nursery)
     client = Client(app)
     request = {"model": "aiserve-mock", "messages": [{"role": "user", "content": "q"}]}
     await client.chat(request)
@@ -314,6 +344,7 @@ async def test_a_route_may_cache_sampled_requests(autojump_clock: trio.testing.M
 
 
 async def test_models_outside_the_route_cache_list_are_not_cached(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     extra_model = 'models = ["aiserve-mock", "other"]'
@@ -323,6 +354,7 @@ async def test_models_outside_the_route_cache_list_are_not_cached(
     model = CountingModel()
     model.models = ["aiserve-mock", "other"]
     app = App(parse_config(text, source="<t>"), adapters={"mock": model})
+    await opened(app, nursery)
     client = Client(app)
     for _ in range(2):
         r = await client.chat(ask())
@@ -340,9 +372,11 @@ async def test_a_route_without_a_cache_says_nothing(autojump_clock: trio.testing
 
 
 async def test_an_entry_too_large_is_served_not_stored(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, _model = cache_app("{ max_entry_bytes = 100 }")
+    await opened(app, nursery)
     client = Client(app)
     assert reply_text(await client.chat(ask())) == "answer 1: what is a end"
     assert (await client.chat(ask())).headers["x-aiserve-cache"] == "miss"
@@ -352,9 +386,12 @@ async def test_an_entry_too_large_is_served_not_stored(
 # --- what is never stored -------------------------------------------------------------------
 
 
-async def test_an_upstream_error_is_not_stored(autojump_clock: trio.testing.MockClock) -> None:
+async def test_an_upstream_error_is_not_stored(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     boom = UpstreamStatusError("bad request", upstream_status=400)
     app, model = cache_app(model=CountingModel(fail=[boom]))
+    await opened(app, nursery)
     client = Client(app)
     r = await client.chat(ask(stream=True))
     assert r.status == 502
@@ -365,9 +402,11 @@ async def test_an_upstream_error_is_not_stored(autojump_clock: trio.testing.Mock
 
 
 async def test_a_reply_cut_by_its_deadline_is_not_stored(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, model = cache_app(model=CountingModel(words=50, gap=0.05))
+    await opened(app, nursery)
     client = Client(app)
     long = ask(" ".join(f"w{i}" for i in range(60)), stream=True)
     r = await client.chat(long, headers={"x-request-timeout-ms": "1000"})
@@ -377,11 +416,14 @@ async def test_a_reply_cut_by_its_deadline_is_not_stored(
     assert model.calls == 2
 
 
-async def test_a_reply_cut_by_a_cap_is_not_stored(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_reply_cut_by_a_cap_is_not_stored(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     extra_cap = "max_reply_bytes = 12\n"
     text = cache_config_text("{}").replace("cache = {}", extra_cap + "cache = {}")
     model = CountingModel()
     app = App(parse_config(text, source="<t>"), adapters={"mock": model})
+    await opened(app, nursery)
     client = Client(app)
     r = await client.chat(ask(stream=True))
     assert "max_reply_bytes" in r.events()[-2]
@@ -390,6 +432,7 @@ async def test_a_reply_cut_by_a_cap_is_not_stored(autojump_clock: trio.testing.M
 
 
 async def test_the_shared_answer_stops_at_the_byte_cap_whoever_reads_slowly(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # The answer is produced at the model's pace, not the client's: the cap stops it
@@ -397,6 +440,7 @@ async def test_the_shared_answer_stops_at_the_byte_cap_whoever_reads_slowly(
     text = cache_config_text("{}").replace("cache = {}", "max_reply_bytes = 40\ncache = {}")
     model = CountingModel(ttft=0.01, gap=0.01, words=40)
     app = App(parse_config(text, source="<t>"), adapters={"mock": model})
+    await opened(app, nursery)
     body = ask(" ".join(f"word{i}" for i in range(40)), stream=True)
     t0 = trio.current_time()
     r = await Client(app).chat(body, send_delay=1.0)
@@ -407,12 +451,14 @@ async def test_the_shared_answer_stops_at_the_byte_cap_whoever_reads_slowly(
 
 
 async def test_a_reply_cut_by_the_token_cap_is_not_stored(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # A backend that ignores the limit it was sent: the gateway ends it, "length".
     text = cache_config_text("{}").replace("cache = {}", "max_tokens = 2\ncache = {}")
     model = CountingModel()
     app = App(parse_config(text, source="<t>"), adapters={"mock": model})
+    await opened(app, nursery)
     client = Client(app)
     r = await client.chat(ask())
     assert r.json()["choices"][0]["finish_reason"] == "length"
@@ -422,9 +468,11 @@ async def test_a_reply_cut_by_the_token_cap_is_not_stored(
 
 
 async def test_a_reply_whose_only_client_left_is_not_stored(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, model = cache_app(model=CountingModel(words=20, gap=0.05))
+    await opened(app, nursery)
     client = Client(app)
     body = ask(" ".join(f"w{i}" for i in range(30)), stream=True)
     async with client.open("POST", "/v1/chat/completions", json_body=body) as ex:
@@ -438,7 +486,9 @@ async def test_a_reply_whose_only_client_left_is_not_stored(
     assert model.calls == 2
 
 
-async def test_a_refusal_is_not_stored(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_refusal_is_not_stored(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     from aiserve_trio.adapters.base import Delta, DeltaSink, InferenceRequest, Usage
     from aiserve_trio.adapters.retry import Progress
 
@@ -453,6 +503,7 @@ async def test_a_refusal_is_not_stored(autojump_clock: trio.testing.MockClock) -
             )
 
     app, _model = cache_app(model=Refusing())
+    await opened(app, nursery)
     client = Client(app)
     r = await client.chat(ask())
     assert r.json()["choices"][0]["message"]["refusal"] == "I cannot help with that."
@@ -479,11 +530,13 @@ async def _many(
 
 
 async def test_fifty_identical_streams_make_one_upstream_call(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # They arrive over 100 ms while the answer streams for 130 ms: the late ones
     # join mid-stream and catch up from the start.
     app, model = cache_app(model=CountingModel(ttft=0.05, gap=0.02, words=5))
+    await opened(app, nursery)
     backend = counting_backend(app)
     client = Client(app)
     body = ask("tell me about caches", stream=True, stream_options={"include_usage": True})
@@ -506,9 +559,11 @@ async def test_fifty_identical_streams_make_one_upstream_call(
 
 
 async def test_a_streamed_follower_gets_pieces_as_they_are_released(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, _ = cache_app(model=CountingModel(ttft=0.1, gap=0.1, words=5))
+    await opened(app, nursery)
     client = Client(app)
     body = ask("one two three four", stream=True)
     t0 = trio.current_time()
@@ -520,8 +575,11 @@ async def test_a_streamed_follower_gets_pieces_as_they_are_released(
     assert times[-1] - times[0] >= 0.35
 
 
-async def test_a_slow_client_slows_nobody_else(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_slow_client_slows_nobody_else(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     app, model = cache_app(model=CountingModel(ttft=0.01, gap=0.01, words=5))
+    await opened(app, nursery)
     client = Client(app)
     body = ask("one two three four", stream=True)
     done: dict[str, float] = {}
@@ -541,9 +599,11 @@ async def test_a_slow_client_slows_nobody_else(autojump_clock: trio.testing.Mock
 
 
 async def test_the_first_client_leaving_does_not_stop_the_others(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, model = cache_app(model=CountingModel(ttft=0.05, gap=0.05, words=8))
+    await opened(app, nursery)
     client = Client(app)
     body = ask("a b c d e f g h", stream=True)
     others: list[Response] = []
@@ -568,10 +628,12 @@ async def test_the_first_client_leaving_does_not_stop_the_others(
 
 
 async def test_a_first_request_with_little_time_does_not_cut_the_others(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # The flight lasts as long as the latest deadline of the requests sharing it.
     app, model = cache_app(model=CountingModel(ttft=0.5, gap=0.01))
+    await opened(app, nursery)
     client = Client(app)
     body = ask(stream=True)
     out: dict[str, Response] = {}
@@ -589,11 +651,13 @@ async def test_a_first_request_with_little_time_does_not_cut_the_others(
 
 
 async def test_a_request_joining_later_extends_the_time_of_the_answer(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # Launched with the first one's short time; the second joins 0.1 s later with
     # more, and the answer goes on for it after the first has timed out.
     app, model = cache_app(model=CountingModel(ttft=0.5, gap=0.01))
+    await opened(app, nursery)
     client = Client(app)
     body = ask(stream=True)
     out: dict[str, Response] = {}
@@ -613,6 +677,7 @@ async def test_a_request_joining_later_extends_the_time_of_the_answer(
 
 
 async def test_a_follower_takes_over_an_answer_that_ran_out_of_time(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # The backend is told the longest a request on the route may take (route max
@@ -622,6 +687,7 @@ async def test_a_follower_takes_over_an_answer_that_ran_out_of_time(
     text = cache_config_text("{}").replace("cache = {}", "deadline = { default_ms = 1000, max_ms = 1000 }\ncache = {}")
     model = CountingModel(ttft=[1.0, 0.05], gap=0.01)
     app = App(parse_config(text, source="<t>"), adapters={"mock": model})
+    await opened(app, nursery)
     client = Client(app)
     out: dict[str, Response] = {}
 
@@ -640,11 +706,13 @@ async def test_a_follower_takes_over_an_answer_that_ran_out_of_time(
 
 
 async def test_the_first_call_failing_one_follower_asks_again_for_everyone(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # A 503 after the adapter's own retries: one new flight, not one per follower.
     flaky = UpstreamStatusError("overloaded", upstream_status=503)
     app, model = cache_app(model=CountingModel(fail=[flaky]))
+    await opened(app, nursery)
     client = Client(app)
     replies = await _many(client, 10, ask(stream=True), every=0.001)
     assert model.calls == 2
@@ -653,16 +721,19 @@ async def test_the_first_call_failing_one_follower_asks_again_for_everyone(
 
 
 async def test_an_answer_that_cannot_be_had_is_everyones_error_once(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # Not worth another try (a 400), or failing again: shared, no storm of calls.
     bad = UpstreamStatusError("bad", upstream_status=400)
     app, model = cache_app(model=CountingModel(fail=[bad]))
+    await opened(app, nursery)
     replies = await _many(Client(app), 10, ask(), every=0.001)
     assert model.calls == 1
     assert {r.status for r in replies} == {502}
     flaky = [UpstreamStatusError("overloaded", upstream_status=503)] * 2
     app, model = cache_app(model=CountingModel(fail=list(flaky)))
+    await opened(app, nursery)
     replies = await _many(Client(app), 10, ask(), every=0.001)
     assert model.calls == 2
     assert {r.status for r in replies} == {502}
@@ -671,9 +742,11 @@ async def test_an_answer_that_cannot_be_had_is_everyones_error_once(
 
 
 async def test_no_cache_requests_do_not_join_an_answer_in_flight(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, model = cache_app(model=CountingModel(ttft=0.2))
+    await opened(app, nursery)
     client = Client(app)
     out: list[Response] = []
 
@@ -714,11 +787,13 @@ class _SlowToLetGo(CacheBackend):
 
 
 async def test_a_failed_answer_is_gone_for_new_requests_at_once(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # While the failed flight still lets go of its lease, a new request starts afresh.
     bad = UpstreamStatusError("bad", upstream_status=400)
     app, model = cache_app("{}", "\n[cache]\ntimeout_ms = 5000\n", model=CountingModel(fail=[bad]))
+    await opened(app, nursery)
     assert app.cache is not None
     app.cache.backend = backend = _SlowToLetGo()
     client = Client(app)
@@ -739,6 +814,7 @@ async def test_a_failed_answer_is_gone_for_new_requests_at_once(
 
 
 async def test_the_request_span_says_what_the_cache_did(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     from opentelemetry.sdk.trace import TracerProvider
@@ -751,6 +827,7 @@ async def test_the_request_span_says_what_the_cache_did(
     model = CountingModel()
     cfg = parse_config(cache_config_text(), source="<t>")
     app = App(cfg, adapters={"mock": model}, tracer_provider=provider)
+    await opened(app, nursery)
     client = Client(app)
     for _ in range(2):
         await client.chat(ask(stream=True))
@@ -768,9 +845,11 @@ async def test_the_request_span_says_what_the_cache_did(
     "number", [b"1e1000000", b"-1e-1000000", b"1." + b"9" * 5000, b"9" * 4000]
 )
 async def test_huge_and_tiny_numbers_are_keyed_not_a_500(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock, number: bytes
 ) -> None:
     app, model = cache_app()
+    await opened(app, nursery)
     client = Client(app)
     body = b'{"model":"aiserve-mock","messages":[{"role":"user","content":"hi"}],'
     body += b'"temperature":0,"metadata_extra":{"n":' + number + b"}}"

@@ -15,7 +15,7 @@ from aiserve_trio.config import CORS_EXPOSE_HEADERS, ConfigError, parse_config
 
 from .asgi_client import Client
 from .authcfg import KEY_A, KEY_B, OFF, auth_toml
-from .cachefakes import CountingModel, ask, cache_config_text, metric, reply_text, scrubbed
+from .cachefakes import CountingModel, ask, cache_config_text, metric, opened, reply_text, scrubbed
 
 SEMANTIC = '{ ttl_s = 600, semantic = { embeddings = "vec", model = "aiserve-mock" } }'
 #: A second mock adapter that only embeds (the chat adapter is the counting model).
@@ -46,9 +46,11 @@ def similarity_count(app: App, result: str) -> float:
     ],
 )
 async def test_the_same_question_worded_differently_is_a_semantic_hit(
+    nursery: trio.Nursery,
     again: str, autojump_clock: trio.testing.MockClock
 ) -> None:
     app, model = semantic_app()
+    await opened(app, nursery)
     client = Client(app)
     first = await client.chat(ask(Q))
     second = await client.chat(ask(again))
@@ -76,9 +78,11 @@ async def test_the_same_question_worded_differently_is_a_semantic_hit(
     ],
 )
 async def test_another_number_term_amount_or_negation_is_a_miss(
+    nursery: trio.Nursery,
     other: str, autojump_clock: trio.testing.MockClock
 ) -> None:
     app, model = semantic_app()
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask(Q))
     r = await client.chat(ask(other))
@@ -99,9 +103,11 @@ LONG = (
     [LONG.replace("20-year", "30-year"), LONG.replace("today", "tomorrow"), LONG + " not"],
 )
 async def test_the_facts_guard_a_question_whose_wording_is_nearer_than_the_threshold(
+    nursery: trio.Nursery,
     other: str, autojump_clock: trio.testing.MockClock
 ) -> None:
     app, model = semantic_app()
+    await opened(app, nursery)
     assert app.cache is not None
     client = Client(app)
     await client.chat(ask(LONG))
@@ -113,9 +119,11 @@ async def test_the_facts_guard_a_question_whose_wording_is_nearer_than_the_thres
 
 
 async def test_another_temperature_or_system_prompt_is_a_miss(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, model = semantic_app()
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask(Q, seed=7, temperature=0.2))
     hot = await client.chat(ask(Q.lower(), seed=7, temperature=0.7))
@@ -130,8 +138,11 @@ async def test_another_temperature_or_system_prompt_is_a_miss(
     assert model.calls == 3
 
 
-async def test_another_tenant_never_hits(autojump_clock: trio.testing.MockClock) -> None:
+async def test_another_tenant_never_hits(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     app, model = semantic_app(auth=True)
+    await opened(app, nursery)
     client = Client(app)
     alice = {"authorization": f"Bearer {KEY_A}", "x-channel": "app"}
     bob = {"authorization": f"Bearer {KEY_B}", "x-channel": "app"}
@@ -144,10 +155,12 @@ async def test_another_tenant_never_hits(autojump_clock: trio.testing.MockClock)
 
 
 async def test_a_conversation_with_another_history_never_hits(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # Session context is in the guard: a personalised answer stays with its conversation.
     app, model = semantic_app()
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask("my income is 5000 a month"), headers={"x-session-id": "s-1"})
     await client.chat(ask(Q), headers={"x-session-id": "s-1"})
@@ -157,9 +170,11 @@ async def test_a_conversation_with_another_history_never_hits(
 
 
 async def test_a_near_question_below_the_threshold_is_a_miss_and_counted(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, model = semantic_app()
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask(Q))
     r = await client.chat(ask("What is the interest rate of the 20-year variable mortgage?"))
@@ -169,9 +184,11 @@ async def test_a_near_question_below_the_threshold_is_a_miss_and_counted(
 
 
 async def test_requests_that_are_not_deterministic_are_neither_served_nor_stored(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, model = semantic_app()
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask(Q, temperature=0.8))
     r = await client.chat(ask(Q.lower(), temperature=0.8))
@@ -181,10 +198,12 @@ async def test_requests_that_are_not_deterministic_are_neither_served_nor_stored
 
 
 async def test_a_slow_embedding_is_a_plain_miss_never_a_failed_request(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # The embedder takes 1 s; the semantic tier gives it 250 ms.
     app, model = semantic_app(ttft=1_000)
+    await opened(app, nursery)
     client = Client(app)
     t0 = trio.current_time()
     first = await client.chat(ask(Q))
@@ -199,10 +218,13 @@ async def test_a_slow_embedding_is_a_plain_miss_never_a_failed_request(
     assert (await client.chat(ask(Q))).headers["x-aiserve-cache"] == "hit"
 
 
-async def test_a_failed_embedding_is_a_plain_miss(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_failed_embedding_is_a_plain_miss(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     # The counting model answers chat only: asking it for embeddings fails.
     cache = '{ semantic = { embeddings = "mock", model = "aiserve-mock" } }'
     app, _ = semantic_app(cache)
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask(Q))
     r = await client.chat(ask(Q.lower()))
@@ -211,9 +233,11 @@ async def test_a_failed_embedding_is_a_plain_miss(autojump_clock: trio.testing.M
 
 
 async def test_an_expired_entry_is_not_served_and_its_question_is_dropped(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, model = semantic_app('{ ttl_s = 5, semantic = { embeddings = "vec", model = "m" } }')
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask(Q))
     assert app.cache is not None
@@ -226,8 +250,11 @@ async def test_an_expired_entry_is_not_served_and_its_question_is_dropped(
     assert len(app.cache.semantic.index) == 1
 
 
-async def test_only_a_users_text_is_looked_up(autojump_clock: trio.testing.MockClock) -> None:
+async def test_only_a_users_text_is_looked_up(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     app, model = semantic_app()
+    await opened(app, nursery)
     client = Client(app)
     image = {"type": "image_url", "image_url": {"url": "https://example.com/cheque.png"}}
 
@@ -244,10 +271,12 @@ async def test_only_a_users_text_is_looked_up(autojump_clock: trio.testing.MockC
 
 
 async def test_a_question_longer_than_max_chars_is_not_looked_up(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     cache = '{ semantic = { embeddings = "vec", model = "m", max_chars = 40 } }'
     app, model = semantic_app(cache)
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask(Q))
     assert (await client.chat(ask(Q.lower()))).headers["x-aiserve-cache"] == "miss"

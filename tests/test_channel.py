@@ -10,10 +10,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from aiserve_trio.config import ConfigError
+from aiserve_trio.config import ConfigError, build_policies
 from aiserve_trio.policies.base import OutputFilter, PolicyContext
 from aiserve_trio.policies.channel import MessageShaper, SpeechShaper, is_emoji, speakable
-from aiserve_trio.policies.registry import build_policies
 
 from .conftest import make_config
 

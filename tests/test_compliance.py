@@ -11,10 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiserve_trio.config import ConfigError
+from aiserve_trio.config import ConfigError, build_policies
 from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.policies.compliance import Compliance
-from aiserve_trio.policies.registry import build_policies
 
 from .conftest import make_config
 

@@ -9,7 +9,7 @@ import trio.testing
 from aiserve_trio.console import cacheview
 
 from .asgi_client import Client
-from .cachefakes import ask
+from .cachefakes import ask, opened
 from .test_cache_semantic import Q, semantic_app
 from .test_console_api import API, call
 
@@ -20,9 +20,11 @@ def test_the_cache_view_is_behind_the_consoles_auth_like_the_rest() -> None:
 
 
 async def test_the_view_counts_hits_and_shows_both_questions_of_a_semantic_hit(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, _ = semantic_app()
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask(Q))
     await client.chat(ask(Q))  # exact hit
@@ -47,9 +49,11 @@ async def test_the_view_counts_hits_and_shows_both_questions_of_a_semantic_hit(
 
 
 async def test_the_view_keeps_the_last_twenty_semantic_hits_newest_first(
+    nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app, _ = semantic_app()
+    await opened(app, nursery)
     client = Client(app)
     await client.chat(ask(Q))
     variants = [Q.lower() + "?" * i for i in range(1, 26)]

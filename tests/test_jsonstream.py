@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aiserve_trio.config import build_policies
 from aiserve_trio.policies.base import OutputFilter, PolicyContext
 from aiserve_trio.policies.jsonstream import MAX_ESCAPE, JsonStringFilter
-from aiserve_trio.policies.registry import build_policies
 
 from .conftest import make_config
 

@@ -19,9 +19,9 @@ import trio
 import trio.lowlevel
 
 from aiserve_trio.adapters.base import Message
+from aiserve_trio.config import build_policies
 from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.policies.redact import build_rules
-from aiserve_trio.policies.registry import build_policies
 from aiserve_trio.policies.stream import Rewriter
 from aiserve_trio.slices import Steps, finish, run_sliced
 

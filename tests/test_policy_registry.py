@@ -8,7 +8,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from aiserve_trio.config import Config, ConfigError, _loaded, load_config, parse_config
+from aiserve_trio.config import (
+    Config,
+    ConfigError,
+    _loaded,
+    build_policies,
+    load_config,
+    parse_config,
+)
 from aiserve_trio.decoding import decode_toml
 from aiserve_trio.policies import registry
 from aiserve_trio.policies.base import (
@@ -26,7 +33,6 @@ from aiserve_trio.policies.channel import (
     channel_shaping,
 )
 from aiserve_trio.policies.redact import RedactSettings, Tokens
-from aiserve_trio.policies.registry import build_policies
 
 from .conftest import config_text, make_config
 

@@ -11,10 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Message
-from aiserve_trio.config import ConfigError
+from aiserve_trio.config import ConfigError, build_policies
 from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.policies.redact import build_rules
-from aiserve_trio.policies.registry import build_policies
 from aiserve_trio.policies.stream import Rewriter, make_rule, pattern_reach
 
 from .conftest import make_config

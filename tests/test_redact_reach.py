@@ -21,12 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiserve_trio.asgi import App
+from aiserve_trio.config import build_policies
 from aiserve_trio.errors import PolicyViolation
 from aiserve_trio.messages import Message, decode_message
 from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.policies.reach import Walker
 from aiserve_trio.policies.redact import GdprRedact, build_rules
-from aiserve_trio.policies.registry import build_policies
 from aiserve_trio.policies.stream import Rewriter
 from aiserve_trio.record.recorder import ThreadDisk
 from aiserve_trio.slices import finish

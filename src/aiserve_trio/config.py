@@ -35,8 +35,9 @@ from .decoding import config_roots, confined, decode_toml, field_error, outside
 
 # ConfigError lives with the other errors; re-exported for code that imports it from here.
 from .errors import ConfigError as ConfigError
-from .policies.base import Policy, PolicySpec
-from .policies.registry import build_policies, decode_policies, known_policies
+from .policies import registry
+from .policies.base import BuildContext, Policy, PolicySpec
+from .policies.registry import decode_policies, known_policies
 from .record.settings import RecordConfig, check_record
 from .security.auth import check_hash
 from .spend.settings import Period, PricingConfig, TenantConfig, check_budget
@@ -1177,7 +1178,7 @@ def check_config(cfg: Config) -> None:
             raise fail(f"tenants.{name}", str(exc)) from None
 
     _check_groups(cfg, fail)
-    policy_names = known_policies(cfg)
+    policy_names = known_policies(cfg.policy_specs)
     if not cfg.routes:
         raise fail("routes", "at least one [[routes]] entry is needed")
     seen_paths: set[str] = set()
@@ -1229,9 +1230,29 @@ def check_config(cfg: Config) -> None:
             raise fail(f"{key}.deadline.{field}", why)
         if route.steps:
             _check_steps(cfg, i, route, policy_names, fail)
-    if (problem := check_record(cfg)) is not None:
+    chat = [r.path for r in cfg.routes if r.kind == "chat"]
+    if (problem := check_record(chat, cfg.record)) is not None:
         raise fail(*problem)
     build_policies(list(dict.fromkeys(n for r in cfg.routes for n in r.policies)), cfg)
+
+
+def policy_context(cfg: Config) -> BuildContext:
+    """What building a policy needs from ``cfg`` (``policies/`` never sees the whole config)."""
+    return BuildContext(
+        source=cfg.source,
+        base_dir=cfg.base_dir,
+        channels=tuple(cfg.server.channels),
+        roots=config_roots(cfg.source, cfg.base_dir, cfg.server.config_paths),
+    )
+
+
+def build_policies(names: list[str], cfg: Config) -> list[Policy]:
+    """The policies ``names`` (a route's, in order), built with ``cfg``'s specs.
+
+    Raises:
+        ConfigError: an unknown name, or settings or a rule pack that are not valid.
+    """
+    return registry.build_policies(names, cfg.policy_specs, policy_context(cfg))
 
 
 def route_adapters(route: RouteConfig) -> list[str]:

@@ -24,10 +24,9 @@ from .errors import BadRequest, GatewayError, NotFound, StageDeadlineExceeded
 from .http.body import read_body
 from .http.endpoints import Request
 from .http.types import JSON_HEADERS
-from .observability.events import Hook
 from .observability.metrics import status_label
 from .spend.prices import decimal
-from .stages.outcome import Outcome
+from .stages.outcome import Outcome, RequestHook
 from .stages.parse import check_content_type, check_depth
 from .stages.types import Route
 from .vectors import embedding_inputs
@@ -61,7 +60,7 @@ def check_input(raw: msgspec.Raw | None) -> None:
 class Embeddings:
     """Serves the embeddings routes of one app."""
 
-    def __init__(self, config: Config, hook: Hook) -> None:
+    def __init__(self, config: Config, hook: RequestHook) -> None:
         self.config = config
         self.hook = hook
 

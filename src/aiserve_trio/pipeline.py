@@ -47,13 +47,12 @@ from .errors import (
 from .http.disconnect import Disconnect, ReceiveWatcher
 from .http.sse import DONE, ChatFramer
 from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
-from .observability.events import NULL_HOOK, Hook
 from .security.admission import BodyPace
 from .stages.channel import Inbox, Receiver, Sender, open_channel
 from .stages.context import ContextStage
 from .stages.handoff import hand_on
 from .stages.inference import InferenceStage
-from .stages.outcome import Outcome, status_of
+from .stages.outcome import NULL_REQUEST_HOOK, Outcome, RequestHook, status_of
 from .stages.parse import ParseStage
 from .stages.sse import SSEStage
 from .stages.types import STAGES, ParsedRequest, Prepared, RequestInfo, response_headers
@@ -133,7 +132,7 @@ class Pipeline:
         *,
         writeback: WriteBack | None = None,
         admission: Admission | None = None,
-        hook: Hook = NULL_HOOK,
+        hook: RequestHook = NULL_REQUEST_HOOK,
         cache: Cache | None = None,
     ) -> None:
         self.config = config

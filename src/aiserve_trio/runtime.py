@@ -14,18 +14,25 @@ it already has and, when the last of them ends, it is *drained*. Then the
 resources only it used -- an adapter whose settings changed or that was
 removed, a cache backend -- are closed (:class:`Generations`); those the
 newer runtime took over (the same object) stay open.
+
+A runtime is built whole (``builder.py``): its handlers are bound to its
+:class:`Parts`, built first, so no field of a :class:`Runtime` is assigned after
+it exists.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
 
 from .adapters import Adapter, build_adapter, build_adapters
 from .adapters.group import GroupAdapter
+from .api import Model, ModelList, encoder
 from .config import AdapterConfig, GroupAdapterConfig
 
 if TYPE_CHECKING:
@@ -46,34 +53,14 @@ log = logging.getLogger("aiserve_trio")
 Closer = Callable[[], Awaitable[None]]
 
 
-class Runtime:
-    """What the app serves with, built from one config (see the module docstring).
+class Lifetime:
+    """A runtime's use: who is using it, whether it is retired, drained (the runtime's only
+    state that changes; made before the runtime, so its session endpoints can watch it)."""
 
-    The app fills the fields while building it (the endpoint table's handlers
-    are bound to the runtime itself); nothing changes them afterwards but
-    :meth:`enter`, :meth:`leave` and :meth:`retire`.
-    """
+    __slots__ = ("active", "closing", "drained", "retired")
 
-    config: Config
-    adapters: dict[str, Adapter]
-    routes: dict[str, Route]
-    gate: Gate
-    pipeline: Pipeline
-    embeddings: Embeddings
-    sessions: SessionEndpoints
-    cache: Cache | None
-    endpoints: EndpointTable
-    cors: Cors | None
-    #: The ``/v1/models`` listing for keys that may use every route.
-    models_body: bytes
-    #: Closes the cache's backend (shared with the runtimes whose ``[cache]`` is the same).
-    cache_closer: Closer | None = None
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        #: The listing for keys limited to some routes, by their route set (filled lazily).
-        self.models_by_key: dict[frozenset[str], bytes] = {}
-        #: Requests using this runtime now.
+    def __init__(self) -> None:
+        #: Requests using the runtime now.
         self.active = 0
         self.retired = False
         #: Set when the runtime is retired (or the app shuts down): its session
@@ -82,27 +69,112 @@ class Runtime:
         #: Set once retired and its last request has ended.
         self.drained = trio.Event()
 
+
+class CacheHold:
+    """Who closes a cache backend: set once the backend is opened, shared by every
+    runtime whose ``[cache]`` is the same (they use the same backend)."""
+
+    __slots__ = ("closer",)
+
+    def __init__(self) -> None:
+        self.closer: Closer | None = None
+
+
+class Models:
+    """The ``/v1/models`` listings of a runtime's routes."""
+
+    __slots__ = ("_by_key", "body", "routes")
+
+    def __init__(self, routes: Mapping[str, Route]) -> None:
+        self.routes = routes
+        #: The listing for keys that may use every route.
+        self.body = models_json(list(routes.values()))
+        #: The listing for keys limited to some routes, by their route set (filled lazily).
+        self._by_key: dict[frozenset[str], bytes] = {}
+
+    def of(self, allowed: frozenset[str]) -> bytes:
+        """The listing for a key that may use the routes ``allowed`` (``*``: every one)."""
+        if "*" in allowed:
+            return self.body
+        body = self._by_key.get(allowed)
+        if body is None:
+            mine = [r for path, r in self.routes.items() if path in allowed]
+            body = self._by_key[allowed] = models_json(mine)
+        return body
+
+
+def models_json(routes: list[Route]) -> bytes:
+    """The ``/v1/models`` body of ``routes``: each model once, owned by the adapter serving it."""
+    created = int(time.time())
+    seen: dict[str, str] = {}
+    for route in routes:
+        for model in route.adapter.models:
+            seen.setdefault(model, route.adapter.serving(model).name)
+    data = [Model(id=m, created=created, owned_by=owner) for m, owner in seen.items()]
+    return encoder.encode(ModelList(data=data))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parts:
+    """What a runtime's handlers serve with: built before the endpoint table that
+    binds them, so the :class:`Runtime` is built whole."""
+
+    config: Config
+    adapters: dict[str, Adapter]
+    routes: dict[str, Route]
+    gate: Gate
+    pipeline: Pipeline
+    embeddings: Embeddings
+    sessions: SessionEndpoints
+    #: The routes' response caches (None when no route has one).
+    cache: Cache | None
+    #: Closes the cache's backend (shared with the runtimes whose ``[cache]`` is the same).
+    cache_hold: CacheHold
+    models: Models
+    life: Lifetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Runtime(Parts):
+    """What the app serves with, built whole from one config by ``builder.RuntimeBuilder``
+    (see the module docstring); nothing changes it afterwards but its :class:`Lifetime`
+    (:meth:`enter`, :meth:`leave`, :meth:`retire`) and the listings it caches."""
+
+    endpoints: EndpointTable
+    cors: Cors | None
+
+    @property
+    def closing(self) -> trio.Event:
+        return self.life.closing
+
+    @property
+    def drained(self) -> trio.Event:
+        return self.life.drained
+
     def enter(self) -> None:
         """A request starts using this runtime (pair with :meth:`leave`)."""
-        self.active += 1
+        self.life.active += 1
 
     def leave(self) -> None:
-        self.active -= 1
-        if self.retired and self.active == 0:
-            self.drained.set()
+        life = self.life
+        life.active -= 1
+        if life.retired and life.active == 0:
+            life.drained.set()
 
     def retire(self) -> None:
         """A newer runtime serves new requests; this one finishes those it has."""
-        self.retired = True
-        self.closing.set()
-        if self.active == 0:
-            self.drained.set()
+        life = self.life
+        life.retired = True
+        life.closing.set()
+        if life.active == 0:
+            life.drained.set()
 
     def resources(self) -> dict[int, Closer]:
         """What this runtime holds that must be closed once nobody uses it, by identity."""
         held: dict[int, Closer] = {id(a): a.aclose for a in self.adapters.values()}
-        if self.cache is not None and self.cache_closer is not None:
-            held[id(self.cache.backend)] = self.cache_closer
+        closer = self.cache_hold.closer
+        if self.cache is not None and closer is not None:
+            held[id(self.cache.backend)] = closer
         return held
 
 

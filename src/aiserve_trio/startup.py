@@ -50,6 +50,7 @@ server) nothing here runs: the app answers ``lifespan.startup.failed``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
@@ -235,3 +236,25 @@ def _wait_for_new_parent(pid: int, timeout: float) -> None:
     end = time.monotonic() + timeout
     while os.getppid() == pid and time.monotonic() < end:
         time.sleep(0.01)
+
+
+def show_startup_logs() -> None:
+    """Make the gateway's INFO lines (ready, the hypercorn guard) reach stderr.
+
+    hypercorn configures only its own loggers; without this, an operator would
+    see none of the gateway's start-up lines. Logging the operator configured
+    (a level or a handler on ``aiserve_trio``) is left alone.
+    """
+    log = logging.getLogger("aiserve_trio")
+    if log.level != logging.NOTSET or log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    # hypercorn's own format, so the lines read as one log.
+    handler.setFormatter(
+        logging.Formatter(
+            "%(asctime)s [%(process)d] [%(levelname)s] %(message)s", "[%Y-%m-%d %H:%M:%S %z]"
+        )
+    )
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False

@@ -28,6 +28,12 @@ by the inference stage's task:
 
 What the request's chain did is kept in a :class:`ChainRun` the inference stage
 owns; the pipeline reads its :class:`~.plan.ChainReport` once the request ended.
+
+Each kind of step is one :class:`StepKind` object in :data:`STEP_KINDS` (by the
+``kind`` of its table, as ``policies/registry.py`` keeps policy kinds) with its
+three behaviours: ``awaited`` (before the streaming step), ``call`` (its model
+call, under its cut point) and ``stream`` (the streaming step's request). The
+executor looks a step's kind up; it never tests a step's type.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import binascii
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 import trio
@@ -50,14 +56,15 @@ from ..adapters.base import (
     TranscriptionRequest,
     Usage,
 )
+from ..config import build_policies
 from ..errors import BadRequest, GatewayError, StepDeadlineExceeded, UpstreamTimeout
 from ..intents import parse_label, prompt
 from ..messages import Message, Part
 from ..policies.base import OutputFilter, apply_filters, finish_filters
-from ..policies.registry import build_policies
 from ..wav import FORMATS
-from .plan import ChainReport, Plan, PlannedStep, StepRun, build_plan, match_rules, route_choice
-from .steps import ClassifyStep, GenerateStep, RewriteStep, RouteStep, TranscribeStep
+from .plan import Plan, PlannedStep, build_plan, match_rules, route_choice
+from .state import ChainRun
+from .steps import ClassifyStep, GenerateStep, RewriteStep, RouteStep, StepBase, TranscribeStep
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
@@ -79,38 +86,6 @@ class _AudioPart(msgspec.Struct):
 
 
 _audio_part = msgspec.json.Decoder(_AudioPart)
-
-
-class ChainRun:
-    """What one request's chain did so far (owned by the inference stage's task)."""
-
-    __slots__ = ("_open", "labels", "last", "new_turns", "started", "steps")
-
-    def __init__(self) -> None:
-        #: Names of the steps begun, in order.
-        self.started: list[str] = []
-        #: The step begun last: the one a deadline that passes names.
-        self.last: str | None = None
-        self.steps: list[StepRun] = []
-        self.labels: dict[str, str] = {}
-        self.new_turns: tuple[Message, ...] | None = None
-        self._open: dict[str, float] = {}
-
-    def begin(self, name: str) -> None:
-        self.started.append(name)
-        self.last = name
-        self._open[name] = trio.current_time()
-
-    def end(self, step: PlannedStep, result: str) -> None:
-        started = self._open.pop(step.name)
-        self.steps.append(StepRun(step.name, step.kind, started, trio.current_time(), result))
-
-    def report(self) -> ChainReport:
-        return ChainReport(
-            steps=tuple(sorted(self.steps, key=lambda s: self.started.index(s.name))),
-            labels=dict(self.labels),
-            new_turns=self.new_turns,
-        )
 
 
 @dataclass(slots=True)
@@ -262,11 +237,12 @@ class Chain:
             frozenset({"input_audio"}) if plan.transcribes else frozenset()
         )
 
-    def _adapter(self, name: str | None) -> Adapter:
+    def adapter_for(self, name: str | None) -> Adapter:
+        """The adapter a step names, else the route's."""
         return self.adapters[name] if name is not None else self.route_adapter
 
     @staticmethod
-    def _model(adapter: Adapter, explicit: str | None, client: str) -> str:
+    def model_for(adapter: Adapter, explicit: str | None, client: str) -> str:
         """The model named, else the client's when the adapter serves it, else its first."""
         if explicit is not None:
             return explicit
@@ -344,50 +320,11 @@ class Chain:
     ) -> int | None:
         """Run step ``i`` (before the streaming step); returns where a goto goes on."""
         step = self.plan.steps[i]
-        cfg = step.config
-        jump: int | None = None
-        if isinstance(cfg, TranscribeStep) and not _has_audio(work.request.messages):
-            return None  # nothing to hear: skipped, like a disabled step
+        kind, at = STEP_KINDS[step.kind], _At(self, step, prepared, work, state)
+        if kind.skipped(at):
+            return None  # like a disabled step
         with self._step(step, cut, info, state):
-            if isinstance(cfg, RouteStep):
-                choice = route_choice(cfg, work.variables)
-                if choice is not None:
-                    work.adapter = choice.adapter or work.adapter
-                    work.model = choice.model or work.model
-                    if choice.goto is not None:
-                        jump = self.plan.goto(choice.goto)
-            elif isinstance(cfg, RewriteStep) and cfg.policy is not None:
-                work.draft = self._filter_draft(cfg.policy, prepared.policy, work.draft)
-            elif isinstance(cfg, ClassifyStep) and not cfg.labels:
-                text = _last_user_text(work.request.messages)
-                self._label(cfg, match_rules(step.rules, text), work, state)
-            else:
-                with trio.move_on_at(cut) as scope:
-                    await self._call(step, cut, prepared, work, state)
-                if scope.cancelled_caught:
-                    raise StepDeadlineExceeded(step.name)
-        return jump
-
-    async def _call(
-        self, step: PlannedStep, cut: float, prepared: Prepared, work: _Work, state: ChainRun
-    ) -> None:
-        cfg = step.config
-        if isinstance(cfg, TranscribeStep):
-            await self._transcribe(cfg, cut, prepared, work, state)
-        elif isinstance(cfg, ClassifyStep):
-            text = _last_user_text(work.request.messages)
-            label = match_rules(step.rules, text)
-            if label is None:
-                label = await self._classify(cfg, text, cut, prepared, work)
-            self._label(cfg, label, work, state)
-        elif isinstance(cfg, GenerateStep):
-            adapter, request = await self._generate_request(cfg, cut, prepared, work)
-            work.draft, usage = await _collect(adapter, request)
-            work.count(usage)
-        elif isinstance(cfg, RewriteStep):
-            adapter, request = self._rewrite_request(cfg, cut, prepared, work)
-            work.draft, usage = await _collect(adapter, request)
-            work.count(usage)
+            return await kind.awaited(at, cut)
 
     async def _stream(
         self,
@@ -401,21 +338,15 @@ class Chain:
         """The streaming step, with the policy rewrites after it filtering its deltas."""
         steps = self.plan.steps
         step = steps[i]
-        cfg = step.config
         end = info.budget.inference_end
         filtering = steps[i + 1 :]
         ran = (*state.started, step.name, *(s.name for s in filtering))
-        if isinstance(cfg, GenerateStep):
-            adapter, request = await self._generate_request(cfg, end, prepared, work)
-        else:
-            assert isinstance(cfg, RewriteStep)
-            adapter, request = self._rewrite_request(cfg, end, prepared, work)
+        at = _At(self, step, prepared, work, state)
+        adapter, request = await STEP_KINDS[step.kind].stream(at, end)
         text_filters: list[OutputFilter] = []
         side_filters: list[OutputFilter] = []
         for s in filtering:
-            assert isinstance(s.config, RewriteStep)
-            assert s.config.policy is not None
-            policy = self.policies[s.config.policy]
+            policy = self.policies[_rewrite_policy(s)]
             if (f := policy.output_filter(prepared.policy)) is not None:
                 text_filters.append(f)
             if not policy.content_only and (g := policy.output_filter(prepared.policy)) is not None:
@@ -429,19 +360,85 @@ class Chain:
             state.last = step.name  # what a deadline passing now names
             await adapter.stream(request, sink)
 
-    # --- the steps' work -----------------------------------------------------------
+    def filter_draft(self, name: str, ctx: PolicyContext, draft: str) -> str:
+        """``draft`` through the output filter of the policy ``name``."""
+        f = self.policies[name].output_filter(ctx)
+        if f is None:
+            return draft
+        return apply_filters([f], draft) + finish_filters([f])
 
-    async def _transcribe(
-        self,
-        cfg: TranscribeStep,
-        cut: float,
-        prepared: Prepared,
-        work: _Work,
-        state: ChainRun,
-    ) -> None:
-        adapter = self._adapter(cfg.adapter)
+
+# --- the step kinds ------------------------------------------------------------------
+
+C = TypeVar("C", bound=StepBase)
+
+
+@dataclass(frozen=True, slots=True)
+class _At:
+    """One step of one request: what a step kind's behaviour works with."""
+
+    chain: Chain
+    step: PlannedStep
+    prepared: Prepared
+    work: _Work
+    state: ChainRun
+
+
+class StepKind(Generic[C]):
+    """What one kind of step does, registered in :data:`STEP_KINDS` by its ``kind``.
+
+    - :meth:`awaited`: the step before the streaming one, inside its span; by
+      default the kind's :meth:`call` under the step's cut point;
+    - :meth:`call`: the model call the step makes; by default the :meth:`stream`
+      request's whole answer becomes the draft;
+    - :meth:`stream`: the request of the streaming step (a generate or a model
+      rewrite; the plan lets no other kind stream).
+    """
+
+    #: The step table this kind reads.
+    config: type[C]
+
+    def settings(self, step: PlannedStep) -> C:
+        cfg = step.config
+        assert isinstance(cfg, self.config), f"a {type(cfg).__name__} is not a {step.kind} step"
+        return cfg
+
+    def skipped(self, at: _At) -> bool:
+        """Nothing for the step to do: it is passed over, like a disabled step."""
+        return False
+
+    async def awaited(self, at: _At, cut: float) -> int | None:
+        """Run the step before the streaming one; returns where a goto goes on."""
+        with trio.move_on_at(cut) as scope:
+            await self.call(at, cut)
+        if scope.cancelled_caught:
+            raise StepDeadlineExceeded(at.step.name)
+        return None
+
+    async def call(self, at: _At, cut: float) -> None:
+        """The step's call, finished by ``cut``."""
+        adapter, request = await self.stream(at, cut)
+        at.work.draft, usage = await _collect(adapter, request)
+        at.work.count(usage)
+
+    async def stream(self, at: _At, end: float) -> tuple[Adapter, InferenceRequest]:
+        """The adapter and request of the streaming step (or of an awaited call)."""
+        raise AssertionError(f"a {at.step.kind} step makes no generating call")
+
+
+class _Transcribe(StepKind[TranscribeStep]):
+    """Every ``input_audio`` part becomes a text part with its transcript."""
+
+    config = TranscribeStep
+
+    def skipped(self, at: _At) -> bool:
+        return not _has_audio(at.work.request.messages)  # nothing to hear
+
+    async def call(self, at: _At, cut: float) -> None:
+        cfg = self.settings(at.step)
+        adapter = at.chain.adapter_for(cfg.adapter)
         model = cfg.model or adapter.models[0]
-        request = work.request
+        request = at.work.request
         done: dict[int, Message] = {}
         client = -1
         for m in request.messages:
@@ -472,78 +469,141 @@ class Chain:
         if not done:
             return
         messages = [done.get(id(m), m) for m in request.messages]
-        work.request = msgspec.structs.replace(request, messages=messages)
-        state.new_turns = tuple(done.get(id(m), m) for m in prepared.new_turns)
+        at.work.request = msgspec.structs.replace(request, messages=messages)
+        at.state.new_turns = tuple(done.get(id(m), m) for m in at.prepared.new_turns)
 
-    async def _classify(
-        self, cfg: ClassifyStep, text: str, cut: float, prepared: Prepared, work: _Work
-    ) -> str | None:
-        adapter = self._adapter(cfg.adapter)
-        request = InferenceRequest(
-            request_id=work.request.request_id,
-            model=self._model(adapter, cfg.model, prepared.parsed.model),
-            messages=[
-                Message(role="system", content=prompt(cfg.prompt, cfg.labels)),
-                Message(role="user", content=text),
-            ],
-            deadline=cut,
-            max_tokens=cfg.max_tokens,
-            temperature=0.0,
-            forward_headers=work.request.forward_headers,
-        )
-        answer, usage = await _collect(adapter, request)
-        work.count(usage)
-        return parse_label(answer, cfg.labels)
+
+class _Classify(StepKind[ClassifyStep]):
+    """A label into the request's variables and ``metadata``: by the rules, else the model."""
+
+    config = ClassifyStep
+
+    async def awaited(self, at: _At, cut: float) -> int | None:
+        cfg = self.settings(at.step)
+        if cfg.labels:
+            return await super().awaited(at, cut)
+        # Rules only: no call.
+        text = _last_user_text(at.work.request.messages)
+        self._label(cfg, match_rules(at.step.rules, text), at)
+        return None
+
+    async def call(self, at: _At, cut: float) -> None:
+        cfg = self.settings(at.step)
+        work = at.work
+        text = _last_user_text(work.request.messages)
+        label = match_rules(at.step.rules, text)
+        if label is None:
+            adapter = at.chain.adapter_for(cfg.adapter)
+            request = InferenceRequest(
+                request_id=work.request.request_id,
+                model=at.chain.model_for(adapter, cfg.model, at.prepared.parsed.model),
+                messages=[
+                    Message(role="system", content=prompt(cfg.prompt, cfg.labels)),
+                    Message(role="user", content=text),
+                ],
+                deadline=cut,
+                max_tokens=cfg.max_tokens,
+                temperature=0.0,
+                forward_headers=work.request.forward_headers,
+            )
+            answer, usage = await _collect(adapter, request)
+            work.count(usage)
+            label = parse_label(answer, cfg.labels)
+        self._label(cfg, label, at)
 
     @staticmethod
-    def _label(cfg: ClassifyStep, label: str | None, work: _Work, state: ChainRun) -> None:
+    def _label(cfg: ClassifyStep, label: str | None, at: _At) -> None:
         label = label or cfg.default_label
-        work.variables[cfg.key] = label
-        work.metadata[cfg.key] = label
-        state.labels[cfg.key] = label
+        at.work.variables[cfg.key] = label
+        at.work.metadata[cfg.key] = label
+        at.state.labels[cfg.key] = label
 
-    async def _generate_request(
-        self, cfg: GenerateStep, deadline: float, prepared: Prepared, work: _Work
-    ) -> tuple[Adapter, InferenceRequest]:
+
+class _Route(StepKind[RouteStep]):
+    """The next generate step's adapter or model, or a jump (no call)."""
+
+    config = RouteStep
+
+    async def awaited(self, at: _At, cut: float) -> int | None:
+        work = at.work
+        choice = route_choice(self.settings(at.step), work.variables)
+        if choice is None:
+            return None
+        work.adapter = choice.adapter or work.adapter
+        work.model = choice.model or work.model
+        return at.chain.plan.goto(choice.goto) if choice.goto is not None else None
+
+
+class _Generate(StepKind[GenerateStep]):
+    """The request as the earlier steps left it, to a route step's choice or the step's."""
+
+    config = GenerateStep
+
+    async def stream(self, at: _At, end: float) -> tuple[Adapter, InferenceRequest]:
         """The request of a generate step: a route step's choice first, then the step's."""
-        adapter = self._adapter(work.adapter or cfg.adapter)
-        model = self._model(adapter, work.model or cfg.model, prepared.parsed.model)
+        cfg, work, chain = self.settings(at.step), at.work, at.chain
+        adapter = chain.adapter_for(work.adapter or cfg.adapter)
+        model = chain.model_for(adapter, work.model or cfg.model, at.prepared.parsed.model)
         work.adapter = work.model = None  # a route step's choice is for the next one only
         base = work.request
         request = msgspec.structs.replace(
             base,
             model=model,
-            deadline=deadline,
+            deadline=end,
             variables=work.variables,
             extra=_with_metadata(base.extra, work.metadata),
         )
-        if adapter is not self.route_adapter:
+        if adapter is not chain.route_adapter:
             request = await adapter.prepare(request)  # fitted to that model's window
         return adapter, request
 
-    def _rewrite_request(
-        self, cfg: RewriteStep, deadline: float, prepared: Prepared, work: _Work
-    ) -> tuple[Adapter, InferenceRequest]:
-        adapter = self._adapter(cfg.adapter)
+
+class _Rewrite(StepKind[RewriteStep]):
+    """The draft rewritten: by a model (a call), or through a policy's output filter."""
+
+    config = RewriteStep
+
+    async def awaited(self, at: _At, cut: float) -> int | None:
+        cfg = self.settings(at.step)
+        if cfg.policy is None:
+            return await super().awaited(at, cut)
+        at.work.draft = at.chain.filter_draft(cfg.policy, at.prepared.policy, at.work.draft)
+        return None
+
+    async def stream(self, at: _At, end: float) -> tuple[Adapter, InferenceRequest]:
+        cfg, work = self.settings(at.step), at.work
+        adapter = at.chain.adapter_for(cfg.adapter)
         request = InferenceRequest(
             request_id=work.request.request_id,
-            model=self._model(adapter, cfg.model, prepared.parsed.model),
+            model=at.chain.model_for(adapter, cfg.model, at.prepared.parsed.model),
             messages=[
                 Message(role="system", content=cfg.system_prompt),
                 Message(role="user", content=work.draft),
             ],
-            deadline=deadline,
+            deadline=end,
             max_tokens=work.request.max_tokens,
             variables=work.variables,
             forward_headers=work.request.forward_headers,
         )
         return adapter, request
 
-    def _filter_draft(self, name: str, ctx: PolicyContext, draft: str) -> str:
-        f = self.policies[name].output_filter(ctx)
-        if f is None:
-            return draft
-        return apply_filters([f], draft) + finish_filters([f])
+
+#: Each step kind's behaviour, by the ``kind`` of its table (as ``policies.registry`` keeps
+#: policy kinds): the executor looks a step up here instead of testing its type.
+STEP_KINDS: Mapping[str, StepKind[Any]] = {
+    "transcribe": _Transcribe(),
+    "classify": _Classify(),
+    "route": _Route(),
+    "generate": _Generate(),
+    "rewrite": _Rewrite(),
+}
+
+
+def _rewrite_policy(step: PlannedStep) -> str:
+    """The policy of a rewrite that filters the streaming step's answer."""
+    name = STEP_KINDS["rewrite"].settings(step).policy
+    assert name is not None
+    return str(name)
 
 
 async def _collect(adapter: Adapter, request: InferenceRequest) -> tuple[str, Usage | None]:

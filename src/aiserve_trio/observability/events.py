@@ -11,8 +11,9 @@ The moments:
 - a stage started / ended (live: the per-stage task gauge moves with them);
 - an upstream attempt (a context manager around one try), a retry about to
   happen, the upstream error that ends a request, a TLS handshake (full or resumed);
-- a request complete, with its immutable :class:`~aiserve_trio.stages.outcome.Outcome`
-  (first-token time, usage, stage times, status, cache result);
+- a request complete, with its immutable outcome: that method is declared next to
+  the outcome it carries (``stages/outcome.py``'s ``RequestHook``), so this module
+  names nothing of the stages;
 - the response cache's backend failing, and what became of a finished answer
   (stored, or why not).
 """
@@ -25,7 +26,6 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ..errors import UpstreamError
-    from ..stages.outcome import Outcome
 
 
 class UpstreamHook(Protocol):
@@ -68,7 +68,7 @@ class CacheHook(Protocol):
 
 
 class Hook(UpstreamHook, CacheHook, Protocol):
-    """Everything the request path reports."""
+    """Everything the request path reports but the outcome (``stages.outcome.RequestHook``)."""
 
     def stage_started(self, stage: str) -> None:
         """A stage task began (before it has its input)."""
@@ -83,10 +83,6 @@ class Hook(UpstreamHook, CacheHook, Protocol):
                 cut point passed, or it refused to start with too little left) or the
                 chain step whose share ran out.
         """
-        ...
-
-    def request_complete(self, outcome: Outcome) -> None:
-        """A chat request ended (once per request, whatever happened)."""
         ...
 
 
@@ -110,9 +106,6 @@ class NullHook:
         pass
 
     def stage_ended(self, stage: str, worked: float | None, expired: str | None) -> None:
-        pass
-
-    def request_complete(self, outcome: Outcome) -> None:
         pass
 
     def cache_error(self, op: str) -> None:

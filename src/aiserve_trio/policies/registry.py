@@ -12,23 +12,22 @@ second compliance rule pack). The config loader decodes every table into a
 route names once (:func:`build_policies`), so a bad setting or rule pack stops
 the load, naming the key.
 
-The config imports this module; this module imports the config only for type
-checking, so the module graph has no cycle.
+The config imports this module; this module does not import the config, not
+even for type checking: building a policy takes the decoded specs and a
+:class:`~.base.BuildContext` (what a policy needs from the config), which the
+config makes (``config.build_policies``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..decoding import config_roots, convert
+from ..decoding import convert
 from ..errors import ConfigError
 from . import antifraud, channel, compliance, redact
 from .base import BuildContext, Policy, PolicyKind, PolicySpec
-
-if TYPE_CHECKING:
-    from ..config import Config
 
 ENTRY_POINT_GROUP = "aiserve_trio.policies"
 
@@ -100,25 +99,17 @@ def _decode(
     return PolicySpec(name=name, kind=kind, settings=decoded)
 
 
-def known_policies(cfg: Config) -> set[str]:
-    """Every policy name a route in ``cfg`` may use: the kinds and the configured names."""
-    return set(policy_kinds()) | set(cfg.policy_specs)
+def known_policies(specs: Mapping[str, PolicySpec]) -> set[str]:
+    """Every policy name a route may use: the kinds and the configured names (``specs``)."""
+    return set(policy_kinds()) | set(specs)
 
 
-def build_context(cfg: Config) -> BuildContext:
-    """What building a policy needs from ``cfg``."""
-    return BuildContext(
-        source=cfg.source,
-        base_dir=cfg.base_dir,
-        channels=tuple(cfg.server.channels),
-        roots=config_roots(cfg.source, cfg.base_dir, cfg.server.config_paths),
-    )
-
-
-def build_policies(names: list[str], cfg: Config) -> list[Policy]:
+def build_policies(
+    names: list[str], specs: Mapping[str, PolicySpec], ctx: BuildContext
+) -> list[Policy]:
     """Build the policies a route names, in order.
 
-    A name without a decoded spec in ``cfg`` (not configured, not used by a
+    A name without a decoded spec in ``specs`` (not configured, not used by a
     route) is built with its kind's default settings.
 
     Raises:
@@ -126,15 +117,14 @@ def build_policies(names: list[str], cfg: Config) -> list[Policy]:
             settings or rule pack are not valid (naming the key).
     """
     kinds = policy_kinds()
-    ctx = build_context(cfg)
     built: list[Policy] = []
     for name in names:
-        spec = cfg.policy_specs.get(name)
+        spec = specs.get(name)
         if spec is None:
             if name not in kinds:
-                known = ", ".join(sorted(known_policies(cfg)))
-                raise ConfigError(f"{cfg.source}: unknown policy {name!r} (known: {known})")
-            spec = _decode(name, {}, kinds, cfg.source)
+                known = ", ".join(sorted(known_policies(specs)))
+                raise ConfigError(f"{ctx.source}: unknown policy {name!r} (known: {known})")
+            spec = _decode(name, {}, kinds, ctx.source)
         policy = kinds[spec.kind].factory(name, spec.settings, ctx)
         policy.name = name
         built.append(policy)

@@ -34,7 +34,7 @@ from typing import IO, TYPE_CHECKING, Protocol, TypeVar
 
 import trio
 
-from ..policies.registry import build_policies
+from ..config import build_policies
 from ..slices import run_sliced
 from ..stages.outcome import Outcome
 from .labels import LabelRules

@@ -38,14 +38,12 @@ Leaf module (msgspec and the decoding helpers): the config imports it.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Collection
+from typing import Literal
 
 import msgspec
 
 from ..decoding import field_error
-
-if TYPE_CHECKING:
-    from ..config import Config
 
 #: Label names: the alphabet of Prometheus label values (and of ``--weights``).
 LABEL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -148,10 +146,13 @@ class RecordConfig(_Section):
                 raise field_error(f"metadata_labels[{i}]", why)
 
 
-def check_record(cfg: Config) -> tuple[str, str] | None:
-    """What is wrong between ``[record]`` and the routes: (the TOML key, why), or None."""
-    chat = {r.path for r in cfg.routes if r.kind == "chat"}
-    for i, path in enumerate(cfg.record.routes):
+def check_record(chat: Collection[str], record: RecordConfig) -> tuple[str, str] | None:
+    """What is wrong between ``[record]`` and the routes: (the TOML key, why), or None.
+
+    Args:
+        chat: the paths of the config's chat routes.
+    """
+    for i, path in enumerate(record.routes):
         if path not in chat:
             known = ", ".join(sorted(chat)) or "none"
             return f"record.routes[{i}]", f"no chat route serves {path!r} (chat routes: {known})"

@@ -28,7 +28,7 @@ import trio
 
 from ..adapters.base import Delta
 from ..cache.service import Cache
-from ..chains.run import ChainRun
+from ..chains.state import ChainRun
 from ..errors import GatewayError, StageDeadlineExceeded, StepDeadlineExceeded
 from .assembler import ResponseAssembler
 from .channel import Inbox, Outbox

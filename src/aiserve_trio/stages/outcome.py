@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from ..observability.events import Hook, NullHook
 from ..observability.metrics import label_value, status_label
 
 if TYPE_CHECKING:
@@ -107,3 +108,23 @@ def status_of(error: GatewayError | None, disconnected: bool) -> str:
     if error is not None:
         return status_label(error.status)
     return "ok"
+
+
+class RequestHook(Hook, Protocol):
+    """Everything the request path reports (``observability/events.py``), and the
+    outcome: declared here, beside what it carries, so that the hook's module
+    names nothing of the stages."""
+
+    def request_complete(self, outcome: Outcome) -> None:
+        """A chat request ended (once per request, whatever happened)."""
+        ...
+
+
+class NullRequestHook(NullHook):
+    """A hook that records nothing, outcomes included."""
+
+    def request_complete(self, outcome: Outcome) -> None:
+        pass
+
+
+NULL_REQUEST_HOOK = NullRequestHook()

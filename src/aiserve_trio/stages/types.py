@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -22,11 +22,11 @@ from ..budgets import STAGES
 from ..observability.metrics import label_value
 
 if TYPE_CHECKING:
-    from ..adapters.base import Adapter, InferenceRequest, ServedBy
+    from ..adapters.base import Adapter, DeltaSink, InferenceRequest, ServedBy
     from ..api import ChatCompletionRequest
     from ..budgets import Budget
     from ..cache.service import Ticket
-    from ..chains.run import Chain
+    from ..chains.state import ChainRun
     from ..config import RouteConfig
     from ..http.types import Headers
     from ..messages import Message
@@ -35,6 +35,27 @@ if TYPE_CHECKING:
     from ..spend.prices import Pricing
 
 __all__ = ["STAGES", "ParsedRequest", "Prepared", "RequestInfo", "Route", "response_headers"]
+
+
+class StepChain(Protocol):
+    """A route's chain of steps as the stages use it (``chains/run.py``'s ``Chain``,
+    which names these types: so this module names only the chain's state)."""
+
+    @property
+    def consumes(self) -> frozenset[str]:
+        """Content part types the chain turns into text before the adapter sees them."""
+        ...
+
+    async def run(
+        self,
+        info: RequestInfo,
+        prepared: Prepared,
+        request: InferenceRequest,
+        out: DeltaSink,
+        state: ChainRun,
+    ) -> None:
+        """Run the steps; the streaming step's deltas go into ``out``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +68,7 @@ class Route:
     policies: list[Policy]
     tenant: str
     #: The route's chain of steps (``chains/``); None: the adapter answers.
-    chain: Chain | None = None
+    chain: StepChain | None = None
     #: ``[pricing]``, when it prices any model (None: every request costs 0).
     pricing: Pricing | None = None
 

@@ -1,0 +1,268 @@
+"""Building a :class:`~.runtime.Runtime` whole, from one config.
+
+:class:`RuntimeBuilder` holds what the app keeps across configurations (the
+session bus, write-back, the observer, the admin and debug handlers, the chat
+entry) and builds, in order: the gate, the routes with their policies and
+chains, the session endpoints, the response cache, the pipeline, the
+embeddings; those are a runtime's :class:`~.runtime.Parts`, which the endpoint
+table's handlers are bound to; then the table, CORS, and the runtime, in one
+constructor call. Nothing is opened here (``App.startup`` and a reload's
+``stage`` open what is new).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, fields
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+
+from .adapters import Adapter, route_adapter
+from .apis import CODECS
+from .cache.service import Cache, build_cache, cache_plans
+from .chains.run import build_chain
+from .config import Config, build_policies, route_label
+from .embeddings import Embeddings
+from .http.cors import Cors
+from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
+from .pipeline import Pipeline
+from .policies.base import Policy, PolicyContext, redact_values
+from .runtime import CacheHold, Held, Lifetime, Models, Parts, Runtime
+from .security.gate import Gate
+from .sessions.http import SessionEndpoints
+from .slices import Steps
+from .spend.prices import build_pricing
+from .stages.types import Route
+
+if TYPE_CHECKING:
+    from .admin import Admin
+    from .audit.usage import UsageEndpoints
+    from .console.handlers import Console
+    from .observability.debug import DebugEndpoints
+    from .observability.observer import RequestObserver
+    from .sessions.bus import SessionBus
+    from .sessions.outbox import WriteBack
+
+#: A route's handler: the chat entry (or the embeddings'), bound to a runtime's parts.
+RouteHandler = Callable[[Parts, Route, Request], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeBuilder:
+    """What every runtime is built with: the app's long-lived parts."""
+
+    bus: SessionBus
+    writeback: WriteBack
+    observer: RequestObserver
+    #: Set when the app shuts down (ends live session event streams).
+    closing: trio.Event
+    admin: Admin
+    debug: DebugEndpoints
+    console: Console
+    usage: UsageEndpoints
+    chat: RouteHandler
+    embed: RouteHandler
+
+    def build(
+        self, config: Config, adapters: dict[str, Adapter], previous: Runtime | None
+    ) -> Runtime:
+        """The runtime of ``config`` (nothing opened yet).
+
+        Args:
+            adapters: built for ``config`` (some may be ``previous``'s objects).
+            previous: the runtime this one replaces; its gate's worker-wide state
+                and, when ``[cache]`` is the same, its cache backend are carried over.
+        """
+        gate = Gate(config) if previous is None else previous.gate.successor(config)
+        pricing = build_pricing(config)
+        routes = {
+            rc.path: Route(
+                config=rc,
+                label=route_label(rc),
+                adapter=route_adapter(rc, route_label(rc), adapters),
+                policies=build_policies(rc.policies, config),
+                tenant=rc.tenant or config.server.default_tenant,
+                chain=build_chain(rc, route_label(rc), adapters, config),
+                pricing=pricing,
+            )
+            for rc in config.routes
+        }
+        life = Lifetime()
+        sessions = SessionEndpoints(
+            config,
+            self.bus,
+            (self.closing, life.closing),
+            partial(_session_tenant, gate, config.server.default_tenant),
+            _vars_redactor(config, routes),
+        )
+        cache, hold = _cache_for(config, routes, adapters, previous, self.observer)
+        parts = Parts(
+            config=config,
+            adapters=adapters,
+            routes=routes,
+            gate=gate,
+            pipeline=Pipeline(
+                config,
+                self.bus,
+                writeback=self.writeback,
+                admission=gate.admission,
+                hook=self.observer,
+                cache=cache,
+            ),
+            embeddings=Embeddings(config, self.observer),
+            sessions=sessions,
+            cache=cache,
+            cache_hold=hold,
+            models=Models(routes),
+            life=life,
+        )
+        table = self._endpoints(parts)
+        admin = [("/debug/", Auth.ADMIN), ("/admin/", Auth.ADMIN)]
+        methods = {m for ep in table for m in ep.methods}
+        return Runtime(
+            **{f.name: getattr(parts, f.name) for f in fields(Parts)},
+            endpoints=EndpointTable(table, unknown=admin),
+            cors=Cors(config.cors, methods) if config.cors is not None else None,
+        )
+
+    def _endpoints(self, parts: Parts) -> list[Endpoint]:
+        """The endpoint table of a runtime: its handlers serve with ``parts``."""
+        get, req = ("GET",), Admission.REQUEST
+        sessions, admin = parts.sessions, self.admin
+        table = [
+            Endpoint(
+                r.config.path,
+                ("POST",),
+                Auth.CHAT,
+                req,
+                partial(self.embed if r.config.kind == "embeddings" else self.chat, parts, r),
+                r.label,
+                codec.error if (codec := CODECS.get(r.config.kind)) is not None else None,
+            )
+            for r in parts.routes.values()
+        ]
+        table += [
+            Endpoint("/v1/models", get, Auth.KEY, req, partial(admin.models, parts), "models"),
+            Endpoint("/healthz", get, Auth.OPEN, Admission.NONE, admin.healthz, "healthz"),
+            Endpoint(
+                "/readyz", get, Auth.OPEN, Admission.NONE, partial(admin.readyz, parts), "readyz"
+            ),
+            Endpoint("/metrics", get, Auth.METRICS, Admission.NONE, admin.metrics_text, "metrics"),
+            Endpoint("/v1/sessions/{id}", get, Auth.SESSION_READ, req, sessions.get, "session"),
+            Endpoint(
+                "/v1/sessions/{id}/vars",
+                ("PUT",),
+                Auth.SESSION_WRITE,
+                req,
+                sessions.put_vars,
+                "vars",
+            ),
+            Endpoint(
+                "/v1/sessions/{id}/events",
+                get,
+                Auth.KEY_OR_STREAM_TOKEN,
+                Admission.STREAM,
+                sessions.events,
+                "session_events",
+            ),
+            Endpoint(
+                "/v1/sessions/{id}/stream-token",
+                ("POST",),
+                Auth.SESSION_READ,
+                req,
+                parts.gate.stream_token,
+                "stream_token",
+            ),
+        ]
+        # Profiles and run traces of this worker (admin; loopback only when auth is off).
+        debug = self.debug
+        table += [
+            Endpoint("/debug/profile", get, Auth.ADMIN, req, debug.profile, "debug_profile"),
+            Endpoint("/debug/trace", get, Auth.ADMIN, req, debug.trace, "debug_trace"),
+        ]
+        # The configuration: what is active, and reloading it (admin; loopback only
+        # when auth is off).
+        table += [
+            Endpoint("/admin/config", get, Auth.ADMIN, req, admin.config, "admin_config"),
+            Endpoint(
+                "/admin/config/reload",
+                ("POST",),
+                Auth.ADMIN,
+                req,
+                partial(admin.config_reload, parts),
+                "admin_config_reload",
+            ),
+        ]
+        # Spend read back from the audit log: everyone's (admin), the caller's own.
+        table += [
+            Endpoint(
+                "/admin/usage",
+                get,
+                Auth.ADMIN,
+                req,
+                partial(admin.usage_admin, parts),
+                "admin_usage",
+            ),
+            Endpoint("/v1/usage", get, Auth.KEY, req, self.usage.own, "usage"),
+        ]
+        if parts.config.observability.debug_requests:
+            table.append(
+                Endpoint("/debug/requests/recent", get, Auth.ADMIN, req, admin.recent, "debug")
+            )
+        table += self.console.endpoints()  # /admin/: the operator console
+        return table
+
+
+def _cache_for(
+    config: Config,
+    routes: dict[str, Route],
+    adapters: dict[str, Adapter],
+    previous: Runtime | None,
+    observer: RequestObserver,
+) -> tuple[Cache | None, CacheHold]:
+    """The routes' cache and who closes its backend: the previous runtime's when nothing
+    of it changed, one on the previous backend when only route plans did, else a new one
+    (or None)."""
+    labels = {path: r.label for path, r in routes.items()}
+    prev = previous.cache if previous is not None else None
+    if prev is None or previous is None or previous.config.cache != config.cache:
+        return build_cache(config, labels, observer, adapters), CacheHold()
+    plans = cache_plans(config, labels, adapters)
+    if not plans:
+        return None, CacheHold()
+    cache = prev if plans == prev.routes else prev.successor(plans)
+    return cache, previous.cache_hold
+
+
+def _vars_redactor(
+    config: Config, routes: dict[str, Route]
+) -> Callable[[dict[str, str]], Steps[dict[str, str]]] | None:
+    """What ``PUT /v1/sessions/{id}/vars`` applies: the data protection of every
+    chat route, since every route reads the same sessions."""
+    policies = [p for r in routes.values() for p in r.policies]
+    if not any(type(p).redact_text is not Policy.redact_text for p in policies):
+        return None
+    clear = frozenset(config.sessions.clear_vars)
+
+    def redact(values: dict[str, str]) -> Steps[dict[str, str]]:
+        ctx = PolicyContext(route="sessions", channel="api", tenant="", request_id="")
+        return redact_values(values, policies, ctx, clear)
+
+    return redact
+
+
+def _session_tenant(gate: Gate, default: str, request: Request) -> str:
+    return gate.tenant(request.principal, default)
+
+
+async def open_cache(rt: Runtime, nursery: trio.Nursery) -> None:
+    """Open ``rt``'s cache backend if it is a new one, in a task of its own in ``nursery``
+    (``runtime.Held``); its closer goes into the runtime's :class:`~.runtime.CacheHold`."""
+    cache = rt.cache
+    if cache is None or rt.cache_hold.closer is not None:
+        return
+    held = Held(partial(cache.aopen, nursery), cache.aclose)
+    await held.start(nursery)
+    rt.cache_hold.closer = held.aclose
