@@ -200,7 +200,7 @@ class _Conn:
     ``stream``: any other stream (a test's memory streams), used through Trio.
     """
 
-    __slots__ = ("idle_since", "sock", "stream", "tls13", "unyielded")
+    __slots__ = ("idle_since", "session_kept", "sock", "stream", "tls13", "unyielded")
 
     def __init__(
         self, stream: trio.abc.Stream | None = None, sock: socket.socket | None = None
@@ -212,6 +212,9 @@ class _Conn:
         self.unyielded = 0
         #: It speaks TLS 1.3 (known once the handshake is done: a closed socket forgets).
         self.tls13 = isinstance(sock, ssl.SSLSocket) and sock.version() == "TLSv1.3"
+        #: Its TLS session is kept for the next new connection: asked once, since
+        #: reading ``SSLSocket.session`` copies the session (certificates and all).
+        self.session_kept = False
 
     def closed_by_peer(self) -> bool:
         """Whether an idle connection has something to read: the server closed it (or
@@ -369,8 +372,8 @@ class H1Pool:
         if self._closed:
             conn.close()
             return
-        if self.tls is not None and isinstance(conn.sock, ssl.SSLSocket):
-            self.tls.keep_session(conn.sock)
+        if self.tls is not None and not conn.session_kept and isinstance(conn.sock, ssl.SSLSocket):
+            conn.session_kept = self.tls.keep_session(conn.sock)
         conn.idle_since = trio.current_time()
         self._idle.append(conn)
 
