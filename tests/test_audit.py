@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sqlite3
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from prometheus_client import CollectorRegistry
 
 from aiserve_trio.asgi import App
@@ -300,3 +304,64 @@ async def test_redacted_content_never_holds_what_the_routes_redaction_removed(tm
     assert "4111" not in row["prompt"]
     assert "4111" not in row["reply"]
     assert "[CARD]" in row["prompt"]
+
+
+class PriorityProbe(FlakyDatabase):
+    """Notes the nice value and the name of the thread each insert runs in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, int]] = []
+
+    def insert(self, rows: Sequence[Row]) -> None:
+        me = threading.current_thread()
+        self.seen.append((me.name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        super().insert(rows)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own nice value is Linux's")
+async def test_rows_are_written_by_a_thread_of_their_own_at_the_lowest_priority():
+    # The writer must not preempt the event loop it shares a CPU with; and no other
+    # thread (the loop's, Trio's shared worker threads) may be lowered with it.
+    db = PriorityProbe()
+    log = AuditLog(AuditConfig(flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        log.offer(outcome(0))
+        await log.settle()
+        shared = await trio.to_thread.run_sync(
+            lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        )
+        await log.aclose()
+    assert db.seen == [("aiserve-audit-writer", 19)]
+    assert [r[0] for r in db.rows] == ["r0"]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_nice
+    assert shared == loop_nice
+
+
+class HungDatabase(FlakyDatabase):
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def insert(self, rows: Sequence[Row]) -> None:
+        self.release.wait(30)
+
+
+async def test_a_hung_database_holds_shutdown_no_longer_than_the_grace(autojump_clock):
+    db = HungDatabase()
+    log = AuditLog(AuditConfig(flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    log.grace = 2.0
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(log.run)
+            log.offer(outcome(0))
+            await trio.testing.wait_all_tasks_blocked()  # the insert is stuck in the thread
+            started = trio.current_time()
+            await log.aclose()
+            assert trio.current_time() - started == pytest.approx(2.0)
+            nursery.cancel_scope.cancel()  # the app's nursery ends: the call is abandoned
+        assert trio.current_time() - started == pytest.approx(4.0)  # and close's grace
+    finally:
+        db.release.set()
