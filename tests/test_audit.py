@@ -245,7 +245,7 @@ async def test_a_dead_database_drops_rows_counted_and_rows_resume():
     registry = CollectorRegistry()
     db = FlakyDatabase()
     access = io.BytesIO()
-    log = AuditLog(AuditConfig(buffer=4), db, RowBuilder(b"k"), AuditMetrics(registry),
+    log = AuditLog(AuditConfig(buffer=4, flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(registry),
                    access=access)
     async with trio.open_nursery() as nursery:
         await nursery.start(log.run)
