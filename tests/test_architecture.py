@@ -346,7 +346,6 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "decoding",
         "http",
         "observability.debug",
-        "record.recorder",
         "stages.outcome:types",
     ),
 }

@@ -7,14 +7,13 @@ this thread, not the process). A worker is CPU-bound under load, and the
 event loop and the writer share its CPU: at the same priority the scheduler
 lets the writer preempt the loop each time it wakes (the ``sqlite3`` module
 releases and retakes the GIL around every row), and each such switch costs
-the loop more than the row itself. Measured at c=16, non-streamed, one worker
-(``perf record`` per thread, ``python -m bench.ab HEAD+bench/configs/audit-off.toml
-HEAD+bench/configs/audit-on.toml``): at the same priority the loop spent about
-18 us more per request with the log on, besides the writer's own ~8 us; at
-nice 19 about 3 us more. A nice thread still gets the CPU the loop leaves
-idle, and while the loop is saturated the rows wait in the queue (dropped and
-counted once it is full) -- which is the log's promise: it never slows a
-request.
+the loop more than the row itself. In one comparison at c=16, non-streamed,
+one worker (``perf record`` per thread, two interleaved rounds), the loop spent
+about 18 us more per request with the log on at the same priority, besides the
+writer's own ~8 us, and about 3 us more with the writer at nice 19. A nice
+thread still gets the CPU the loop leaves idle, and while the loop is saturated
+the rows wait in the queue (dropped and counted once it is full) -- which is
+the log's promise: it never slows a request.
 
 A call abandoned by a cancellation (the shutdown's grace ran out) goes on in
 the thread; its result is dropped.
