@@ -38,7 +38,7 @@ class AuditConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: How long the writer lets rows gather after the first of a batch: one trip to the
     #: database thread per batch instead of one per request or two under load. Each
     #: batch also costs the event loop it interrupts: at c=16 on one worker, the log
-    #: cost 4.9 % of the requests with 100 ms, 3.6 % with 1 s (docs/architecture.md).
+    #: cost 5.8 % of the requests with 100 ms, 4.1 % with 1 s (docs/architecture.md).
     flush_ms: int = 1000
 
     def __post_init__(self) -> None:

@@ -4,16 +4,16 @@ The writer's database calls block, so they run off the event loop. They do
 not run in Trio's shared thread cache: this thread is the writer's alone and,
 on Linux, runs at nice :data:`NICE` (``setpriority`` on its thread id: only
 this thread, not the process). A worker is CPU-bound under load, and the
-event loop and the writer share its CPU: at the same priority the scheduler
-lets the writer preempt the loop each time it wakes (the ``sqlite3`` module
-releases and retakes the GIL around every row), and each such switch costs
-the loop more than the row itself. In one comparison at c=16, non-streamed,
-one worker (``perf record`` per thread, two interleaved rounds), the loop spent
-about 18 us more per request with the log on at the same priority, besides the
-writer's own ~8 us, and about 3 us more with the writer at nice 19. A nice
-thread still gets the CPU the loop leaves idle, and while the loop is saturated
-the rows wait in the queue (dropped and counted once it is full) -- which is
-the log's promise: it never slows a request.
+event loop and the writer share its CPU: at the lowest priority the writer
+takes the CPU the loop leaves idle and, while the loop is saturated, lets the
+rows wait in the queue (dropped and counted once it is full) -- the log's
+promise that it never slows a request. Measured with the log on at nice 19
+and at nice 0 in one interleaved run (``python -m bench.ab``, c=16, one
+worker): throughput within the run's noise of each other (1,625 and 1,644
+non-streamed requests/s), the p99 latency lower at nice 19 (14.8 against
+16.2 ms non-streamed, 15.4 against 17.7 ms streamed). A thread of Trio's
+shared cache would carry the lowered priority to other work, hence one of
+its own.
 
 A call abandoned by a cancellation (the shutdown's grace ran out) goes on in
 the thread; its result is dropped.
