@@ -365,3 +365,29 @@ async def test_a_hung_database_holds_shutdown_no_longer_than_the_grace(autojump_
         assert trio.current_time() - started == pytest.approx(4.0)  # and close's grace
     finally:
         db.release.set()
+
+
+async def test_a_usage_read_sees_the_rows_of_the_requests_made_before_it(mock_clock):
+    # Rows gather for flush_ms before their batch is written; a reader does not wait that.
+    # The virtual clock stands still while the thread writes (it moves only after a
+    # whole real second with every task blocked): only flush() ends the gathering.
+    mock_clock.autojump_threshold = 1.0
+    db = FlakyDatabase()
+    log = AuditLog(AuditConfig(flush_ms=60_000), db, RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        for i in range(3):
+            log.offer(outcome(i))
+        await trio.testing.wait_all_tasks_blocked()
+        assert db.rows == []  # still gathering
+        started = trio.current_time()
+        await log.flush()
+        assert [r[0] for r in db.rows] == ["r0", "r1", "r2"]
+        assert trio.current_time() == started
+        log.offer(outcome(3))  # and the next batch gathers again
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(db.rows) == 3
+        mock_clock.jump(60)
+        await log.settle()
+        await log.aclose()
+    assert [r[0] for r in db.rows] == ["r0", "r1", "r2", "r3"]

@@ -59,6 +59,8 @@ log = logging.getLogger("aiserve_trio.audit")
 DROP_REASONS = ("buffer_full", "db_error", "unwritable")
 #: Seconds the writer gets at shutdown to write what is queued.
 CLOSE_GRACE = 2.0
+#: Seconds a usage read waits for the rows queued before it to be written.
+FLUSH_WAIT_S = 2.0
 #: Seconds between two deletions of rows past ``retention_days``.
 PURGE_EVERY_S = 3600.0
 DAY_S = 86_400.0
@@ -131,6 +133,10 @@ class AuditLog:
         #: Set by :meth:`offer` when the writer is parked on an empty queue.
         self._wake: trio.Event | None = None
         self._closed = False
+        #: A reader asked for the queued rows now (:meth:`flush`); its event cuts the
+        #: batch's gathering short.
+        self._hurry = False
+        self._hurry_event: trio.Event | None = None
         self._running = False
         self._done = trio.Event()
         self._failing = False
@@ -174,6 +180,21 @@ class AuditLog:
         target = self._offered
         while self._settled < target and self._running:
             await self._progress.wait()
+
+    async def flush(self, wait: float = FLUSH_WAIT_S) -> None:
+        """Have the rows queued so far written now, not after the batch's ``flush_ms``, and
+        wait for them -- at most ``wait`` seconds (a slow database leaves them queued).
+
+        The usage endpoints call it, so that a read sees the requests made before it.
+        """
+        if self._settled >= self._offered:
+            return  # nothing waits to be written
+        self._hurry = True
+        hurry = self._hurry_event
+        if hurry is not None:
+            hurry.set()
+        with trio.move_on_after(wait):
+            await self.settle()
 
     # --- the writer -----------------------------------------------------------
 
@@ -223,9 +244,13 @@ class AuditLog:
                     await self._purge()
                     next_purge = trio.current_time() + PURGE_EVERY_S
                 continue
-            if not self._closed:
-                # Let the batch gather: the thread hop costs as much as a batch's rows.
-                await trio.sleep(self.settings.flush_ms / 1000)
+            if not self._closed and not self._hurry:
+                # Let the batch gather: each batch costs the event loop an interruption.
+                hurry = self._hurry_event = trio.Event()
+                with trio.move_on_after(self.settings.flush_ms / 1000):
+                    await hurry.wait()
+                self._hurry_event = None
+            self._hurry = False
             batch = self._queue[:limit]
             del self._queue[:limit]
             await self._write(batch)

@@ -178,6 +178,7 @@ class UsageEndpoints:
             raise NotFound(
                 "usage is read from the audit log, which is off: add [audit]", code="audit_off"
             )
+        await audit.flush()  # the requests made before this read are in it
         sql, params = usage_sql(query, audit.db.placeholder, audit.db.day_sql)
         return summarise(query, await audit.query(sql, params), self.currency)
 
