@@ -21,11 +21,10 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import version
 from typing import Any, Protocol
 
-import httpx2
 import msgspec
 import trio
 
-from ..config import NativeAdapterConfig, TLSFileError
+from ..config import NativeAdapterConfig
 from ..errors import BadRequest, ConfigError, GatewayError, UpstreamConnectError
 from ..messages import Message
 from ..observability.annotate import upstream_read
@@ -33,9 +32,14 @@ from ..observability.events import NULL_HOOK, UpstreamHook
 from . import h1
 from .base import Adapter, Capabilities, Delta, DeltaSink, InferenceRequest
 from .retry import Progress, RetryPolicy
-from .tls import TLSSettings
 from .tokens import fit_request
-from .transport import Transport, open_transport, parse_retry_after, translate_errors
+from .transport import (
+    Transport,
+    TransportOwner,
+    open_transport,
+    parse_retry_after,
+    translate_errors,
+)
 
 __all__ = [
     "TRANSLATED",
@@ -247,7 +251,7 @@ def one_choice(request: InferenceRequest) -> None:
 # --- the adapter -------------------------------------------------------------------------
 
 
-class NativeAdapter(Adapter):
+class NativeAdapter(TransportOwner, Adapter):
     """Base of the provider adapters (see the module docstring)."""
 
     def __init__(
@@ -335,16 +339,7 @@ class NativeAdapter(Adapter):
         }
         headers: Headers = [(k.encode(), v.encode()) for k, v in fixed.items()]
         headers += self.auth_headers()
-        tls = None
-        if self.base_url.startswith("https://"):
-            host = httpx2.URL(self.base_url).host
-            name = self.name
-            try:
-                tls = TLSSettings.from_config(
-                    self.config, host, lambda kind: self.hook.tls_handshake(name, kind)
-                )
-            except TLSFileError as exc:
-                raise ConfigError(f"adapter {self.name}: {exc}") from None
+        tls = self.backend_tls(self.base_url, self.config)
         try:
             self.transport = open_transport(
                 self.name,
@@ -356,15 +351,6 @@ class NativeAdapter(Adapter):
             )
         except (h1.HeaderError, UnicodeError, ValueError) as exc:
             raise ConfigError(f"adapter {self.name}: {exc}") from exc
-
-    async def aclose(self) -> None:
-        if self.transport is not None:
-            transport, self.transport = self.transport, None
-            await transport.aclose()
-
-    def connections(self) -> tuple[int, int] | None:
-        """(open upstream connections, of which busy); None when the client cannot tell."""
-        return self.transport.connections() if self.transport is not None else (0, 0)
 
     async def prepare(self, request: InferenceRequest) -> InferenceRequest:
         """``request`` fitted to ``context_window`` (the oldest history dropped).

@@ -34,7 +34,7 @@ import httpx2
 import msgspec
 import trio
 
-from ..config import OpenAIAdapterConfig, TLSFileError
+from ..config import OpenAIAdapterConfig
 from ..errors import (
     BadRequest,
     ConfigError,
@@ -55,10 +55,16 @@ from .base import (
 )
 from .chat_stream import ChatStreamDecoder
 from .retry import Progress, RetryPolicy
-from .tls import TLSSettings
 from .tokens import count_prompt, fit_request
 from .transcription import multipart_body, read_transcript
-from .transport import Reply, Transport, open_transport, status_error, translate_errors
+from .transport import (
+    Reply,
+    Transport,
+    TransportOwner,
+    open_transport,
+    status_error,
+    translate_errors,
+)
 from .wire import chat_body
 
 #: Header carrying the remaining budget upstream.
@@ -71,7 +77,7 @@ _USER_AGENT = f"aiserve-trio/{_version('aiserve-trio')}"
 _encoder = msgspec.json.Encoder()
 
 
-class OpenAIAdapter(Adapter):
+class OpenAIAdapter(TransportOwner, Adapter):
     """Streams chat completions from an OpenAI-compatible backend."""
 
     def __init__(
@@ -128,16 +134,7 @@ class OpenAIAdapter(Adapter):
             # httpx2 decodes what it asks for; the lean client asks for nothing (a
             # backend compresses nothing then; h1 still decodes gzip and deflate).
             fixed.setdefault("accept-encoding", "gzip, deflate")
-        tls = None
-        if cfg.base_url.startswith("https://"):
-            host = httpx2.URL(cfg.base_url).host
-            name = self.name
-            try:
-                tls = TLSSettings.from_config(
-                    cfg, host, lambda kind: self.hook.tls_handshake(name, kind)
-                )
-            except TLSFileError as exc:
-                raise ConfigError(f"adapter {self.name}: {exc}") from None
+        tls = self.backend_tls(cfg.base_url, cfg)
         try:
             self.transport = open_transport(
                 self.name,
@@ -152,15 +149,6 @@ class OpenAIAdapter(Adapter):
             )
         except (h1.HeaderError, UnicodeError) as exc:
             raise ConfigError(f"adapter {self.name}: headers: {exc}") from exc
-
-    async def aclose(self) -> None:
-        if self.transport is not None:
-            transport, self.transport = self.transport, None
-            await transport.aclose()
-
-    def connections(self) -> tuple[int, int] | None:
-        """(open upstream connections, of which busy); None when the client cannot tell."""
-        return self.transport.connections() if self.transport is not None else (0, 0)
 
     def _open(self) -> Transport:
         if self.transport is None:

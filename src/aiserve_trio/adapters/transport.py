@@ -38,13 +38,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Protocol, final
+from typing import TYPE_CHECKING, Protocol, final
 
 import httpx2
 import msgspec
 import trio
 
+from ..config import TLSFileError, UpstreamTLS
 from ..errors import (
+    ConfigError,
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
@@ -56,6 +58,9 @@ from . import h1
 from .compat import pool_connections
 from .sse_parser import SSEDecodeError
 from .tls import TLSSettings
+
+if TYPE_CHECKING:
+    from ..observability.events import UpstreamHook
 
 __all__ = [
     "PER_CLIENT_HTTP1",
@@ -134,6 +139,43 @@ class Transport(Protocol):
     async def aclose(self) -> None:
         """Close the idle connections (busy ones close when their exchange ends)."""
         ...
+
+
+class TransportOwner:
+    """What an adapter that owns one :class:`Transport` does the same whatever its
+    wire format (``openai``, the native providers): its backend's TLS, its connections
+    and its close. A base before :class:`~.base.Adapter` in the adapter's bases."""
+
+    name: str
+    hook: UpstreamHook
+    transport: Transport | None = None
+
+    def backend_tls(self, base_url: str, settings: UpstreamTLS) -> TLSSettings | None:
+        """The TLS to ``base_url`` with the adapter's settings (None for ``http://``);
+        each handshake reported to the hook.
+
+        Raises:
+            ConfigError: a TLS file became unusable since the config was loaded.
+        """
+        if not base_url.startswith("https://"):
+            return None
+        name = self.name
+        host = httpx2.URL(base_url).host
+        try:
+            return TLSSettings.from_config(
+                settings, host, lambda kind: self.hook.tls_handshake(name, kind)
+            )
+        except TLSFileError as exc:
+            raise ConfigError(f"adapter {name}: {exc}") from None
+
+    async def aclose(self) -> None:
+        if self.transport is not None:
+            transport, self.transport = self.transport, None
+            await transport.aclose()
+
+    def connections(self) -> tuple[int, int] | None:
+        """(open upstream connections, of which busy); None when the client cannot tell."""
+        return self.transport.connections() if self.transport is not None else (0, 0)
 
 
 # --- errors, at the boundary -------------------------------------------------------
@@ -313,9 +355,7 @@ class H1Transport:
         head = self._heads.get(key)
         if head is None:
             fixed = [(k, v) for k, v in self._fixed.items() if k not in replaced]
-            head = self._heads[key] = h1.RequestHead(
-                method, self._prefix + path, self._host, fixed
-            )
+            head = self._heads[key] = h1.RequestHead(method, self._prefix + path, self._host, fixed)
         return head
 
     def stream(
@@ -328,9 +368,7 @@ class H1Transport:
             head = self._head(method, path, replaced).build(
                 list(headers), body if body or method != "GET" else None
             )
-        return _H1Exchange(
-            self.name, self.pool.request(head, body, h1.Timeouts(io, connect))
-        )
+        return _H1Exchange(self.name, self.pool.request(head, body, h1.Timeouts(io, connect)))
 
     def connections(self) -> tuple[int, int]:
         return self.pool.connections()
