@@ -391,3 +391,17 @@ async def test_a_usage_read_sees_the_rows_of_the_requests_made_before_it(mock_cl
         await log.settle()
         await log.aclose()
     assert [r[0] for r in db.rows] == ["r0", "r1", "r2", "r3"]
+
+
+async def test_shutdown_does_not_wait_for_the_batch_to_gather(mock_clock):
+    mock_clock.autojump_threshold = 1.0  # time stands still while the thread writes
+    db = FlakyDatabase()
+    log = AuditLog(AuditConfig(flush_ms=60_000), db, RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        log.offer(outcome(0))
+        await trio.testing.wait_all_tasks_blocked()  # gathering
+        started = trio.current_time()
+        await log.aclose()
+        assert [r[0] for r in db.rows] == ["r0"]
+        assert trio.current_time() == started

@@ -302,9 +302,11 @@ class AuditLog:
     async def aclose(self) -> None:
         """Stop taking rows and let the writer write what is queued (at most :attr:`grace`)."""
         self._closed = True
-        wake, self._wake = self._wake, None
-        if wake is not None:
-            wake.set()
+        # Wake the writer, parked on an empty queue or letting a batch gather.
+        for event in (self._wake, self._hurry_event):
+            if event is not None:
+                event.set()
+        self._wake = None
         if not self._running:
             return
         with trio.CancelScope(shield=True), trio.move_on_after(self.grace):
