@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -119,6 +120,22 @@ def gateway_at(
         systems.SNAPSHOT = saved
 
 
+def paired(base: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, float]:
+    """``other``'s points against ``base``'s of the same round: the median, smallest and
+    largest change of req/s (percent) and of CPU per request (µs).
+
+    Rounds interleave the revisions, so a round's two points saw the same machine;
+    their difference cancels the drift that a best-of-rounds comparison keeps.
+    """
+    pairs = list(zip(base, other, strict=True))
+    rps = sorted((o["rps"] / b["rps"] - 1) * 100 for b, o in pairs)
+    cpu = sorted(o["cpu_us"] - b["cpu_us"] for b, o in pairs)
+    return {
+        "rps_pct": statistics.median(rps), "rps_pct_lo": rps[0], "rps_pct_hi": rps[-1],
+        "cpu_us": statistics.median(cpu), "cpu_us_lo": cpu[0], "cpu_us_hi": cpu[-1],
+    }
+
+
 def _spec(rev: str) -> tuple[str, str | None, str | None]:
     """``REV[@HYPERCORN.toml][+GATEWAY.toml]`` -> (revision, hypercorn config, extra TOML)."""
     rev, _, more = rev.partition("+")
@@ -186,6 +203,21 @@ def main(argv: list[str] | None = None) -> int:
                  + (f", {p['errors']} errors" if p["errors"] else "")
                  for tag, p in best[rev].items()]
         lines.append(f"| {snaps[rev][1]} ({rev}) | " + " | ".join(cells) + " |")
+    if len(ns.revs) > 1:
+        lines += ["", f"Against {snaps[ns.revs[0]][1]} ({ns.revs[0]}) in the same round: the median "
+                  "change of req/s and of CPU per request over the rounds, with the smallest and "
+                  "largest (a difference smaller than its spread is noise).", "",
+                  "| revision | " + " | ".join(best[ns.revs[0]]) + " |",
+                  "|---|" + "---|" * len(best[ns.revs[0]])]
+        for rev in ns.revs[1:]:
+            cells = []
+            for tag in best[rev]:
+                d = paired(results[ns.revs[0]][tag], results[rev][tag])
+                cells.append(
+                    f"{d['rps_pct']:+.1f} % req/s ({d['rps_pct_lo']:+.1f} to {d['rps_pct_hi']:+.1f}), "
+                    f"{d['cpu_us']:+.0f} µs CPU/req ({d['cpu_us_lo']:+.0f} to {d['cpu_us_hi']:+.0f})"
+                )
+            lines.append(f"| {snaps[rev][1]} ({rev}) | " + " | ".join(cells) + " |")
     out = Path(ns.out) if ns.out else ROOT / "bench" / "results" / dt.date.today().isoformat() / "ab.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
