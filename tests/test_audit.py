@@ -285,6 +285,28 @@ async def test_shutdown_writes_what_is_queued():
     assert len(db.rows) == 700
 
 
+def test_a_row_has_its_times_in_milliseconds_and_its_absences_as_null(tmp_path):
+    o = Outcome(request_id="r1", route="chat", channel="api", arrival=100.0,
+                ended=100.0123456, first_token_at=100.0041234, status="ok", tenant="t",
+                model="m", cost=0.25)
+    db = SQLiteDatabase(tmp_path / "a.db")
+    db.open()
+    db.insert([RowBuilder(b"k").row(o, 1_700_000_000.5)])
+    conn = sqlite3.connect(tmp_path / "a.db")
+    conn.row_factory = sqlite3.Row
+    row = dict(conn.execute("SELECT * FROM audit_requests").fetchone())
+    assert row["ts"] == 1_700_000_000.5
+    assert row["ttft_ms"] == 4.123  # to the microsecond
+    assert row["total_ms"] == 12.346
+    assert row["served_model"] == "m"  # nothing answered under another name
+    assert row["cost"] == 0.25
+    for column in ("trace_id", "key_id", "session_hash", "deployment", "fallback",
+                   "error_code", "cache", "steps", "policy_actions", "prompt", "reply"):
+        assert row[column] is None, column
+    assert conn.execute("SELECT count(*) FROM audit_requests WHERE session_hash IS NULL "
+                        "AND error_code IS NULL").fetchone()[0] == 1  # real NULLs, not 'None'
+
+
 def test_session_ids_are_kept_as_a_keyed_hash():
     a, b = RowBuilder(b"key-a"), RowBuilder(b"key-b")
     assert a.session_hash("s1") == a.session_hash("s1") != a.session_hash("s2")

@@ -8,14 +8,23 @@ connection of its own, also in a thread) while the writer writes.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .row import Row
 from .schema import CREATE_VERSION_TABLE, insert_sql, pending
 
 _INSERT = insert_sql("?")
+
+# ``sqlite3`` binds an int, a float or a str as it is, but takes any other value --
+# None included -- through its adapter registry: a (type, protocol) key built and looked
+# up, then ``__adapt__`` and ``__conform__`` looked for. A row has ten or so NULL
+# columns. With an adapter of None to None (``{}.get(None)`` is None, called in C) the
+# first lookup finds it: the same NULLs, a third less of the insert's CPU (6.1 -> 4.4 us
+# a row, ``executemany`` of 1,700-row batches; docs/architecture.md). The registry is
+# the process's, and binding None is all this changes.
+sqlite3.register_adapter(type(None), cast("Callable[[None], None]", {}.get))
 
 
 class SQLiteDatabase:
