@@ -23,9 +23,9 @@ gives the writer :attr:`grace` seconds to write the rest.
 
 What it costs, with it on and off in one interleaved run (``python -m bench.ab
 HEAD+bench/configs/audit-off.toml HEAD+bench/configs/audit-on.toml --conc 16``):
-4.1 % of the non-streamed requests one worker serves at c=16 (2026-12-01; the
-row is ~1 us on the request path, SQLite ~8 us of the writer's thread, the rest
-is what the writer's batches cost the event loop they interrupt).
+4.6 % of the non-streamed requests one worker serves at c=16 (2026-12-01; the
+writer's thread 4.4 us a row, the rest on the event loop: docs/architecture.md,
+"Where the audit log's CPU goes").
 """
 
 from __future__ import annotations
