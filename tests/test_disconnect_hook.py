@@ -5,23 +5,32 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import trio
 import trio.testing
 
+from aiserve_trio.asgi import App
 from aiserve_trio.http.disconnect import EXTENSION, ServerCall
+from aiserve_trio.sessions.bus import Session
 
 from .asgi_client import chat_body, make_scope
 from .authcfg import OFF, auth_app
+from .conftest import make_config
+from .fakes import SlowBus
 
 
 class Exchange:
     """One request driven as hypercorn drives it, with the disconnect call marked."""
 
-    def __init__(self, app: Any, body: dict[str, Any]) -> None:
+    def __init__(
+        self, app: Any, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
         raw = json.dumps(body).encode()
-        headers = {"content-type": "application/json", "content-length": str(len(raw))}
+        headers = {
+            "content-type": "application/json", "content-length": str(len(raw)), **(headers or {})
+        }
         self.scope = make_scope("POST", "/v1/chat/completions", headers)
         self.call = ServerCall()
         self.scope.setdefault("extensions", {})[EXTENSION] = self.call
@@ -219,3 +228,42 @@ async def test_a_body_in_pieces_is_read_then_the_servers_call_hears_the_disconne
     served, noticed = await serve_and_disconnect(app, split=True)
     assert [type(c) for c in served.calls] == [ServerCall]
     assert noticed < 1.0
+
+
+
+class GatedBus(SlowBus):
+    """A session bus whose load returns when the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+        self.loading = trio.Event()
+        self.gate = trio.Event()
+
+    async def load(self, tenant: str, session_id: str, history_turns: int, ttl: int) -> Session:
+        self.loading.set()
+        await self.gate.wait()
+        return self.session
+
+
+async def test_a_disconnect_as_the_context_stage_hands_on_is_not_a_failure(
+    autojump_clock: Any, caplog: Any
+) -> None:
+    """The session arrives (the context stage is rescheduled) and the client goes in the
+    same step (the sse stage is cancelled). When the sse stage runs first it closes its
+    inbox, and the context stage, running on to hand it the prepared request, finds it
+    closed: that is the disconnect, not a bug -- no "failed inside the gateway" ERROR and
+    traceback. Trio runs a step's tasks in either order, so the race is run 20 times."""
+    caplog.set_level(logging.ERROR)
+    for _ in range(20):
+        bus = GatedBus()
+        app = App(make_config(), bus=bus)
+        ex = Exchange(app, chat_body("echo: a b c"), {"x-session-id": "s1"})
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ex.run)
+            await bus.loading.wait()
+            bus.gate.set()
+            ex.close()
+            with trio.fail_after(5):
+                await ex.done.wait()
+        assert disconnects(app) == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -372,6 +372,14 @@ class Pipeline:
             if scope.cancelled_caught and started is not None:
                 expired = name
                 await stage.expired(item)
+        except trio.BrokenResourceError:
+            # The next stage is gone before this one handed on: it was cancelled (the
+            # client left, a cap ended the reply) or failed -- recorded on ``run`` before
+            # the cancel, so the request ends for that reason. A stage that ran on after
+            # the cancel without reaching a checkpoint meets the closed channel first.
+            # Without such a reason it is a bug, and the request's shell reports it.
+            if not (run.disconnected or run.capped or run.error is not None):
+                raise
         except GatewayError as exc:
             if isinstance(exc, StageDeadlineExceeded):
                 # Counted under what the answer names: the stage, or the chain step
