@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import ssl
@@ -201,6 +202,25 @@ SLOW = {
     "stream": True,
     "messages": [{"role": "user", "content": "echo: " + " ".join(["word"] * 2000)}],
 }
+
+
+def test_http11_status_lines_name_the_status(gateway):
+    """The seam names the status (``200 OK``): ``h2load --h1`` reads the status from the
+    reason phrase and counts an answer without one as failed. hypercorn as shipped writes
+    the empty phrase h11 is given (valid HTTP/1.1)."""
+    host, port = gateway.removeprefix("http://").split(":")
+    shipped = os.environ.get("AISERVE_HYPERCORN_PATCHES", "").strip().lower() == "off"
+    for target, line in ((b"/healthz", b"200 OK"), (b"/nowhere", b"404 Not Found")):
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(b"GET %s HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n" % target)
+            got = b""
+            while b"\r\n" not in got:
+                more = s.recv(65536)
+                assert more, got
+                got += more
+        status = line.split(b" ")[0]
+        expected = b"HTTP/1.1 %s \r\n" % status if shipped else b"HTTP/1.1 %s\r\n" % line
+        assert got.startswith(expected), got[:40]
 
 
 def test_http11_close_mid_stream_cancels_the_request(gateway):
