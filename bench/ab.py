@@ -143,6 +143,26 @@ def _spec(rev: str) -> tuple[str, str | None, str | None]:
     return rev, hypercorn or None, more or None
 
 
+def interleaved(
+    revs: list[str], snaps: dict[str, tuple[Path, str]], rounds: int, tag: str
+) -> Iterator[tuple[int, str, str, Running, str | None]]:
+    """Each ``REV[@HYPERCORN.toml][+GATEWAY.toml]`` served in turn, ``rounds`` times, in
+    front of one Node upstream: (round, rev, sha, the gateway, its bench key) while it runs.
+
+    Revisions alternate within each round, so drift of the machine hits them alike.
+    """
+    with node_upstream() as up:
+        for rnd in range(rounds):
+            for rev in revs:
+                src, sha = snaps[rev]
+                _, hc, more = _spec(rev)
+                cfg = ROOT / hc if hc else None
+                extra = (ROOT / more).read_text() if more else ""
+                name = f"{tag}-{sha}" + (f"-{Path(more).stem}" if more else "")
+                with gateway_at(src, up, name, cfg, extra) as (gw, key):
+                    yield rnd, rev, sha, gw, key
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
     ap.add_argument("revs", nargs="+", help="git revisions to compare, e.g. faf2680 HEAD")
@@ -157,29 +177,21 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, list[dict[str, Any]]]] = {rev: {} for rev in ns.revs}
     started = time.monotonic()
     load0 = os.getloadavg()[0]
-    with node_upstream() as up:
-        for rnd in range(ns.rounds):
-            for rev in ns.revs:
-                src, sha = snaps[rev]
-                _, hc, more = _spec(rev)
-                cfg = ROOT / hc if hc else None
-                extra = (ROOT / more).read_text() if more else ""
-                name = f"ab-{sha}" + (f"-{Path(more).stem}" if more else "")
-                with gateway_at(src, up, name, cfg, extra) as (gw, key):
-                    url = gw.base + "/v1/chat/completions"
-                    wrk(url, 4, ns.warmup, stream=True, key=key)
-                    for stream in (False, True):
-                        for c in concs:
-                            cpu0 = gw.cpu_seconds()
-                            point = wrk(url, c, ns.duration, stream=stream, key=key)
-                            cpu = gw.cpu_seconds() - cpu0
-                            point["cpu_us"] = cpu / max(point["requests"], 1) * 1e6
-                            tag = f"{'stream' if stream else 'json'}-c{c}"
-                            results[rev].setdefault(tag, []).append(point)
-                            print(f"round {rnd + 1} {sha} {tag}: {point['rps']:.0f} req/s "
-                                  f"p50 {point['p50_ms']:.2f} ms p99 {point['p99_ms']:.2f} ms "
-                                  f"{point['cpu_us']:.0f} us CPU/req errors {point['errors']}",
-                                  flush=True)
+    for rnd, rev, sha, gw, key in interleaved(ns.revs, snaps, ns.rounds, "ab"):
+        url = gw.base + "/v1/chat/completions"
+        wrk(url, 4, ns.warmup, stream=True, key=key)
+        for stream in (False, True):
+            for c in concs:
+                cpu0 = gw.cpu_seconds()
+                point = wrk(url, c, ns.duration, stream=stream, key=key)
+                cpu = gw.cpu_seconds() - cpu0
+                point["cpu_us"] = cpu / max(point["requests"], 1) * 1e6
+                tag = f"{'stream' if stream else 'json'}-c{c}"
+                results[rev].setdefault(tag, []).append(point)
+                print(f"round {rnd + 1} {sha} {tag}: {point['rps']:.0f} req/s "
+                      f"p50 {point['p50_ms']:.2f} ms p99 {point['p99_ms']:.2f} ms "
+                      f"{point['cpu_us']:.0f} us CPU/req errors {point['errors']}",
+                      flush=True)
     best = {
         rev: {tag: max(points, key=lambda p: p["rps"]) for tag, points in tags.items()}
         for rev, tags in results.items()
