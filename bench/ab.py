@@ -11,6 +11,23 @@ log's cost, on and off in one run (prices set in both)::
     .venv/bin/python -m bench.ab HEAD+bench/configs/audit-off.toml \
         HEAD+bench/configs/audit-on.toml --conc 16 --duration 8 --rounds 3
 
+``--modes json`` measures only the non-streamed requests (``stream`` only the streamed).
+
+``--together`` serves every revision at once, all on the gateway's CPU, each driven by a
+wrk of its own, and compares their CPU per request (each round fresh processes, started
+in turn, in reverse order every other round). Consecutive points of the interleaved
+mode see a different machine (two 8 s points of one build differ by up to 12 % here),
+which buries a 3 % effect under 16 rounds; gateways served together see the same
+moment's machine, and what separates two runs of one build is the process's own luck
+(hash seed, memory layout), 1-3 % here. The audit log's cost measured that way::
+
+    .venv/bin/python -m bench.ab HEAD+bench/configs/audit-off.toml \
+        HEAD+bench/configs/audit-on.toml --together --conc 16 --modes json --warmup 5 \
+        --rounds 12
+
+Sharing one CPU makes each request dearer (~800 against ~630 µs here): the change in µs
+is the figure to carry over to a worker alone on its CPU, the change in % understates it.
+
 Each revision's ``src/`` is exported with ``git archive`` (``systems.snapshot``)
 and served by hypercorn (one Trio worker, pinned to CPU 0) in front of
 ``bench/node/upstream.js`` (a zero-delay OpenAI-compatible server, 16 deltas);
@@ -77,10 +94,19 @@ def wrk(
     ``headers``: more request headers, ``"Name: value|Name: value"``; ``cpu``: where
     wrk runs (None: anywhere).
     """
+    return wrk_result(wrk_start(url, conc, seconds, stream=stream, key=key, headers=headers,
+                                cpu=cpu, threads=1 if conc < 4 else 2))
+
+
+def wrk_start(
+    url: str, conc: int, seconds: float, *, stream: bool, key: str | None, headers: str = "",
+    cpu: str | None = LOAD_CPU, threads: int = 2,
+) -> subprocess.Popen[str]:
+    """A wrk point started (:func:`wrk_result` waits for it): several run at once in
+    ``--together`` mode."""
     exe = shutil.which("wrk")
     if exe is None:
         raise RuntimeError("wrk is not installed (apt-get install wrk)")
-    threads = 1 if conc < 4 else 2
     cmd = pinned(
         [exe, f"-t{threads}", f"-c{conc}", f"-d{seconds:g}s", "--latency",
          "-s", str(NODE_DIR / "post.lua"), url],
@@ -88,7 +114,14 @@ def wrk(
     )
     env = {**os.environ, "BENCH_STREAM": "1" if stream else "0", "BENCH_KEY": key or "",
            "BENCH_HEADERS": headers}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+
+
+def wrk_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """A started wrk point's req/s, latency percentiles (ms) and errors."""
+    out, _ = proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"wrk exited with {proc.returncode}:\n{out}")
     m = _JSON.search(out)
     if m is None:
         raise RuntimeError(f"wrk printed no summary:\n{out}")
@@ -130,9 +163,12 @@ def paired(base: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str,
     pairs = list(zip(base, other, strict=True))
     rps = sorted((o["rps"] / b["rps"] - 1) * 100 for b, o in pairs)
     cpu = sorted(o["cpu_us"] - b["cpu_us"] for b, o in pairs)
+    cpu_pct = sorted((o["cpu_us"] / b["cpu_us"] - 1) * 100 for b, o in pairs)
     return {
         "rps_pct": statistics.median(rps), "rps_pct_lo": rps[0], "rps_pct_hi": rps[-1],
         "cpu_us": statistics.median(cpu), "cpu_us_lo": cpu[0], "cpu_us_hi": cpu[-1],
+        "cpu_pct": statistics.median(cpu_pct), "cpu_pct_lo": cpu_pct[0],
+        "cpu_pct_hi": cpu_pct[-1],
     }
 
 
@@ -163,6 +199,62 @@ def interleaved(
                     yield rnd, rev, sha, gw, key
 
 
+def together(
+    revs: list[str], snaps: dict[str, tuple[Path, str]], rounds: int, tag: str
+) -> Iterator[tuple[int, list[tuple[str, str, Running, str | None]]]]:
+    """Every ``REV[@HYPERCORN.toml][+GATEWAY.toml]`` served at once, all on the gateway's
+    one CPU, ``rounds`` times (fresh processes each round, started in turn, in the
+    reverse order every other round): (round, [(rev, sha, the gateway, its bench key)]).
+
+    Driven at the same time, the gateways share every moment of the machine, so the
+    drift that separates the points of :func:`interleaved` (a few % between two
+    consecutive 8 s points here) hits them alike; what is left between two runs of
+    the same build is the process's own luck (hash seed, memory layout), ~1-2 %, which
+    fresh processes each round average out.
+    """
+    with node_upstream() as up:
+        for rnd in range(rounds):
+            order = list(enumerate(revs))
+            if rnd % 2:
+                order.reverse()
+            with contextlib.ExitStack() as stack:
+                served: dict[int, tuple[str, str, Running, str | None]] = {}
+                for i, rev in order:
+                    src, sha = snaps[rev]
+                    _, hc, more = _spec(rev)
+                    cfg = ROOT / hc if hc else None
+                    extra = (ROOT / more).read_text() if more else ""
+                    name = f"{tag}{i}-{sha}" + (f"-{Path(more).stem}" if more else "")
+                    gw, key = stack.enter_context(gateway_at(src, up, name, cfg, extra))
+                    served[i] = (rev, sha, gw, key)
+                yield rnd, [served[i] for i in range(len(revs))]
+
+
+def _together_points(
+    ns: argparse.Namespace, modes: list[str], concs: list[int],
+    snaps: dict[str, tuple[Path, str]], results: dict[str, dict[str, list[dict[str, Any]]]],
+) -> None:
+    for rnd, served in together(ns.revs, snaps, ns.rounds, "ab"):
+        urls = [gw.base + "/v1/chat/completions" for _, _, gw, _ in served]
+        warm = [wrk_start(u, 4, ns.warmup, stream=True, key=k, threads=1)
+                for u, (_, _, _, k) in zip(urls, served, strict=True)]
+        for proc in warm:
+            wrk_result(proc)
+        for stream in [m == "stream" for m in modes]:
+            for c in concs:
+                cpu0 = [gw.cpu_seconds() for _, _, gw, _ in served]
+                procs = [wrk_start(u, c, ns.duration, stream=stream, key=k, threads=1)
+                         for u, (_, _, _, k) in zip(urls, served, strict=True)]
+                points = [wrk_result(proc) for proc in procs]
+                tag = f"{'stream' if stream else 'json'}-c{c}"
+                for (rev, sha, gw, _), point, before in zip(served, points, cpu0, strict=True):
+                    point["cpu_us"] = (gw.cpu_seconds() - before) / max(point["requests"], 1) * 1e6
+                    results[rev].setdefault(tag, []).append(point)
+                    print(f"round {rnd + 1} {sha} {tag}: {point['rps']:.0f} req/s "
+                          f"{point['cpu_us']:.0f} us CPU/req errors {point['errors']} ({rev})",
+                          flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
     ap.add_argument("revs", nargs="+", help="git revisions to compare, e.g. faf2680 HEAD")
@@ -170,17 +262,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--conc", default="1,16,64")
+    ap.add_argument("--modes", default="json,stream",
+                    help="json (non-streamed), stream, or both (the default)")
+    ap.add_argument("--together", action="store_true",
+                    help="serve all revisions at once on the gateway's CPU, each driven by "
+                    "its own wrk: CPU per request compared under the same moment's machine")
     ap.add_argument("--out", default=None, help="markdown report (default bench/results/<date>/ab.md)")
     ns = ap.parse_args(argv)
     concs = [int(c) for c in ns.conc.split(",")]
+    modes = [m.strip() for m in ns.modes.split(",")]
+    if not modes or any(m not in ("json", "stream") for m in modes):
+        ap.error(f"--modes: json, stream or json,stream, not {ns.modes!r}")
     snaps = {rev: systems.snapshot(_spec(rev)[0]) for rev in ns.revs}
     results: dict[str, dict[str, list[dict[str, Any]]]] = {rev: {} for rev in ns.revs}
     started = time.monotonic()
     load0 = os.getloadavg()[0]
-    for rnd, rev, sha, gw, key in interleaved(ns.revs, snaps, ns.rounds, "ab"):
+    if ns.together:
+        if len(set(ns.revs)) != len(ns.revs):
+            ap.error("--together: name each revision once (the results are kept by name)")
+        _together_points(ns, modes, concs, snaps, results)
+    for rnd, rev, sha, gw, key in ([] if ns.together else
+                                   interleaved(ns.revs, snaps, ns.rounds, "ab")):
         url = gw.base + "/v1/chat/completions"
         wrk(url, 4, ns.warmup, stream=True, key=key)
-        for stream in (False, True):
+        for stream in [m == "stream" for m in modes]:
             for c in concs:
                 cpu0 = gw.cpu_seconds()
                 point = wrk(url, c, ns.duration, stream=stream, key=key)
@@ -200,9 +305,17 @@ def main(argv: list[str] | None = None) -> int:
         f"# Gateway throughput by revision ({dt.date.today().isoformat()})",
         "",
         f"Command: `python -m bench.ab {' '.join(sys.argv[1:] if argv is None else argv)}` "
-        f"({time.monotonic() - started:.0f} s). One hypercorn Trio worker on CPU {SYSTEM_CPU}; "
-        f"`bench/node/upstream.js` (16 deltas, zero delay) and wrk on CPU {LOAD_CPU}; auth on; "
-        f"{ns.duration:g} s per point, best of {ns.rounds} interleaved rounds (req/s; the "
+        f"({time.monotonic() - started:.0f} s). "
+        + (f"All {len(ns.revs)} revisions served at once, each by one hypercorn Trio worker, "
+           f"all on CPU {SYSTEM_CPU} (fresh processes each round); each driven by a wrk of its "
+           f"own on CPU {LOAD_CPU}, beside `bench/node/upstream.js` (16 deltas, zero delay); "
+           "auth on. Sharing one CPU, a worker's req/s is its share of it: the figure to "
+           "compare is the CPU per request. "
+           if ns.together else
+           f"One hypercorn Trio worker on CPU {SYSTEM_CPU}; `bench/node/upstream.js` (16 "
+           f"deltas, zero delay) and wrk on CPU {LOAD_CPU}; auth on. ")
+        + f"{ns.duration:g} s per point, best of {ns.rounds} "
+        f"{'rounds' if ns.together else 'interleaved rounds'} (req/s; the "
         f"lowest CPU per request). Load average {load0:.2f} at the start, "
         f"{os.getloadavg()[0]:.2f} at the end.",
         "",
@@ -227,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                 d = paired(results[ns.revs[0]][tag], results[rev][tag])
                 cells.append(
                     f"{d['rps_pct']:+.1f} % req/s ({d['rps_pct_lo']:+.1f} to {d['rps_pct_hi']:+.1f}), "
-                    f"{d['cpu_us']:+.0f} µs CPU/req ({d['cpu_us_lo']:+.0f} to {d['cpu_us_hi']:+.0f})"
+                    f"{d['cpu_us']:+.0f} µs CPU/req ({d['cpu_us_lo']:+.0f} to {d['cpu_us_hi']:+.0f}), "
+                    f"{d['cpu_pct']:+.1f} % CPU/req ({d['cpu_pct_lo']:+.1f} to "
+                    f"{d['cpu_pct_hi']:+.1f})"
                 )
             lines.append(f"| {snaps[rev][1]} ({rev}) | " + " | ".join(cells) + " |")
     out = Path(ns.out) if ns.out else ROOT / "bench" / "results" / dt.date.today().isoformat() / "ab.md"

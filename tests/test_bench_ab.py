@@ -27,3 +27,14 @@ def test_the_median_and_the_spread_of_noisy_rounds() -> None:
     assert round(d["rps_pct"], 6) == 0.0
     assert round(d["rps_pct_lo"], 6) == -5.0
     assert round(d["rps_pct_hi"], 6) == 4.0
+
+
+def test_cpu_per_request_is_also_compared_in_percent() -> None:
+    # --together runs compare CPU per request: the gateways share one CPU, so req/s is
+    # each one's share of it, and the CPU a request costs is what tells them apart.
+    base = [point(400, 800), point(300, 1000), point(350, 900)]
+    other = [point(380, 824), point(290, 1010), point(330, 945)]
+    d = paired(base, other)
+    assert round(d["cpu_pct"], 6) == 3.0  # +3 %, +1 %, +5 %: the median
+    assert round(d["cpu_pct_lo"], 6) == 1.0
+    assert round(d["cpu_pct_hi"], 6) == 5.0
