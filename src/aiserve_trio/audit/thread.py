@@ -1,43 +1,31 @@
-"""The audit writer's own thread, at the lowest CPU priority.
+"""The audit writer's own thread.
 
-The writer's database calls block, so they run off the event loop. They do
-not run in Trio's shared thread cache: this thread is the writer's alone and,
-on Linux, runs at nice :data:`NICE` (``setpriority`` on its thread id: only
-this thread, not the process). A worker is CPU-bound under load, and the
-event loop and the writer share its CPU: at the lowest priority the writer
-takes the CPU the loop leaves idle and, while the loop is saturated, lets the
-rows wait in the queue (dropped and counted once it is full) -- the log's
-promise that it never slows a request. Measured with the log on at nice 19
-and at nice 0 in one interleaved run (``python -m bench.ab``, c=16, one
-worker): throughput within the run's noise of each other (1,625 and 1,644
-non-streamed requests/s), the p99 latency lower at nice 19 (14.8 against
-16.2 ms non-streamed, 15.4 against 17.7 ms streamed). A thread of Trio's
-shared cache would carry the lowered priority to other work, hence one of
-its own.
+The writer's database calls block, so they run off the event loop, in one thread
+of the writer's own rather than Trio's shared cache: the calls run in order on the
+one connection, and a call abandoned by a cancellation (the shutdown's grace ran
+out) goes on in the thread while its result is dropped.
 
-A call abandoned by a cancellation (the shutdown's grace ran out) goes on in
-the thread; its result is dropped.
+The thread runs at the worker's own priority. It ran at nice 19 until measured
+sharing its CPU with another busy worker (``python -m bench.ab ... --together``,
+c=16, 2026-12-01): a writer the scheduler sets aside while it holds the GIL stalls
+the event loop waiting for the GIL, so the worker with the log on got 18.9 % less
+of the CPU than its neighbour (-27.9 to -5.5 over 12 rounds) at nice 19, and 3.0 %
+less (-4.7 to 0.0 over 8) at nice 0, for no less CPU per request (+40 and +26 us
+against the log off). Alone on its CPU, the lowered priority had bought a p99
+lower by ~1.4 ms: not worth a loop stalled behind a thread it cannot preempt.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 import queue
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import trio
 
-log = logging.getLogger("aiserve_trio.audit")
-
 _T = TypeVar("_T")
-
-#: The writer thread's nice value (Linux; elsewhere the thread keeps the process's).
-NICE = 19
 
 _Job = tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]
 
@@ -45,9 +33,8 @@ _Job = tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]
 class WriterThread:
     """One daemon thread that runs blocking calls in order (see the module docstring)."""
 
-    def __init__(self, name: str = "aiserve-audit-writer", nice: int = NICE) -> None:
+    def __init__(self, name: str = "aiserve-audit-writer") -> None:
         self.name = name
-        self.nice = nice
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -57,11 +44,6 @@ class WriterThread:
             self._thread.start()
 
     def _serve(self) -> None:
-        if sys.platform == "linux" and self.nice:
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
-            except OSError as exc:  # a sandbox that refuses it: run at the usual priority
-                log.warning("audit: the writer thread keeps its priority: %s", exc)
         while True:
             job = self._jobs.get()
             if job is None:
