@@ -21,11 +21,12 @@ back, rows resume. Rows older than ``retention_days`` are deleted at start-up
 and every hour. At shutdown :meth:`AuditLog.aclose` stops taking rows and
 gives the writer :attr:`grace` seconds to write the rest.
 
-What it costs, with it on and off in one interleaved run (``python -m bench.ab
-HEAD+bench/configs/audit-off.toml HEAD+bench/configs/audit-on.toml --conc 16``):
-4.6 % of the non-streamed requests one worker serves at c=16 (2026-12-01; the
-writer's thread 4.4 us a row, the rest on the event loop: docs/architecture.md,
-"Where the audit log's CPU goes").
+What it costs, with it on and off in one run (``python -m bench.ab
+HEAD+bench/configs/audit-off.toml HEAD+bench/configs/audit-on.toml --together
+--conc 16 --modes json``): 26 us of a worker's CPU a non-streamed request at c=16,
+~4 % (2026-12-01; the writer's thread ~6 us a row, ``offer`` ~3 us, the rest the
+loop running slower beside the writer's work: docs/architecture.md, "Where the
+audit log's CPU goes").
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ class AuditLog:
         self._running = False
         self._done = trio.Event()
         self._failing = False
-        #: Where the database calls run: a thread of the writer's own, at low priority.
+        #: Where the database calls run: a thread of the writer's own.
         self._thread = WriterThread()
         #: Serialises the writer's database calls (and a purge) on the one connection.
         self._lock = trio.Lock()

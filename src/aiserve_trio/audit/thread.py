@@ -7,12 +7,13 @@ out) goes on in the thread while its result is dropped.
 
 The thread runs at the worker's own priority. It ran at nice 19 until measured
 sharing its CPU with another busy worker (``python -m bench.ab ... --together``,
-c=16, 2026-12-01): a writer the scheduler sets aside while it holds the GIL stalls
-the event loop waiting for the GIL, so the worker with the log on got 18.9 % less
-of the CPU than its neighbour (-27.9 to -5.5 over 12 rounds) at nice 19, and 3.0 %
-less (-4.7 to 0.0 over 8) at nice 0, for no less CPU per request (+40 and +26 us
-against the log off). Alone on its CPU, the lowered priority had bought a p99
-lower by ~1.4 ms: not worth a loop stalled behind a thread it cannot preempt.
+c=16, 12 rounds, 2026-12-01, ``bench/results/2026-12-01/round6/``): a writer the
+scheduler sets aside while it holds the GIL stalls the event loop, which waits
+for the GIL. With the log on, the worker got 18.9 % less of the CPU than its
+neighbour with the log off at nice 19 (-27.9 to -5.5), 2.6 % less (-5.1 to 0.0)
+at the worker's priority, and its requests cost no less CPU at nice 19 (+40
+against +26 us). Alone on its CPU, nice 19 had bought a p99 lower by ~1.4 ms:
+not worth a loop stalled behind a thread it cannot preempt.
 """
 
 from __future__ import annotations
