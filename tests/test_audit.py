@@ -20,6 +20,7 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from aiserve_trio.asgi import App
+from aiserve_trio.audit import sqlite as sqlite_module
 from aiserve_trio.audit.log import AuditLog, AuditMetrics
 from aiserve_trio.audit.row import Row, RowBuilder
 from aiserve_trio.audit.schema import COLUMNS, MIGRATIONS, VERSION, SchemaTooNew
@@ -305,6 +306,39 @@ def test_a_row_has_its_times_in_milliseconds_and_its_absences_as_null(tmp_path):
         assert row[column] is None, column
     assert conn.execute("SELECT count(*) FROM audit_requests WHERE session_hash IS NULL "
                         "AND error_code IS NULL").fetchone()[0] == 1  # real NULLs, not 'None'
+
+
+def _numbered(n: int) -> list[Row]:
+    builder = RowBuilder(b"k")
+    return [builder.row(outcome(i), 1_700_000_000.0 + i) for i in range(n)]
+
+
+def test_a_large_batch_is_inserted_in_chunks_giving_up_the_cpu_between_them(tmp_path, monkeypatch):
+    # The writer shares the worker's CPU: between chunks it yields, so the event loop
+    # runs while a second's batch goes in.
+    yields: list[int] = []
+    db = SQLiteDatabase(tmp_path / "a.db")
+    db.open()
+    monkeypatch.setattr(sqlite_module, "_yield_cpu",
+                        lambda: yields.append(len(rows(tmp_path / "a.db"))))
+    db.insert(_numbered(2 * sqlite_module.CHUNK + 44))
+    assert len(yields) == 2
+    assert yields == [0, 0]  # nothing committed in between: one transaction
+    assert len(rows(tmp_path / "a.db")) == 2 * sqlite_module.CHUNK + 44
+
+
+def test_a_batch_that_fails_in_a_later_chunk_leaves_no_row_of_it(tmp_path):
+    db = SQLiteDatabase(tmp_path / "a.db")
+    db.open()
+    batch = _numbered(sqlite_module.CHUNK + 5)
+    broken = list(batch[-1])
+    broken[COLUMNS.index("tenant")] = None  # NOT NULL
+    batch[-1] = tuple(broken)
+    with pytest.raises(sqlite3.IntegrityError):
+        db.insert(batch)
+    assert rows(tmp_path / "a.db") == []  # the batch is dropped whole, as counted
+    db.insert(_numbered(3))
+    assert len(rows(tmp_path / "a.db")) == 3
 
 
 def test_session_ids_are_kept_as_a_keyed_hash():

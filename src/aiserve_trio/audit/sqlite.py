@@ -7,8 +7,11 @@ connection of its own, also in a thread) while the writer writes.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,6 +28,15 @@ _INSERT = insert_sql("?")
 # a row, ``executemany`` of 1,700-row batches; docs/architecture.md). The registry is
 # the process's, and binding None is all this changes.
 sqlite3.register_adapter(type(None), cast("Callable[[None], None]", {}.get))
+
+#: Rows inserted between two offers of the CPU. The writer's thread shares the worker's
+#: CPU at the worker's priority (audit/thread.py): a second's batch inserted at one go
+#: holds the CPU for several ms while requests wait. 128 rows are ~0.6 ms; then the
+#: thread yields (``sched_yield``) and the event loop runs. Measured against one
+#: ``executemany`` per batch (``bench.ab``, c=16, 8 interleaved rounds): p99 16.3
+#: against 17.6 ms (medians; lower in every round), throughput no lower.
+CHUNK = 128
+_yield_cpu: Callable[[], None] = getattr(os, "sched_yield", None) or partial(time.sleep, 0)
 
 
 class SQLiteDatabase:
@@ -70,9 +82,14 @@ class SQLiteDatabase:
         return current
 
     def insert(self, rows: Sequence[Row]) -> None:
+        """Insert ``rows`` in one transaction, :data:`CHUNK` at a time, giving up the CPU
+        between chunks (see :data:`CHUNK`)."""
         conn = self._require()
         with conn:
-            conn.executemany(_INSERT, rows)
+            for start in range(0, len(rows), CHUNK):
+                if start:
+                    _yield_cpu()
+                conn.executemany(_INSERT, rows[start : start + CHUNK])
 
     def purge(self, before: float) -> int:
         """Delete the rows older than Unix time ``before``; returns how many."""
