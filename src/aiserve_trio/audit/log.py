@@ -23,7 +23,7 @@ gives the writer :attr:`grace` seconds to write the rest.
 
 What it costs, with it on and off in one run (``python -m bench.ab
 HEAD+bench/configs/audit-off.toml HEAD+bench/configs/audit-on.toml --together
---conc 16 --modes json``): 26 us of a worker's CPU a non-streamed request at c=16,
+--conc 16 --modes json``): 29 us of a worker's CPU a non-streamed request at c=16,
 ~4 % (2026-12-01; the writer's thread ~6 us a row, ``offer`` ~3 us, the rest the
 loop running slower beside the writer's work: docs/architecture.md, "Where the
 audit log's CPU goes").
