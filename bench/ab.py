@@ -179,6 +179,20 @@ def _spec(rev: str) -> tuple[str, str | None, str | None]:
     return rev, hypercorn or None, more or None
 
 
+@contextlib.contextmanager
+def _serving(
+    rev: str, snaps: dict[str, tuple[Path, str]], up: Running, prefix: str
+) -> Iterator[tuple[str, Running, str | None]]:
+    """``REV[@HYPERCORN.toml][+GATEWAY.toml]`` served: (sha, the gateway, its bench key)."""
+    src, sha = snaps[rev]
+    _, hc, more = _spec(rev)
+    cfg = ROOT / hc if hc else None
+    extra = (ROOT / more).read_text() if more else ""
+    name = f"{prefix}-{sha}" + (f"-{Path(more).stem}" if more else "")
+    with gateway_at(src, up, name, cfg, extra) as (gw, key):
+        yield sha, gw, key
+
+
 def interleaved(
     revs: list[str], snaps: dict[str, tuple[Path, str]], rounds: int, tag: str
 ) -> Iterator[tuple[int, str, str, Running, str | None]]:
@@ -190,12 +204,7 @@ def interleaved(
     with node_upstream() as up:
         for rnd in range(rounds):
             for rev in revs:
-                src, sha = snaps[rev]
-                _, hc, more = _spec(rev)
-                cfg = ROOT / hc if hc else None
-                extra = (ROOT / more).read_text() if more else ""
-                name = f"{tag}-{sha}" + (f"-{Path(more).stem}" if more else "")
-                with gateway_at(src, up, name, cfg, extra) as (gw, key):
+                with _serving(rev, snaps, up, tag) as (sha, gw, key):
                     yield rnd, rev, sha, gw, key
 
 
@@ -220,12 +229,7 @@ def together(
             with contextlib.ExitStack() as stack:
                 served: dict[int, tuple[str, str, Running, str | None]] = {}
                 for i, rev in order:
-                    src, sha = snaps[rev]
-                    _, hc, more = _spec(rev)
-                    cfg = ROOT / hc if hc else None
-                    extra = (ROOT / more).read_text() if more else ""
-                    name = f"{tag}{i}-{sha}" + (f"-{Path(more).stem}" if more else "")
-                    gw, key = stack.enter_context(gateway_at(src, up, name, cfg, extra))
+                    sha, gw, key = stack.enter_context(_serving(rev, snaps, up, f"{tag}{i}"))
                     served[i] = (rev, sha, gw, key)
                 yield rnd, [served[i] for i in range(len(revs))]
 
@@ -255,6 +259,27 @@ def _together_points(
                           flush=True)
 
 
+def _interleaved_points(
+    ns: argparse.Namespace, modes: list[str], concs: list[int],
+    snaps: dict[str, tuple[Path, str]], results: dict[str, dict[str, list[dict[str, Any]]]],
+) -> None:
+    for rnd, rev, sha, gw, key in interleaved(ns.revs, snaps, ns.rounds, "ab"):
+        url = gw.base + "/v1/chat/completions"
+        wrk(url, 4, ns.warmup, stream=True, key=key)
+        for stream in [m == "stream" for m in modes]:
+            for c in concs:
+                cpu0 = gw.cpu_seconds()
+                point = wrk(url, c, ns.duration, stream=stream, key=key)
+                cpu = gw.cpu_seconds() - cpu0
+                point["cpu_us"] = cpu / max(point["requests"], 1) * 1e6
+                tag = f"{'stream' if stream else 'json'}-c{c}"
+                results[rev].setdefault(tag, []).append(point)
+                print(f"round {rnd + 1} {sha} {tag}: {point['rps']:.0f} req/s "
+                      f"p50 {point['p50_ms']:.2f} ms p99 {point['p99_ms']:.2f} ms "
+                      f"{point['cpu_us']:.0f} us CPU/req errors {point['errors']}",
+                      flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
     ap.add_argument("revs", nargs="+", help="git revisions to compare, e.g. faf2680 HEAD")
@@ -277,26 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, list[dict[str, Any]]]] = {rev: {} for rev in ns.revs}
     started = time.monotonic()
     load0 = os.getloadavg()[0]
-    if ns.together:
-        if len(set(ns.revs)) != len(ns.revs):
-            ap.error("--together: name each revision once (the results are kept by name)")
-        _together_points(ns, modes, concs, snaps, results)
-    for rnd, rev, sha, gw, key in ([] if ns.together else
-                                   interleaved(ns.revs, snaps, ns.rounds, "ab")):
-        url = gw.base + "/v1/chat/completions"
-        wrk(url, 4, ns.warmup, stream=True, key=key)
-        for stream in [m == "stream" for m in modes]:
-            for c in concs:
-                cpu0 = gw.cpu_seconds()
-                point = wrk(url, c, ns.duration, stream=stream, key=key)
-                cpu = gw.cpu_seconds() - cpu0
-                point["cpu_us"] = cpu / max(point["requests"], 1) * 1e6
-                tag = f"{'stream' if stream else 'json'}-c{c}"
-                results[rev].setdefault(tag, []).append(point)
-                print(f"round {rnd + 1} {sha} {tag}: {point['rps']:.0f} req/s "
-                      f"p50 {point['p50_ms']:.2f} ms p99 {point['p99_ms']:.2f} ms "
-                      f"{point['cpu_us']:.0f} us CPU/req errors {point['errors']}",
-                      flush=True)
+    if ns.together and len(set(ns.revs)) != len(ns.revs):
+        ap.error("--together: name each revision once (the results are kept by name)")
+    points = _together_points if ns.together else _interleaved_points
+    points(ns, modes, concs, snaps, results)
     best = {
         rev: {tag: max(points, key=lambda p: p["rps"]) for tag, points in tags.items()}
         for rev, tags in results.items()

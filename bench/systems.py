@@ -138,15 +138,19 @@ class Running:
 
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU time of ``pids`` (each its own, not its children's)."""
-    tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for pid in pids:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += stat_seconds(Path(f"/proc/{pid}/stat").read_text())
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / tick
     return total
+
+
+def stat_seconds(stat: str) -> float:
+    """User + system CPU seconds in a ``/proc/PID/stat`` (or ``task/TID/stat``) text."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Recorder:

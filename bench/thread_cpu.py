@@ -15,7 +15,6 @@ within each round, as in ``bench.ab``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,6 @@ from .ab import _spec, interleaved, wrk
 def thread_times(pids: list[int]) -> dict[tuple[int, str], float]:
     """CPU seconds so far of every thread of ``pids``, by (thread id, name); a process's
     first thread (the event loop's, in a worker) is named ``main``."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[tuple[int, str], float] = {}
     for pid in pids:
         try:
@@ -40,8 +38,7 @@ def thread_times(pids: list[int]) -> dict[tuple[int, str], float]:
             except OSError:
                 continue
             name = "main" if int(task.name) == pid else stat.split("(", 1)[1].rsplit(")", 1)[0]
-            fields = stat.rsplit(")", 1)[1].split()
-            out[int(task.name), name] = (int(fields[11]) + int(fields[12])) / tick
+            out[int(task.name), name] = systems.stat_seconds(stat)
     return out
 
 
