@@ -12,7 +12,15 @@ import trio
 import trio.testing
 
 from aiserve_trio.adapters import build_adapter
-from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest, Message, Usage
+from aiserve_trio.adapters.base import (
+    Adapter,
+    Delta,
+    DeltaSink,
+    InferenceRequest,
+    Message,
+    Usage,
+    budget_ms,
+)
 from aiserve_trio.adapters.retry import NO_RETRIES, Progress, RetryPolicy
 from aiserve_trio.config import MockAdapterConfig, OpenAIAdapterConfig, VllmWsAdapterConfig
 from aiserve_trio.errors import (
@@ -213,3 +221,11 @@ def test_build_adapter_gives_every_kind_the_hook_and_its_retry_policy() -> None:
     assert mock.policy == NO_RETRIES
     assert all(a.hook is hook for a in (openai, ws, mock))
     assert [a.name for a in (openai, ws, mock)] == ["a", "b", "c"]
+
+
+async def test_the_budget_sent_upstream_is_never_shorter_than_the_gateways(autojump_clock):
+    # Rounded down, a backend keeping the budget it is told would stop up to 1 ms
+    # before the gateway's cut, and the deadline would reach the client as a drop.
+    now = trio.current_time()
+    assert budget_ms(now + 0.5001) == 501
+    assert budget_ms(now - 0.2) == 1  # the clock passed it since the check: still a budget

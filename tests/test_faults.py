@@ -673,7 +673,7 @@ async def test_upstream_stall_and_drop(sim: str, fault: str, report: Row) -> Non
         assert not o.finished()
         assert o.response.text() == expected(int(n))
         if kind == "stall":
-            assert err["type"] == "timeout"
+            assert err["type"] == "timeout", err
             assert err["code"] == "stage_deadline_exceeded"
             assert cut - 0.05 <= o.elapsed <= cut + SLACK, o.elapsed
         else:

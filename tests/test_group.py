@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from aiserve_trio.adapters import build_adapters
 from aiserve_trio.adapters.base import (
@@ -35,6 +36,7 @@ from aiserve_trio.errors import (
     NoHealthyDeployment,
     UpstreamConnectError,
     UpstreamError,
+    UpstreamProtocolError,
     UpstreamStatusError,
 )
 
@@ -56,6 +58,10 @@ class Script:
     fail_after: int | None = None
     #: Seconds before a failure before the first token (a slow refusal).
     fail_delay: float = 0.0
+    #: Break off with ``error`` after the first token as the deadline passes (a backend
+    #: keeping the budget it was sent), seen before the deadline's cancel: this clock
+    #: jumps past it with no checkpoint.
+    keeps_budget: trio.testing.MockClock | None = None
 
 
 class Fake(Adapter):
@@ -93,6 +99,10 @@ class Fake(Adapter):
                 if i:
                     await trio.sleep(script.gap)
                 await send.send(Delta(text=f"{self.name}{i} "))
+                if script.keeps_budget is not None:
+                    await trio.sleep_until(request.deadline - 0.001)
+                    script.keeps_budget.jump(0.002)
+                    raise script.error
             await send.send(
                 Delta(finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1))
             )
@@ -371,6 +381,26 @@ async def test_a_failing_deployment_is_ejected_then_probed(autojump_clock: Any) 
     deltas, _ = await serve(g)
     assert text(deltas) == "a0 a1 a2 "  # the one trial request
     assert dict(g.states(trio.current_time()))["a"] == State.HEALTHY
+
+
+async def test_a_deployment_keeping_the_budget_it_was_sent_is_not_ejected(
+    autojump_clock: Any,
+) -> None:
+    # Its reply broken off as the deadline passes is the deadline's doing, judged as
+    # the gateway's own cut at the deadline would be -- not a failure, whichever of
+    # the two the busy loop saw first.
+    drop = UpstreamProtocolError("closed before the end")
+    a = Fake("a", Script(error=drop, keeps_budget=autojump_clock))
+    g = group(a, Fake("b"), consecutive_failures=1, balance="lowest_ttft",
+              priors={"a": 0.05, "b": 0.1})  # fmt: skip
+    for _ in range(3):
+        err, _ = await refused(g)
+        assert err is drop
+    assert dict(g.states(trio.current_time()))["a"] == State.HEALTHY
+    assert len(a.calls) == 3
+    a.scripts = [Script(error=drop, fail_after=1)]  # a real drop, before the deadline
+    await refused(g)
+    assert dict(g.states(trio.current_time()))["a"] == State.EJECTED
 
 
 async def test_it_stays_out_longer_while_it_keeps_failing(autojump_clock: Any) -> None:

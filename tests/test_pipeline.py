@@ -7,10 +7,14 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
+from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest
 from aiserve_trio.adapters.mock import MockAdapter
+from aiserve_trio.adapters.retry import Progress
 from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig
+from aiserve_trio.errors import UpstreamProtocolError
 from aiserve_trio.sessions.bus import Session, SessionBus
 
 from .asgi_client import Client, chat_body
@@ -186,6 +190,54 @@ async def test_slow_context_leaves_inference_only_up_to_its_cut_point(autojump_c
     )
     assert error_of(r.events()[-2])["param"] == "inference"
     assert r.chunks[-1][0] - t0 == pytest.approx(0.750)
+
+
+class KeepsItsBudget(Adapter):
+    """A backend that keeps the budget it was sent: a token, then it breaks off at the
+    deadline -- and the gateway's loop, busy, sees the break before its own cut.
+
+    ``early`` breaks off that much before the deadline instead: a real drop.
+    """
+
+    def __init__(self, clock: trio.testing.MockClock, early: float = 0.0) -> None:
+        super().__init__("mock", ["aiserve-mock"])
+        self.clock = clock
+        self.early = early
+
+    async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
+        await send.send(Delta(text="a"))
+        await trio.sleep_until(request.deadline - max(self.early, 0.001))
+        if not self.early:
+            self.clock.jump(0.002)  # past the cut, with no checkpoint since
+        raise UpstreamProtocolError("mock: the server closed the connection before the end")
+
+
+@pytest.mark.parametrize("early", [0.0, 0.05])
+async def test_a_backend_breaking_off_as_the_cut_passes_ends_as_the_deadline(
+    autojump_clock, early
+):
+    # The backend is told the time left (x-request-timeout-ms) and stops when it is
+    # gone. Whether the gateway's cut or the backend's end reaches the stage first, the
+    # client is told the deadline ran out -- and a drop before the cut stays a drop.
+    app = App(make_config(), adapters={"mock": KeepsItsBudget(autojump_clock, early)})
+    t0 = trio.current_time()
+    r = await Client(app).chat(
+        chat_body("hi", stream=True), headers={"X-Request-Timeout-Ms": "1100"}
+    )
+    err = error_of(r.events()[-2])
+    assert r.text() == "a"
+    if early:
+        assert err["code"] == "upstream_protocol_error"
+        assert r.chunks[-1][0] - t0 == pytest.approx(0.750 - early)
+    else:
+        assert (err["type"], err["code"], err["param"]) == (
+            "timeout",
+            "stage_deadline_exceeded",
+            "inference",
+        )
+        assert r.chunks[-1][0] - t0 == pytest.approx(0.751)
+        text = app.metrics.render().decode()
+        assert 'aiserve_stage_deadline_expiries_total{stage="inference"} 1.0' in text
 
 
 async def test_context_expiry_fails_with_504_naming_the_stage(autojump_clock):

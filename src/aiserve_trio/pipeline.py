@@ -43,6 +43,7 @@ from .errors import (
     InternalError,
     ReplyCapExceeded,
     StageDeadlineExceeded,
+    UpstreamError,
 )
 from .http.disconnect import Disconnect, ReceiveWatcher
 from .http.sse import DONE, ChatFramer
@@ -355,6 +356,7 @@ class Pipeline:
         hook.stage_started(name)
         started: float | None = None
         expired: str | None = None
+        late = False
         try:
             item: Any = None
             with trio.move_on_at(stage.info.budget.cut(name)) as scope:
@@ -364,12 +366,22 @@ class Pipeline:
                     except trio.EndOfChannel:
                         return  # an earlier stage failed and says why
                 started = run.started[name] = trio.current_time()
-                if await stage.run(item):
+                try:
+                    capped = await stage.run(item)
+                except UpstreamError:
+                    if trio.current_time() < scope.deadline:
+                        raise
+                    # The backend broke off as the cut passed: it was sent the time
+                    # left (rounded up) and kept it, and its end reached this task
+                    # before the cut's cancel did (a busy loop runs both in one
+                    # pass). The deadline ended the call, whichever side saw it first.
+                    capped, late = False, True
+                if capped:
                     # A cap ended the reply: the upstream call has nothing left to give.
                     run.capped = True
                     cancel.cancel(reason=f"{name} ended the reply")
             # Expired while waiting for its input: the stage before it reports.
-            if scope.cancelled_caught and started is not None:
+            if (scope.cancelled_caught or late) and started is not None:
                 expired = name
                 await stage.expired(item)
         except trio.BrokenResourceError:

@@ -23,6 +23,7 @@ has (and keep its own client timeouts below it).
 from __future__ import annotations
 
 import abc
+import math
 import random
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar, final
@@ -212,6 +213,17 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     #: Every other top-level field of the client's body, exactly as it was sent
     #: (tools, response_format, seed, fields unknown today...): relayed as is.
     extra: dict[str, msgspec.Raw] = msgspec.field(default_factory=dict)
+
+
+def budget_ms(deadline: float) -> int:
+    """The time left until ``deadline`` in whole milliseconds, as sent upstream.
+
+    Rounded up, and at least 1 (the clock may have passed the deadline since the
+    caller checked there was time left): an upstream that keeps the budget it is
+    told stops no earlier than the gateway's own cut, so a call cut short by the
+    deadline ends as the gateway's timeout, not as a reply the backend broke off.
+    """
+    return max(1, math.ceil((deadline - trio.current_time()) * 1000))
 
 
 class DeltaSink(Protocol):

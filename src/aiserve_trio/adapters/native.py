@@ -30,7 +30,7 @@ from ..messages import Message
 from ..observability.annotate import upstream_read
 from ..observability.events import NULL_HOOK, UpstreamHook
 from . import h1
-from .base import Adapter, Capabilities, Delta, DeltaSink, InferenceRequest
+from .base import Adapter, Capabilities, Delta, DeltaSink, InferenceRequest, budget_ms
 from .retry import Progress, RetryPolicy
 from .tokens import fit_request
 from .transport import (
@@ -365,11 +365,10 @@ class NativeAdapter(TransportOwner, Adapter):
         if transport is None:
             raise UpstreamConnectError(f"adapter {self.name} is not open")
         path, headers, body = self.exchange(request, self.upstream_model(request.model))
-        remaining = max(request.deadline - trio.current_time(), 1e-3)
         headers = [
             *headers,
             *(await self.signed(path, body)),
-            (BUDGET_HEADER, b"%d" % max(1, int(remaining * 1000))),
+            (BUDGET_HEADER, b"%d" % budget_ms(request.deadline)),
             (b"x-request-id", request.request_id.encode()),
             *((k.lower().encode(), v.encode()) for k, v in request.forward_headers.items()),
         ]

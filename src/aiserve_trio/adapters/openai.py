@@ -52,6 +52,7 @@ from .base import (
     InferenceRequest,
     TranscriptionRequest,
     Usage,
+    budget_ms,
 )
 from .chat_stream import ChatStreamDecoder
 from .retry import Progress, RetryPolicy
@@ -261,11 +262,8 @@ def _headers(
     deadline: float, request_id: str, forward: dict[str, str]
 ) -> list[tuple[bytes, bytes]]:
     """A call's own headers: the budget left, the request id, the forwarded ones."""
-    # The floor keeps the budget positive should the clock have passed the deadline
-    # since the base class checked that time was left.
-    remaining = max(deadline - trio.current_time(), 1e-3)
     return [
-        (_BUDGET_HEADER, b"%d" % max(1, int(remaining * 1000))),
+        (_BUDGET_HEADER, b"%d" % budget_ms(deadline)),
         (b"x-request-id", request_id.encode()),
         *((k.lower().encode(), v.encode()) for k, v in forward.items()),
     ]

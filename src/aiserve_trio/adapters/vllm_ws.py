@@ -51,7 +51,7 @@ from ..errors import (
     UpstreamTimeout,
 )
 from ..observability.events import NULL_HOOK, UpstreamHook
-from .base import Adapter, Capabilities, DeltaSink, InferenceRequest
+from .base import Adapter, Capabilities, DeltaSink, InferenceRequest, budget_ms
 from .compat import close_ws_stream
 from .retry import Progress, RetryPolicy
 from .tokens import fit_request
@@ -196,9 +196,6 @@ class VllmWsAdapter(Adapter):
 
     async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
         """One ``generate`` on a pooled or new connection (see :meth:`Adapter.attempt`)."""
-        # Stream() checked that time was left; the floor keeps the budget
-        # positive should the clock have moved past the deadline since.
-        remaining = max(request.deadline - trio.current_time(), 1e-3)
         generate: dict[str, Any] = {
             "type": "generate",
             "id": request.request_id,
@@ -207,7 +204,7 @@ class VllmWsAdapter(Adapter):
         }
         if request.max_tokens is not None:
             generate["max_tokens"] = request.max_tokens
-        generate["timeout_ms"] = max(1, int(remaining * 1000))
+        generate["timeout_ms"] = budget_ms(request.deadline)
         generate.update((k, v) for k, v in request.extra.items() if k in WS_FIELDS)
         payload = _encoder.encode(generate)
         ws: WebSocketConnection | None = None
