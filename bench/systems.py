@@ -92,27 +92,17 @@ class Running:
     env: dict[str, str] = field(default_factory=dict)
 
     def pids(self) -> list[int]:
-        """The process and its descendants (hypercorn runs its worker as a child, the
-        worker its audit writer).
-
-        Each of a process's threads lists the children it started: a child started
-        from a worker thread (Trio starts processes from one) is under that thread's
-        ``children``, not the main thread's, until the thread exits.
-        """
+        """The process and its descendants (hypercorn runs its worker as a child)."""
         out: list[int] = []
         todo = [self.proc.pid]
         while todo:
             pid = todo.pop(0)
             out.append(pid)
             try:
-                tasks = list(Path(f"/proc/{pid}/task").iterdir())
+                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
             except OSError:
                 continue
-            for task in tasks:
-                try:
-                    todo.extend(int(k) for k in (task / "children").read_text().split())
-                except OSError:
-                    continue
+            todo.extend(int(k) for k in kids)
         return out
 
     def rss_mb(self) -> float:
@@ -138,17 +128,8 @@ class Running:
         return 0.0
 
     def worker_pid(self) -> int:
-        """The pid that serves requests: the deepest descendant but the worker's own audit
-        writer (``python -m aiserve_trio.audit``); the process itself if none."""
-        pids = self.pids()
-        for pid in reversed(pids):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"aiserve_trio.audit\0" not in cmd:
-                return pid
-        return pids[0]
+        """The pid that serves requests (the deepest child; the process itself if none)."""
+        return self.pids()[-1]
 
     def cpu_seconds(self) -> float:
         """User + system CPU time used so far by the process tree (each process's own)."""

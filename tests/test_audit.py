@@ -6,15 +6,14 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import trio
 import trio.testing
@@ -22,8 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from aiserve_trio.asgi import App
 from aiserve_trio.audit import sqlite as sqlite_module
-from aiserve_trio.audit.log import AuditLog, AuditMetrics, build_audit
-from aiserve_trio.audit.process import ProcessStore
+from aiserve_trio.audit.log import AuditLog, AuditMetrics
 from aiserve_trio.audit.row import Row, RowBuilder
 from aiserve_trio.audit.schema import COLUMNS, MIGRATIONS, VERSION, SchemaTooNew
 from aiserve_trio.audit.settings import AuditConfig
@@ -34,7 +32,6 @@ from aiserve_trio.errors import BadRequest
 from aiserve_trio.stages.outcome import Outcome
 
 from .asgi_client import chat_body
-from .audit_store import ThreadStore
 from .authcfg import OFF
 from .conftest import config_text
 from .spendcfg import KEY_CAROL, KEY_DAN, KEY_OPS, auth, running, spend_config, spend_toml
@@ -148,7 +145,7 @@ async def test_usage_read_back_by_key_and_the_callers_own(tmp_path):
             r = await client.chat(chat_body(f"echo: request {i}"), headers=auth(KEY_CAROL))
             spent += float(r.headers["x-aiserve-cost"])
         await client.chat(chat_body("echo: dan"), headers=auth(KEY_DAN))
-        # Rows are written by the writer task, in its process: let it catch up.
+        # Rows are written by the writer task, in a thread: let it catch up.
         assert app.audit is not None
         await app.audit.settle()
         admin = await client.request("GET", "/admin/usage?group_by=key", headers=auth(KEY_OPS))
@@ -249,8 +246,8 @@ async def test_a_dead_database_drops_rows_counted_and_rows_resume():
     registry = CollectorRegistry()
     db = FlakyDatabase()
     access = io.BytesIO()
-    log = AuditLog(AuditConfig(buffer=4, flush_ms=0), ThreadStore(db, access), RowBuilder(b"k"),
-                   AuditMetrics(registry))
+    log = AuditLog(AuditConfig(buffer=4, flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(registry),
+                   access=access)
     async with trio.open_nursery() as nursery:
         await nursery.start(log.run)
         log.offer(outcome(0))
@@ -271,7 +268,7 @@ async def test_a_dead_database_drops_rows_counted_and_rows_resume():
 
 async def test_a_full_queue_drops_instead_of_waiting(autojump_clock):
     registry = CollectorRegistry()
-    log = AuditLog(AuditConfig(buffer=2), ThreadStore(FlakyDatabase()), RowBuilder(b"k"), AuditMetrics(registry))
+    log = AuditLog(AuditConfig(buffer=2), FlakyDatabase(), RowBuilder(b"k"), AuditMetrics(registry))
     # No writer running: the queue fills and the request path never blocks.
     for i in range(5):
         log.offer(outcome(i))
@@ -280,7 +277,7 @@ async def test_a_full_queue_drops_instead_of_waiting(autojump_clock):
 
 async def test_shutdown_writes_what_is_queued():
     db = FlakyDatabase()
-    log = AuditLog(AuditConfig(), ThreadStore(db), RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    log = AuditLog(AuditConfig(), db, RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
     async with trio.open_nursery() as nursery:
         await nursery.start(log.run)
         for i in range(700):  # more than one batch
@@ -365,94 +362,39 @@ async def test_redacted_content_never_holds_what_the_routes_redaction_removed(tm
     assert "[CARD]" in row["prompt"]
 
 
-# --- the writer's process ------------------------------------------------------------
+class PriorityProbe(FlakyDatabase):
+    """Notes the nice value and the name of the thread each insert runs in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, int]] = []
+
+    def insert(self, rows: Sequence[Row]) -> None:
+        me = threading.current_thread()
+        self.seen.append((me.name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        super().insert(rows)
 
 
-def process_log(tmp_path: Path, **settings: Any) -> tuple[AuditLog, CollectorRegistry]:
-    """An audit log writing ``tmp_path/a.db`` through a process of its own, as the
-    gateway's does."""
-    cfg = parse_config(config_text() + f'\n[audit]\npath = "{tmp_path / "a.db"}"\n')
-    assert cfg.audit is not None
-    registry = CollectorRegistry()
-    log = build_audit(
-        msgspec.structs.replace(cfg, audit=msgspec.structs.replace(cfg.audit, **settings)),
-        registry,
-    )
-    assert log is not None
-    return log, registry
-
-
-async def test_rows_are_written_by_a_process_of_the_workers_own(tmp_path):
-    # Not a thread beside the event loop: a thread costs the loop more than its inserts
-    # (audit/process.py). The child holds the connection.
-    log, _ = process_log(tmp_path, flush_ms=0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(log.run)
-        assert isinstance(log.store, ProcessStore)
-        child = log.store.pid
-        assert child is not None
-        assert child != os.getpid()
-        for i in range(3):
-            log.offer(outcome(i))
-        await log.settle()
-        await log.aclose()
-    assert [r["request_id"] for r in rows(tmp_path / "a.db")] == ["r0", "r1", "r2"]
-    with pytest.raises(ProcessLookupError):  # it ended with the log, reaped
-        os.kill(child, 0)
-
-
-async def test_a_killed_writer_process_drops_its_batch_counted_and_a_new_one_takes_over(
-    tmp_path,
-):
-    log, registry = process_log(tmp_path, flush_ms=0)
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own nice value is Linux's")
+async def test_rows_are_written_by_a_thread_of_their_own_at_the_loops_priority():
+    # Its own thread: the inserts run in order on one connection. At the loop's priority:
+    # a writer set aside by the scheduler while it holds the GIL would stall the loop
+    # (audit/thread.py), and no thread (the loop's, Trio's shared ones) is changed.
+    db = PriorityProbe()
+    log = AuditLog(AuditConfig(flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     async with trio.open_nursery() as nursery:
         await nursery.start(log.run)
         log.offer(outcome(0))
         await log.settle()
-        first = log.store.pid  # type: ignore[attr-defined]
-        os.kill(first, signal.SIGKILL)
-        log.offer(outcome(1))  # its batch meets the dead process
-        await log.settle()
-        assert dropped(registry, "db_error") == 1
-        log.offer(outcome(2))  # the next batch starts a new one
-        await log.settle()
-        assert log.store.pid not in (None, first)  # type: ignore[attr-defined]
+        shared = await trio.to_thread.run_sync(
+            lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        )
         await log.aclose()
-    assert [r["request_id"] for r in rows(tmp_path / "a.db")] == ["r0", "r2"]
-
-
-async def test_a_stuck_writer_process_holds_shutdown_no_longer_than_the_grace(tmp_path):
-    log, _ = process_log(tmp_path, flush_ms=0)
-    log.grace = 1.0
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(log.run)
-            child = log.store.pid  # type: ignore[attr-defined]
-            os.kill(child, signal.SIGSTOP)  # answers nothing from now on
-            log.offer(outcome(0))
-            started = time.monotonic()
-            await log.aclose()  # the rows get the grace, no more
-            assert time.monotonic() - started == pytest.approx(1.0, abs=0.4)
-            cancelled = time.monotonic()
-            nursery.cancel_scope.cancel()  # the app's nursery ends: the call is abandoned
-    # The abandoned call left the pipes mid-frame: the child was killed then and there,
-    # not asked to close (which would wait out a second grace).
-    assert time.monotonic() - cancelled < 0.5
-    with pytest.raises(ProcessLookupError):  # and reaped
-        os.kill(child, 0)
-
-
-async def test_a_database_the_writer_process_cannot_open_stops_the_start(tmp_path):
-    conn = sqlite3.connect(tmp_path / "a.db")
-    conn.execute("CREATE TABLE audit_schema (version INTEGER NOT NULL)")
-    conn.execute("INSERT INTO audit_schema VALUES (?)", (VERSION + 1,))
-    conn.commit()
-    conn.close()
-    log, _ = process_log(tmp_path)
-    async with trio.open_nursery() as nursery:
-        with pytest.raises(SchemaTooNew, match="schema version"):
-            await nursery.start(log.run)
-    assert log.store.pid is None  # type: ignore[attr-defined]
+    assert db.seen == [("aiserve-audit-writer", loop_nice)]
+    assert [r[0] for r in db.rows] == ["r0"]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_nice
+    assert shared == loop_nice
 
 
 class HungDatabase(FlakyDatabase):
@@ -468,7 +410,7 @@ class HungDatabase(FlakyDatabase):
 
 async def test_a_hung_database_holds_shutdown_no_longer_than_the_grace(autojump_clock):
     db = HungDatabase()
-    log = AuditLog(AuditConfig(flush_ms=0), ThreadStore(db), RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    log = AuditLog(AuditConfig(flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
     log.grace = 2.0
     try:
         async with trio.open_nursery() as nursery:
@@ -491,7 +433,7 @@ async def test_a_usage_read_sees_the_rows_of_the_requests_made_before_it(mock_cl
     # whole real second with every task blocked): only flush() ends the gathering.
     mock_clock.autojump_threshold = 1.0
     db = FlakyDatabase()
-    log = AuditLog(AuditConfig(flush_ms=60_000), ThreadStore(db), RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    log = AuditLog(AuditConfig(flush_ms=60_000), db, RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
     async with trio.open_nursery() as nursery:
         await nursery.start(log.run)
         for i in range(3):
@@ -514,7 +456,7 @@ async def test_a_usage_read_sees_the_rows_of_the_requests_made_before_it(mock_cl
 async def test_shutdown_does_not_wait_for_the_batch_to_gather(mock_clock):
     mock_clock.autojump_threshold = 1.0  # time stands still while the thread writes
     db = FlakyDatabase()
-    log = AuditLog(AuditConfig(flush_ms=60_000), ThreadStore(db), RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    log = AuditLog(AuditConfig(flush_ms=60_000), db, RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
     async with trio.open_nursery() as nursery:
         await nursery.start(log.run)
         log.offer(outcome(0))

@@ -34,17 +34,18 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import trio
 from prometheus_client import Counter
 
 from ..errors import ConfigError
-from .process import ProcessStore
-from .row import Row, RowBuilder
+from .row import Row, RowBuilder, access_line
+from .thread import WriterThread
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -91,21 +92,6 @@ class Database(Protocol):
     def close(self) -> None: ...
 
 
-class Store(Protocol):
-    """Where the writer's database calls run: a process of the worker's own
-    (``process.py``, the gateway's) or a thread (``thread.py``, tests' fakes)."""
-
-    placeholder: str
-    day_sql: str
-
-    async def open(self) -> int: ...
-    async def insert(self, rows: list[Row]) -> None: ...
-    async def purge(self, before: float) -> int: ...
-    async def query(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]: ...
-    async def close(self) -> None: ...
-    async def stop(self) -> None: ...
-
-
 class AuditMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.written = Counter(
@@ -129,17 +115,20 @@ class AuditLog:
     def __init__(
         self,
         settings: AuditConfig,
-        store: Store,
+        db: Database,
         builder: RowBuilder,
         metrics: AuditMetrics,
+        *,
+        access: IO[bytes] | None = None,
     ) -> None:
         """Args:
-        store: where the database calls run (the gateway's: a :class:`ProcessStore`).
+        access: where the access log's JSON lines go (``[audit] access_log``).
         """
         self.settings = settings
-        self.store = store
+        self.db = db
         self.builder = builder
         self.metrics = metrics
+        self._access = access
         #: Rows waiting for the writer, oldest first (at most ``settings.buffer``).
         self._queue: list[Row] = []
         #: Set by :meth:`offer` when the writer is parked on an empty queue.
@@ -152,6 +141,8 @@ class AuditLog:
         self._running = False
         self._done = trio.Event()
         self._failing = False
+        #: Where the database calls run: a thread of the writer's own.
+        self._thread = WriterThread()
         #: Serialises the writer's database calls (and a purge) on the one connection.
         self._lock = trio.Lock()
         self.version = 0
@@ -217,27 +208,27 @@ class AuditLog:
                 the log it was told to keep).
         """
         try:
-            self.version = await self.store.open()
+            self.version = await self._thread.call(self.db.open)
         except BaseException:
-            await self.store.stop()
+            self._thread.stop()
             raise
         await self._purge()
         self._running = True
         log.info(
             "audit log: %s (schema version %d, rows kept %s%s%s)",
-            self.store,
+            self.db,
             self.version,
             f"{self.settings.retention_days} days" if self.settings.retention_days else "forever",
             ", with redacted content" if self.builder.content else "",
-            ", access log on stderr" if self.settings.access_log else "",
+            ", access log on stderr" if self._access is not None else "",
         )
         task_status.started()
         try:
             await self._loop()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(self.grace):
-                await self.store.close()
-            await self.store.stop()
+                await self._thread.call(self.db.close)
+            self._thread.stop()
             self._done.set()
 
     async def _loop(self) -> None:
@@ -271,11 +262,19 @@ class AuditLog:
     async def _write(self, rows: list[Row]) -> None:
         if not rows:
             return
+        access = self._access
+
+        def write() -> None:
+            self.db.insert(rows)
+            if access is not None:
+                access.write(b"".join(access_line(r) for r in rows))
+                access.flush()
+
         try:
             async with self._lock:
                 # Abandoned only at shutdown after the grace: a hung database must
                 # not hold the app's exit.
-                await self.store.insert(rows)
+                await self._thread.call(write)
         except Exception as exc:
             self.metrics.dropped["db_error"].inc(len(rows))
             if not self._failing:  # once per run of failures, not per batch
@@ -294,7 +293,7 @@ class AuditLog:
         before = time.time() - days * DAY_S
         try:
             async with self._lock:
-                gone = await self.store.purge(before)
+                gone = await self._thread.call(self.db.purge, before)
         except Exception as exc:
             log.warning("audit: deleting rows older than %d days failed: %s", days, exc)
             return
@@ -315,8 +314,8 @@ class AuditLog:
             await self._done.wait()
 
     async def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """A read for the usage endpoints."""
-        return await self.store.query(sql, list(params))
+        """A read for the usage endpoints, in a worker thread."""
+        return await trio.to_thread.run_sync(self.db.query, sql, params)
 
 
 def build_audit(config: Config, registry: CollectorRegistry) -> AuditLog | None:
@@ -328,27 +327,23 @@ def build_audit(config: Config, registry: CollectorRegistry) -> AuditLog | None:
     settings = config.audit
     if settings is None or settings.backend == "off":
         return None
-    spec: dict[str, Any]
+    db: Database
     if settings.backend == "postgres":
-        if not os.environ.get(settings.dsn_env):
+        dsn = os.environ.get(settings.dsn_env)
+        if not dsn:
             raise ConfigError(
                 f"{config.source}: key `audit.dsn_env`: ${settings.dsn_env} is not set "
                 "(the PostgreSQL DSN, e.g. postgresql://user@host:5432/db)"
             )
-        from .postgres import PostgresDatabase as backend  # late: psycopg only with it
+        from .postgres import PostgresDatabase  # late: psycopg only with this backend
 
-        name = f"postgres (${settings.dsn_env})"
-        # The child reads the DSN from the environment it inherits: not on its command line.
-        spec = {"backend": "postgres", "dsn_env": settings.dsn_env, "name": name}
+        db = PostgresDatabase(dsn, name=f"postgres (${settings.dsn_env})")
     else:
-        from .sqlite import SQLiteDatabase as backend  # type: ignore[assignment]
+        from .sqlite import SQLiteDatabase
 
-        path = os.path.normpath(Path(config.base_dir) / settings.path)
-        name = f"sqlite:{path}"
-        spec = {"backend": "sqlite", "path": path}
-    spec["access_log"] = settings.access_log
-    store = ProcessStore(spec, name=name, placeholder=backend.placeholder, day_sql=backend.day_sql)
+        db = SQLiteDatabase(Path(os.path.normpath(Path(config.base_dir) / settings.path)))
     key_text = os.environ.get(config.record.session_key_env)
     key = key_text.encode() if key_text else secrets.token_bytes(32)
     builder = RowBuilder(key, content=settings.content == "redacted")
-    return AuditLog(settings, store, builder, AuditMetrics(registry))
+    access = sys.stderr.buffer if settings.access_log else None
+    return AuditLog(settings, db, builder, AuditMetrics(registry), access=access)

@@ -114,6 +114,6 @@ def _content(o: Outcome) -> tuple[str | None, str | None]:
 _line = msgspec.json.Encoder()
 
 
-def access_line(row: Sequence[Any], columns: Sequence[str] = COLUMNS) -> bytes:
+def access_line(row: Row, columns: Sequence[str] = COLUMNS) -> bytes:
     """``row`` as one JSON line (the structured access log)."""
     return _line.encode(dict(zip(columns, row, strict=True))) + b"\n"

@@ -179,7 +179,7 @@ class UsageEndpoints:
                 "usage is read from the audit log, which is off: add [audit]", code="audit_off"
             )
         await audit.flush()  # the requests made before this read are in it
-        sql, params = usage_sql(query, audit.store.placeholder, audit.store.day_sql)
+        sql, params = usage_sql(query, audit.db.placeholder, audit.db.day_sql)
         return summarise(query, await audit.query(sql, params), self.currency)
 
     async def admin(self, request: Request) -> None:

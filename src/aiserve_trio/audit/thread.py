@@ -1,6 +1,19 @@
-"""The audit log's database calls in a thread of the test's process, for the fake
-databases the writer's tests use (the gateway runs them in a process of its own,
-``aiserve_trio/audit/process.py``).
+"""The audit writer's own thread.
+
+The writer's database calls block, so they run off the event loop, in one thread
+of the writer's own rather than Trio's shared cache: the calls run in order on the
+one connection, and a call abandoned by a cancellation (the shutdown's grace ran
+out) goes on in the thread while its result is dropped.
+
+The thread runs at the worker's own priority. It ran at nice 19 until measured
+sharing its CPU with another busy worker (``python -m bench.ab ... --together``,
+c=16, 12 rounds, 2026-12-01, ``bench/results/2026-12-01/round6/``): a writer the
+scheduler sets aside while it holds the GIL stalls the event loop, which waits
+for the GIL. With the log on, the worker got 18.9 % less of the CPU than its
+neighbour with the log off at nice 19 (-27.9 to -5.5), 2.6 % less (-5.1 to 0.0)
+at the worker's priority, and its requests cost no less CPU at nice 19 (+40
+against +26 us). Alone on its CPU, nice 19 had bought a p99 lower by ~1.4 ms:
+not worth a loop stalled behind a thread it cannot preempt.
 """
 
 from __future__ import annotations
@@ -9,11 +22,9 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import trio
-
-from aiserve_trio.audit.row import access_line
 
 _T = TypeVar("_T")
 
@@ -21,8 +32,7 @@ _Job = tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]]
 
 
 class WriterThread:
-    """One daemon thread that runs blocking calls in order, on one connection; a call
-    abandoned by a cancellation goes on in the thread while its result is dropped."""
+    """One daemon thread that runs blocking calls in order (see the module docstring)."""
 
     def __init__(self, name: str = "aiserve-audit-writer") -> None:
         self.name = name
@@ -77,53 +87,3 @@ class WriterThread:
         if self._thread is not None:
             self._jobs.put(None)
             self._thread = None
-
-
-class ThreadStore:
-    """A :class:`~aiserve_trio.audit.log.Store` running a database's calls in a
-    :class:`WriterThread`."""
-
-    def __init__(self, db: Any, access: IO[bytes] | None = None) -> None:
-        """Args:
-        db: a :class:`~aiserve_trio.audit.log.Database`.
-        access: where the access log's JSON lines go (``[audit] access_log``).
-        """
-        self.db = db
-        self.access = access
-        self.placeholder: str = db.placeholder
-        self.day_sql: str = db.day_sql
-        self._thread = WriterThread()
-
-    def __str__(self) -> str:
-        return str(self.db)
-
-    async def open(self) -> int:
-        return int(await self._thread.call(self.db.open))
-
-    async def insert(self, rows: list[tuple[Any, ...]]) -> None:
-        db, access = self.db, self.access
-
-        def write() -> None:
-            db.insert(rows)
-            if access is not None:
-                access.write(b"".join(access_line(r) for r in rows))
-                access.flush()
-
-        await self._thread.call(write)
-
-    async def purge(self, before: float) -> int:
-        return int(await self._thread.call(self.db.purge, before))
-
-    async def query(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-        # A connection of its own (``Database.query``): beside the writer, not behind it.
-        rows: list[tuple[Any, ...]] = await trio.to_thread.run_sync(self.db.query, sql, params)
-        return rows
-
-    async def close(self) -> None:
-        try:
-            await self._thread.call(self.db.close)
-        finally:
-            await self.stop()
-
-    async def stop(self) -> None:
-        self._thread.stop()

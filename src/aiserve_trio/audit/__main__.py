@@ -1,7 +1,0 @@
-"""``python -m aiserve_trio.audit SPEC``: the audit writer's process (``child.py``)."""
-
-import sys
-
-from .child import main
-
-main(sys.argv)
