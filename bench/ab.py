@@ -155,20 +155,29 @@ def gateway_at(
 
 def paired(base: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, float]:
     """``other``'s points against ``base``'s of the same round: the median, smallest and
-    largest change of req/s (percent) and of CPU per request (µs).
+    largest change of req/s (percent) and of CPU per request (µs); and the median change
+    of CPU per request over the even rounds (0, 2...) and over the odd ones apart.
 
     Rounds interleave the revisions, so a round's two points saw the same machine;
-    their difference cancels the drift that a best-of-rounds comparison keeps.
+    their difference cancels the drift that a best-of-rounds comparison keeps. With
+    ``--together`` the even rounds start the first revision first and the odd ones
+    last: the worker started first is dearer, and a build with a process of its own
+    swings far more with the order (docs/architecture.md), so the two medians say
+    whether the overall one stands for both.
     """
     pairs = list(zip(base, other, strict=True))
     rps = sorted((o["rps"] / b["rps"] - 1) * 100 for b, o in pairs)
-    cpu = sorted(o["cpu_us"] - b["cpu_us"] for b, o in pairs)
+    diffs = [o["cpu_us"] - b["cpu_us"] for b, o in pairs]
+    cpu = sorted(diffs)
     cpu_pct = sorted((o["cpu_us"] / b["cpu_us"] - 1) * 100 for b, o in pairs)
+    odd = diffs[1::2]
     return {
         "rps_pct": statistics.median(rps), "rps_pct_lo": rps[0], "rps_pct_hi": rps[-1],
         "cpu_us": statistics.median(cpu), "cpu_us_lo": cpu[0], "cpu_us_hi": cpu[-1],
         "cpu_pct": statistics.median(cpu_pct), "cpu_pct_lo": cpu_pct[0],
         "cpu_pct_hi": cpu_pct[-1],
+        "cpu_us_even": statistics.median(diffs[::2]),
+        "cpu_us_odd": statistics.median(odd) if odd else float("nan"),
     }
 
 
@@ -352,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{d['cpu_us']:+.0f} µs CPU/req ({d['cpu_us_lo']:+.0f} to {d['cpu_us_hi']:+.0f}), "
                     f"{d['cpu_pct']:+.1f} % CPU/req ({d['cpu_pct_lo']:+.1f} to "
                     f"{d['cpu_pct_hi']:+.1f})"
+                    + (f"; {d['cpu_us_even']:+.0f} µs started after it, {d['cpu_us_odd']:+.0f} "
+                       "before it" if ns.together and ns.rounds > 1 else "")
                 )
             lines.append(f"| {snaps[rev][1]} ({rev}) | " + " | ".join(cells) + " |")
     out = Path(ns.out) if ns.out else ROOT / "bench" / "results" / dt.date.today().isoformat() / "ab.md"

@@ -38,3 +38,14 @@ def test_cpu_per_request_is_also_compared_in_percent() -> None:
     assert round(d["cpu_pct"], 6) == 3.0  # +3 %, +1 %, +5 %: the median
     assert round(d["cpu_pct_lo"], 6) == 1.0
     assert round(d["cpu_pct_hi"], 6) == 5.0
+
+
+def test_the_rounds_of_each_start_order_are_also_compared_apart() -> None:
+    # --together reverses the start order every other round. A build dearer only when it
+    # starts first shows a median that stands for neither order: the two apart say so.
+    base = [point(500, 900)] * 6
+    other = [point(500, 900 + d) for d in (2, 90, -4, 85, 0, 95)]
+    d = paired(base, other)
+    assert d["cpu_us_even"] == 0  # started after the first revision: 2, -4, 0
+    assert d["cpu_us_odd"] == 90  # started before it: 90, 85, 95
+    assert d["cpu_us"] == 43.5  # the overall median, between the two modes
