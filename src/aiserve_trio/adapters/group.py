@@ -500,13 +500,11 @@ class GroupAdapter(Adapter):
         except GatewayError as err:
             t.error = err
             if isinstance(err, UpstreamError):
-                if trio.current_time() < request.deadline:
-                    self._record(t, ok=False, timeout=isinstance(err, UpstreamTimeout))
-                    verdict = True
-                elif t.first_at is None:
-                    # Broken off as the budget ran out (it was sent the time left):
-                    # judged as the cancel at the deadline below would judge it.
-                    self._record(t, ok=False, timeout=True)
+                # Broken off once the budget had run out (it was sent the time left):
+                # judged as the cancel at the deadline below would judge it.
+                late = trio.current_time() >= request.deadline
+                if not late or t.first_at is None:
+                    self._record(t, ok=False, timeout=late or isinstance(err, UpstreamTimeout))
                     verdict = True
                 self.events.failed(name, err)
             if t.first_at is not None:
