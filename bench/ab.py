@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from . import systems
+from .stats import mean_interval
 from .systems import LOAD_CPU, ROOT, SYSTEM_CPU, WORK, Running, free_port, pinned
 
 NODE_DIR = ROOT / "bench" / "node"
@@ -164,6 +165,10 @@ def paired(base: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str,
     last: the worker started first is dearer, and a build with a process of its own
     swings far more with the order (docs/architecture.md), so the two medians say
     whether the overall one stands for both.
+
+    Also the mean change of req/s and of CPU per request (percent) with a 95 %
+    bootstrap interval over the rounds (``stats.mean_interval``): how far the mean
+    could be off with this many rounds.
     """
     pairs = list(zip(base, other, strict=True))
     rps = sorted((o["rps"] / b["rps"] - 1) * 100 for b, o in pairs)
@@ -171,7 +176,12 @@ def paired(base: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str,
     cpu = sorted(diffs)
     cpu_pct = sorted((o["cpu_us"] / b["cpu_us"] - 1) * 100 for b, o in pairs)
     odd = diffs[1::2]
+    rps_mean = mean_interval(rps)
+    cpu_mean = mean_interval(cpu_pct)
     return {
+        "rps_mean": rps_mean[0], "rps_mean_lo": rps_mean[1], "rps_mean_hi": rps_mean[2],
+        "cpu_pct_mean": cpu_mean[0], "cpu_pct_mean_lo": cpu_mean[1],
+        "cpu_pct_mean_hi": cpu_mean[2],
         "rps_pct": statistics.median(rps), "rps_pct_lo": rps[0], "rps_pct_hi": rps[-1],
         "cpu_us": statistics.median(cpu), "cpu_us_lo": cpu[0], "cpu_us_hi": cpu[-1],
         "cpu_pct": statistics.median(cpu_pct), "cpu_pct_lo": cpu_pct[0],
@@ -349,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(ns.revs) > 1:
         lines += ["", f"Against {snaps[ns.revs[0]][1]} ({ns.revs[0]}) in the same round: the median "
                   "change of req/s and of CPU per request over the rounds, with the smallest and "
-                  "largest (a difference smaller than its spread is noise).", "",
+                  "largest (a difference smaller than its spread is noise); then the mean change with "
+                  "a 95 % bootstrap interval over the rounds (how far the mean could be off).", "",
                   "| revision | " + " | ".join(best[ns.revs[0]]) + " |",
                   "|---|" + "---|" * len(best[ns.revs[0]])]
         for rev in ns.revs[1:]:
@@ -360,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{d['rps_pct']:+.1f} % req/s ({d['rps_pct_lo']:+.1f} to {d['rps_pct_hi']:+.1f}), "
                     f"{d['cpu_us']:+.0f} µs CPU/req ({d['cpu_us_lo']:+.0f} to {d['cpu_us_hi']:+.0f}), "
                     f"{d['cpu_pct']:+.1f} % CPU/req ({d['cpu_pct_lo']:+.1f} to "
-                    f"{d['cpu_pct_hi']:+.1f})"
+                    f"{d['cpu_pct_hi']:+.1f}); mean {d['rps_mean']:+.1f} % req/s (95 % interval "
+                    f"{d['rps_mean_lo']:+.1f} to {d['rps_mean_hi']:+.1f}), {d['cpu_pct_mean']:+.1f} % "
+                    f"CPU/req ({d['cpu_pct_mean_lo']:+.1f} to {d['cpu_pct_mean_hi']:+.1f})"
                     + (f"; {d['cpu_us_even']:+.0f} µs started after it, {d['cpu_us_odd']:+.0f} "
                        "before it" if ns.together and ns.rounds > 1 else "")
                 )

@@ -49,3 +49,17 @@ def test_the_rounds_of_each_start_order_are_also_compared_apart() -> None:
     assert d["cpu_us_even"] == 0  # started after the first revision: 2, -4, 0
     assert d["cpu_us_odd"] == 90  # started before it: 90, 85, 95
     assert d["cpu_us"] == 43.5  # the overall median, between the two modes
+
+
+def test_the_mean_change_comes_with_an_interval_that_narrows_with_more_rounds() -> None:
+    # Rounds of +1 % and +5 % CPU alternate: the mean is +3 %, and with 4 rounds it could
+    # as well be +1 % or +5 %; with 40 rounds the interval excludes both.
+    base = [point(1000, 1000)] * 40
+    other = [point(1000, 1010 if i % 2 else 1050) for i in range(40)]
+    few = paired(base[:4], other[:4])
+    many = paired(base, other)
+    assert round(few["cpu_pct_mean"], 6) == round(many["cpu_pct_mean"], 6) == 3.0
+    assert few["cpu_pct_mean_lo"] <= 1.5
+    assert few["cpu_pct_mean_hi"] >= 4.5
+    assert 2.0 < many["cpu_pct_mean_lo"] < 3.0 < many["cpu_pct_mean_hi"] < 4.0
+    assert many["rps_mean"] == many["rps_mean_lo"] == many["rps_mean_hi"] == 0.0
