@@ -27,7 +27,7 @@ HEAD+bench/configs/audit-off.toml HEAD+bench/configs/audit-on.toml --together
 ~4 % (2026-12-01; the writer's thread ~6 us a row, ``offer`` ~3 us, the rest the
 loop running slower beside the writer's work: docs/architecture.md, "Where the
 audit log's CPU goes"). Every run of this code pooled (``python -m bench.pool``,
-2026-12-02): +3.6 %, 95 % interval +3.3 to +3.9.
+2026-12-02): +3.4 %, 95 % interval +3.2 to +3.7.
 """
 
 from __future__ import annotations
