@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from . import systems
-from .stats import mean_interval
+from .stats import mean_interval, paired_changes
 from .systems import LOAD_CPU, ROOT, SYSTEM_CPU, WORK, Running, free_port, pinned
 
 NODE_DIR = ROOT / "bench" / "node"
@@ -170,11 +170,11 @@ def paired(base: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str,
     bootstrap interval over the rounds (``stats.mean_interval``): how far the mean
     could be off with this many rounds.
     """
-    pairs = list(zip(base, other, strict=True))
-    rps = sorted((o["rps"] / b["rps"] - 1) * 100 for b, o in pairs)
-    diffs = [o["cpu_us"] - b["cpu_us"] for b, o in pairs]
+    rps_changes, cpu_changes = paired_changes(base, other)
+    rps = sorted(rps_changes)
+    diffs = [o["cpu_us"] - b["cpu_us"] for b, o in zip(base, other, strict=True)]
     cpu = sorted(diffs)
-    cpu_pct = sorted((o["cpu_us"] / b["cpu_us"] - 1) * 100 for b, o in pairs)
+    cpu_pct = sorted(cpu_changes)
     odd = diffs[1::2]
     rps_mean = mean_interval(rps)
     cpu_mean = mean_interval(cpu_pct)

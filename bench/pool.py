@@ -27,11 +27,8 @@ import re
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
-from .stats import mean_interval
-
-Point = dict[str, Any]
+from .stats import mean_interval, paired_changes
 
 
 def find(names: Iterable[str], wanted: Sequence[str]) -> str | None:
@@ -51,14 +48,6 @@ def commit(report: str, name: str) -> str:
     """The commit a run's markdown report gives for revision ``name`` ("?" if none)."""
     m = re.search(rf"^\| (\w+) \({re.escape(name)}\) \|", report, re.M)
     return m[1] if m else "?"
-
-
-def differences(base: Sequence[Point], other: Sequence[Point]) -> tuple[list[float], list[float]]:
-    """Round by round: ``other``'s change of req/s and of CPU per request, in percent."""
-    pairs = list(zip(base, other, strict=True))
-    rps = [(o["rps"] / b["rps"] - 1) * 100 for b, o in pairs]
-    cpu = [(o["cpu_us"] / b["cpu_us"] - 1) * 100 for b, o in pairs]
-    return rps, cpu
 
 
 def summary(rps: Sequence[float], cpu: Sequence[float]) -> str:
@@ -89,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         md = path.with_suffix(".md")
         report = md.read_text() if md.exists() else ""
         mode = "together" if "served at once" in report else "interleaved"
-        rps, cpu = differences(results[base][ns.point], results[other][ns.point])
+        rps, cpu = paired_changes(results[base][ns.point], results[other][ns.point])
         print(f"{path} ({mode}, {commit(report, other)} against {commit(report, base)}): "
               f"{summary(rps, cpu)}")
         pooled[mode][0].extend(rps)

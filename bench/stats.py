@@ -95,6 +95,17 @@ def first_over(
     return None
 
 
+def paired_changes(
+    base: Sequence[Mapping[str, float]], other: Sequence[Mapping[str, float]]
+) -> tuple[list[float], list[float]]:
+    """Round by round (``bench.ab``'s points of one round paired): ``other``'s change of
+    req/s and of CPU per request against ``base``'s, in percent."""
+    pairs = list(zip(base, other, strict=True))
+    rps = [(o["rps"] / b["rps"] - 1) * 100 for b, o in pairs]
+    cpu = [(o["cpu_us"] / b["cpu_us"] - 1) * 100 for b, o in pairs]
+    return rps, cpu
+
+
 def mean_interval(
     values: Sequence[float], *, level: float = 0.95, resamples: int = 4000, seed: int = 0
 ) -> tuple[float, float, float]:

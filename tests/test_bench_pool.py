@@ -5,7 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
-from bench.pool import differences, find, main
+from bench.pool import find, main
+from bench.stats import paired_changes
 
 
 def run(tmp: Path, name: str, base: list[tuple[float, float]], other: list[tuple[float, float]],
@@ -35,8 +36,8 @@ def test_a_revision_is_named_whole_or_by_a_unique_ending() -> None:
 
 
 def test_each_round_is_paired_within_its_run() -> None:
-    rps, cpu = differences([{"rps": 1000, "cpu_us": 600}, {"rps": 500, "cpu_us": 1200}],
-                           [{"rps": 970, "cpu_us": 618}, {"rps": 490, "cpu_us": 1212}])
+    rps, cpu = paired_changes([{"rps": 1000, "cpu_us": 600}, {"rps": 500, "cpu_us": 1200}],
+                              [{"rps": 970, "cpu_us": 618}, {"rps": 490, "cpu_us": 1212}])
     assert [round(x, 6) for x in rps] == [-3.0, -2.0]
     assert [round(x, 6) for x in cpu] == [3.0, 1.0]
 
