@@ -321,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, list[dict[str, Any]]]] = {rev: {} for rev in ns.revs}
     started = time.monotonic()
     load0 = os.getloadavg()[0]
+    ticks0 = systems.read_cpu_ticks()
     if ns.together and len(set(ns.revs)) != len(ns.revs):
         ap.error("--together: name each revision once (the results are kept by name)")
     points = _together_points if ns.together else _interleaved_points
@@ -345,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         + f"{ns.duration:g} s per point, best of {ns.rounds} "
         f"{'rounds' if ns.together else 'interleaved rounds'} (req/s; the "
         f"lowest CPU per request). Load average {load0:.2f} at the start, "
-        f"{os.getloadavg()[0]:.2f} at the end.",
+        f"{os.getloadavg()[0]:.2f} at the end; "
+        f"{systems.stolen_pct(ticks0, systems.read_cpu_ticks()):.1f} % of the CPU time "
+        f"stolen by the hypervisor. Host: {systems.host()}.",
         "",
         "| revision | " + " | ".join(best[ns.revs[0]]) + " |",
         "|---|" + "---|" * len(best[ns.revs[0]]),

@@ -524,12 +524,7 @@ SCENARIOS = {"a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d}
 
 def machine() -> dict[str, Any]:
     """Cores, CPU, Python, package versions, load average: what the numbers depend on."""
-    cpu = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = systems.cpu_model()
     pkgs = {}
     for p in ("aiserve-trio", "trio", "hypercorn", "h11", "h2", "httpx2", "msgspec", "coredis", "prometheus-client"):
         with contextlib.suppress(md.PackageNotFoundError):

@@ -153,6 +153,51 @@ def stat_seconds(stat: str) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or "" where there is none."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return ""
+
+
+def host() -> str:
+    """The CPU, the CPU count and the interpreter the workers run on: a run's figures are
+    comparable with another's on the same host and interpreter only."""
+    import platform
+
+    cpu = cpu_model() or platform.machine()
+    return (f"{cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()} "
+            f"({os.path.realpath(sys.executable)})")
+
+
+def cpu_ticks(proc_stat: str) -> tuple[int, int]:
+    """(stolen, total) CPU ticks of all CPUs in a ``/proc/stat`` text: the hypervisor's
+    share of the machine (``steal``, the 8th number of the ``cpu`` line)."""
+    for line in proc_stat.splitlines():
+        if line.startswith("cpu "):
+            ticks = [int(v) for v in line.split()[1:]]
+            # guest and guest_nice are already counted in user and nice.
+            return (ticks[7] if len(ticks) > 7 else 0), sum(ticks[:8])
+    return 0, 0
+
+
+def read_cpu_ticks() -> tuple[int, int]:
+    """:func:`cpu_ticks` of this machine now ((0, 0) without ``/proc/stat``)."""
+    try:
+        return cpu_ticks(Path("/proc/stat").read_text())
+    except OSError:
+        return 0, 0
+
+
+def stolen_pct(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The percentage of the machine's CPU time the hypervisor took between two
+    :func:`read_cpu_ticks` (a run with much stolen is noisier than its rounds show)."""
+    total = after[1] - before[1]
+    return 100.0 * (after[0] - before[0]) / total if total > 0 else 0.0
+
+
 class Recorder:
     """Collects every command a run started, for the report."""
 
