@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -165,8 +166,6 @@ def cpu_model() -> str:
 def host() -> str:
     """The CPU, the CPU count and the interpreter the workers run on: a run's figures are
     comparable with another's on the same host and interpreter only."""
-    import platform
-
     cpu = cpu_model() or platform.machine()
     return (f"{cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()} "
             f"({os.path.realpath(sys.executable)})")
