@@ -28,7 +28,8 @@ HEAD+bench/configs/audit-off.toml HEAD+bench/configs/audit-on.toml --together
 loop running slower beside the writer's work: docs/architecture.md, "Where the
 audit log's CPU goes"). Every run of this code pooled (``python -m bench.pool``,
 2026-12-02): +3.4 %, 95 % interval +3.2 to +3.7; on another host, where the rest of a
-request costs more, the same µs are +2.3 % (+1.9 to +2.8).
+request costs more, the same µs are +2.3 % (+1.9 to +2.8), and on a third +3.8 % (+3.6
+to +4.0).
 """
 
 from __future__ import annotations

@@ -14,6 +14,12 @@ neighbour with the log off at nice 19 (-27.9 to -5.5), 2.6 % less (-5.1 to 0.0)
 at the worker's priority, and its requests cost no less CPU at nice 19 (+40
 against +26 us). Alone on its CPU, nice 19 had bought a p99 lower by ~1.4 ms:
 not worth a loop stalled behind a thread it cannot preempt.
+
+Having run a thread at all costs a worker ~1 % of a request's CPU for as long as the
+process lives, even once the thread has ended (a quarter of it, at most, in glibc's
+locking, which leaves its single-thread paths for good). A writer process started
+without a thread does not save it: its pipe costs as much (docs/architecture.md,
+"Where the audit log's CPU goes").
 """
 
 from __future__ import annotations
