@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -212,23 +213,39 @@ def _serving(
         yield sha, gw, key
 
 
+def by_name(upstream: Running, host: str | None) -> Running:
+    """``upstream`` as the gateway is to reach it: by ``host`` instead of 127.0.0.1 (None:
+    as it is). A host name is resolved by the gateway (``trio.open_tcp_stream`` runs
+    ``getaddrinfo`` in a thread), as a hosted provider's or a Kubernetes service's is."""
+    if host is None:
+        return upstream
+    scheme, sep, rest = upstream.base.partition("://127.0.0.1:")
+    if not sep:
+        raise ValueError(f"not an upstream on 127.0.0.1: {upstream.base}")
+    return dataclasses.replace(upstream, base=f"{scheme}://{host}:{rest}")
+
+
 def interleaved(
-    revs: list[str], snaps: dict[str, tuple[Path, str]], rounds: int, tag: str
+    revs: list[str], snaps: dict[str, tuple[Path, str]], rounds: int, tag: str,
+    upstream_host: str | None = None,
 ) -> Iterator[tuple[int, str, str, Running, str | None]]:
     """Each ``REV[@HYPERCORN.toml][+GATEWAY.toml]`` served in turn, ``rounds`` times, in
     front of one Node upstream: (round, rev, sha, the gateway, its bench key) while it runs.
 
     Revisions alternate within each round, so drift of the machine hits them alike.
+    ``upstream_host``: the gateways reach the upstream by this name (:func:`by_name`).
     """
     with node_upstream() as up:
+        target = by_name(up, upstream_host)
         for rnd in range(rounds):
             for rev in revs:
-                with _serving(rev, snaps, up, tag) as (sha, gw, key):
+                with _serving(rev, snaps, target, tag) as (sha, gw, key):
                     yield rnd, rev, sha, gw, key
 
 
 def together(
-    revs: list[str], snaps: dict[str, tuple[Path, str]], rounds: int, tag: str
+    revs: list[str], snaps: dict[str, tuple[Path, str]], rounds: int, tag: str,
+    upstream_host: str | None = None,
 ) -> Iterator[tuple[int, list[tuple[str, str, Running, str | None]]]]:
     """Every ``REV[@HYPERCORN.toml][+GATEWAY.toml]`` served at once, all on the gateway's
     one CPU, ``rounds`` times (fresh processes each round, started in turn, in the
@@ -238,9 +255,10 @@ def together(
     drift that separates the points of :func:`interleaved` (a few % between two
     consecutive 8 s points here) hits them alike; what is left between two runs of
     the same build is the process's own luck (hash seed, memory layout), ~1-2 %, which
-    fresh processes each round average out.
+    fresh processes each round average out. ``upstream_host``: as in :func:`interleaved`.
     """
     with node_upstream() as up:
+        target = by_name(up, upstream_host)
         for rnd in range(rounds):
             order = list(enumerate(revs))
             if rnd % 2:
@@ -248,7 +266,7 @@ def together(
             with contextlib.ExitStack() as stack:
                 served: dict[int, tuple[str, str, Running, str | None]] = {}
                 for i, rev in order:
-                    sha, gw, key = stack.enter_context(_serving(rev, snaps, up, f"{tag}{i}"))
+                    sha, gw, key = stack.enter_context(_serving(rev, snaps, target, f"{tag}{i}"))
                     served[i] = (rev, sha, gw, key)
                 yield rnd, [served[i] for i in range(len(revs))]
 
@@ -257,7 +275,7 @@ def _together_points(
     ns: argparse.Namespace, modes: list[str], concs: list[int],
     snaps: dict[str, tuple[Path, str]], results: dict[str, dict[str, list[dict[str, Any]]]],
 ) -> None:
-    for rnd, served in together(ns.revs, snaps, ns.rounds, "ab"):
+    for rnd, served in together(ns.revs, snaps, ns.rounds, "ab", ns.upstream_host):
         urls = [gw.base + "/v1/chat/completions" for _, _, gw, _ in served]
         warm = [wrk_start(u, 4, ns.warmup, stream=True, key=k, threads=1)
                 for u, (_, _, _, k) in zip(urls, served, strict=True)]
@@ -282,7 +300,7 @@ def _interleaved_points(
     ns: argparse.Namespace, modes: list[str], concs: list[int],
     snaps: dict[str, tuple[Path, str]], results: dict[str, dict[str, list[dict[str, Any]]]],
 ) -> None:
-    for rnd, rev, sha, gw, key in interleaved(ns.revs, snaps, ns.rounds, "ab"):
+    for rnd, rev, sha, gw, key in interleaved(ns.revs, snaps, ns.rounds, "ab", ns.upstream_host):
         url = gw.base + "/v1/chat/completions"
         wrk(url, 4, ns.warmup, stream=True, key=key)
         for stream in [m == "stream" for m in modes]:
@@ -311,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--together", action="store_true",
                     help="serve all revisions at once on the gateway's CPU, each driven by "
                     "its own wrk: CPU per request compared under the same moment's machine")
+    ap.add_argument("--upstream-host", default=None, metavar="NAME",
+                    help="the gateways reach the upstream by this host name (e.g. localhost) "
+                    "instead of 127.0.0.1: resolved in a thread, as a provider's name is")
     ap.add_argument("--out", default=None, help="markdown report (default bench/results/<date>/ab.md)")
     ns = ap.parse_args(argv)
     concs = [int(c) for c in ns.conc.split(",")]
@@ -338,11 +359,14 @@ def main(argv: list[str] | None = None) -> int:
         + (f"All {len(ns.revs)} revisions served at once, each by one hypercorn Trio worker, "
            f"all on CPU {SYSTEM_CPU} (fresh processes each round); each driven by a wrk of its "
            f"own on CPU {LOAD_CPU}, beside `bench/node/upstream.js` (16 deltas, zero delay); "
-           "auth on. Sharing one CPU, a worker's req/s is its share of it: the figure to "
+           + (f"reached as `{ns.upstream_host}`; " if ns.upstream_host else "")
+           + "auth on. Sharing one CPU, a worker's req/s is its share of it: the figure to "
            "compare is the CPU per request. "
            if ns.together else
            f"One hypercorn Trio worker on CPU {SYSTEM_CPU}; `bench/node/upstream.js` (16 "
-           f"deltas, zero delay) and wrk on CPU {LOAD_CPU}; auth on. ")
+           f"deltas, zero delay) and wrk on CPU {LOAD_CPU}; "
+           + (f"upstream reached as `{ns.upstream_host}`; " if ns.upstream_host else "")
+           + "auth on. ")
         + f"{ns.duration:g} s per point, best of {ns.rounds} "
         f"{'rounds' if ns.together else 'interleaved rounds'} (req/s; the "
         f"lowest CPU per request). Load average {load0:.2f} at the start, "

@@ -1,8 +1,11 @@
 """``python -m bench.ab``'s round-by-round comparison: a revision's points against the
 first revision's of the same round, so that drift of the machine cancels."""
 
-from bench.ab import paired
-from bench.systems import cpu_ticks, stolen_pct
+from typing import Any, cast
+
+import pytest
+from bench.ab import by_name, paired
+from bench.systems import Running, cpu_ticks, stolen_pct
 
 
 def point(rps: float, cpu_us: float) -> dict[str, float]:
@@ -80,3 +83,14 @@ def test_a_report_says_how_much_of_the_machine_the_hypervisor_took() -> None:
     # 200 of 1,100 ticks stolen between the two.
     assert round(stolen_pct(before, after), 1) == 18.2
     assert stolen_pct(before, before) == 0.0
+
+
+def test_the_gateways_can_reach_the_upstream_by_a_host_name() -> None:
+    # --upstream-host: the gateway resolves the name (in a thread, as a provider's name),
+    # and reaches the same port over the same scheme.
+    up = Running("upstream", ["node"], cast(Any, None), "https://127.0.0.1:40123")
+    assert by_name(up, "localhost").base == "https://localhost:40123"
+    assert by_name(up, None) is up
+    assert up.base == "https://127.0.0.1:40123"  # the upstream itself is left as it was
+    with pytest.raises(ValueError, match=r"127\.0\.0\.1"):
+        by_name(Running("elsewhere", [], cast(Any, None), "http://10.0.0.5:80"), "localhost")
