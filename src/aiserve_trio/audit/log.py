@@ -29,7 +29,10 @@ loop running slower beside the writer's work: docs/architecture.md, "Where the
 audit log's CPU goes"). Every run of this code pooled (``python -m bench.pool``,
 2026-12-02): +3.4 %, 95 % interval +3.2 to +3.7; on another host, where the rest of a
 request costs more, the same µs are +2.3 % (+1.9 to +2.8), and on a third +3.8 % (+3.6
-to +4.0).
+to +4.0). Those workers reach their upstream at 127.0.0.1 and never run a thread but the
+writer's, whose first-thread cost (~1 %) the log pays there; in a worker that names its
+upstream (resolved in a thread) the log costs +2.0 % (+1.5 to +2.4, ``--upstream-host
+localhost``, the third host).
 """
 
 from __future__ import annotations
