@@ -351,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         rev: {tag: max(points, key=lambda p: p["rps"]) for tag, points in tags.items()}
         for rev, tags in results.items()
     }
+    reached = f"the upstream reached as `{ns.upstream_host}`; " if ns.upstream_host else ""
     lines = [
         f"# Gateway throughput by revision ({dt.date.today().isoformat()})",
         "",
@@ -359,14 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         + (f"All {len(ns.revs)} revisions served at once, each by one hypercorn Trio worker, "
            f"all on CPU {SYSTEM_CPU} (fresh processes each round); each driven by a wrk of its "
            f"own on CPU {LOAD_CPU}, beside `bench/node/upstream.js` (16 deltas, zero delay); "
-           + (f"reached as `{ns.upstream_host}`; " if ns.upstream_host else "")
-           + "auth on. Sharing one CPU, a worker's req/s is its share of it: the figure to "
+           + reached + "auth on. Sharing one CPU, a worker's req/s is its share of it: the figure to "
            "compare is the CPU per request. "
            if ns.together else
            f"One hypercorn Trio worker on CPU {SYSTEM_CPU}; `bench/node/upstream.js` (16 "
-           f"deltas, zero delay) and wrk on CPU {LOAD_CPU}; "
-           + (f"upstream reached as `{ns.upstream_host}`; " if ns.upstream_host else "")
-           + "auth on. ")
+           f"deltas, zero delay) and wrk on CPU {LOAD_CPU}; " + reached + "auth on. ")
         + f"{ns.duration:g} s per point, best of {ns.rounds} "
         f"{'rounds' if ns.together else 'interleaved rounds'} (req/s; the "
         f"lowest CPU per request). Load average {load0:.2f} at the start, "
