@@ -16,7 +16,10 @@ must see every string that goes upstream, not only the message text:
   the field (:class:`Opaque`), as the policy's ``opaque`` setting says.
 
 Everything is a :data:`~aiserve_trio.slices.Steps` generator: the rewrite of a
-long string yields between slices, so the caller can keep the event loop free.
+long string yields between slices, and the walk itself yields by the work it has
+done (a :class:`~aiserve_trio.slices.Meter` charged per string, key, number and
+element visited and per character rewritten), so a value of a hundred thousand
+one-character strings yields as often as one long string does (issue 51).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 import msgspec
 
 from ..errors import BadRequest
-from ..slices import Steps
+from ..slices import ITEM_UNITS, Meter, Steps
 
 #: Rewrites one text in steps (the policy's rewriter).
 StepRewrite = Callable[[str], Steps[str]]
@@ -71,17 +74,36 @@ class Walker:
     Args:
         rewrite: the text rewrite, in steps.
         refuse_opaque: raise :class:`Opaque` on an opaque payload instead of passing it.
+        meter: what the walk charges its work to (shared with the caller's other
+            walks of the same request, so their steps are bounded together).
     """
 
-    def __init__(self, rewrite: StepRewrite, *, refuse_opaque: bool = False) -> None:
-        self.rewrite = rewrite
+    def __init__(
+        self, rewrite: StepRewrite, *, refuse_opaque: bool = False, meter: Meter | None = None
+    ) -> None:
+        self._rewrite = rewrite
         self.refuse_opaque = refuse_opaque
+        self.meter = meter if meter is not None else Meter()
+
+    def rewrite(self, text: str) -> Steps[str]:
+        """``text`` rewritten, charged to the meter: an item and its characters
+        (a long text's rewrite yields inside too, by its own slices)."""
+        new = yield from self._rewrite(text)
+        if self.meter.charge(ITEM_UNITS + len(text)):
+            yield
+        return new
+
+    def visit(self) -> Steps[None]:
+        """One item visited that needs no rewrite (``null``, a boolean, an opaque field)."""
+        if self.meter.charge():
+            yield
 
     def value(self, v: Any, where: str) -> Steps[Any]:
         """``v`` with every string, key and number rewritten (the same object if unchanged)."""
         if isinstance(v, str):
             return (yield from self.string(v, where))
         if isinstance(v, bool) or v is None:
+            yield from self.visit()
             return v
         if isinstance(v, int | float):
             text = repr(v) if isinstance(v, float) else str(v)
@@ -97,6 +119,7 @@ class Walker:
             return items if changed else v
         if isinstance(v, dict):
             return (yield from self.object(v, where))
+        yield from self.visit()
         return v
 
     def object(self, obj: dict[str, Any], where: str) -> Steps[dict[str, Any]]:
@@ -126,6 +149,7 @@ class Walker:
             if key in fields and isinstance(x, str):
                 if self.refuse_opaque:
                     raise Opaque(at)
+                yield from self.visit()
                 y = x
             else:
                 y = yield from self.value(x, at)
@@ -138,6 +162,7 @@ class Walker:
         if head.startswith("data:"):
             if self.refuse_opaque:
                 raise Opaque(where)
+            yield from self.visit()
             return s
         if head.startswith(("http://", "https://")) and not any(c.isspace() for c in s):
             new = yield from self.url(s)
