@@ -160,6 +160,13 @@ class LimitsConfig(_Section):
     max_json_depth: int = 64
     max_messages: int = 256
     max_content_chars: int = 262_144
+    #: Pieces, counted before any translation (``apis/shape.py``): a request's cost on
+    #: the event loop grows with them, not with its bytes. Content parts (blocks) in
+    #: one message, in the whole request (a Responses ``input`` item counts as one),
+    #: and tools (OpenAI's own limit is 128). Far above what real clients send.
+    max_content_parts: int = 1_000
+    max_request_parts: int = 10_000
+    max_tools: int = 128
     max_tokens: int = 32_768
     #: Per worker: requests in flight and open event streams; beyond, a fast 503.
     max_inflight: int = 4_096
@@ -193,6 +200,9 @@ class LimitsConfig(_Section):
             "max_json_depth",
             "max_messages",
             "max_content_chars",
+            "max_content_parts",
+            "max_request_parts",
+            "max_tools",
             "max_tokens",
             "max_inflight",
             "max_streams",

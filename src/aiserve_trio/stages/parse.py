@@ -18,6 +18,7 @@ import msgspec
 
 from ..api import request_decoder
 from ..apis import CODECS
+from ..apis.shape import check_shape
 from ..config import LimitsConfig
 from ..errors import (
     BadRequest,
@@ -111,6 +112,7 @@ def decode_request(body: bytes, limits: LimitsConfig, default_model: str | None)
     if not body:
         raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
     check_depth(body, limits.max_json_depth)
+    check_shape(body, "chat", limits)
     try:
         req = request_decoder.decode(body)
         top = _raw_body.decode(body)
@@ -283,6 +285,8 @@ class ParseStage:
         if codec is not None:
             # Another API's request becomes the pipeline's own (``apis/``).
             check_depth(raw, self.limits.max_json_depth)
+            # Its pieces counted before a loop visits one of them (``apis/shape.py``).
+            check_shape(raw, codec.kind, self.limits)
             raw, view = codec.decode(raw)
         default = route.config.default_model or route.adapter.default_model
         req = decode_request(raw, self.limits, default)
