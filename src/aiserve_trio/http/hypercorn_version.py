@@ -6,7 +6,9 @@ their methods. Each such method is pinned here by a fingerprint of its source
 (:data:`PINNED`): a hypercorn release that changes one of them changes what the
 seam's subclass would override or rely on, and the seam refuses to install
 (:func:`problems`) rather than silently replace what hypercorn fixed. Outside
-:data:`SUPPORTED` it refuses too. Nothing here imports or changes hypercorn at
+:data:`SUPPORTED` it refuses too. The seam also subclasses h2's server connection (the
+HTTP/2 library under hypercorn's protocol): the h2 methods it overrides or relies on
+are pinned the same way. Nothing here imports or changes hypercorn at
 import time.
 """
 
@@ -24,7 +26,8 @@ SUPPORTED = ((0, 18),)
 
 #: hypercorn's methods and functions the seam overrides, reimplements or calls, by
 #: dotted path (module:qualname), with the first 16 hex digits of the sha256 of their
-#: source in hypercorn 0.18.0.
+#: source in hypercorn 0.18.0; and the three of h2 4.4.1 (hypercorn's HTTP/2 library)
+#: whose connection class the seam subclasses.
 PINNED: dict[str, str] = {
     # the one place the seam is installed, and the config it reads at start-up
     "hypercorn.trio.run:worker_serve": "8dc8347a9fc357ca",
@@ -55,6 +58,23 @@ PINNED: dict[str, str] = {
     "hypercorn.protocol.h2:H2Protocol.handle": "c67e89eb79af9032",
     "hypercorn.protocol.h2:H2Protocol._handle_events": "3378aef0a2348f0d",
     "hypercorn.protocol.h2:H2Protocol._flush": "1a771e85178d124c",
+    # HTTP/2 backpressure, stream refusal and the client's GOAWAY (GatewayH2,
+    # WindowedBuffer): what is rebuilt, overridden or called
+    "hypercorn.protocol.h2:H2Protocol.__init__": "d577a96e2eb647a4",
+    "hypercorn.protocol.h2:H2Protocol._create_stream": "91eb123ddf247ede",
+    "hypercorn.protocol.h2:H2Protocol._send_data": "a89ce4286f369820",
+    "hypercorn.protocol.h2:H2Protocol.stream_send": "d8fc824e2770ba5c",
+    "hypercorn.protocol.h2:H2Protocol._window_updated": "80fdf9db83dd916e",
+    "hypercorn.protocol.h2:StreamBuffer.__init__": "d6c8c726e2c0cf88",
+    "hypercorn.protocol.h2:StreamBuffer.push": "4ca8ee7b0fec5200",
+    "hypercorn.protocol.h2:StreamBuffer.pop": "9eb73c8833891346",
+    "hypercorn.protocol.h2:StreamBuffer.close": "f6a32abdf98270c5",
+    "hypercorn.protocol.h2:StreamBuffer.drain": "48e7a2a9a7be2b77",
+    # h2 (hypercorn's HTTP/2 library), whose connection the seam subclasses
+    # (GatewayConnection, AdvertisedLimits): h2 4.4.1
+    "h2.connection:H2Connection.__init__": "e5c93da64d0e6476",
+    "h2.connection:H2Connection._receive_goaway_frame": "adb9adfae94088c4",
+    "h2.connection:H2Connection._receive_headers_frame": "4a014e7d795a15a5",
     # the Date header
     "hypercorn.config:Config.response_headers": "5a637c3d48180e55",
 }
