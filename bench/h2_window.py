@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import h2.config
 import h2.connection
@@ -47,8 +48,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The route the gateway serves the upstream on, and the upstream's model.
 PATH = "/v1/up/chat/completions"
 MODEL = "up-model"
-#: The content of one delta the upstream writes (its SSE event is ~150 bytes more).
-DELTA = "x" * 1024
+#: The content of one delta the upstream writes, by default (its SSE event is ~150
+#: bytes more): a few tokens' worth, so that a 64 KiB read holds a few hundred events.
+DELTA_BYTES = 64
 #: The upstream's socket send buffer (bytes): not grown by the kernel as it would be.
 SNDBUF = 64 * 1024
 
@@ -56,9 +58,9 @@ SNDBUF = 64 * 1024
 class Upstream:
     """An OpenAI-compatible upstream on a free loopback port, one thread per connection.
 
-    A request's last message says how long its reply is and how it is paced:
-    ``bytes=N`` (default 1 MiB of content) and ``pause=S`` (seconds between deltas,
-    default 0). Writes are blocking ``sendall``: when the gateway stops reading, the
+    A request's last message says how long its reply is and how it is made:
+    ``bytes=N`` (the reply's event-stream bytes, default 1 MiB), ``delta=N`` (content
+    bytes per event, default :data:`DELTA_BYTES`) and ``pause=S`` (seconds between events, default 0). Writes are blocking ``sendall``: when the gateway stops reading, the
     thread blocks, and :attr:`written` stops growing.
     """
 
@@ -81,6 +83,28 @@ class Upstream:
         self._closing = True
         with contextlib.suppress(OSError):
             self._listener.close()
+
+    def queued(self) -> int:
+        """Bytes written but not yet read by the gateway: in the kernel's queues of the
+        upstream's connections (``/proc/net/tcp``: the upstream side's send queue, the
+        gateway side's receive queue), which on loopback can hold megabytes each."""
+        port = f"{self.port:04X}"
+        total = 0
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(OSError), open(table) as f:
+                for line in f.readlines()[1:]:
+                    fields = line.split()
+                    local, remote, queues = fields[1], fields[2], fields[4]
+                    tx, rx = (int(q, 16) for q in queues.split(":"))
+                    if local.endswith(":" + port):
+                        total += tx  # the upstream's side: written, not yet sent
+                    elif remote.endswith(":" + port):
+                        total += rx  # the gateway's side: arrived, not yet read
+        return total
+
+    def read(self) -> int:
+        """Bytes of the replies the gateway has read."""
+        return max(0, self.written - self.queued())
 
     def _accept(self) -> None:
         while not self._closing:
@@ -124,6 +148,8 @@ class Upstream:
         text = json.dumps(json.loads(body or b"{}").get("messages", [])[-1:])
         size = int(m.group(1)) if (m := re.search(r"bytes=(\d+)", text)) else 1 << 20
         pause = float(m.group(1)) if (m := re.search(r"pause=([0-9.]+)", text)) else 0.0
+        delta = "x" * (int(m.group(1)) if (m := re.search(r"delta=(\d+)", text)) else DELTA_BYTES)
+        event = _event({"content": delta}, None)
         conn.sendall(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
             b"transfer-encoding: chunked\r\n\r\n"
@@ -133,9 +159,8 @@ class Upstream:
         sent = 0
         try:
             while sent < size:
-                event = _event({"content": DELTA}, None)
                 self._write(conn, event)
-                sent += len(DELTA)
+                sent += len(event)
                 if pause:
                     time.sleep(pause)
             self._write(conn, _event({}, "stop") + b"data: [DONE]\n\n")
@@ -148,9 +173,14 @@ class Upstream:
             self.finished += 1
 
     def _write(self, conn: socket.socket, event: bytes) -> None:
-        conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+        chunk = _chunk(event)
+        conn.sendall(chunk)
         with self._lock:
-            self.written += len(event)
+            self.written += len(chunk)
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 def _event(delta: dict[str, str], finish: str | None) -> bytes:
@@ -164,10 +194,13 @@ def _event(delta: dict[str, str], finish: str | None) -> bytes:
     return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
 
 
-def reply_bytes(size: int) -> int:
-    """The SSE bytes :class:`Upstream` writes for a reply of ``size`` content bytes."""
-    deltas = -(-size // len(DELTA))
-    return deltas * len(_event({"content": DELTA}, None)) + len(_event({}, "stop")) + 14
+def reply_bytes(size: int, delta: int = DELTA_BYTES) -> int:
+    """The SSE bytes :class:`Upstream` writes for a reply of ``size`` bytes (a whole
+    number of events, and the end)."""
+    one = len(_event({"content": "x" * delta}, None))
+    return -(-size // one) * len(_chunk(b"x" * one)) + len(
+        _chunk(_event({}, "stop") + b"data: [DONE]\n\n")
+    )
 
 
 def gateway_toml(upstream_port: int, write_timeout_ms: int = 10_000) -> str:
@@ -193,9 +226,9 @@ default_model = "{MODEL}"
     )
 
 
-def chat_body(size: int, pause: float = 0.0) -> bytes:
+def chat_body(size: int, pause: float = 0.0, delta: int = DELTA_BYTES) -> bytes:
     """A streamed chat request whose reply from :class:`Upstream` is ``size`` bytes."""
-    content = f"bytes={size} pause={pause}"
+    content = f"bytes={size} delta={delta} pause={pause}"
     return json.dumps(
         {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": content}]}
     ).encode()
@@ -247,7 +280,9 @@ class Seen:
         return sum(1 for b in self.bodies.values() if b.rstrip().endswith(b"data: [DONE]"))
 
 
-def _code(code: object) -> str:
+def _code(code: int | None) -> str:
+    if code is None:
+        return "none"
     try:
         return h2.errors.ErrorCodes(code).name
     except ValueError:
@@ -294,25 +329,40 @@ def pump(sock: socket.socket, conn: h2.connection.H2Connection, seen: Seen, wait
             sock.sendall(out)
 
 
+class Sample(NamedTuple):
+    """The worker's RSS and the upstream's bytes at one moment."""
+
+    at: float
+    rss_mb: float
+    #: Reply bytes the upstream wrote into its sockets, and those the gateway read.
+    written: int
+    read: int
+
+    @classmethod
+    def take(cls, pid: int, upstream: Upstream) -> Sample:
+        return cls(time.monotonic(), rss_mb(pid), upstream.written, upstream.read())
+
+
 @dataclass
 class Run:
-    """One window-0 run: samples of (seconds, worker RSS MB, upstream bytes written)."""
+    """One run: samples over time, what the client saw, the replies' total bytes."""
 
-    samples: list[tuple[float, float, int]]
+    samples: list[Sample]
     seen: Seen
     total: int
 
     def report(self) -> str:
-        t0, rss0, _ = self.samples[0]
-        peak = max(s[1] for s in self.samples)
-        t1, rss1, up = self.samples[-1]
+        first, last = self.samples[0], self.samples[-1]
+        peak = max(s.rss_mb for s in self.samples)
         s = self.seen
         return "\n".join(
             [
-                f"worker RSS: {rss0:.1f} MB before, {peak:.1f} MB at the peak (+{peak - rss0:.1f}),"
-                f" {rss1:.1f} MB after {t1 - t0:.1f} s (+{rss1 - rss0:.1f})",
-                f"upstream bytes written: {up / 1e6:.1f} MB of {self.total / 1e6:.1f} MB"
-                f" ({100 * up / self.total:.1f} %)",
+                f"worker RSS: {first.rss_mb:.1f} MB before, {peak:.1f} MB at the peak"
+                f" (+{peak - first.rss_mb:.1f}), {last.rss_mb:.1f} MB after"
+                f" {last.at - first.at:.1f} s (+{last.rss_mb - first.rss_mb:.1f})",
+                f"upstream: {last.read / 1e6:.1f} MB read by the gateway,"
+                f" {last.written / 1e6:.1f} MB written (the rest in the kernel's queues),"
+                f" of {self.total / 1e6:.1f} MB ({100 * last.read / self.total:.1f} % read)",
                 f"client: {s.heads} response heads, {s.data} DATA bytes, {s.ended} streams"
                 f" ended, RST_STREAM {dict(s.resets) or 'none'}, GOAWAY {s.goaway or 'none'}",
             ]
@@ -320,14 +370,20 @@ class Run:
 
 
 def window_zero(
-    port: int, pid: int, upstream: Upstream, streams: int, size: int, seconds: float
+    port: int,
+    pid: int,
+    upstream: Upstream,
+    streams: int,
+    size: int,
+    seconds: float,
+    delta: int = DELTA_BYTES,
 ) -> Run:
     """``streams`` requests of ``size`` bytes on one h2c connection whose window stays 0."""
     sock, conn = h2_connect(port, window=0)
     seen = Seen()
-    samples = [(time.monotonic(), rss_mb(pid), upstream.written)]
+    samples = [Sample.take(pid, upstream)]
     try:
-        body = chat_body(size)
+        body = chat_body(size, delta=delta)
         for _ in range(streams):
             sid = conn.get_next_available_stream_id()
             conn.send_headers(sid, request_headers(body))
@@ -338,21 +394,27 @@ def window_zero(
         while time.monotonic() < end and not seen.closed:
             pump(sock, conn, seen, 0.05)
             if time.monotonic() >= next_sample:
-                samples.append((time.monotonic(), rss_mb(pid), upstream.written))
+                samples.append(Sample.take(pid, upstream))
                 next_sample += 0.25
     finally:
         sock.close()
-    samples.append((time.monotonic(), rss_mb(pid), upstream.written))
-    return Run(samples, seen, streams * reply_bytes(size))
+    samples.append(Sample.take(pid, upstream))
+    return Run(samples, seen, streams * reply_bytes(size, delta))
 
 
 def h1_never_read(
-    port: int, pid: int, upstream: Upstream, streams: int, size: int, seconds: float
+    port: int,
+    pid: int,
+    upstream: Upstream,
+    streams: int,
+    size: int,
+    seconds: float,
+    delta: int = DELTA_BYTES,
 ) -> Run:
     """The same replies to ``streams`` HTTP/1.1 clients that never read."""
-    body = chat_body(size)
+    body = chat_body(size, delta=delta)
     socks = []
-    samples = [(time.monotonic(), rss_mb(pid), upstream.written)]
+    samples = [Sample.take(pid, upstream)]
     try:
         for _ in range(streams):
             s = socket.socket()
@@ -366,11 +428,11 @@ def h1_never_read(
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             time.sleep(0.25)
-            samples.append((time.monotonic(), rss_mb(pid), upstream.written))
+            samples.append(Sample.take(pid, upstream))
     finally:
         for s in socks:
             s.close()
-    return Run(samples, Seen(), streams * reply_bytes(size))
+    return Run(samples, Seen(), streams * reply_bytes(size, delta))
 
 
 @contextlib.contextmanager
@@ -398,6 +460,7 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--reply-mb", type=float, default=3.0)
     ap.add_argument("--seconds", type=float, default=12.0)
+    ap.add_argument("--delta-bytes", type=int, default=DELTA_BYTES, help="content per event")
     ap.add_argument(
         "--write-timeout-ms",
         type=int,
@@ -410,13 +473,14 @@ def main() -> None:
     size = int(args.reply_mb * 1e6)
     mode = os.environ.get("AISERVE_HYPERCORN_PATCHES", "") or "on"
     print(
-        f"{args.streams} streams of {args.reply_mb:g} MB, {args.seconds:g} s,"
+        f"{args.streams} streams of {args.reply_mb:g} MB ({args.delta_bytes} B a delta),"
+        f" {args.seconds:g} s,"
         f" {'HTTP/1.1 clients that never read' if args.h1 else 'one h2c connection, window 0'},"
         f" seam {mode}, load {os.getloadavg()[0]:.2f}"
     )
     with stack(args.write_timeout_ms) as (port, pid, upstream):
         run = (h1_never_read if args.h1 else window_zero)(
-            port, pid, upstream, args.streams, size, args.seconds
+            port, pid, upstream, args.streams, size, args.seconds, args.delta_bytes
         )
         print(run.report())
         print(

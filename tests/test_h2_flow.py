@@ -1,0 +1,234 @@
+"""HTTP/2 flow control, stream limits and a client's GOAWAY, against the real server.
+
+A real hypercorn worker with the gateway, in front of ``bench.h2_window.Upstream`` (an
+OpenAI-compatible upstream that counts the reply bytes the gateway reads), and a real
+h2 client (the ``h2`` package over a socket). Issue 55, item 1:
+
+- a client whose flow-control window stays 0 holds the upstream, not the worker's
+  memory: the gateway stops reading the upstream, and ends each stream with RST_STREAM
+  when its write deadline passes;
+- a client's GOAWAY(NO_ERROR) lets the streams already open finish;
+- streams opened over the limit before our SETTINGS reached the client are refused one
+  by one (REFUSED_STREAM), without failing the connection or penalising the address.
+
+hypercorn as shipped does none of this (``docs/hypercorn.md``): with
+``AISERVE_HYPERCORN_PATCHES=off`` the real-server tests here are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+
+import h2.connection
+import h2.errors
+import h2.settings
+import pytest
+import trio
+import trio.testing
+from bench import h2_window
+from bench.h2_window import Seen, Upstream, chat_body, h2_connect, pump, request_headers
+from bench.hostile import rss_mb
+from hypercorn.protocol.h2 import BUFFER_HIGH_WATER, BUFFER_LOW_WATER
+from hypercorn.trio.worker_context import EventWrapper
+from hyperframe.frame import GoAwayFrame
+
+from aiserve_trio.hypercorn_seam import WindowedBuffer
+
+#: Whether this run has the hypercorn seam (``.ci/run`` runs real-server tests without it).
+SEAM = os.environ.get("AISERVE_HYPERCORN_PATCHES", "").strip().lower() != "off"
+needs_the_seam = pytest.mark.skipif(
+    not SEAM, reason="hypercorn as shipped buffers replies whole and cuts streams on GOAWAY"
+)
+#: The gateway's write deadline in these runs (ms): a stream stuck on window 0 ends then.
+WRITE_TIMEOUT_MS = 4000
+#: hypercorn.toml's h2_max_concurrent_streams.
+LIMIT = 64
+
+
+# --- the buffer, in-process -------------------------------------------------------------
+
+
+async def test_a_0_byte_pop_does_not_release_a_writer_on_a_full_buffer() -> None:
+    buffer = WindowedBuffer(EventWrapper)
+    pushed = trio.Event()
+
+    async def writer() -> None:
+        await buffer.push(b"x" * (BUFFER_HIGH_WATER + 100))
+        pushed.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(100):  # the send task's look at a stream whose window is 0
+            assert await buffer.pop(0) == b""
+            await trio.testing.wait_all_tasks_blocked()
+        assert not pushed.is_set()  # hypercorn's StreamBuffer let it go at the first
+        await buffer.pop(1)  # a 1-byte window: still full
+        await trio.testing.wait_all_tasks_blocked()
+        assert not pushed.is_set()
+        while len(buffer.buffer) >= BUFFER_LOW_WATER:  # the window opened: drained
+            await buffer.pop(16384)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pushed.is_set()
+
+
+async def test_a_closed_stream_releases_its_blocked_writer() -> None:
+    buffer = WindowedBuffer(EventWrapper)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(buffer.push, b"x" * BUFFER_HIGH_WATER)
+        await trio.testing.wait_all_tasks_blocked()
+        await buffer.close()  # the nursery ends: the writer was released
+
+
+# --- the real server --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def flow() -> Iterator[tuple[int, int, Upstream]]:
+    """The upstream and the gateway in front of it (port, worker pid, upstream), warmed
+    up by one short h2 reply (first-request allocations are not what is measured)."""
+    if not SEAM:
+        pytest.skip("hypercorn as shipped: see the module docstring")
+    with h2_window.stack(WRITE_TIMEOUT_MS) as (port, pid, upstream):
+        sock, conn = h2_connect(port)
+        seen = Seen()
+        try:
+            send(sock, conn, [chat_body(20_000)])
+            until(sock, conn, seen, lambda: seen.ended == 1, 10)
+        finally:
+            sock.close()
+        assert seen.done() == 1
+        yield port, pid, upstream
+
+
+def send(sock: socket.socket, conn: h2.connection.H2Connection, bodies: list[bytes]) -> list[int]:
+    """One request stream per body, all in one write; their stream ids."""
+    sids = []
+    for body in bodies:
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, request_headers(body))
+        conn.send_data(sid, body, end_stream=True)
+        sids.append(sid)
+    sock.sendall(conn.data_to_send())
+    return sids
+
+
+def until(
+    sock: socket.socket,
+    conn: h2.connection.H2Connection,
+    seen: Seen,
+    done: object,
+    seconds: float,
+) -> None:
+    """Read and answer until ``done()`` or the server closes, at most ``seconds``."""
+    end = time.monotonic() + seconds
+    while not done() and not seen.closed and time.monotonic() < end:  # type: ignore[operator]
+        pump(sock, conn, seen, 0.05)
+
+
+@needs_the_seam
+@pytest.mark.slow
+def test_a_client_whose_window_stays_0_holds_the_upstream_not_the_worker(
+    flow: tuple[int, int, Upstream],
+) -> None:
+    port, pid, upstream = flow
+    size = 4_000_000
+    sock, conn = h2_connect(port, window=0)
+    seen = Seen()
+    read0, rss0 = upstream.read(), rss_mb(pid)
+    try:
+        send(sock, conn, [chat_body(size)] * LIMIT)
+        until(sock, conn, seen, lambda: False, 1.5)
+        read1 = upstream.read()
+        until(sock, conn, seen, lambda: False, 1.5)
+        read2, rss2 = upstream.read(), rss_mb(pid)
+        # Every head went out; no DATA byte could.
+        assert seen.heads == LIMIT
+        assert seen.data == 0
+        # The worker holds what one write and the pipeline's small buffers hold per
+        # stream, not the replies: hypercorn's buffer grew by the whole upstream
+        # (64 x 3 MB: +525 MB, docs/hypercorn.md).
+        assert rss2 - rss0 <= 20, (rss0, rss2)
+        # The upstream is no longer read: its replies wait in its sockets.
+        assert read2 - read1 < 1_000_000, (read1, read2)
+        assert read2 - read0 < 0.25 * LIMIT * size, read2 - read0
+        # The write deadline passes: each stream ends with RST_STREAM, the connection
+        # stays up, and the upstream calls are cancelled.
+        cut = upstream.cut
+        until(sock, conn, seen, lambda: sum(seen.resets.values()) >= LIMIT, 10)
+        assert seen.resets == {"INTERNAL_ERROR": LIMIT}
+        assert seen.goaway is None
+        assert not seen.closed
+    finally:
+        sock.close()
+    end = time.monotonic() + 10
+    while upstream.cut - cut < LIMIT and time.monotonic() < end:
+        time.sleep(0.05)
+    assert upstream.cut - cut == LIMIT
+
+
+@needs_the_seam
+@pytest.mark.slow
+def test_a_client_goaway_lets_the_open_streams_finish(flow: tuple[int, int, Upstream]) -> None:
+    port, _, _ = flow
+    sock, conn = h2_connect(port)
+    seen = Seen()
+    try:
+        # 64 replies of ~2 s each, all under way when the client says GOAWAY.
+        send(sock, conn, [chat_body(100_000, pause=0.004)] * LIMIT)
+        until(sock, conn, seen, lambda: seen.heads == LIMIT and seen.data > 0, 10)
+        assert seen.heads == LIMIT
+        assert seen.ended == 0
+        # A proxy draining the connection on reload: GOAWAY(NO_ERROR, last stream 0),
+        # written past the client's h2 (which would stop reading replies after it).
+        sock.sendall(GoAwayFrame(0, last_stream_id=0, error_code=0).serialize())
+        # One more stream after it, past the limit the client's h2 keeps: refused.
+        conn.remote_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = LIMIT + 1
+        conn.remote_settings.acknowledge()
+        (late,) = send(sock, conn, [chat_body(1000)])
+        until(sock, conn, seen, lambda: seen.closed, 30)
+    finally:
+        sock.close()
+    assert seen.done() == LIMIT  # hypercorn as shipped: 0, every stream cut at once
+    assert seen.resets == {"REFUSED_STREAM": 1}
+    assert late not in seen.bodies
+    # Then the server closed the connection with its own GOAWAY.
+    assert seen.goaway == "NO_ERROR"
+    assert seen.closed
+
+
+@needs_the_seam
+@pytest.mark.slow
+def test_streams_over_the_limit_before_our_settings_are_refused_one_by_one(
+    flow: tuple[int, int, Upstream],
+) -> None:
+    port, _, _ = flow
+    extra = 6
+    sock, conn = h2_connect(port)
+    seen = Seen()
+    try:
+        # All of them before reading a byte: the client does not know the limit yet.
+        send(sock, conn, [chat_body(20_000, pause=0.0005)] * (LIMIT + extra))
+        until(sock, conn, seen, lambda: seen.ended + sum(seen.resets.values()) >= LIMIT + extra, 20)
+        assert seen.resets == {"REFUSED_STREAM": extra}
+        assert seen.done() == LIMIT
+        assert seen.goaway is None
+        assert not seen.closed
+        # The connection goes on: the refused ones, asked again, are served.
+        send(sock, conn, [chat_body(20_000)] * extra)
+        until(sock, conn, seen, lambda: seen.done() == LIMIT + extra, 20)
+        assert seen.done() == LIMIT + extra
+    finally:
+        sock.close()
+    # And the address was not penalised: a new connection is served at once.
+    sock, conn = h2_connect(port)
+    again = Seen()
+    try:
+        send(sock, conn, [chat_body(1000)])
+        until(sock, conn, again, lambda: again.ended == 1, 10)
+    finally:
+        sock.close()
+    assert again.done() == 1, again
