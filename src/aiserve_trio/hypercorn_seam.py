@@ -513,6 +513,9 @@ class GatewayH2(H2Protocol):
         self.connection.local_settings = AdvertisedLimits(client=False, initial_values=advertised)
         #: The client sent GOAWAY(NO_ERROR): no new streams; closed once the open ones end.
         self.draining = False
+        #: ... and they did: our GOAWAY went out (h2 is closed: a frame the client sent
+        #: meanwhile is a protocol error to h2, not the client's fault).
+        self.drained = False
         now = trio.current_time()
         settings = edge.configure(self.config)
         self._control = FloodMeter(now)
@@ -557,7 +560,8 @@ class GatewayH2(H2Protocol):
             except h2.exceptions.ProtocolError as exc:
                 await self._flush()
                 await self.send(Closed())
-                self.punish(f"protocol error ({type(exc).__name__})")
+                if not self.drained:
+                    self.punish(f"protocol error ({type(exc).__name__})")
             else:
                 await self._handle_events(events)
         except priority.PriorityError as exc:
@@ -573,6 +577,12 @@ class GatewayH2(H2Protocol):
         if not self._idle.spend(now, edge.idle_frames(events, frames)):
             await self.calm_down("flood of frames that need no answer")
             return
+        events, refused = self._admit(events)
+        # Each refusal costs an RST_STREAM, as a control frame does. (A refused stream
+        # is not one the rapid-reset rule counts as opened: it cannot dilute the ratio.)
+        if refused and not self._control.spend(now, refused):
+            await self.calm_down("flood of streams over the limit")
+            return
         opened, premature, cancelled = edge.early_resets(events, self._unanswered)
         if not self._resets.count(opened, premature):
             r = self._resets
@@ -582,11 +592,6 @@ class GatewayH2(H2Protocol):
             return
         if cancelled:
             events = self._skip_streams(events, cancelled)
-        events, refused = self._admit(events)
-        # Each refusal costs an RST_STREAM, as a control frame does.
-        if refused and not self._control.spend(now, refused):
-            await self.calm_down("flood of streams over the limit")
-            return
         await super()._handle_events(events)
         await self._end_drain()
 
@@ -634,10 +639,14 @@ class GatewayH2(H2Protocol):
     async def _end_drain(self) -> None:
         """After the client's GOAWAY: once no stream is open and every reply has been
         handed to h2, our own GOAWAY(NO_ERROR) and the close."""
-        if self.draining and not self.closed and not self.streams and not self.stream_buffers:
-            self.connection.close_connection()
-            await self._flush()
-            await self.send(Closed())
+        if not self.draining or self.drained or self.closed:
+            return
+        if self.streams or self.stream_buffers:
+            return
+        self.drained = True  # once: the send task and the reader may both get here
+        self.connection.close_connection()
+        await self._flush()
+        await self.send(Closed())
 
     async def _create_stream(self, request: h2.events.RequestReceived) -> None:
         await super()._create_stream(request)
