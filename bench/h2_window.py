@@ -51,6 +51,8 @@ MODEL = "up-model"
 #: The content of one delta the upstream writes, by default (its SSE event is ~150
 #: bytes more): a few tokens' worth, so that a 64 KiB read holds a few hundred events.
 DELTA_BYTES = 64
+#: How long after the client left the worker's RSS is read again (seconds).
+LEFT_S = 3.0
 #: The upstream's socket send buffer (bytes): not grown by the kernel as it would be.
 SNDBUF = 64 * 1024
 
@@ -350,6 +352,8 @@ class Run:
     samples: list[Sample]
     seen: Seen
     total: int
+    #: Taken :data:`LEFT_S` after the client closed its connections.
+    left: Sample | None = None
 
     def report(self) -> str:
         first, last = self.samples[0], self.samples[-1]
@@ -366,6 +370,14 @@ class Run:
                 f"client: {s.heads} response heads, {s.data} DATA bytes, {s.ended} streams"
                 f" ended, RST_STREAM {dict(s.resets) or 'none'}, GOAWAY {s.goaway or 'none'}",
             ]
+            + (
+                [
+                    f"{LEFT_S:g} s after the client left: worker RSS {self.left.rss_mb:.1f} MB"
+                    f" (+{self.left.rss_mb - first.rss_mb:.1f})"
+                ]
+                if self.left
+                else []
+            )
         )
 
 
@@ -396,10 +408,11 @@ def window_zero(
             if time.monotonic() >= next_sample:
                 samples.append(Sample.take(pid, upstream))
                 next_sample += 0.25
+        samples.append(Sample.take(pid, upstream))
     finally:
         sock.close()
-    samples.append(Sample.take(pid, upstream))
-    return Run(samples, seen, streams * reply_bytes(size, delta))
+    time.sleep(LEFT_S)  # the client is gone: what the worker gives back
+    return Run(samples, seen, streams * reply_bytes(size, delta), Sample.take(pid, upstream))
 
 
 def h1_never_read(
@@ -429,10 +442,12 @@ def h1_never_read(
         while time.monotonic() < end:
             time.sleep(0.25)
             samples.append(Sample.take(pid, upstream))
+        samples.append(Sample.take(pid, upstream))
     finally:
         for s in socks:
             s.close()
-    return Run(samples, Seen(), streams * reply_bytes(size, delta))
+    time.sleep(LEFT_S)
+    return Run(samples, Seen(), streams * reply_bytes(size, delta), Sample.take(pid, upstream))
 
 
 @contextlib.contextmanager
