@@ -78,6 +78,8 @@ class Upstream:
         self.started = 0
         self.finished = 0
         self.cut = 0
+        #: Connections open now (the gateway closes one whose reply it gave up on).
+        self.open = 0
         self._closing = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -121,6 +123,8 @@ class Upstream:
 
     def _serve(self, conn: socket.socket) -> None:
         buf = b""
+        with self._lock:
+            self.open += 1
         try:
             while True:  # keep-alive: one request after another
                 while b"\r\n\r\n" not in buf:
@@ -145,6 +149,8 @@ class Upstream:
             pass
         finally:
             conn.close()
+            with self._lock:
+                self.open -= 1
 
     def _reply(self, conn: socket.socket, body: bytes) -> None:
         text = json.dumps(json.loads(body or b"{}").get("messages", [])[-1:])
