@@ -158,6 +158,10 @@ class LimitsConfig(_Section):
     max_part_bytes: int = 5_242_880
     #: Deeper JSON is refused before any decoder recurses into it.
     max_json_depth: int = 64
+    #: Values in the body (counted by commas and brackets outside strings, in slices,
+    #: before it is decoded): a decode is one call that cannot yield, 5-12 ms for
+    #: 50,000 values. A real request holds a few thousand.
+    max_json_values: int = 50_000
     max_messages: int = 256
     max_content_chars: int = 262_144
     #: Pieces, counted before any translation (``apis/shape.py``): a request's cost on
@@ -198,6 +202,7 @@ class LimitsConfig(_Section):
             "max_body_bytes",
             "max_part_bytes",
             "max_json_depth",
+            "max_json_values",
             "max_messages",
             "max_content_chars",
             "max_content_parts",

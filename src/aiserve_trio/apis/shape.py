@@ -38,6 +38,7 @@ class _Top(msgspec.Struct):
 class _Piece(msgspec.Struct):
     """A message or an input item: the fields that may hold a list of parts."""
 
+    type: str = "message"
     content: msgspec.Raw = _NULL
     output: msgspec.Raw = _NULL
     summary: msgspec.Raw = _NULL
@@ -101,11 +102,22 @@ def check_shape(body: bytes, kind: str, limits: LimitsConfig) -> None:
             code="too_many_messages",
         )
     _check_total(total, field, limits)
+    #: Responses items that are a message each (others may merge, or make none).
+    messages = 0
     for i, raw in enumerate(pieces):
         try:
             piece = _piece.decode(raw)
         except msgspec.MsgspecError:
             continue
+        if kind == "responses" and piece.type in ("message", "function_call_output"):
+            messages += 1
+            if messages > limits.max_messages:
+                raise BadRequest(
+                    f"`input` has more than {limits.max_messages} messages and tool "
+                    f"outputs; the limit is {limits.max_messages}",
+                    param="input",
+                    code="too_many_messages",
+                )
         for key in ("content", "output", "summary"):
             parts = _items(getattr(piece, key))
             if parts is None:
