@@ -287,8 +287,10 @@ class GdprRedact(Policy):
                 out.append(msg)
                 continue
             encoded = _encoder.encode(new)
-            redone = decode_message(msgspec.Raw(encoded), i)
             if self._charged(walker, encoded, 1 + parts):
+                yield
+            redone = decode_message(msgspec.Raw(encoded), i)
+            if walker.meter.items(1 + parts):
                 yield
             # A message the gateway made stays one (no client JSON to keep).
             out.append(redone if msg.raw is not None else msgspec.structs.replace(redone, raw=None))
