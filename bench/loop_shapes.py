@@ -7,13 +7,15 @@ A real hypercorn worker (``configs/hypercorn.toml``) with ``gdpr-redact`` on its
 Responses and Messages routes (the mock adapter answers) is sent, one at a time, a
 request of many tiny pieces -- ``--n`` one-character text parts in one message (the
 Messages API's blocks, the Responses API's ``input_text`` parts), ``--n`` / 5 tools, ``--n``
-/ 10 Responses input items -- and, for each API, the largest request the default limits
-let through (1,000 parts in each of 10 messages). Meanwhile a probe on another keep-alive
+/ 10 Responses input items -- and, for each API, about the largest request the default
+limits let through (990 parts in each of 10 messages). Meanwhile a probe on another keep-alive
 connection sends ``GET /healthz`` every 10 ms. Reported per shape: the request's status
 and time, and the probe's longest wait -- the 20 ms rule is about the longest.
 
-It uses nothing but the hypercorn binary, the config text and the probe, so run against
-another tree's ``src`` (``PYTHONPATH``: the worker inherits it) it gives that tree's figure.
+It uses nothing of the package but the hypercorn binary, and of the tests the config
+text, the probe and the server fixture -- not ``tests/test_loop_shapes.py``, whose shapes
+these are: run against another tree's ``src`` (``PYTHONPATH``: the worker inherits it)
+it gives that tree's figure.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ def body(shape: str, n: int) -> tuple[str, dict[str, object]]:
     api, what = shape.split("-", 1)
     if what == "parts":
         parts = [_parts(api, n)]
-    elif what == "allowed":
-        parts = [_parts(api, 1_000) for _ in range(10)]
+    elif what == "allowed":  # a Responses item counts as a part too
+        parts = [_parts(api, 990) for _ in range(10)]
     else:
         parts = [[{"type": "text" if api != "responses" else "input_text", "text": "hi"}]]
     user: list[dict[str, object]] = [{"role": "user", "content": p} for p in parts]
@@ -77,7 +79,9 @@ def body(shape: str, n: int) -> tuple[str, dict[str, object]]:
         if api == "messages":
             tools: list[object] = [{"name": f"f{i}", "input_schema": schema} for i in range(n // 5)]
         elif api == "responses":
-            tools = [{"type": "function", "name": f"f{i}", "parameters": schema} for i in range(n // 5)]
+            tools = [
+                {"type": "function", "name": f"f{i}", "parameters": schema} for i in range(n // 5)
+            ]
         else:
             fns = ({"name": f"f{i}", "parameters": schema} for i in range(n // 5))
             tools = [{"type": "function", "function": fn} for fn in fns]
