@@ -361,7 +361,7 @@ async def test_more_responses_messages_than_the_limit_is_a_400_before_translatio
     assert (code, param) == ("too_many_messages", "input")
 
 
-async def test_more_messages_api_messages_than_the_limit_is_a_400_before_translation(
+async def test_more_messages_api_messages_than_the_limit_is_a_400(
     client: Client,
 ) -> None:
     r = await client.request(
