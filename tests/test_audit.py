@@ -4,6 +4,7 @@ request path by a writer task; versioned schema; retention; drops counted; usage
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import sqlite3
@@ -19,6 +20,7 @@ import trio
 import trio.testing
 from prometheus_client import CollectorRegistry
 
+from aiserve_trio.api import encoder
 from aiserve_trio.asgi import App
 from aiserve_trio.audit import sqlite as sqlite_module
 from aiserve_trio.audit.log import AuditLog, AuditMetrics
@@ -26,9 +28,9 @@ from aiserve_trio.audit.row import Row, RowBuilder
 from aiserve_trio.audit.schema import COLUMNS, MIGRATIONS, VERSION, SchemaTooNew
 from aiserve_trio.audit.settings import AuditConfig
 from aiserve_trio.audit.sqlite import SQLiteDatabase
-from aiserve_trio.audit.usage import UsageQuery, parse_query
+from aiserve_trio.audit.usage import UsageEndpoints, UsageQuery, parse_query
 from aiserve_trio.config import parse_config
-from aiserve_trio.errors import BadRequest
+from aiserve_trio.errors import BadRequest, Overloaded
 from aiserve_trio.stages.outcome import Outcome
 
 from .asgi_client import chat_body
@@ -226,8 +228,11 @@ class FlakyDatabase:
     def purge(self, before: float) -> int:
         return 0
 
-    def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def query(self, sql: str, params: Sequence[Any], timeout: float) -> list[tuple[Any, ...]]:
         return []
+
+    def transient(self, exc: BaseException) -> bool:
+        return isinstance(exc, OSError)
 
     def close(self) -> None:
         pass
@@ -242,28 +247,282 @@ def dropped(registry: CollectorRegistry, reason: str) -> float:
     return registry.get_sample_value("aiserve_audit_dropped_total", {"reason": reason}) or 0.0
 
 
-async def test_a_dead_database_drops_rows_counted_and_rows_resume():
+@pytest.fixture
+def thread_clock(mock_clock: trio.testing.MockClock) -> trio.testing.MockClock:
+    """Virtual time that moves only after a quarter of a real second with every task
+    blocked: not while the writer's thread is still inserting (a few microseconds)."""
+    mock_clock.autojump_threshold = 0.25
+    return mock_clock
+
+
+class TimedDatabase(FlakyDatabase):
+    """Notes the virtual time of each insert tried (asked of the loop from the thread)."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        super().__init__()
+        self.token = token
+        self.tries: list[float] = []
+
+    def insert(self, rows: Sequence[Row]) -> None:
+        self.tries.append(trio.from_thread.run_sync(trio.current_time, trio_token=self.token))
+        super().insert(rows)
+
+
+def all_dropped(registry: CollectorRegistry) -> float:
+    return sum(dropped(registry, r) for r in ("buffer_full", "db_error", "unwritable", "shutdown"))
+
+
+async def test_a_failed_batch_stays_queued_and_is_tried_again_with_a_backoff(thread_clock):
+    # Issue 55 (5.3): a batch that failed was dropped; PostgreSQL stopped 21 s lost a third
+    # of the rows although the buffer could hold 160 s of them.
     registry = CollectorRegistry()
-    db = FlakyDatabase()
+    db = TimedDatabase(trio.lowlevel.current_trio_token())
     access = io.BytesIO()
-    log = AuditLog(AuditConfig(buffer=4, flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(registry),
+    log = AuditLog(AuditConfig(flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(registry),
                    access=access)
     async with trio.open_nursery() as nursery:
         await nursery.start(log.run)
         log.offer(outcome(0))
         await log.settle()
         db.down = True
+        start = trio.current_time()
         log.offer(outcome(1))
         log.offer(outcome(2))
-        await log.settle()
-        assert dropped(registry, "db_error") == 2
+        await trio.sleep(20)
+        assert registry.get_sample_value("aiserve_audit_rows_pending") == 2
+        assert registry.get_sample_value("aiserve_audit_database_up") == 0
         db.down = False
+        await log.settle()
+        assert trio.current_time() - start == pytest.approx(22.5)  # the try after 17.5 s
         log.offer(outcome(3))
         await log.aclose()
-    assert [r[0] for r in db.rows] == ["r0", "r3"]
+    tried = db.tries[1:-1]  # r1 and r2 from the first failure to their write (r3 after)
+    gaps = [b - a for a, b in itertools.pairwise(tried)]
+    assert gaps == pytest.approx([0.5, 1, 2, 4, 5, 5, 5])  # doubling, at most 5 s
+    assert registry.get_sample_value("aiserve_audit_write_failures_total") == 7
+    assert all_dropped(registry) == 0
+    assert [r[0] for r in db.rows] == ["r0", "r1", "r2", "r3"]  # none lost, in order
     lines = [json.loads(line) for line in access.getvalue().splitlines()]
-    assert [line["request_id"] for line in lines] == ["r0", "r3"]
+    assert [line["request_id"] for line in lines] == ["r0", "r1", "r2", "r3"]  # each once
     assert lines[0]["tenant"] == "t"
+    assert registry.get_sample_value("aiserve_audit_rows_pending") == 0
+    assert registry.get_sample_value("aiserve_audit_database_up") == 1
+
+
+async def test_rows_are_dropped_only_when_the_buffer_overflows(thread_clock):
+    registry = CollectorRegistry()
+    db = FlakyDatabase()
+    db.down = True
+    log = AuditLog(AuditConfig(buffer=4, flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(registry))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        for i in range(6):
+            log.offer(outcome(i))
+        await trio.sleep(30)
+        assert dropped(registry, "buffer_full") == 2  # the buffer held 4
+        assert registry.get_sample_value("aiserve_audit_rows_pending") == 4
+        db.down = False
+        await log.settle()
+        await log.aclose()
+    assert [r[0] for r in db.rows] == ["r0", "r1", "r2", "r3"]
+    assert all_dropped(registry) == 2
+
+
+class RefusingDatabase(FlakyDatabase):
+    def insert(self, rows: Sequence[Row]) -> None:
+        if any(r[0] == "r1" for r in rows):
+            raise ValueError("a row it will never take")
+        super().insert(rows)
+
+
+async def test_a_batch_the_database_refuses_for_good_is_dropped_and_counted(thread_clock):
+    # Kept, it would stop every row behind it.
+    registry = CollectorRegistry()
+    db = RefusingDatabase()
+    log = AuditLog(AuditConfig(flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(registry))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        log.offer(outcome(0))
+        await log.settle()
+        log.offer(outcome(1))
+        await log.settle()
+        log.offer(outcome(2))
+        await log.aclose()
+    assert [r[0] for r in db.rows] == ["r0", "r2"]
+    assert dropped(registry, "db_error") == 1
+
+
+class LateDatabase(FlakyDatabase):
+    """Cannot be reached until ``down`` is False; then opens (and migrates) once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+        self.opened = 0
+
+    def open(self) -> int:
+        if self.down:
+            raise OSError("connection refused")
+        self.opened += 1
+        return VERSION
+
+
+async def test_a_database_away_at_start_up_does_not_hold_the_start(thread_clock):
+    # Issue 55 (5.2): the worker did not start, and exited 0, while PostgreSQL was down.
+    registry = CollectorRegistry()
+    db = LateDatabase()
+    log = AuditLog(AuditConfig(flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(registry))
+    usage = UsageEndpoints(log, "USD")
+    async with trio.open_nursery() as nursery:
+        started = trio.current_time()
+        await nursery.start(log.run)
+        assert trio.current_time() == started  # serving at once
+        log.offer(outcome(0))
+        log.offer(outcome(1))
+        await trio.sleep(10)
+        assert registry.get_sample_value("aiserve_audit_rows_pending") == 2
+        with pytest.raises(Overloaded) as away:
+            await usage.read(UsageQuery(0.0, 1e10, "day"))
+        assert (away.value.status, away.value.code) == (503, "audit_unavailable")
+        assert int(away.value.headers["Retry-After"]) >= 1
+        db.down = False
+        await log.settle()
+        await log.aclose()
+    assert db.opened == 1  # connected (and migrated) once it answered
+    assert [r[0] for r in db.rows] == ["r0", "r1"]
+    assert all_dropped(registry) == 0
+
+
+async def test_a_database_a_newer_gateway_migrated_still_stops_the_start(autojump_clock):
+    class Newer(FlakyDatabase):
+        def open(self) -> int:
+            raise SchemaTooNew("schema version 99")
+
+    log = AuditLog(AuditConfig(), Newer(), RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(SchemaTooNew):
+            await nursery.start(log.run)
+
+
+async def test_a_usage_answer_says_it_is_partial_while_rows_wait_or_were_dropped(thread_clock):
+    registry = CollectorRegistry()
+    db = FlakyDatabase()
+    log = AuditLog(AuditConfig(flush_ms=0, buffer=3), db, RowBuilder(b"k"), AuditMetrics(registry))
+    usage = UsageEndpoints(log, "USD")
+    q = UsageQuery(0.0, 1e10, "day")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        log.offer(outcome(0))
+        whole = await usage.read(q)
+        assert not whole.partial
+        assert "partial" not in json.loads(encoder.encode(whole))
+        db.down = True
+        log.offer(outcome(1))
+        log.offer(outcome(2))
+        await trio.sleep(1)
+        started = trio.current_time()
+        waiting = await usage.read(q)
+        assert trio.current_time() == started  # no wait for a database that is away
+        assert (waiting.partial, waiting.unwritten_rows) == (True, 2)
+        db.down = False
+        await log.settle()
+        assert not (await usage.read(q)).partial  # written: whole again
+        db.down = True
+        for i in range(3, 7):
+            log.offer(outcome(i))  # the buffer (3) holds three of them
+        await trio.sleep(1)
+        lost = await usage.read(q)
+        assert (lost.partial, lost.unwritten_rows) == (True, 4)
+        db.down = False
+        await log.settle()
+        after = await usage.read(q)
+        assert (after.partial, after.unwritten_rows) == (True, 1)  # the dropped row stays missing
+        await log.aclose()
+
+
+class SlowReads(FlakyDatabase):
+    """Reads that wait (a locked table) until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def query(self, sql: str, params: Sequence[Any], timeout: float) -> list[tuple[Any, ...]]:
+        self.release.wait(timeout)
+        return []
+
+
+async def test_usage_reads_have_threads_of_their_own_and_a_503_beyond_them(thread_clock):
+    # Issue 55 (5.1): reads ran in Trio's shared threads, which name resolution needs too.
+    db = SlowReads()
+    registry = CollectorRegistry()
+    log = AuditLog(AuditConfig(usage_threads=2), db, RowBuilder(b"k"), AuditMetrics(registry))
+    usage = UsageEndpoints(log, "USD")
+    shared = trio.to_thread.current_default_thread_limiter()
+    q = UsageQuery(0.0, 1e10, "day")
+    outcomes: list[object] = []
+
+    async def read() -> None:
+        try:
+            outcomes.append(await usage.read(q))
+        except Overloaded as exc:
+            outcomes.append(exc)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(log.run)
+            async with trio.open_nursery() as reads:
+                for _ in range(5):
+                    reads.start_soon(read)
+                await trio.testing.wait_all_tasks_blocked()
+                busy = [o for o in outcomes if isinstance(o, Overloaded)]
+                assert len(busy) == 3  # at once: no queue behind the two readers
+                assert shared.borrowed_tokens == 0  # name resolution's threads are free
+                for exc in busy:
+                    assert (exc.status, exc.code, exc.headers) == (503, "usage_busy", {"Retry-After": "1"})
+                db.release.set()
+            assert len(outcomes) == 5
+            db.release.clear()
+            # A read whose client went away stops waiting at once; its thread ends with the
+            # statement (the database's timeout) and counts against the readers till then.
+            with trio.move_on_after(1):
+                await usage.read(q)
+            with trio.move_on_after(1):
+                await usage.read(q)
+            with pytest.raises(Overloaded):
+                await usage.read(q)
+            assert registry.get_sample_value("aiserve_audit_usage_refused_total", {"reason": "busy"}) == 4
+            await log.aclose()
+    finally:
+        db.release.set()
+
+
+class FailingReads(FlakyDatabase):
+    def query(self, sql: str, params: Sequence[Any], timeout: float) -> list[tuple[Any, ...]]:
+        raise OSError("connection refused")
+
+
+async def test_a_usage_read_the_database_does_not_answer_is_a_503_to_retry(thread_clock):
+    # Issue 55 (5.4): a 500 with an empty body.
+    log = AuditLog(AuditConfig(), FailingReads(), RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        with pytest.raises(Overloaded) as away:
+            await UsageEndpoints(log, "USD").read(UsageQuery(0.0, 1e10, "day"))
+        await log.aclose()
+    assert (away.value.status, away.value.code) == (503, "audit_unavailable")
+    assert away.value.headers["Retry-After"] == "1"
+
+
+def test_a_sqlite_usage_read_gives_up_after_its_timeout(tmp_path):
+    db = SQLiteDatabase(tmp_path / "a.db")
+    db.open()
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    started = time.monotonic()
+    with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+        db.query(endless, [], 0.2)
+    assert time.monotonic() - started < 2.0
+    db.close()
 
 
 async def test_a_full_queue_drops_instead_of_waiting(autojump_clock):

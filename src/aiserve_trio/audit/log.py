@@ -7,19 +7,35 @@ flat tuple of names, counts and times, so the
 :class:`~aiserve_trio.stages.outcome.Outcome` and all it holds are freed with
 the request rather than kept until the batch is written -- and appends it to a
 list of at most ``[audit] buffer`` rows. When the list is full -- the database
-is slower than the traffic, or gone -- the row is dropped and counted
-(``aiserve_audit_dropped_total{reason="buffer_full"}``): a request never waits
-for the database. A plain list rather than a Trio memory channel: the writer
-takes the whole list at once, and only a parked writer is woken.
+is slower than the traffic, or gone longer than the buffer lasts -- the row is
+dropped and counted (``aiserve_audit_dropped_total{reason="buffer_full"}``): a
+request never waits for the database. A plain list rather than a Trio memory
+channel: the writer takes the whole list at once, and only a parked writer is
+woken.
 
 :meth:`AuditLog.run`, in the app's lifetime nursery, opens and migrates the
 database, then waits for a first row, lets the batch gather for ``flush_ms``,
-and inserts up to ``[audit] batch`` rows in one transaction in a worker
-thread. A failed insert drops that batch (counted, ``reason="db_error"``,
-logged once per run of failures) and the writer goes on: when the database is
-back, rows resume. Rows older than ``retention_days`` are deleted at start-up
-and every hour. At shutdown :meth:`AuditLog.aclose` stops taking rows and
-gives the writer :attr:`grace` seconds to write the rest.
+and inserts up to ``[audit] batch`` rows in one transaction in a thread of its
+own. A batch stays at the head of the queue until it is written: one that
+fails because the database is away (the database's ``transient``) is tried
+again after a backoff (0.5 s, doubling to 5 s), and the rows behind it wait,
+counted in ``aiserve_audit_rows_pending``, so an outage costs rows only once
+the buffer is full (8,192 rows: 160 s at 50 requests/s). A batch the database
+refuses for good (a row it will never take) is dropped and counted
+(``reason="db_error"``). A database that cannot be reached at start-up does
+not hold the start: the worker serves, queues, and connects (and migrates) when
+it can, with the same backoff -- a database that goes away costs rows, never
+requests. Rows older than ``retention_days`` are deleted once connected and
+every hour. At shutdown :meth:`AuditLog.aclose` stops taking rows and gives the
+writer :attr:`grace` seconds to write the rest; rows still queued then are
+counted (``reason="shutdown"``).
+
+Usage reads (:meth:`AuditLog.query`) run in threads of a limiter of their own
+(``usage_threads``, 4), never Trio's shared one, which also resolves upstream
+host names: a client that sends many reads to a slow database gets 503s
+(``usage_busy``), not the threads new upstream connections need. A read's
+statement ends in the database after ``usage_timeout_ms`` and a cancelled read
+stops waiting for its thread at once.
 
 What it costs, with it on and off in one run (``python -m bench.ab
 HEAD+bench/configs/audit-off.toml HEAD+bench/configs/audit-on.toml --together
@@ -38,6 +54,7 @@ localhost``, the third host).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import sys
@@ -47,10 +64,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import trio
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Overloaded
 from .row import Row, RowBuilder, access_line
+from .schema import SchemaTooNew
 from .thread import WriterThread
 
 if TYPE_CHECKING:
@@ -63,13 +81,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("aiserve_trio.audit")
 
 #: ``reason`` values of ``aiserve_audit_dropped_total``.
-DROP_REASONS = ("buffer_full", "db_error", "unwritable")
+DROP_REASONS = ("buffer_full", "db_error", "unwritable", "shutdown")
+#: ``reason`` values of ``aiserve_audit_usage_refused_total``.
+REFUSE_REASONS = ("busy", "unavailable")
 #: Seconds the writer gets at shutdown to write what is queued.
 CLOSE_GRACE = 2.0
 #: Seconds a usage read waits for the rows queued before it to be written.
 FLUSH_WAIT_S = 2.0
 #: Seconds between two deletions of rows past ``retention_days``.
 PURGE_EVERY_S = 3600.0
+#: The writer's wait after its first failure to write or connect; it doubles with each
+#: failure in a row, up to :data:`RETRY_MAX_S`, and starts again after a success.
+RETRY_FIRST_S = 0.5
+#: The longest wait between two tries: rows are written at most this long after the
+#: database is back (and a down database sees one connection attempt per worker this often).
+RETRY_MAX_S = 5.0
+#: ``Retry-After`` of a usage read refused because every reader's thread is busy.
+BUSY_RETRY_AFTER_S = 1
 DAY_S = 86_400.0
 
 
@@ -91,8 +119,13 @@ class Database(Protocol):
         """Delete rows older than Unix time ``before``."""
         ...
 
-    def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """A read (the usage endpoints)."""
+    def query(self, sql: str, params: Sequence[Any], timeout: float) -> list[tuple[Any, ...]]:
+        """A read (the usage endpoints), given up by the database after ``timeout`` seconds."""
+        ...
+
+    def transient(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised by :meth:`open` or :meth:`insert`, may pass (the database
+        is away, busy or full): the batch is kept and tried again, not dropped."""
         ...
 
     def close(self) -> None: ...
@@ -113,6 +146,31 @@ class AuditMetrics:
             registry=registry,
         )
         self.dropped = {r: dropped.labels(r) for r in DROP_REASONS}
+        self.pending = Gauge(
+            "aiserve_audit_rows_pending",
+            "Rows queued for the audit log and not written yet (the database is slow or "
+            "away: they are kept, up to [audit] buffer, and written when it answers).",
+            registry=registry,
+        )
+        self.up = Gauge(
+            "aiserve_audit_database_up",
+            "1 when the audit log's last connection or write succeeded, else 0.",
+            registry=registry,
+        )
+        self.failures = Counter(
+            "aiserve_audit_write_failures",
+            "Tries of the audit writer that failed (a batch or a connection; each is "
+            "tried again after a backoff).",
+            registry=registry,
+        )
+        refused = Counter(
+            "aiserve_audit_usage_refused",
+            "Usage reads answered 503: every reader's thread was busy ([audit] "
+            "usage_threads), or the database did not answer.",
+            ["reason"],
+            registry=registry,
+        )
+        self.usage_refused = {r: refused.labels(r) for r in REFUSE_REASONS}
 
 
 class AuditLog:
@@ -146,17 +204,29 @@ class AuditLog:
         self._hurry_event: trio.Event | None = None
         self._running = False
         self._done = trio.Event()
+        #: The last try (write or connect) failed: the writer is backing off.
         self._failing = False
+        #: The database was opened and migrated (at start-up, or later by the writer).
+        self._opened = False
+        #: The writer's next wait after a failure (see :data:`RETRY_FIRST_S`).
+        self._delay = RETRY_FIRST_S
+        #: Set by :meth:`aclose` to end the writer's backoff.
+        self._retry_event: trio.Event | None = None
         #: Where the database calls run: a thread of the writer's own.
         self._thread = WriterThread()
         #: Serialises the writer's database calls (and a purge) on the one connection.
         self._lock = trio.Lock()
+        #: The usage reads' threads: never Trio's shared limiter (see the module docstring).
+        self._readers = trio.CapacityLimiter(settings.usage_threads)
         self.version = 0
         self.grace = CLOSE_GRACE
         #: Rows offered (queued or dropped) and rows the writer is done with.
         self._offered = 0
         self._settled = 0
+        #: Rows this worker will never write (every reason): usage answers say so.
+        self._dropped = 0
         self._progress = trio.Event()
+        metrics.pending.set_function(lambda: len(self._queue))  # read at scrape time
 
     # --- the request path -----------------------------------------------------
 
@@ -166,6 +236,7 @@ class AuditLog:
             return  # shutting down
         if len(self._queue) >= self.settings.buffer:
             self.metrics.dropped["buffer_full"].inc()
+            self._dropped += 1
             return
         # Arrival in Unix time: the clock's distance to now, taken now.
         ts = time.time() - (trio.current_time() - outcome.arrival)
@@ -174,6 +245,7 @@ class AuditLog:
         except Exception:
             log.exception("audit: request %s could not be turned into a row", outcome.request_id)
             self.metrics.dropped["unwritable"].inc()
+            self._dropped += 1
             return
         self._queue.append(row)
         self._offered += 1
@@ -182,20 +254,34 @@ class AuditLog:
             self._wake = None
             wake.set()
 
+    @property
+    def offered(self) -> int:
+        """Rows queued so far (the mark a usage read takes before it reads)."""
+        return self._offered
+
+    def unwritten(self, offered: int) -> int:
+        """Rows missing from the database for a read that took the mark ``offered``: those
+        queued before it and still waiting (the database is away), and every row this
+        worker dropped."""
+        return max(0, offered - self._settled) + self._dropped
+
     async def settle(self) -> None:
-        """Wait until every row queued so far is written (or dropped by a failed write)."""
+        """Wait until every row queued so far is written (or refused for good)."""
         target = self._offered
         while self._settled < target and self._running:
             await self._progress.wait()
 
     async def flush(self, wait: float = FLUSH_WAIT_S) -> None:
         """Have the rows queued so far written now, not after the batch's ``flush_ms``, and
-        wait for them -- at most ``wait`` seconds (a slow database leaves them queued).
+        wait for them -- at most ``wait`` seconds (a slow database leaves them queued), and
+        not at all while the writer backs off from a database that is away.
 
         The usage endpoints call it, so that a read sees the requests made before it.
         """
         if self._settled >= self._offered:
             return  # nothing waits to be written
+        if self._failing or not self._opened:
+            return  # they wait for the database, not for this read: the answer says so
         self._hurry = True
         hurry = self._hurry_event
         if hurry is not None:
@@ -208,18 +294,63 @@ class AuditLog:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Open the database and write queued rows until :meth:`aclose`.
 
+        A database that cannot be reached does not hold the start: the writer connects
+        later (with a backoff) and the rows wait in the queue meanwhile.
+
         Raises:
-            Exception: the database cannot be opened or migrated at start-up
-                (before ``task_status.started``: the app does not start without
-                the log it was told to keep).
+            SchemaTooNew: the database was migrated by a newer gateway (before
+                ``task_status.started``: this gateway cannot write its rows).
         """
         try:
-            self.version = await self._thread.call(self.db.open)
+            opened = await self._open(starting=True)
         except BaseException:
             self._thread.stop()
             raise
-        await self._purge()
         self._running = True
+        if not opened:
+            log.warning(
+                "audit log: %s cannot be reached; serving without it: rows are queued (%d at "
+                "most, aiserve_audit_rows_pending) and written once it answers",
+                self.db,
+                self.settings.buffer,
+            )
+        task_status.started()
+        try:
+            await self._loop()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(self.grace):
+                await self._thread.call(self.db.close)
+            self._thread.stop()
+            left = len(self._queue)
+            if left:
+                self.metrics.dropped["shutdown"].inc(left)
+                self._dropped += left
+                log.warning("audit: shut down with %d rows not written (database away)", left)
+                self._queue.clear()
+            self._done.set()
+
+    async def _open(self, *, starting: bool = False) -> bool:
+        """Connect and migrate; False if the database cannot be reached (logged, counted).
+
+        Raises:
+            SchemaTooNew: at start-up (later, it is logged and tried again).
+        """
+        try:
+            async with self._lock:
+                self.version = await self._thread.call(self.db.open)
+        except SchemaTooNew as exc:
+            if starting:
+                raise
+            self._failed(exc)
+            return False
+        except Exception as exc:
+            if not starting and not self.db.transient(exc):
+                log.error("audit: opening %s failed: %s", self.db, exc)
+            self._failed(exc, quiet=starting)  # the start-up's own line says it
+            return False
+        self._opened = True
+        self._succeeded()
+        await self._purge()
         log.info(
             "audit log: %s (schema version %d, rows kept %s%s%s)",
             self.db,
@@ -228,19 +359,18 @@ class AuditLog:
             ", with redacted content" if self.builder.content else "",
             ", access log on stderr" if self._access is not None else "",
         )
-        task_status.started()
-        try:
-            await self._loop()
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(self.grace):
-                await self._thread.call(self.db.close)
-            self._thread.stop()
-            self._done.set()
+        return True
 
     async def _loop(self) -> None:
         next_purge = trio.current_time() + PURGE_EVERY_S
         limit = self.settings.batch
         while True:
+            if not self._opened:
+                if self._closed:
+                    return
+                if not await self._open():
+                    await self._backoff()
+                continue
             if not self._queue:
                 if self._closed:
                     return
@@ -258,23 +388,59 @@ class AuditLog:
                     await hurry.wait()
                 self._hurry_event = None
             self._hurry = False
+            # The batch stays at the head of the queue (offer only appends) until it is
+            # written: a failed one is tried again, and counts against the buffer meanwhile.
             batch = self._queue[:limit]
-            del self._queue[:limit]
-            await self._write(batch)
+            if not await self._write(batch):
+                if self._closed:
+                    return  # what is left is counted by run
+                await self._backoff()
+                continue
+            del self._queue[: len(batch)]
             self._settled += len(batch)
             self._progress.set()
             self._progress = trio.Event()
 
-    async def _write(self, rows: list[Row]) -> None:
+    async def _backoff(self) -> None:
+        """Wait before the next try (cut short by :meth:`aclose`); the next wait is longer."""
+        delay = self._delay
+        self._delay = min(delay * 2, RETRY_MAX_S)
+        event = self._retry_event = trio.Event()
+        with trio.move_on_after(delay):
+            await event.wait()
+        self._retry_event = None
+
+    def _failed(self, exc: BaseException, *, quiet: bool = False) -> None:
+        self.metrics.failures.inc()
+        self.metrics.up.set(0)
+        if not self._failing and not quiet:  # once per run of failures, not per try
+            log.warning(
+                "audit: %s is not answering (%s); %d rows queued, trying again",
+                self.db, exc, len(self._queue),
+            )  # fmt: skip
+        self._failing = True
+
+    def _succeeded(self) -> None:
+        self.metrics.up.set(1)
+        self._delay = RETRY_FIRST_S
+        if self._failing:
+            log.info("audit: %s answers again; %d rows queued", self.db, len(self._queue))
+        self._failing = False
+
+    async def _write(self, rows: list[Row]) -> bool:
+        """Insert ``rows``; False when the database is away (the batch is to be kept)."""
         if not rows:
-            return
+            return True
         access = self._access
 
         def write() -> None:
             self.db.insert(rows)
             if access is not None:
-                access.write(b"".join(access_line(r) for r in rows))
-                access.flush()
+                try:
+                    access.write(b"".join(access_line(r) for r in rows))
+                    access.flush()
+                except (OSError, ValueError):  # the rows are in: not a reason to insert again
+                    log.warning("audit: the access log could not be written", exc_info=True)
 
         try:
             async with self._lock:
@@ -282,15 +448,17 @@ class AuditLog:
                 # not hold the app's exit.
                 await self._thread.call(write)
         except Exception as exc:
+            if self.db.transient(exc):
+                self._failed(exc)
+                return False
+            # Refused for good (a row it will never take): kept, it would block the queue.
             self.metrics.dropped["db_error"].inc(len(rows))
-            if not self._failing:  # once per run of failures, not per batch
-                log.warning("audit: writing failed, %d rows dropped: %s", len(rows), exc)
-            self._failing = True
-        else:
-            self.metrics.written.inc(len(rows))
-            if self._failing:
-                log.info("audit: writing works again")
-            self._failing = False
+            self._dropped += len(rows)
+            log.warning("audit: the database refused a batch, %d rows dropped: %s", len(rows), exc)
+            return True
+        self.metrics.written.inc(len(rows))
+        self._succeeded()
+        return True
 
     async def _purge(self) -> None:
         days = self.settings.retention_days
@@ -309,8 +477,8 @@ class AuditLog:
     async def aclose(self) -> None:
         """Stop taking rows and let the writer write what is queued (at most :attr:`grace`)."""
         self._closed = True
-        # Wake the writer, parked on an empty queue or letting a batch gather.
-        for event in (self._wake, self._hurry_event):
+        # Wake the writer, parked on an empty queue, letting a batch gather or backing off.
+        for event in (self._wake, self._hurry_event, self._retry_event):
             if event is not None:
                 event.set()
         self._wake = None
@@ -320,8 +488,46 @@ class AuditLog:
             await self._done.wait()
 
     async def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """A read for the usage endpoints, in a worker thread."""
-        return await trio.to_thread.run_sync(self.db.query, sql, params)
+        """A read for the usage endpoints, in a thread of the readers' own limiter.
+
+        Given up by the database after ``usage_timeout_ms``; a cancelled caller stops
+        waiting at once (the thread ends with the statement, holding its token till then,
+        so abandoned reads still count against ``usage_threads``).
+
+        Raises:
+            Overloaded: 503 with ``Retry-After``: every reader's thread is busy
+                (``usage_busy``), or the database is away or did not answer in time
+                (``audit_unavailable``).
+        """
+        if not self._opened:
+            raise self._unavailable("it has not been reached since this worker started")
+        # The token is taken before to_thread's first checkpoint: no other read can take
+        # it between this test and the call.
+        if self._readers.available_tokens < 1:
+            self.metrics.usage_refused["busy"].inc()
+            raise Overloaded(
+                f"{self.settings.usage_threads} usage reads are running on this worker; "
+                "retry shortly",
+                code="usage_busy",
+                headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+            )
+        timeout = self.settings.usage_timeout_ms / 1000
+        try:
+            return await trio.to_thread.run_sync(
+                self.db.query, sql, params, timeout,
+                limiter=self._readers, abandon_on_cancel=True,
+            )  # fmt: skip
+        except Exception as exc:
+            log.warning("audit: a usage read failed: %s", exc)
+            raise self._unavailable("it did not answer") from None
+
+    def _unavailable(self, why: str) -> Overloaded:
+        self.metrics.usage_refused["unavailable"].inc()
+        return Overloaded(
+            f"usage is read from the audit database, and {why}; retry later",
+            code="audit_unavailable",
+            headers={"Retry-After": str(math.ceil(max(self._delay, 1.0)))},
+        )
 
 
 def build_audit(config: Config, registry: CollectorRegistry) -> AuditLog | None:

@@ -6,10 +6,17 @@ Trio's waits by measurement (``bench/audit_pg.py``; docs/architecture.md): a
 batch in a thread costs the event loop one hand-off, where the non-blocking
 core runs the protocol and the row encoding on the loop.
 
-A connection that fails is dropped; the next batch connects again, so rows
-resume when the database is back (the batches in between are dropped and
-counted by the writer). Two gateways starting at once migrate under an
-advisory lock: one applies the migrations, the other finds them applied.
+A connection that fails is dropped; the next attempt connects again. What
+fails because the server is away (:meth:`PostgresDatabase.transient`: it
+cannot be reached, it shut down, a statement was cancelled, its disk is
+full) leaves the batch queued for the writer to try again; what the server
+refuses for good (a row it will never take) is dropped and counted. Two
+gateways starting at once migrate under an advisory lock: one applies the
+migrations, the other finds them applied.
+
+A usage read has a connection of its own with ``statement_timeout`` set: a
+locked or slow table ends the read in the database, so its thread is not held
+longer than ``[audit] usage_timeout_ms``, even once its client has gone.
 """
 
 from __future__ import annotations
@@ -80,6 +87,18 @@ class PostgresDatabase:
                 current = version
         return current
 
+    @staticmethod
+    def transient(exc: BaseException) -> bool:
+        """Whether ``exc`` is the server being away or busy (try again later), not a
+        refusal of the rows (``OperationalError`` covers refused and lost connections,
+        shutdowns, cancelled statements and a full disk; a read-only server is a
+        failover under way)."""
+        return isinstance(
+            exc,
+            (psycopg.OperationalError, psycopg.InterfaceError,
+             psycopg.errors.ReadOnlySqlTransaction, OSError),
+        )  # fmt: skip
+
     def insert(self, rows: Sequence[Row]) -> None:
         try:
             conn = self._require()
@@ -99,9 +118,14 @@ class PostgresDatabase:
             self._drop()
             raise
 
-    def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """A read on a connection of its own (the usage endpoints)."""
-        with psycopg.connect(self._dsn, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+    def query(self, sql: str, params: Sequence[Any], timeout: float) -> list[tuple[Any, ...]]:
+        """A read on a connection of its own (the usage endpoints), cancelled by the server
+        after ``timeout`` seconds (a lock waited for included)."""
+        ms = max(1, int(timeout * 1000))
+        connect = max(1, min(CONNECT_TIMEOUT_S, int(timeout)))
+        with psycopg.connect(
+            self._dsn, connect_timeout=connect, options=f"-c statement_timeout={ms}"
+        ) as conn:
             return conn.execute(sql, params).fetchall()
 
     def close(self) -> None:

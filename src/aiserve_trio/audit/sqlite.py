@@ -2,7 +2,9 @@
 
 Every method blocks; the writer calls them in a worker thread, one at a time.
 The file is in WAL mode, so that the usage endpoints read (each on a
-connection of its own, also in a thread) while the writer writes.
+connection of its own, also in a thread) while the writer writes. A read
+gives up after ``[audit] usage_timeout_ms``: the busy timeout bounds its wait
+for a lock, a progress handler the statement itself.
 """
 
 from __future__ import annotations
@@ -81,6 +83,12 @@ class SQLiteDatabase:
             current = version
         return current
 
+    @staticmethod
+    def transient(exc: BaseException) -> bool:
+        """Whether ``exc`` may pass (a locked or full database, a file that cannot be opened
+        now: ``OperationalError``, ``OSError``), not a row refused for good (``IntegrityError``)."""
+        return isinstance(exc, (sqlite3.OperationalError, OSError))
+
     def insert(self, rows: Sequence[Row]) -> None:
         """Insert ``rows`` in one transaction, :data:`CHUNK` at a time, giving up the CPU
         between chunks (see :data:`CHUNK`)."""
@@ -97,10 +105,15 @@ class SQLiteDatabase:
         with conn:
             return conn.execute("DELETE FROM audit_requests WHERE ts < ?", (before,)).rowcount
 
-    def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """Run a read on a connection of its own (the usage endpoints)."""
-        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5.0)
+    def query(self, sql: str, params: Sequence[Any], timeout: float) -> list[tuple[Any, ...]]:
+        """Run a read on a connection of its own (the usage endpoints), interrupted after
+        ``timeout`` seconds (``sqlite3.OperationalError: interrupted``)."""
+        deadline = time.monotonic() + timeout
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=timeout)
         try:
+            # Every 10,000 virtual-machine steps (well under a millisecond): past the
+            # deadline, a non-zero answer interrupts the statement.
+            conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
             return conn.execute(sql, params).fetchall()
         finally:
             conn.close()

@@ -4,7 +4,15 @@
 ``from`` and ``to`` are ``YYYY-MM-DD`` (UTC days; ``to`` is inclusive) or Unix
 seconds; the default is the last 30 days. ``group_by`` is ``tenant``, ``key``,
 ``model`` (the model that answered), ``route`` or ``day``. :func:`parse_query`
-and :func:`usage_sql` are pure; the handlers run the query in a worker thread.
+and :func:`usage_sql` are pure; the handlers run the query in a thread of the
+audit log's readers (:meth:`AuditLog.query`: a 503 with ``Retry-After`` in the
+error envelope when they are all busy or the database is away).
+
+An answer that may be short says so: while rows this worker queued before the
+read are not written yet (the database is away) or once it has dropped rows,
+the body has ``"partial": true`` and ``"unwritten_rows"`` (how many), and the
+response the header ``X-Aiserve-Usage-Partial`` with the same count. Rows
+another worker has not written are that worker's to report.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import msgspec
 
 from ..api import encoder
 from ..errors import BadRequest, NotFound
-from ..http.types import JSON_HEADERS
+from ..http.types import JSON_HEADERS, Headers
 from ..observability.debug import query_params
 
 if TYPE_CHECKING:
@@ -68,6 +76,9 @@ class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
     groups: list[Group]
     total: Totals
     key: str | None = None
+    #: Rows of this worker missing from the totals (not written yet, or dropped).
+    partial: bool = False
+    unwritten_rows: int = 0
 
 
 def _time(value: str, name: str, *, end: bool) -> float:
@@ -178,20 +189,31 @@ class UsageEndpoints:
             raise NotFound(
                 "usage is read from the audit log, which is off: add [audit]", code="audit_off"
             )
+        mark = audit.offered
         await audit.flush()  # the requests made before this read are in it
         sql, params = usage_sql(query, audit.db.placeholder, audit.db.day_sql)
-        return summarise(query, await audit.query(sql, params), self.currency)
+        usage = summarise(query, await audit.query(sql, params), self.currency)
+        unwritten = audit.unwritten(mark)
+        if unwritten:
+            usage.partial = True
+            usage.unwritten_rows = unwritten
+        return usage
 
     async def admin(self, request: Request) -> None:
         """``GET /admin/usage``: every tenant's and key's usage."""
         query = parse_query(query_params(request), time.time())
-        body = encoder.encode(await self.read(query))
-        await request.responder.complete(200, JSON_HEADERS, body)
+        await _answer(request, await self.read(query))
 
     async def own(self, request: Request) -> None:
         """``GET /v1/usage``: the calling key's usage (with auth off: requests without a key)."""
         query = parse_query(query_params(request), time.time())
         p = request.principal
         query = UsageQuery(query.start, query.end, query.group_by, p.key_id if p else "")
-        body = encoder.encode(await self.read(query))
-        await request.responder.complete(200, JSON_HEADERS, body)
+        await _answer(request, await self.read(query))
+
+
+async def _answer(request: Request, usage: Usage) -> None:
+    headers: Headers = JSON_HEADERS
+    if usage.partial:
+        headers = [*JSON_HEADERS, (b"x-aiserve-usage-partial", str(usage.unwritten_rows).encode())]
+    await request.responder.complete(200, headers, encoder.encode(usage))
