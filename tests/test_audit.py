@@ -340,14 +340,15 @@ async def test_a_batch_the_database_refuses_for_good_is_dropped_and_counted(thre
     registry = CollectorRegistry()
     db = RefusingDatabase()
     log = AuditLog(AuditConfig(flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(registry))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(log.run)
-        log.offer(outcome(0))
-        await log.settle()
-        log.offer(outcome(1))
-        await log.settle()
-        log.offer(outcome(2))
-        await log.aclose()
+    with trio.fail_after(60):  # kept and tried again, it would never settle
+        async with trio.open_nursery() as nursery:
+            await nursery.start(log.run)
+            log.offer(outcome(0))
+            await log.settle()
+            log.offer(outcome(1))
+            await log.settle()
+            log.offer(outcome(2))
+            await log.aclose()
     assert [r[0] for r in db.rows] == ["r0", "r2"]
     assert dropped(registry, "db_error") == 1
 
@@ -518,10 +519,22 @@ def test_a_sqlite_usage_read_gives_up_after_its_timeout(tmp_path):
     db = SQLiteDatabase(tmp_path / "a.db")
     db.open()
     endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            db.query(endless, [], 0.2)
+        except BaseException as exc:
+            raised.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)  # a failure must not hang the run
     started = time.monotonic()
-    with pytest.raises(sqlite3.OperationalError, match="interrupted"):
-        db.query(endless, [], 0.2)
+    reader.start()
+    reader.join(5.0)
+    assert not reader.is_alive(), "the read did not give up"
     assert time.monotonic() - started < 2.0
+    assert isinstance(raised[0], sqlite3.OperationalError)
+    assert "interrupted" in str(raised[0])
     db.close()
 
 
