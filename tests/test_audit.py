@@ -515,6 +515,41 @@ async def test_a_usage_read_the_database_does_not_answer_is_a_503_to_retry(threa
     assert away.value.headers["Retry-After"] == "1"
 
 
+async def test_a_full_sqlite_disk_loses_no_row_and_usage_says_it_is_partial_meanwhile(tmp_path):
+    # Issue 55 (5.3): a full SQLite disk lost 994 of 3,000 rows, and /v1/usage gave short
+    # totals with no sign of the gap. A real SQLITE_FULL: the file may not grow a page.
+    app = App(spend_config(tmp_path, audit_extra='content = "redacted"\nflush_ms = 0\n'))
+    big = chat_body("hi " + "z" * 20_000)  # each row needs pages of its own
+    async with running(app) as client:
+        audit = app.audit
+        assert audit is not None
+        assert (await client.chat(chat_body("echo: first"), headers=auth(KEY_DAN))).status == 200
+        await audit.settle()
+        conn = audit.db._require()  # type: ignore[attr-defined]  # the writer's connection, idle
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        conn.execute(f"PRAGMA max_page_count = {pages}")
+        for _ in range(5):
+            assert (await client.chat(big, headers=auth(KEY_DAN))).status == 200
+        registry = app.metrics.registry
+        with trio.fail_after(10):
+            while not registry.get_sample_value("aiserve_audit_write_failures_total"):  # noqa: ASYNC110
+                await trio.sleep(0.05)  # the writer's thread: polled
+        mine = await client.request("GET", "/v1/usage", headers=auth(KEY_DAN))
+        assert mine.status == 200
+        assert mine.json()["total"]["requests"] == 1
+        assert (mine.json()["partial"], mine.json()["unwritten_rows"]) == (True, 5)
+        assert mine.headers["x-aiserve-usage-partial"] == "5"
+        conn.execute("PRAGMA max_page_count = 1073741823")  # room again
+        with trio.fail_after(15):
+            await audit.settle()
+        whole = await client.request("GET", "/v1/usage", headers=auth(KEY_DAN))
+        assert whole.json()["total"]["requests"] == 6
+        assert "partial" not in whole.json()
+        assert "x-aiserve-usage-partial" not in whole.headers
+        assert all_dropped(registry) == 0
+    assert len(rows(tmp_path / "audit.db")) == 6
+
+
 def test_a_sqlite_usage_read_gives_up_after_its_timeout(tmp_path):
     db = SQLiteDatabase(tmp_path / "a.db")
     db.open()
