@@ -73,7 +73,13 @@ class PostgresDatabase:
             psycopg.Error: the database cannot be reached or migrated.
             SchemaTooNew: a newer gateway migrated it.
         """
-        conn = self._require()
+        try:
+            return self._migrate(self._require())
+        except psycopg.Error:
+            self._drop()  # the writer opens again later, on a new connection
+            raise
+
+    def _migrate(self, conn: psycopg.Connection[Any]) -> int:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute(CREATE_VERSION_TABLE)
