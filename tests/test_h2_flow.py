@@ -21,9 +21,11 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import h2.connection
 import h2.errors
+import h2.events
 import h2.settings
 import pytest
 import trio
@@ -31,11 +33,16 @@ import trio.testing
 from bench import h2_window
 from bench.h2_window import Seen, Upstream, chat_body, h2_connect, pump, request_headers
 from bench.hostile import rss_mb
+from hypercorn.events import RawData
 from hypercorn.protocol.h2 import BUFFER_HIGH_WATER, BUFFER_LOW_WATER
 from hypercorn.trio.worker_context import EventWrapper
 from hyperframe.frame import GoAwayFrame
 
 from aiserve_trio.hypercorn_seam import WindowedBuffer
+from aiserve_trio.security import edge
+from aiserve_trio.security.edge import EdgeSettings, PenaltyBox
+
+from .test_hostile import HEAD, h2_client, h2_server
 
 #: Whether this run has the hypercorn seam (``.ci/run`` runs real-server tests without it).
 SEAM = os.environ.get("AISERVE_HYPERCORN_PATCHES", "").strip().lower() != "off"
@@ -81,6 +88,63 @@ async def test_a_closed_stream_releases_its_blocked_writer() -> None:
         nursery.start_soon(buffer.push, b"x" * BUFFER_HIGH_WATER)
         await trio.testing.wait_all_tasks_blocked()
         await buffer.close()  # the nursery ends: the writer was released
+
+
+# --- the protocol, in-process (test_hostile's driver: hypercorn's protocol, no sockets) --
+
+
+@pytest.fixture
+def guard(monkeypatch: pytest.MonkeyPatch) -> PenaltyBox:
+    """This process's edge settings and penalty box, put back after the test."""
+    box = PenaltyBox(first=1.0, longest=60.0, capacity=16)
+    monkeypatch.setattr(edge, "_settings", EdgeSettings())
+    monkeypatch.setattr(edge, "_box", box)
+    return box
+
+
+async def limited_server() -> tuple[Any, Any, bytearray]:
+    proto, tasks, out = await h2_server()
+    proto.config.h2_max_concurrent_streams = LIMIT
+    return proto, tasks, out
+
+
+async def test_streams_over_the_limit_in_one_read_are_refused_and_nobody_is_punished(
+    guard: PenaltyBox,
+) -> None:
+    proto, tasks, out = await limited_server()
+    c = h2_client()
+    for _ in range(LIMIT + 6):
+        c.send_headers(c.get_next_available_stream_id(), HEAD, end_stream=True)
+    await proto.handle(RawData(data=c.data_to_send()))
+    assert tasks.apps == LIMIT
+    said = c.receive_data(bytes(out))  # the client that opened them reads the answer
+    refused = [e for e in said if isinstance(e, h2.events.StreamReset)]
+    assert [e.error_code for e in refused] == [h2.errors.ErrorCodes.REFUSED_STREAM] * 6
+    assert not [e for e in said if isinstance(e, h2.events.ConnectionTerminated)]
+    assert not proto.closed
+    assert not guard.refuses("127.0.0.9", trio.current_time())
+
+
+async def test_rapid_reset_past_the_stream_limit_is_still_caught(guard: PenaltyBox) -> None:
+    # Streams opened and reset in one read hold no slot: none is refused, so every one
+    # of them reaches the rapid-reset rule (found on the real server: counted as open,
+    # those past the 64th were refused, reset a second time by h2, and the rule never
+    # saw them).
+    proto, tasks, _ = await limited_server()
+    c = h2_client()
+    await proto.handle(RawData(data=c.data_to_send()))
+    sent = 0
+    while not proto.closed and sent < 2000:
+        for _ in range(100):
+            sid = c.get_next_available_stream_id()
+            c.send_headers(sid, HEAD, end_stream=True)
+            c.reset_stream(sid)
+        await proto.handle(RawData(data=c.data_to_send()))
+        sent += 100
+    assert proto.closed
+    assert sent <= 300
+    assert tasks.apps == 0
+    assert guard.refuses("127.0.0.9", trio.current_time())
 
 
 # --- the real server --------------------------------------------------------------------

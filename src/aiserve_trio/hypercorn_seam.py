@@ -607,6 +607,11 @@ class GatewayH2(H2Protocol):
         """
         limit = self.config.h2_max_concurrent_streams
         open_streams = len(self.streams)
+        # Streams the client opened and reset within these events hold no slot: they are
+        # the rapid-reset rule's to count, and _skip_streams' to drop.
+        cancelled = {
+            e.stream_id for e in events if isinstance(e, h2.events.StreamReset) and e.remote_reset
+        }
         refused: set[int] = set()
         kept = []
         for e in events:
@@ -621,11 +626,14 @@ class GatewayH2(H2Protocol):
                 continue
             sid = getattr(e, "stream_id", None)
             if isinstance(e, h2.events.RequestReceived):
-                if self.context.terminated.is_set():
+                if self.context.terminated.is_set() or e.stream_id in cancelled:
                     pass
                 elif self.draining or open_streams >= limit:
                     refused.add(e.stream_id)
-                    self.connection.reset_stream(e.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                    with contextlib.suppress(h2.exceptions.StreamClosedError):  # gone anyway
+                        self.connection.reset_stream(
+                            e.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM
+                        )
                     continue
                 else:
                     open_streams += 1
