@@ -206,6 +206,8 @@ class AuditLog:
         self._done = trio.Event()
         #: The last try (write or connect) failed: the writer is backing off.
         self._failing = False
+        #: Why, in one line (for the log).
+        self._last_error = ""
         #: The database was opened and migrated (at start-up, or later by the writer).
         self._opened = False
         #: The writer's next wait after a failure (see :data:`RETRY_FIRST_S`).
@@ -309,9 +311,10 @@ class AuditLog:
         self._running = True
         if not opened:
             log.warning(
-                "audit log: %s cannot be reached; serving without it: rows are queued (%d at "
-                "most, aiserve_audit_rows_pending) and written once it answers",
+                "audit log: %s cannot be reached (%s); serving without it: rows are queued "
+                "(%d at most, aiserve_audit_rows_pending) and written once it answers",
                 self.db,
+                self._last_error,
                 self.settings.buffer,
             )
         task_status.started()
@@ -413,10 +416,11 @@ class AuditLog:
     def _failed(self, exc: BaseException, *, quiet: bool = False) -> None:
         self.metrics.failures.inc()
         self.metrics.up.set(0)
+        self._last_error = " ".join(str(exc).split()) or type(exc).__name__
         if not self._failing and not quiet:  # once per run of failures, not per try
             log.warning(
                 "audit: %s is not answering (%s); %d rows queued, trying again",
-                self.db, exc, len(self._queue),
+                self.db, self._last_error, len(self._queue),
             )  # fmt: skip
         self._failing = True
 
