@@ -15,7 +15,9 @@ import psycopg
 import pytest
 
 from aiserve_trio.audit.postgres import PostgresDatabase
+from aiserve_trio.audit.row import RowBuilder
 from aiserve_trio.audit.schema import COLUMNS, VERSION
+from aiserve_trio.stages.outcome import Outcome
 
 from .authcfg import OFF
 from .conftest import config_text
@@ -95,6 +97,29 @@ def test_the_schema_is_migrated_once_and_rows_go_in(database: str):
     db.insert([tuple(row[c] for c in COLUMNS)])
     db.close()
     assert count(database, "request_id = 'r1' AND cost = 0.5") == 1
+
+
+def test_a_batch_tried_again_after_a_broken_connection_is_not_written_twice(database: str):
+    # A COMMIT that reached the server just before the connection broke: the writer sees a
+    # failure and tries the batch again, with rows the table already holds.
+    builder = RowBuilder(b"k")
+    rows = [
+        builder.row(Outcome(request_id=f"r{i}", route="chat", channel="api", arrival=0.0,
+                            ended=0.1, status="ok", tenant="t", model="m"), time.time() + i)
+        for i in range(5)
+    ]  # fmt: skip
+    db = PostgresDatabase(database)
+    db.open()
+    db.insert(rows[:3])
+    assert db._conn is not None
+    with psycopg.connect(database, autocommit=True) as admin:  # as a restart would
+        admin.execute("SELECT pg_terminate_backend(%s)", (db._conn.info.backend_pid,))
+    with pytest.raises(psycopg.OperationalError):
+        db.insert(rows)
+    db.insert(rows)
+    db.close()
+    assert count(database) == 5  # r0-r2 once, r3 and r4 written
+    assert count(database, "request_id = 'r0'") == 1
 
 
 def test_rows_from_two_gateway_processes_go_into_one_database(database: str, tmp_path: Path):

@@ -14,6 +14,11 @@ refuses for good (a row it will never take) is dropped and counted. Two
 gateways starting at once migrate under an advisory lock: one applies the
 migrations, the other finds them applied.
 
+A batch whose COMMIT reached the server just before the connection broke was
+written, though the writer saw a failure and tries it again: after a failure,
+the next batch leaves out the rows already in the table (one query on the ts
+index, only then), so a retry does not count a request twice.
+
 A usage read has a connection of its own with ``statement_timeout`` set: a
 locked or slow table ends the read in the database, so its thread is not held
 longer than ``[audit] usage_timeout_ms``, even once its client has gone.
@@ -28,9 +33,14 @@ from typing import Any
 import psycopg
 
 from .row import Row
-from .schema import CREATE_VERSION_TABLE, insert_sql, pending
+from .schema import COLUMNS, CREATE_VERSION_TABLE, insert_sql, pending
 
 _INSERT = insert_sql("%s")
+_ID, _TS = COLUMNS.index("request_id"), COLUMNS.index("ts")
+#: The rows of a batch already in the table (by the ts index, then the id).
+_PRESENT = (
+    "SELECT request_id FROM audit_requests WHERE ts >= %s AND ts <= %s AND request_id = ANY(%s)"
+)
 #: The advisory lock migrations take (any constant shared by every gateway).
 _MIGRATION_LOCK = 0x61756469  # "audi"
 CONNECT_TIMEOUT_S = 3
@@ -46,6 +56,8 @@ class PostgresDatabase:
         self._dsn = dsn
         self._name = name
         self._conn: psycopg.Connection[Any] | None = None
+        #: The last insert failed: its rows may be in the table all the same.
+        self._unsure = False
 
     def __str__(self) -> str:
         return self._name
@@ -109,9 +121,14 @@ class PostgresDatabase:
         try:
             conn = self._require()
             with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(_INSERT, rows)
+                if self._unsure:
+                    rows = _absent(cur, rows)
+                if rows:
+                    cur.executemany(_INSERT, rows)
+            self._unsure = False
         except psycopg.Error:
             self._drop()  # the next batch connects again
+            self._unsure = True
             raise
 
     def purge(self, before: float) -> int:
@@ -136,3 +153,11 @@ class PostgresDatabase:
 
     def close(self) -> None:
         self._drop()
+
+
+def _absent(cur: psycopg.Cursor[Any], rows: Sequence[Row]) -> Sequence[Row]:
+    """``rows`` less those already in the table (a batch tried again after an unsure failure)."""
+    stamps = [r[_TS] for r in rows]
+    cur.execute(_PRESENT, (min(stamps), max(stamps), [r[_ID] for r in rows]))
+    present = {row[0] for row in cur.fetchall()}
+    return [r for r in rows if r[_ID] not in present] if present else rows
