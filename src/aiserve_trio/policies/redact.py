@@ -47,7 +47,7 @@ from .base import (
     PolicySettings,
     Table,
 )
-from .reach import Opaque, Walker, decoded
+from .reach import Opaque, Walker, decoded_steps
 from .stream import Rewriter, Rule, literal, make_rule
 
 if TYPE_CHECKING:
@@ -278,10 +278,8 @@ class GdprRedact(Policy):
         out = []
         for i, msg in enumerate(messages):
             raw = msg.to_raw()
-            value = decoded(raw, f"messages[{i}]")
+            value = yield from decoded_steps(raw, f"messages[{i}]", walker.meter)
             parts = len(msg.content) if isinstance(msg.content, list) else 0
-            if self._charged(walker, raw, 1 + parts):
-                yield
             new = yield from self._refusing(walker.value(value, f"messages[{i}]"))
             if new is value:
                 out.append(msg)
@@ -307,9 +305,7 @@ class GdprRedact(Policy):
             if key in PARAMETERS:
                 out[key] = raw
                 continue
-            value = decoded(raw, key)
-            if self._charged(walker, raw, 1):
-                yield
+            value = yield from decoded_steps(raw, key, walker.meter)
             new_key = yield from walker.rewrite(key)
             new = yield from self._refusing(walker.value(value, key))
             if new is value:
