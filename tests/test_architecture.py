@@ -220,6 +220,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "adapters.retry",
         "observability.events",
         "sessions.redis_streams",
+        "slices",
     ),
     "apis/": (),
     "stages/": (

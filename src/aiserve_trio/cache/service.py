@@ -48,6 +48,7 @@ import trio
 from ..adapters.retry import is_retryable
 from ..errors import GatewayError, InternalError, UpstreamError
 from ..observability.events import NULL_HOOK, CacheHook
+from ..slices import run_sliced
 from .backend import CacheBackend, MemoryBackend
 from .entry import (
     Entry,
@@ -63,7 +64,7 @@ from .key import (
     deterministic,
     directives,
     policy_version,
-    request_key,
+    request_key_steps,
 )
 from .remote import BackendCalls, SharedFlight, SharedIndex, Storing
 from .semantic import Probe, Semantic
@@ -262,15 +263,18 @@ class Cache:
             or (s.deterministic_only and not deterministic(temperature, request.extra.get("seed")))
         ):
             return Ticket(plan.label, "bypass", plan)
-        key = request_key(
-            plan.scope,
-            tenant=tenant,
-            channel=channel,
-            model=request.model,
-            messages=[m.to_raw() for m in request.messages],
-            fields=request.extra,
-            max_tokens=request.max_tokens,
-            variables=request.variables,
+        # Sliced: the material may be a megabyte of tools and messages (issue 51).
+        key = await run_sliced(
+            request_key_steps(
+                plan.scope,
+                tenant=tenant,
+                channel=channel,
+                model=request.model,
+                messages=[m.to_raw() for m in request.messages],
+                fields=request.extra,
+                max_tokens=request.max_tokens,
+                variables=request.variables,
+            )
         )
         if asked.no_cache:
             return self._member(plan, self.flights.start(key, fresh=True), request.deadline)
