@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import msgspec
+import trio
 
 from ..api import request_decoder
 from ..apis import CODECS
@@ -363,7 +364,11 @@ class ParseStage:
             # pieces counted before a loop visits one of them (``apis/shape.py``).
             check_shape(raw, codec.kind, limits)
             raw, view = codec.decode(raw)
+            # Each of these is one call of up to ~10 ms (bounded by the limits above):
+            # a checkpoint between them, so that they are not one step together.
+            await trio.lowlevel.checkpoint()
             await run_sliced(scan_steps(raw, limits.max_json_depth, limits.max_json_values))
+            await trio.lowlevel.checkpoint()
         default = route.config.default_model or route.adapter.default_model
         req = decode_request(raw, limits, default, scanned=True)
         if view is not None:
