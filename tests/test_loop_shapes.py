@@ -24,15 +24,16 @@ import httpx2
 import msgspec
 import pytest
 import trio
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from aiserve_trio.asgi import App
+from aiserve_trio.cache.key import canonical, canonical_bytes, canonical_steps
 from aiserve_trio.config import build_policies
 from aiserve_trio.messages import decode_message
 from aiserve_trio.policies.base import PolicyContext
-from aiserve_trio.policies.reach import Walker
-from aiserve_trio.slices import CHARS_PER_STEP, ITEM_UNITS, UNITS_PER_STEP, Steps
+from aiserve_trio.policies.reach import Walker, decoded, decoded_steps
+from aiserve_trio.slices import CHARS_PER_STEP, ITEM_UNITS, UNITS_PER_STEP, Meter, Steps
 from aiserve_trio.stages.parse import scan_steps
 
 from .asgi_client import Client
@@ -41,6 +42,8 @@ from .servers import hypercorn_gateway
 from .test_loop_hold import _probe
 
 CTX = PolicyContext(route="r", channel="app", tenant="t", request_id="x")
+#: The default ``limits.max_body_bytes``.
+BODY_LIMIT = 8_388_608
 #: CPU time a step may take in these tests: half the 20 ms rule, well over the ~1-2 ms
 #: a step is meant to take (one-call decodes of a few MB, page faults of a growing
 #: heap). CPU time, not wall time: another process on the shared cores does not count.
@@ -218,10 +221,28 @@ def test_the_body_scan_does_bounded_work_between_two_yields(shape: Shape) -> Non
     """The depth and value scan of a body of any shape, up to the body limit."""
     value = build(shape)
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "x": value}).encode()
-    if len(body) > 8_388_608:
-        body = body[:8_388_608]
+    if len(body) > BODY_LIMIT:
+        body = body[:BODY_LIMIT]
     longest = longest_step(lambda: scan_steps(body, 64, 10**9))
     assert longest < STEP_CPU_S, f"{longest * 1000:.1f} ms in one step ({len(body)} bytes)"
+
+
+@settings(TIMED, max_examples=30)
+@given(shapes(max_items=50_000))
+def test_json_is_decoded_and_made_canonical_in_bounded_steps(shape: Shape) -> None:
+    """What the redaction walks and the cache key hashes is decoded a level at a time:
+    the same value, the same canonical bytes, and no long step for a big value."""
+    raw = json.dumps({"m": build(shape), "n": [None]}).encode()
+    assume(len(raw) <= BODY_LIMIT)  # a body beyond it is refused before any decode
+    value, _, _ = steps_cpu(decoded_steps(raw, "v", Meter()))
+    assert value == decoded(raw, "v")
+    longest = longest_step(lambda: decoded_steps(raw, "v", Meter()))
+    assert longest < STEP_CPU_S, f"decode: {longest * 1000:.1f} ms in one step"
+    written: list[bytes] = []
+    steps_cpu(canonical_steps(raw, Meter(), written.append))
+    assert b"".join(written) == canonical_bytes(canonical(raw))
+    longest = longest_step(lambda: canonical_steps(raw, Meter(), len))
+    assert longest < STEP_CPU_S, f"canonical: {longest * 1000:.1f} ms in one step"
 
 
 def test_a_list_of_nulls_yields_as_strings_do() -> None:
