@@ -1,3 +1,4 @@
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -175,6 +176,43 @@ def test_server_on_a_bad_config_says_one_line_and_exits_non_zero(tmp_path, worke
     assert len(lines) == 1, proc.stderr.decode()
     assert lines[0].startswith(f"aiserve-trio: not started: {bad}: ")
     assert line in lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1])
+def test_server_whose_start_up_fails_says_one_line_and_exits_non_zero(tmp_path, workers):
+    # A valid config whose start-up fails all the same: the audit database was migrated
+    # by a newer gateway. hypercorn would print the ExceptionGroup and exit 0.
+    db = tmp_path / "audit.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE audit_schema (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO audit_schema (version) VALUES (999)")
+    cfg = tmp_path / "aiserve.toml"
+    cfg.write_text(default_config_text() + f'\n[audit]\nbackend = "sqlite"\npath = "{db}"\n')
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "hypercorn"),
+            "--config",
+            str(ROOT / "configs/hypercorn.toml"),
+            "--bind",
+            "127.0.0.1:0",
+            "--workers",
+            str(workers),
+            "aiserve_trio:app",
+        ],
+        env={"AISERVE_CONFIG": str(cfg), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode != 0, proc
+    lines = proc.stderr.decode().splitlines()
+    # The start-up's own log lines come first; then the one line, and no traceback.
+    assert "Traceback" not in proc.stderr.decode()
+    refusal = [line for line in lines if "not started" in line]
+    assert refusal == [lines[-1]], proc.stderr.decode()
+    assert lines[-1].startswith(f"aiserve-trio: not started: {cfg}: start-up failed: SchemaTooNew: ")
+    assert "schema version 999" in lines[-1]
 
 
 async def test_outside_hypercorn_a_bad_config_fails_the_lifespan_start_up(tmp_path, monkeypatch):

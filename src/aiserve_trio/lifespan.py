@@ -153,6 +153,14 @@ class Lifespan:
             try:
                 await self.startup(nursery)
             except Exception as exc:
+                if (role := hypercorn_process()) is not None:
+                    # Under the hypercorn binary a failed lifespan ends the worker with
+                    # a traceback and the server with status 0 (startup.py): whatever
+                    # stops the start -- a database migrated by a newer gateway, a port
+                    # an adapter cannot open -- is one line and a non-zero exit, as a
+                    # bad config is. The traceback is there at debug level.
+                    log.debug("start-up failed", exc_info=True)
+                    refuse_to_start(self._start_failure(exc), role)
                 log.exception("start-up failed")
                 await send({"type": "lifespan.startup.failed", "message": str(exc)})
                 nursery.cancel_scope.cancel(reason="start-up failed")
@@ -164,6 +172,14 @@ class Lifespan:
                 await self.shutdown()
                 nursery.cancel_scope.cancel(reason="lifespan shutdown")
         await send({"type": "lifespan.shutdown.complete"})
+
+    def _start_failure(self, exc: Exception) -> str:
+        """What stopped the start, in one line that names the config file."""
+        said = str(exc)
+        source = str(self.config.source)
+        if said.startswith(source):  # a ConfigError names the file and the key itself
+            return said
+        return f"{source}: start-up failed: {type(exc).__name__}: {said}"
 
     async def startup(self, nursery: trio.Nursery) -> None:
         """Guard the server, open the adapters' pools and the session bus, start background tasks.
