@@ -164,6 +164,7 @@ def counting_rewrite(log: list[int]) -> Callable[[str], Steps[str]]:
     return rewrite
 
 
+@pytest.mark.slow  # 2-6 s of examples
 @settings(TIMED, max_examples=40)
 @given(shapes(max_items=50_000))
 def test_the_walker_does_bounded_work_between_two_yields(shape: Shape) -> None:
@@ -189,6 +190,7 @@ def test_the_walker_does_bounded_work_between_two_yields(shape: Shape) -> None:
     assert longest < STEP_CPU_S, f"{longest * 1000:.1f} ms in one step"
 
 
+@pytest.mark.slow  # 2-6 s of examples
 @settings(TIMED, max_examples=15)
 @given(
     st.lists(shapes(max_items=3_000), min_size=1, max_size=4),
@@ -215,6 +217,7 @@ def test_gdpr_redact_does_bounded_work_between_two_yields(
     assert longest < STEP_CPU_S, f"fields: {longest * 1000:.1f} ms in one step"
 
 
+@pytest.mark.slow  # 2-6 s of examples
 @settings(TIMED, max_examples=30)
 @given(shapes(max_items=400_000))
 def test_the_body_scan_does_bounded_work_between_two_yields(shape: Shape) -> None:
@@ -227,6 +230,7 @@ def test_the_body_scan_does_bounded_work_between_two_yields(shape: Shape) -> Non
     assert longest < STEP_CPU_S, f"{longest * 1000:.1f} ms in one step ({len(body)} bytes)"
 
 
+@pytest.mark.slow  # 2-6 s of examples
 @settings(TIMED, max_examples=30)
 @given(shapes(max_items=50_000))
 def test_json_is_decoded_and_made_canonical_in_bounded_steps(shape: Shape) -> None:
