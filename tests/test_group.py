@@ -38,6 +38,7 @@ from aiserve_trio.errors import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamStatusError,
+    UpstreamTimeout,
 )
 
 from .asgi_client import Client, chat_body
@@ -58,9 +59,9 @@ class Script:
     fail_after: int | None = None
     #: Seconds before a failure before the first token (a slow refusal).
     fail_delay: float = 0.0
-    #: Break off with ``error`` after the first token as the deadline passes (a backend
-    #: keeping the budget it was sent), seen before the deadline's cancel: this clock
-    #: jumps past it with no checkpoint.
+    #: Stream a token every ``gap`` after the first, then break off with ``error`` as
+    #: the deadline passes (a backend keeping the budget it was sent), seen before the
+    #: deadline's cancel: this clock jumps past it with no checkpoint.
     keeps_budget: trio.testing.MockClock | None = None
 
 
@@ -100,6 +101,10 @@ class Fake(Adapter):
                     await trio.sleep(script.gap)
                 await send.send(Delta(text=f"{self.name}{i} "))
                 if script.keeps_budget is not None:
+                    # Still generating (a token every gap) when the budget runs out.
+                    while trio.current_time() + script.gap < request.deadline - 0.001:
+                        await trio.sleep(script.gap)
+                        await send.send(Delta(text="."))
                     await trio.sleep_until(request.deadline - 0.001)
                     script.keeps_budget.jump(0.002)
                     raise script.error
@@ -403,6 +408,107 @@ async def test_a_deployment_keeping_the_budget_it_was_sent_is_not_ejected(
     assert dict(g.states(trio.current_time()))["a"] == State.EJECTED
 
 
+# --- after the first token: stalls (issue 55, item 4) -----------------------------------------
+
+#: A hung worker: its first token at 50 ms, then nothing for 100 s.
+HUNG = Script(tokens=2, gap=100.0)
+
+
+async def test_a_reply_that_stalls_after_its_first_token_is_cut_and_ejects(
+    autojump_clock: Any,
+) -> None:
+    a, b = Fake("a", HUNG), Fake("b")
+    g = group(a, b, consecutive_failures=2, balance="lowest_ttft", priors={"a": 0.05, "b": 0.1})
+    for _ in range(2):
+        err, took = await refused(g, budget=10.0)
+        assert isinstance(err, UpstreamTimeout)
+        assert "a: stalled, no token for 2000 ms after the first" in err.message
+        assert took == pytest.approx(0.05 + 2.0)  # the stall watch (stall_ms), not the deadline
+    now = trio.current_time()
+    assert dict(g.states(now))["a"] == State.EJECTED
+    stats = g.health.window("a").stats(now)
+    assert (stats.stalls, stats.timeouts, stats.errors) == (2, 2, 0)
+    assert stats.ttft_p95 == pytest.approx(0.05)  # its first tokens were real
+    deltas, _ = await serve(g, budget=10.0)
+    assert text(deltas) == "b0 b1 b2 "
+
+
+async def cut_at_deadline(g: GroupAdapter, budget: float, leaves: float | None = None) -> None:
+    """One request whose stage cut (or whose client, at ``leaves``) cancels it."""
+    send, _recv = trio.open_memory_channel[Delta](10_000)
+    with trio.move_on_after(budget if leaves is None else leaves):
+        async with send:
+            await g.stream(request(budget), send)
+
+
+async def test_a_try_cut_by_the_deadline_is_judged_by_its_backends_silence(
+    autojump_clock: Any,
+) -> None:
+    # The stall watch is longer than the budget: the deadline's cut judges.
+    a = Fake("a", Script(tokens=1000, gap=0.01))  # still flowing at the cut
+    g = group(a, Fake("b"), consecutive_failures=1, stall_ms=60_000, balance="lowest_ttft",
+              priors={"a": 0.05, "b": 0.1})  # fmt: skip
+    await cut_at_deadline(g, 1.0)
+    now = trio.current_time()
+    assert dict(g.states(now))["a"] == State.HEALTHY
+    assert g.health.window("a").stats(now).requests == 0  # the budget's doing: no verdict
+    a.scripts = [HUNG]
+    await cut_at_deadline(g, 1.0, leaves=0.9)  # the client left: not a's doing either
+    assert g.health.window("a").stats(trio.current_time()).requests == 0
+    await cut_at_deadline(g, 1.0)  # silent 950 ms of the 950 since its first token
+    now = trio.current_time()
+    assert dict(g.states(now))["a"] == State.EJECTED
+    assert g.health.window("a").stats(now).stalls == 1
+
+
+async def test_a_slow_client_is_not_a_stalled_backend(autojump_clock: Any) -> None:
+    a = Fake("a", Script(tokens=3, gap=0.01))
+    g = group(a, consecutive_failures=1, max_ejected_percent=100)
+    send, recv = trio.open_memory_channel[Delta](0)
+    got: list[Delta] = []
+
+    async def reader() -> None:
+        async for d in recv:
+            got.append(d)
+            await trio.sleep(3.0)  # takes each delta 3 s after the last: past stall_ms
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        async with send:
+            await g.stream(request(30.0), send)
+    assert text(got) == "a0 a1 a2 "
+    stats = g.health.window("a").stats(trio.current_time())
+    assert (stats.requests, stats.stalls, stats.consecutive_failures) == (1, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "script",
+    [Script(ttft=100.0), HUNG],
+    ids=["a byte a second (no token for 100 s)", "first token then nothing"],
+)
+async def test_the_completion_probe_keeps_out_what_lists_its_models_but_does_not_stream(
+    autojump_clock: Any, script: Script
+) -> None:
+    a, b = Fake("a", script), Fake("b")  # a.probe_ok: GET /v1/models answers at once
+    g = group(a, b, probe_interval_ms=1000, consecutive_failures=2, base_ejection_ms=2000)
+    seen = []
+    async with trio.open_nursery() as nursery:
+        await g.aopen(nursery)
+        for _ in range(40):
+            await trio.sleep(0.5)
+            seen.append(dict(g.states(trio.current_time())))
+        await g.aclose()
+    a_seen = [s["a"] for s in seen]
+    out = a_seen.index(State.EJECTED)
+    # Probes at 1 s and 3 s, each timed out after probe_timeout_ms: out at 4 s
+    # (seen by the sample at 4 s or the next, as the two wake-ups fall).
+    assert 4.0 <= out * 0.5 + 0.5 <= 4.5
+    assert State.HEALTHY not in a_seen[out:]  # every probe after a cool-down fails it again
+    assert all(s["b"] == State.HEALTHY for s in seen)  # b finishes its token in time
+    assert a.calls
+    assert all(r.max_tokens == 1 for _, r in a.calls + b.calls)
+
+
 async def test_it_stays_out_longer_while_it_keeps_failing(autojump_clock: Any) -> None:
     a, b = Fake("a", Script(ttft=None)), Fake("b")
     g = group(a, b, consecutive_failures=1, base_ejection_ms=1000, balance="lowest_ttft",
@@ -421,7 +527,8 @@ async def test_it_stays_out_longer_while_it_keeps_failing(autojump_clock: Any) -
 
 async def test_active_probe_ejects_and_readmits(autojump_clock: Any) -> None:
     a, b = Fake("a"), Fake("b")
-    g = group(a, b, probe_interval_ms=1000, consecutive_failures=2, base_ejection_ms=2000)
+    g = group(a, b, probe_interval_ms=1000, consecutive_failures=2, base_ejection_ms=2000,
+              probe="models")  # fmt: skip
     async with trio.open_nursery() as nursery:
         await g.aopen(nursery)
         a.probe_ok = False

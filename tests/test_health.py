@@ -79,6 +79,45 @@ def test_expected_reply_follows_successful_replies_only() -> None:
     assert w.expected_reply == pytest.approx(0.4)
 
 
+def test_a_timeout_is_no_latency_sample() -> None:
+    # Five cut-offs after 5 s each must not make 5 s the give-up point of the next try.
+    w = HealthWindow(10.0, prior_ttft=0.1, alpha=0.5)
+    for i in range(5):
+        w.record(i * 0.1, True, 0.1)
+    for i in range(5):
+        w.record(1.0 + i * 0.1, False, 5.0, timeout=True)
+    assert w.ttft_p95(2.0) == pytest.approx(0.1)
+    assert w.stats(2.0).timeouts == 5
+    assert w.expected_ttft > 4.0  # the average still learns the lower bound
+
+
+def test_a_stall_is_a_timeout_after_a_real_first_token() -> None:
+    o = Outliers(POLICY)
+    o.add("d0", 0.1)
+    o.add("d1", 0.1)
+    assert o.record("d0", 0.0, False, 0.05, stalled=True) is State.HEALTHY
+    assert o.record("d0", 0.1, False, 0.05, stalled=True) is State.HEALTHY
+    assert o.record("d0", 0.2, False, 0.05, stalled=True) is State.EJECTED  # 3 in a row
+    s = o.window("d0").stats(0.2)
+    assert (s.requests, s.errors, s.timeouts, s.stalls) == (3, 0, 3, 3)
+    assert s.ttft_p95 == pytest.approx(0.05)
+    # Mixed with successes, stalls count in the timeout rate (3 of 5 > 50 %).
+    o.add("d2", 0.1)
+    for t, ok in ((0.0, True), (0.1, False), (0.2, True), (0.3, False)):
+        o.record("d2", t, ok, 0.05, stalled=not ok)
+    assert o.record("d2", 0.4, False, 0.05, stalled=True) is State.HEALTHY  # d0 is out (50 %)
+    assert o.window("d2").stats(0.4).trips(POLICY) == "timeout rate 60% over 5 tries"
+
+
+def test_a_probe_that_times_out_is_a_timeout() -> None:
+    o = Outliers(POLICY)
+    o.add("d0", 0.1)
+    o.probed("d0", 0.0, False, timeout=True)
+    o.probed("d0", 0.1, False)
+    s = o.window("d0").stats(0.1)
+    assert (s.timeouts, s.errors) == (1, 1)
+
+
 def test_p95_of_the_window_or_the_prior() -> None:
     w = HealthWindow(10.0, prior_ttft=0.7)
     assert w.ttft_p95(0.0) == 0.7

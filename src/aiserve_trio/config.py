@@ -475,9 +475,16 @@ class GroupAdapterConfig(_Section, tag="group", tag_field="kind"):
     base_ejection_ms: int = 5_000
     max_ejection_ms: int = 300_000
     max_ejected_percent: int = 50
+    #: After its first token, a try that sends nothing for this long is stalled: cut, and
+    #: held against its deployment (a hung worker); 0: never (``adapters/group.py``).
+    #: Raise it for backends that send in large, far-apart chunks.
+    stall_ms: int = 2_000
     #: Active health: a probe of each deployment every this many ms (0: off).
     probe_interval_ms: int = 0
     probe_timeout_ms: int = 1_000
+    #: What a probe asks: "completion" (one token, finished within probe_timeout_ms) or
+    #: "models" (the member's cheap check: GET /v1/models, which a stuck server may answer).
+    probe: Literal["completion", "models"] = "completion"
 
     def __post_init__(self) -> None:
         _models(self.models)
@@ -495,7 +502,7 @@ class GroupAdapterConfig(_Section, tag="group", tag_field="kind"):
         if not 0 <= self.max_ejected_percent <= 100:
             raise field_error("max_ejected_percent", "must be between 0 and 100")
         _not_above(self, "base_ejection_ms", "max_ejection_ms")
-        for key in ("ttft_prior_ms", "max_ttft_p95_ms", "probe_interval_ms"):
+        for key in ("ttft_prior_ms", "max_ttft_p95_ms", "probe_interval_ms", "stall_ms"):
             if getattr(self, key) < 0:
                 raise field_error(key, "must not be negative")
         for name, ms in self.fallback_ttft_prior_ms.items():

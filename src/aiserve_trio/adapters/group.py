@@ -19,7 +19,25 @@ One request, before its first token::
     nothing fits any more -> 504 ``no_fallback_fits`` at once, saying why
 
 After the first token nothing moves: the client has part of this answer, and a
-second backend would write a different one after it (as ``retry.py`` says).
+second backend would write a different one after it (as ``retry.py`` says). But
+the try is still judged: a reply that breaks off counts against its deployment,
+and so does one that *stalls* -- after its first token, ``stall_ms`` without a
+delta from the backend (a hung worker sends its first token and then nothing).
+The stalled try is cut at once with ``upstream_timeout`` (the client's stream
+ends with that error rather than at the deadline) and recorded as a stall, so
+the deployment is ejected by its timeout rate or run of failures like any other.
+The watch is on the backend, not the client: the time the reply waits for the
+client to take a delta is not silence. A try cut by the deadline after its first
+token is judged by the same silence, against ``min(stall_ms, half of the time
+since its first token)`` (at least :data:`_MIN_STALL`): a reply still flowing at
+the deadline is the budget's doing and gets no verdict, one that went quiet is
+a stall. A try cut because the client left, or because another try won, is
+never judged: neither is the deployment's doing.
+
+The active probe (``probe_interval_ms``) asks what requests ask: by default a
+one-token completion that must finish within ``probe_timeout_ms`` (``probe =
+"models"``: the member's own cheap check, ``GET /v1/models``, which a server
+streaming at a byte a second still answers at once -- and so readmits).
 
 Retries are counted once: the group has ``NO_RETRIES`` on the base and calls
 its members' :meth:`~.base.Adapter.attempt` directly, never their ``stream``,
@@ -60,7 +78,7 @@ from ..errors import (
 )
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .balance import Candidate, order
-from .base import Adapter, Capabilities, Delta, DeltaSink, InferenceRequest, ServedBy
+from .base import Adapter, Capabilities, Delta, DeltaSink, InferenceRequest, Message, ServedBy
 from .health import HealthPolicy, Outliers, State
 from .retry import NO_RETRIES, Progress
 
@@ -68,6 +86,9 @@ log = logging.getLogger("aiserve_trio.adapters.group")
 #: Rounding room in "does it fit": a try cut to leave the next one exactly its
 #: expected TTFT must still find it fitting.
 _SLACK = 1e-6
+#: A try cut by the deadline after its first token is a stall only if its backend was
+#: silent at least this long: a few ordinary inter-token gaps are not a hang.
+_MIN_STALL = 0.25
 
 __all__ = ["GroupAdapter", "Member", "carries", "policy_from_config"]
 
@@ -168,7 +189,8 @@ class _Try:
     """One member's try within a request."""
 
     __slots__ = (
-        "done", "error", "first_at", "member", "model", "number", "scope", "started", "trimmed"
+        "done", "error", "first_at", "member", "model", "number", "quiet_since", "scope",
+        "started", "trimmed",
     )  # fmt: skip
 
     def __init__(
@@ -181,9 +203,13 @@ class _Try:
         self.started = started
         #: Messages the member's ``prepare`` dropped (for ``X-Aiserve-Trimmed-Messages``).
         self.trimmed = request.trimmed
-        #: Cancelled at the cut-off unless a token came first (then: no deadline of its own).
+        #: Cancelled at the cut-off unless a token came first; then at ``stall_ms``
+        #: after the backend's last delta (the stall watch).
         self.scope = trio.CancelScope(deadline=cutoff)
         self.first_at: float | None = None
+        #: Since when the backend has been asked for its next delta and sent none
+        #: (after the first token; the client's pace is not counted).
+        self.quiet_since: float | None = None
         self.error: GatewayError | None = None
         self.done = False
 
@@ -215,12 +241,14 @@ class _Race:
 class _TrySink:
     """Where a member's try sends its deltas: the race's judge, then the reply."""
 
-    __slots__ = ("_out", "_race", "_try", "finished")
+    __slots__ = ("_out", "_race", "_stall", "_try", "finished")
 
-    def __init__(self, race: _Race, t: _Try, out: DeltaSink) -> None:
+    def __init__(self, race: _Race, t: _Try, out: DeltaSink, stall: float) -> None:
         self._race = race
         self._try = t
         self._out = out
+        #: Seconds of silence after the first token that cut the try (inf: never).
+        self._stall = stall
         self.finished = False
 
     async def send(self, value: Delta, /) -> None:
@@ -230,7 +258,6 @@ class _TrySink:
             if race.winner is None:
                 # No checkpoint between the test and the claim: exactly one winner.
                 race.winner = t
-                t.scope.deadline = math.inf
                 for other in race.tries:
                     if other is not t:
                         other.scope.cancel(reason=f"{t.member.name} sent the first token")
@@ -242,7 +269,26 @@ class _TrySink:
                 await trio.sleep_forever()
         if value.finish_reason is not None:
             self.finished = True
+        # Waiting for the client to take the delta is not the backend's silence.
+        t.scope.deadline = math.inf
+        t.quiet_since = None
         await self._out.send(value)
+        if not self.finished:
+            t.quiet_since = trio.current_time()
+            t.scope.deadline = t.quiet_since + self._stall
+
+
+class _ProbeSink:
+    """Where a probe's completion goes: only whether it finished matters."""
+
+    __slots__ = ("finished",)
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    async def send(self, value: Delta, /) -> None:
+        if value.finish_reason is not None:
+            self.finished = True
 
 
 class GroupAdapter(Adapter):
@@ -313,12 +359,34 @@ class GroupAdapter(Adapter):
 
     async def _probe(self, member: Member) -> None:
         ok = False
-        with trio.move_on_after(self.config.probe_timeout_ms / 1000.0):
+        bound = self.config.probe_timeout_ms / 1000.0
+        with trio.move_on_after(bound) as timer:
             try:
-                ok = await member.adapter.probe()
+                if self.config.probe == "models":
+                    ok = await member.adapter.probe()
+                else:
+                    ok = await self._complete_one_token(member, trio.current_time() + bound)
             except Exception:  # a probe must never take the app down
                 log.debug("probe of %s failed", member.name, exc_info=True)
-        self._changed(member.name, self.health.probed(member.name, trio.current_time(), ok))
+        now = trio.current_time()
+        state = self.health.probed(member.name, now, ok, timeout=timer.cancelled_caught)
+        self._changed(member.name, state)
+
+    async def _complete_one_token(self, member: Member, deadline: float) -> bool:
+        """A one-token completion from ``member``, whole by ``deadline``: what a request
+        needs of it, so a server that answers its listing but not its streams fails."""
+        ask = InferenceRequest(
+            request_id=f"probe-{self.name}-{member.name}",
+            model=self.models[0],
+            messages=[Message(role="user", content="ping")],
+            deadline=deadline,
+            max_tokens=1,
+        )
+        sink = _ProbeSink()
+        await member.adapter.attempt(
+            await member.adapter.prepare(self._for(member, ask)), sink, Progress()
+        )
+        return sink.finished
 
     def _changed(self, name: str, state: State) -> None:
         if state is not State.HEALTHY:
@@ -475,7 +543,8 @@ class GroupAdapter(Adapter):
         first token, on the race), so the nursery never wraps it in a group.
         """
         name = t.member.name
-        sink = _TrySink(race, t, out)
+        stall = self.config.stall_ms / 1000.0 if self.config.stall_ms else math.inf
+        sink = _TrySink(race, t, out, stall)
         # A group inside a group reports its own deployments' tries.
         nested = isinstance(t.member.adapter, GroupAdapter)
         self.outstanding[name] += 1
@@ -494,6 +563,12 @@ class GroupAdapter(Adapter):
                         f"{name}: no first token after {waited * 1000:.0f} ms; "
                         "moved on while the next candidate still fit the budget"
                     )
+                if t.scope.cancelled_caught and race.winner is t:
+                    # The stall watch: a token, then stall_ms of the backend's silence.
+                    silent = trio.current_time() - (t.quiet_since or t.started)
+                    raise UpstreamTimeout(
+                        f"{name}: stalled, no token for {silent * 1000:.0f} ms after the first"
+                    )
             if not t.scope.cancelled_caught:
                 self._record(t, ok=True)
                 verdict = True
@@ -502,17 +577,23 @@ class GroupAdapter(Adapter):
             if isinstance(err, UpstreamError):
                 # Broken off once the budget had run out (it was sent the time left):
                 # judged as the cancel at the deadline below would judge it.
-                late = trio.current_time() >= request.deadline
-                if not late or t.first_at is None:
-                    self._record(t, ok=False, timeout=late or isinstance(err, UpstreamTimeout))
+                now = trio.current_time()
+                late = now >= request.deadline
+                if not late:
+                    stalled = t.first_at is not None and isinstance(err, UpstreamTimeout)
+                    self._record(
+                        t, ok=False, timeout=isinstance(err, UpstreamTimeout), stalled=stalled
+                    )
                     verdict = True
+                else:
+                    verdict = self._judge_cut(race, t, now, stall)
                 self.events.failed(name, err)
             if t.first_at is not None:
                 race.broken = err
         except trio.Cancelled:
-            if t.first_at is None and trio.current_time() >= request.deadline:
-                self._record(t, ok=False, timeout=True)  # the whole budget went by: slow
-                verdict = True
+            now = trio.current_time()
+            if now >= request.deadline:  # not the client leaving, nor another try winning
+                verdict = self._judge_cut(race, t, now, stall)
             raise
         finally:
             self.outstanding[name] -= 1
@@ -521,13 +602,33 @@ class GroupAdapter(Adapter):
             t.done = True
             race.wake()
 
-    def _record(self, t: _Try, *, ok: bool, timeout: bool = False) -> None:
+    def _judge_cut(self, race: _Race, t: _Try, now: float, stall: float) -> bool:
+        """Judge a try the deadline cut (or broke off as it passed); True if judged.
+
+        Before its first token the whole budget went by: a timeout. After it, the
+        serving try is a stall if its backend had been silent for ``min(stall,
+        half the time since its first token)`` (at least :data:`_MIN_STALL`); a
+        reply still flowing gets no verdict (the budget ended it), nor does a try
+        that lost the race.
+        """
+        if t.first_at is None:
+            self._record(t, ok=False, timeout=True)
+            return True
+        if race.winner is not t or t.quiet_since is None:
+            return False
+        limit = min(stall, max(_MIN_STALL, (now - t.first_at) / 2))
+        if now - t.quiet_since < limit:
+            return False
+        self._record(t, ok=False, stalled=True)
+        return True
+
+    def _record(self, t: _Try, *, ok: bool, timeout: bool = False, stalled: bool = False) -> None:
         now = trio.current_time()
         ttft: float | None = (t.first_at if t.first_at is not None else now) - t.started
         if not ok and not timeout and t.first_at is None:
             ttft = None  # failed fast: says nothing of its TTFT
         state = self.health.record(
-            t.member.name, now, ok, ttft, timeout=timeout, duration=now - t.started
+            t.member.name, now, ok, ttft, timeout=timeout, stalled=stalled, duration=now - t.started
         )
         self._changed(t.member.name, state)
 

@@ -8,6 +8,13 @@ cool-downs and the ejection state machine are tested on plain numbers.
   ttft)``): error and timeout rates over the last ``window`` seconds, the run of
   consecutive failures, the P95 of its first-token times and an EWMA of them
   (its *expected* TTFT, which decides whether a try still fits the budget).
+  A *stall* (a first token, then silence: a hung worker) is a timeout after the
+  first token: it counts in the timeout rate and the run of failures like any
+  timeout, and its first token is a real TTFT. A timeout before the first token
+  is no latency sample: what it waited only pushes the expected TTFT up (a lower
+  bound), never the P95, which is the deployment's own give-up point (the
+  group's cut-off and hedge delay) -- timeouts that raised it would make each
+  next try wait longer before it is given up.
 - :class:`Ejection` is the circuit of one deployment, a transition table
   (healthy -> ejected -> probing -> healthy or ejected again). The cool-down is
   ``base x consecutive ejections`` capped at ``max`` (Envoy's outlier detection):
@@ -99,10 +106,13 @@ class HealthPolicy:
 class WindowStats:
     requests: int
     errors: int
+    #: Timeouts before the first token and stalls after it.
     timeouts: int
     consecutive_failures: int
     #: P95 of the window's first-token times; None when it has none.
     ttft_p95: float | None
+    #: Of the timeouts, those after a first token (the reply stalled).
+    stalls: int = 0
 
     @property
     def error_rate(self) -> float:
@@ -146,8 +156,10 @@ class HealthWindow:
         self.window = window
         self.prior = prior_ttft
         self._alpha = alpha
-        #: (when, ok, timed out, ttft or None)
-        self._samples: deque[tuple[float, bool, bool, float | None]] = deque(maxlen=MAX_SAMPLES)
+        #: (when, ok, timed out, stalled, a TTFT sample or None)
+        self._samples: deque[tuple[float, bool, bool, bool, float | None]] = deque(
+            maxlen=MAX_SAMPLES
+        )
         self._streak = 0
         #: EWMA of the first-token times (a timed-out try counts with the time it
         #: was given: a lower bound, so the estimate moves the right way).
@@ -163,11 +175,22 @@ class HealthWindow:
         ttft: float | None,
         *,
         timeout: bool = False,
+        stalled: bool = False,
         duration: float | None = None,
     ) -> None:
         """One try ended at ``now``: ``ok`` or not, its TTFT if a token came (or
-        the time it waited, for a timeout), and how long a successful one took."""
-        self._samples.append((now, ok, timeout and not ok, ttft))
+        the time it waited, for a timeout), and how long a successful one took.
+
+        ``stalled``: it sent a first token (``ttft``), then nothing -- a timeout
+        whose TTFT is a real sample. A ``timeout`` before the first token adds
+        no TTFT sample to the window (what it waited is no latency), only to the
+        expected TTFT's average, as the lower bound it is.
+        """
+        failed = not ok
+        timed_out = failed and (timeout or stalled)
+        stall = failed and stalled
+        sample = None if timed_out and not stall else ttft
+        self._samples.append((now, ok, timed_out, stall, sample))
         self._streak = 0 if ok else self._streak + 1
         if ttft is not None:
             self.expected_ttft += self._alpha * (ttft - self.expected_ttft)
@@ -184,10 +207,13 @@ class HealthWindow:
     def stats(self, now: float) -> WindowStats:
         self._prune(now)
         samples = self._samples
-        errors = sum(1 for _, ok, to, _ in samples if not ok and not to)
-        timeouts = sum(1 for _, _, to, _ in samples if to)
-        ttfts = [t for _, _, _, t in samples if t is not None]
-        return WindowStats(len(samples), errors, timeouts, self._streak, quantile(ttfts, 0.95))
+        errors = sum(1 for _, ok, to, _, _ in samples if not ok and not to)
+        timeouts = sum(1 for _, _, to, _, _ in samples if to)
+        stalls = sum(1 for _, _, _, st, _ in samples if st)
+        ttfts = [t for *_, t in samples if t is not None]
+        return WindowStats(
+            len(samples), errors, timeouts, self._streak, quantile(ttfts, 0.95), stalls
+        )
 
     def ttft_p95(self, now: float) -> float:
         """The window's P95 TTFT, or the prior while it has measured none (the hedge delay)."""
@@ -306,11 +332,12 @@ class Outliers:
         ttft: float | None,
         *,
         timeout: bool = False,
+        stalled: bool = False,
         duration: float | None = None,
     ) -> State:
         """One try of ``name`` ended; returns its state afterwards."""
         t = self._tracked[name]
-        t.window.record(now, ok, ttft, timeout=timeout, duration=duration)
+        t.window.record(now, ok, ttft, timeout=timeout, stalled=stalled, duration=duration)
         circuit = t.circuit
         state = circuit.poll(now, self.policy)
         if state is State.PROBING and circuit.trial:
@@ -323,8 +350,9 @@ class Outliers:
             state = circuit.fire(Signal.TRIP, now, self.policy)
         return state
 
-    def probed(self, name: str, now: float, ok: bool) -> State:
-        """The active probe of ``name`` answered (``ok``) or not, at ``now``."""
+    def probed(self, name: str, now: float, ok: bool, *, timeout: bool = False) -> State:
+        """The active probe of ``name`` answered (``ok``) or not, at ``now``
+        (``timeout``: not within its bound)."""
         t = self._tracked[name]
         state = t.circuit.poll(now, self.policy)
         if state is State.PROBING:
@@ -335,5 +363,5 @@ class Outliers:
         if state is State.HEALTHY and not ok:
             # A failed probe is a failed try (no TTFT): a dead idle deployment is
             # found before a request has to find it.
-            return self.record(name, now, False, None)
+            return self.record(name, now, False, None, timeout=timeout)
         return state
