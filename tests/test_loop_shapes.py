@@ -368,13 +368,33 @@ async def test_too_many_tools_is_a_400_in_the_apis_envelope(client: Client, api:
 
 
 @pytest.mark.parametrize("api", list(ROUTES))
+async def test_the_issues_request_is_told_which_limit_it_passes(client: Client, api: str) -> None:
+    """100,000 one-character blocks (3 MB): over the value limit too, but named by the
+    limit on parts, which says what to change."""
+    r = await client.request("POST", ROUTES[api], json_body=request(api, [[part(api)] * 100_000]))
+    code, _ = refusal(api, r.status, r.json())
+    assert code == "array_above_max_length"
+    assert "has 100000 content parts; the limit is 1000" in r.body.decode()
+    r = await client.request("POST", ROUTES[api], json_body=request(api, [[part(api)]], 20_000))
+    code, _ = refusal(api, r.status, r.json())
+    assert code == "array_above_max_length"
+    assert "`tools` has 20000 tools; the limit is 128" in r.body.decode()
+
+
+@pytest.mark.parametrize("api", list(ROUTES))
 async def test_a_body_of_too_many_json_values_is_a_400_before_it_is_decoded(
     client: Client, api: str
 ) -> None:
-    """The issue's request: 100,000 one-character blocks (3 MB)."""
-    r = await client.request("POST", ROUTES[api], json_body=request(api, [[part(api)] * 100_000]))
+    """Within every limit on pieces: one tool whose schema has 30,000 properties."""
+    body = request(api, [[part(api)]], 1)
+    props = {f"p{i}": {"type": "string"} for i in range(30_000)}
+    tool = body["tools"][0]
+    schema = tool.get("input_schema") or tool.get("parameters") or tool["function"]["parameters"]
+    schema["properties"] = props
+    r = await client.request("POST", ROUTES[api], json_body=body)
     code, _ = refusal(api, r.status, r.json())
     assert code == "too_many_json_values"
+    assert "more than 50000 JSON values" in r.body.decode()
 
 
 async def test_more_responses_messages_than_the_limit_is_a_400_before_translation(

@@ -157,6 +157,37 @@ def scan_steps(body: bytes, max_depth: int, max_values: int | None = None) -> St
             )
 
 
+#: A body over ``max_json_values`` is scanned on up to this many times that many, so that
+#: a request over a limit on pieces is told which one (counting them is then one call of
+#: ~15 ms at most): "100,000 content parts in `messages[0].content`", not "too many values".
+NAMING_FACTOR = 8
+
+
+def check_body_steps(body: bytes, limits: LimitsConfig, kind: str) -> Steps[None]:
+    """The checks before any decode or translation, in steps: :func:`scan_steps` (depth,
+    values), then the pieces of a ``kind`` request (``apis/shape.py``).
+
+    Raises:
+        BadRequest: as :func:`scan_steps` and :func:`~aiserve_trio.apis.shape.check_shape`;
+            a body over both the value limit and a limit on pieces names the latter.
+    """
+    try:
+        yield from scan_steps(body, limits.max_json_depth, limits.max_json_values)
+    except BadRequest as exc:
+        if exc.code != "too_many_json_values":
+            raise
+        try:
+            bound = limits.max_json_values * NAMING_FACTOR
+            yield from scan_steps(body, limits.max_json_depth, bound)
+        except BadRequest:
+            raise exc from None
+        yield
+        check_shape(body, kind, limits)  # raises the limit on pieces it passes, if any
+        raise
+    yield
+    check_shape(body, kind, limits)
+
+
 def check_depth(body: bytes, max_depth: int) -> None:
     """Refuse JSON nested deeper than ``max_depth`` (:func:`scan_steps` at once).
 
@@ -173,7 +204,7 @@ def decode_request(
 
     The fields the gateway reads are decoded and checked; the messages keep
     their original JSON; every other top-level field is kept raw for the backend.
-    ``scanned``: the caller has run :func:`scan_steps` on ``body`` (in slices).
+    ``scanned``: the caller has run :func:`check_body_steps` on ``body`` (in slices).
 
     Raises:
         BadRequest: not JSON, not UTF-8, nested too deeply, wrong types, missing
@@ -185,8 +216,7 @@ def decode_request(
     if not body:
         raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
     if not scanned:
-        finish(scan_steps(body, limits.max_json_depth, limits.max_json_values))
-    check_shape(body, "chat", limits)
+        finish(check_body_steps(body, limits, "chat"))
     try:
         req = request_decoder.decode(body)
         top = _raw_body.decode(body)
@@ -355,14 +385,13 @@ class ParseStage:
         check_content_type(self.info.headers.get("content-type"))
         raw = await read_body(self.body, self.limits.max_body_bytes)
         limits = self.limits
-        # In slices: 8 MB of brackets take ~0.4 s to scan (issue 51).
-        await run_sliced(scan_steps(raw, limits.max_json_depth, limits.max_json_values))
         codec = CODECS.get(route.config.kind)
+        # In slices (8 MB of brackets take ~0.4 s to scan), and the pieces counted
+        # before a loop visits one of them (issue 51).
+        await run_sliced(check_body_steps(raw, limits, codec.kind if codec else "chat"))
         view: object = None
         if codec is not None:
-            # Another API's request becomes the pipeline's own (``apis/``), its
-            # pieces counted before a loop visits one of them (``apis/shape.py``).
-            check_shape(raw, codec.kind, limits)
+            # Another API's request becomes the pipeline's own (``apis/``).
             raw, view = codec.decode(raw)
             # Each of these is one call of up to ~10 ms (bounded by the limits above):
             # a checkpoint between them, so that they are not one step together.
