@@ -80,6 +80,7 @@ def test_an_older_database_gets_the_later_migrations_and_keeps_its_rows(tmp_path
     assert old["request_id"] == "old"
     assert old["saved"] == 0
     assert old["prompt"] is None
+    assert (old["prompt_chars"], old["requests"], old["client"]) == (None, 1, None)
 
 
 def test_a_database_from_a_newer_gateway_is_refused(tmp_path):
@@ -139,6 +140,37 @@ async def test_redacted_content_is_the_prompt_and_reply_after_the_routes_policie
     assert row["reply"] == r.json()["choices"][0]["message"]["content"]
 
 
+async def test_a_100_kb_prompt_is_stored_cut_to_the_cap_and_says_so(tmp_path):
+    # Issue 55 (disk bounded): a 100 KB prompt was an 87.6 KB row; content is now cut to
+    # max_content_chars (8,192 by default) each, and the row keeps the length it had.
+    assert AuditConfig().max_content_chars == 8192
+    app = App(spend_config(tmp_path, audit_extra='content = "redacted"\n'))
+    big = "lorem ipsum " * 8_500  # 102,000 characters
+    async with running(app) as client:
+        r = await client.chat(chat_body(big), headers=auth(KEY_DAN))
+        assert r.status == 200
+        small = await client.chat(chat_body("echo: short"), headers=auth(KEY_DAN))
+        assert small.status == 200
+    got = {row["request_id"]: row for row in rows(tmp_path / "audit.db")}
+    cut = got[r.headers["x-request-id"]]
+    assert cut["prompt"] == big[:8192]
+    assert cut["prompt_chars"] == len(big)  # cut: the original length
+    assert cut["reply"] == r.json()["choices"][0]["message"]["content"]  # short: whole
+    assert cut["reply_chars"] is None
+    whole = got[small.headers["x-request-id"]]
+    assert whole["prompt"] == "echo: short"
+    assert (whole["prompt_chars"], whole["reply_chars"]) == (None, None)  # not cut
+
+
+def test_a_long_reply_is_cut_to_the_cap_too():
+    builder = RowBuilder(b"k", content=True, max_chars=10)
+    o = Outcome(request_id="r", route="chat", channel="api", arrival=0.0, ended=0.1,
+                status="ok", tenant="t", model="m", delivered="x" * 25)
+    row = dict(zip(COLUMNS, builder.row(o, 1.0), strict=True))
+    assert (row["reply"], row["reply_chars"]) == ("x" * 10, 25)
+    assert (row["prompt"], row["prompt_chars"]) == (None, None)
+
+
 async def test_usage_read_back_by_key_and_the_callers_own(tmp_path):
     app = App(spend_config(tmp_path, carol_budget="100.0"))
     async with running(app) as client:
@@ -195,7 +227,7 @@ async def test_rows_older_than_retention_are_deleted_at_start(tmp_path):
     base = dict.fromkeys(COLUMNS)
     base.update(tenant="t", route="chat", api="chat", channel="api", model="m",
                 served_model="m", status="ok", prompt_tokens=0, completion_tokens=0,
-                cost=0.0, saved=0.0, total_ms=1.0)
+                cost=0.0, saved=0.0, total_ms=1.0, requests=1)
     stale = {**base, "request_id": "stale", "ts": time.time() - 40 * 86400}
     fresh = {**base, "request_id": "fresh", "ts": time.time() - 86400}
     db.insert([tuple(stale[c] for c in COLUMNS), tuple(fresh[c] for c in COLUMNS)])

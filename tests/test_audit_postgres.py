@@ -14,17 +14,19 @@ import httpx
 import psycopg
 import pytest
 
+from aiserve_trio.asgi import App
 from aiserve_trio.audit.postgres import PostgresDatabase
 from aiserve_trio.audit.row import RowBuilder
 from aiserve_trio.audit.schema import COLUMNS, VERSION
 from aiserve_trio.stages.outcome import Outcome
 
+from .asgi_client import chat_body
 from .authcfg import OFF
 from .conftest import config_text
 from .pg_server import PostgresServer, postgres_server, postgres_up  # noqa: F401
 from .redis_server import RedisServer
 from .servers import hypercorn_gateway
-from .spendcfg import KEY_CAROL, KEY_OPS, PRICES, auth, spend_toml
+from .spendcfg import KEY_CAROL, KEY_DAN, KEY_OPS, PRICES, auth, running, spend_config, spend_toml
 
 pytestmark = pytest.mark.slow
 
@@ -89,14 +91,34 @@ def test_the_schema_is_migrated_once_and_rows_go_in(database: str):
     second.close()
     row = dict.fromkeys(
         ["trace_id", "key_id", "session_hash", "deployment", "fallback", "error_code",
-         "ttft_ms", "cache", "steps", "policy_actions", "prompt", "reply"]
+         "ttft_ms", "cache", "steps", "policy_actions", "prompt", "reply", "prompt_chars",
+         "reply_chars", "client"]
     )
     row.update(request_id="r1", ts=time.time(), tenant="t", route="chat", api="chat",
                channel="api", model="m", served_model="m", status="ok", prompt_tokens=3,
-               completion_tokens=4, cost=0.5, saved=0.0, total_ms=12.5)
+               completion_tokens=4, cost=0.5, saved=0.0, total_ms=12.5, requests=1)
     db.insert([tuple(row[c] for c in COLUMNS)])
     db.close()
     assert count(database, "request_id = 'r1' AND cost = 0.5") == 1
+
+
+async def test_a_100_kb_prompt_is_stored_cut_to_the_cap_in_postgres(
+    database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Issue 55 (disk bounded): the same cap as SQLite's, on the real server.
+    monkeypatch.setenv("AISERVE_TEST_AUDIT_DSN", database)
+    extra = 'backend = "postgres"\ndsn_env = "AISERVE_TEST_AUDIT_DSN"\ncontent = "redacted"\n'
+    app = App(spend_config(tmp_path, audit_extra=extra))
+    big = "lorem ipsum " * 8_500  # 102,000 characters
+    async with running(app) as client:
+        r = await client.chat(chat_body(big), headers=auth(KEY_DAN))
+        assert r.status == 200
+    with psycopg.connect(database) as conn:
+        got = conn.execute(
+            "SELECT prompt, prompt_chars, reply_chars, requests FROM audit_requests "
+            "WHERE request_id = %s", (r.headers["x-request-id"],)
+        ).fetchone()  # fmt: skip
+    assert got == (big[:8192], len(big), None, 1)
 
 
 def test_a_batch_tried_again_after_a_broken_connection_is_not_written_twice(database: str):

@@ -560,6 +560,8 @@ def build_audit(config: Config, registry: CollectorRegistry) -> AuditLog | None:
         db = SQLiteDatabase(Path(os.path.normpath(Path(config.base_dir) / settings.path)))
     key_text = os.environ.get(config.record.session_key_env)
     key = key_text.encode() if key_text else secrets.token_bytes(32)
-    builder = RowBuilder(key, content=settings.content == "redacted")
+    builder = RowBuilder(
+        key, content=settings.content == "redacted", max_chars=settings.max_content_chars
+    )
     access = sys.stderr.buffer if settings.access_log else None
     return AuditLog(settings, db, builder, AuditMetrics(registry), access=access)

@@ -24,12 +24,20 @@ if TYPE_CHECKING:
 Row = tuple[Any, ...]
 
 
-class RowBuilder:
-    """Makes rows; ``content``: keep the redacted prompt and reply."""
+#: ``[audit] max_content_chars``'s default.
+MAX_CONTENT_CHARS = 8192
 
-    def __init__(self, session_key: bytes, *, content: bool = False) -> None:
+
+class RowBuilder:
+    """Makes rows; ``content``: keep the redacted prompt and reply, each cut to
+    ``max_chars`` characters."""
+
+    def __init__(
+        self, session_key: bytes, *, content: bool = False, max_chars: int = MAX_CONTENT_CHARS
+    ) -> None:
         self._key = session_key
         self.content = content
+        self.max_chars = max_chars
 
     def session_hash(self, session_id: str | None) -> str | None:
         if session_id is None:
@@ -60,9 +68,17 @@ class RowBuilder:
         ttft = o.first_token_at
         policy = o.policy
         chain = o.chain
-        prompt = reply = None
+        prompt = reply = prompt_chars = reply_chars = None
         if self.content:
             prompt, reply = _content(o)
+            # A length check each; a slice only past the cap (the cut text's length kept).
+            cap = self.max_chars
+            if prompt is not None and len(prompt) > cap:
+                prompt_chars = len(prompt)
+                prompt = prompt[:cap]
+            if reply is not None and len(reply) > cap:
+                reply_chars = len(reply)
+                reply = reply[:cap]
         return (
             o.request_id,
             trace_id,
@@ -90,6 +106,10 @@ class RowBuilder:
             _actions(policy.actions) if policy is not None and policy.actions else None,
             prompt,
             reply,
+            prompt_chars,
+            reply_chars,
+            1,  # requests: one (wrong-key windows are counted in log.py)
+            None,  # client: only on those windows' rows
         )
 
 

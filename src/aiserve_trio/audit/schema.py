@@ -37,6 +37,10 @@ COLUMNS = (
     "policy_actions",
     "prompt",
     "reply",
+    "prompt_chars",
+    "reply_chars",
+    "requests",
+    "client",
 )
 
 #: (version, statements): applied in order to a database below that version.
@@ -80,6 +84,20 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE audit_requests ADD COLUMN saved DOUBLE PRECISION NOT NULL DEFAULT 0",
             "ALTER TABLE audit_requests ADD COLUMN prompt TEXT",
             "ALTER TABLE audit_requests ADD COLUMN reply TEXT",
+        ),
+    ),
+    (
+        3,
+        (
+            # Issue 55 (disk bounded). ``prompt_chars`` / ``reply_chars``: NULL, or the
+            # text's length in characters when it was cut to ``[audit] max_content_chars``
+            # (the stored text is truncated). ``requests``: how many requests the row
+            # stands for -- 1, or a window's wrong-key requests from ``client`` (an
+            # address, or "others" past ``unauthorized_addresses``).
+            "ALTER TABLE audit_requests ADD COLUMN prompt_chars INTEGER",
+            "ALTER TABLE audit_requests ADD COLUMN reply_chars INTEGER",
+            "ALTER TABLE audit_requests ADD COLUMN requests INTEGER NOT NULL DEFAULT 1",
+            "ALTER TABLE audit_requests ADD COLUMN client TEXT",
         ),
     ),
 )

@@ -15,6 +15,11 @@
     flush_ms = 1000              # a row waits at most this long for the rest of its batch
     usage_threads = 4            # usage reads in their own threads at once; more: 503
     usage_timeout_ms = 5000      # a usage read's statement gives up after this long
+    max_content_chars = 8192     # content = "redacted": the prompt and the reply each cut
+                                 # to this many characters (the row says it was cut)
+    unauthorized_interval_s = 60 # wrong-key requests: one row per address and route per
+    unauthorized_addresses = 16  # interval, for this many addresses; the rest "others"
+    max_rows = 20000000          # past this, the oldest rows are deleted (0: no bound)
 
 Leaf module (msgspec and the decoding helpers): the config imports it.
 """
@@ -52,6 +57,23 @@ class AuditConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: ``statement_timeout``, SQLite's busy timeout and a progress handler): a read's
     #: thread is held that long at most, even after its client has gone.
     usage_timeout_ms: int = 5000
+    #: The prompt and the reply of ``content = "redacted"`` are each cut to this many
+    #: characters (issue 55: a 100 KB prompt was an 87.6 KB row, a 1 MB body up to
+    #: 0.8 MB); a cut text's row keeps its length (``prompt_chars``, ``reply_chars``).
+    #: Cutting is a length check on the request path, and a slice only when over.
+    max_content_chars: int = 8192
+    #: Requests refused for a missing or wrong key are not a row each (issue 55: 38,875
+    #: rows from as many addresses): they are counted per (route, client address) for
+    #: this long, then written as one row per pair with the count (``requests``).
+    unauthorized_interval_s: float = 60.0
+    #: Addresses given a row of their own per interval; the requests of the others are
+    #: one row per route with ``client = "others"``. An interval is at most this many
+    #: rows plus one per chat route, however many addresses send wrong keys.
+    unauthorized_addresses: int = 16
+    #: Rows the database keeps at most, besides ``retention_days``: past it the oldest
+    #: are deleted, down to 90 % of it (0: no bound). A row without content is ~0.3 KB,
+    #: with content at most ~2 x ``max_content_chars`` characters more.
+    max_rows: int = 20_000_000
 
     def __post_init__(self) -> None:
         if self.retention_days < 0:
@@ -66,5 +88,13 @@ class AuditConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise field_error("usage_threads", "must be between 1 and 32")
         if not 100 <= self.usage_timeout_ms <= 60_000:
             raise field_error("usage_timeout_ms", "must be between 100 and 60000")
+        if self.max_content_chars < 1:
+            raise field_error("max_content_chars", "must be at least 1")
+        if not 1.0 <= self.unauthorized_interval_s <= 3600.0:
+            raise field_error("unauthorized_interval_s", "must be between 1 and 3600")
+        if not 0 <= self.unauthorized_addresses <= 1024:
+            raise field_error("unauthorized_addresses", "must be between 0 and 1024")
+        if self.max_rows < 0:
+            raise field_error("max_rows", "must not be negative")
         if not self.path:
             raise field_error("path", "must not be empty")
