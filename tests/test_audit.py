@@ -30,7 +30,7 @@ from aiserve_trio.audit.settings import AuditConfig
 from aiserve_trio.audit.sqlite import SQLiteDatabase
 from aiserve_trio.audit.usage import UsageEndpoints, UsageQuery, parse_query
 from aiserve_trio.config import parse_config
-from aiserve_trio.errors import BadRequest, Overloaded
+from aiserve_trio.errors import BadRequest, Overloaded, Unauthorized
 from aiserve_trio.stages.outcome import Outcome
 
 from .asgi_client import chat_body
@@ -160,6 +160,68 @@ async def test_a_100_kb_prompt_is_stored_cut_to_the_cap_and_says_so(tmp_path):
     whole = got[small.headers["x-request-id"]]
     assert whole["prompt"] == "echo: short"
     assert (whole["prompt_chars"], whole["reply_chars"]) == (None, None)  # not cut
+
+
+def wrong_key(i: int, address: str | None) -> Outcome:
+    now = trio.current_time()
+    return Outcome(request_id=f"refused-{i}", route="chat", channel="api", arrival=now,
+                   ended=now, status="unauthorized", tenant="t", client=address,
+                   error=Unauthorized("bad key"))
+
+
+async def test_wrong_key_requests_are_a_bounded_number_of_rows_that_count_them_all(thread_clock):
+    # Issue 55 (disk bounded): 38,875 wrong keys from as many addresses were 38,875 rows.
+    # Now: per interval (60 s), a row per (route, address) for 16 addresses, the rest one
+    # "others" row, each with its count.
+    db = FlakyDatabase()
+    log = AuditLog(AuditConfig(flush_ms=0), db, RowBuilder(b"k"), AuditMetrics(CollectorRegistry()))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)
+        for i in range(1000):  # 1,000 addresses ...
+            log.offer(wrong_key(i, f"10.0.{i // 250}.{i % 250}"))
+        for i in range(500):  # ... the first of them 500 times more
+            log.offer(wrong_key(1000 + i, "10.0.0.0"))
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(59)
+        assert db.rows == []  # counted, not written: the interval is not over
+        assert log.unwritten(log.offered) == 1500  # a usage read now says so
+        await trio.sleep(2)
+        assert len(db.rows) == 17
+        for i in range(500):  # the next interval: 500 more addresses, one unknown
+            log.offer(wrong_key(1500 + i, f"10.1.{i // 250}.{i % 250}" if i else None))
+        await log.aclose()  # shutdown writes the interval not over yet
+    got = [dict(zip(COLUMNS, r, strict=True)) for r in db.rows]
+    assert len(got) == 34  # 17 an interval however many addresses
+    assert sum(r["requests"] for r in got) == 2000  # every request counted
+    first = {r["client"]: r["requests"] for r in got[:17]}
+    assert first["10.0.0.0"] == 501
+    assert first["others"] == 1000 - 16
+    assert {r["status"] for r in got} == {"unauthorized"}
+    assert {r["error_code"] for r in got} == {"invalid_api_key"}
+    assert len({r["request_id"] for r in got}) == 34
+    assert "unknown" in {r["client"] for r in got[17:]}
+
+
+async def test_2000_wrong_keys_through_the_gateway_are_few_rows_and_usage_counts_them(tmp_path):
+    text = config_text().replace(OFF, spend_toml(audit=f'[audit]\npath = "{tmp_path / "audit.db"}"\n'))
+    text = text.replace('client_address_header = ""', 'client_address_header = "x-forwarded-for"')
+    app = App(parse_config(text, source="<test>"))
+    async with running(app) as client:
+        for i in range(2000):
+            address = f"192.0.{i // 200}.{i % 200}"
+            headers = {**auth("aik_x_" + "z" * 32), "x-forwarded-for": address}
+            r = await client.chat(chat_body("echo: hi"), headers=headers)
+            assert r.status == 401
+        ok = await client.chat(chat_body("echo: hi"), headers=auth(KEY_DAN))
+        assert ok.status == 200
+        usage = await client.request("GET", "/admin/usage?group_by=route", headers=auth(KEY_OPS))
+        # The interval's requests are counted, not written yet: the answer says so.
+        assert usage.json()["total"]["requests"] == 1
+        assert (usage.json()["partial"], usage.json()["unwritten_rows"]) == (True, 2000)
+    got = rows(tmp_path / "audit.db", "status = 'unauthorized'")
+    assert len(got) == 17
+    assert sum(r["requests"] for r in got) == 2000
+    assert {r["client"] for r in got} >= {"192.0.0.0", "others"}
 
 
 def test_a_long_reply_is_cut_to_the_cap_too():

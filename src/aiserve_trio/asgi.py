@@ -222,7 +222,9 @@ class App(Lifespan):
             if not responder.started:
                 await responder.error(err)
             if chat and not handled:
-                self._refused(rt, endpoint, principal, hdrs, err, arrival)
+                # A wrong key's address: the audit log counts those per address.
+                client = rt.gate.client_address(scope, hdrs) if err.status == 401 else None
+                self._refused(rt, endpoint, principal, hdrs, err, arrival, client)
         except BaseException:
             # Cancelled by hypercorn after its graceful_timeout: end an open stream
             # with a final event instead of tearing the connection.
@@ -252,8 +254,10 @@ class App(Lifespan):
         headers: dict[str, str],
         err: GatewayError,
         arrival: float,
+        client: str | None = None,
     ) -> None:
-        """A chat request the gate refused (key, rate, budget): the audit log's row."""
+        """A chat request the gate refused (key, rate, budget): the audit log's row
+        (``client``: a wrong key's address)."""
         now = trio.current_time()
         self.observer.request_refused(
             Outcome(
@@ -267,6 +271,7 @@ class App(Lifespan):
                 error_stage="gate",
                 tenant=self._tenant_of(rt, endpoint.path, principal),
                 key_id=principal.key_id if principal is not None else None,
+                client=client,
             )
         )
 

@@ -30,6 +30,15 @@ every hour. At shutdown :meth:`AuditLog.aclose` stops taking rows and gives the
 writer :attr:`grace` seconds to write the rest; rows still queued then are
 counted (``reason="shutdown"``).
 
+A request refused for a missing or wrong key is not a row of its own (issue 55:
+38,875 wrong keys from as many addresses were 38,875 rows): ``offer`` counts it in the
+current interval's :class:`_Window` (a dict update), per (route, client address) for
+``unauthorized_addresses`` (16) addresses, the rest together as ``client = "others"``;
+when ``unauthorized_interval_s`` (60 s) is over, the writer queues one row per bucket
+with its count in ``requests``. An interval is at most 16 rows plus one per chat route,
+however many addresses send wrong keys, and every request is counted (usage sums
+``requests``; until its interval is written, a usage answer says it is partial).
+
 Usage reads (:meth:`AuditLog.query`) run in threads of a limiter of their own
 (``usage_threads``, 4), never Trio's shared one, which also resolves upstream
 host names: a client that sends many reads to a slow database gets 503s
@@ -68,7 +77,7 @@ from prometheus_client import Counter, Gauge
 
 from ..errors import ConfigError, Overloaded
 from .row import Row, RowBuilder, access_line
-from .schema import SchemaTooNew
+from .schema import COLUMNS, SchemaTooNew
 from .thread import WriterThread
 
 if TYPE_CHECKING:
@@ -99,6 +108,29 @@ RETRY_MAX_S = 5.0
 #: ``Retry-After`` of a usage read refused because every reader's thread is busy.
 BUSY_RETRY_AFTER_S = 1
 DAY_S = 86_400.0
+#: ``status`` of a request refused for a missing or wrong key: counted per address and
+#: interval (:class:`_Window`), not a row each.
+UNAUTHORIZED = "unauthorized"
+#: ``client`` of a window's row for the addresses past ``[audit] unauthorized_addresses``.
+OTHERS = "others"
+#: ``client`` of a wrong-key request whose address is not known.
+UNKNOWN = "unknown"
+_ID, _REQUESTS, _CLIENT = (COLUMNS.index(c) for c in ("request_id", "requests", "client"))
+
+
+class _Window:
+    """The wrong-key requests of one interval: per (route, address), the row of its
+    first request and how many came. At most ``unauthorized_addresses`` addresses have
+    a bucket of their own; the rest share one per route (``client = "others"``)."""
+
+    __slots__ = ("addresses", "buckets", "closes", "requests")
+
+    def __init__(self, closes: float) -> None:
+        #: When the writer turns it into rows (clock seconds).
+        self.closes = closes
+        self.buckets: dict[tuple[str, str], list[Any]] = {}  # [row, requests]
+        self.addresses = 0
+        self.requests = 0
 
 
 class Database(Protocol):
@@ -222,6 +254,8 @@ class AuditLog:
         self._readers = trio.CapacityLimiter(settings.usage_threads)
         self.version = 0
         self.grace = CLOSE_GRACE
+        #: The wrong-key requests of the current interval (None: none yet).
+        self._window: _Window | None = None
         #: Rows offered (queued or dropped) and rows the writer is done with.
         self._offered = 0
         self._settled = 0
@@ -236,6 +270,9 @@ class AuditLog:
         """Queue ``outcome``'s row; never blocks (a full queue drops it and counts it)."""
         if self._closed:
             return  # shutting down
+        if outcome.status == UNAUTHORIZED:
+            self._count_unauthorized(outcome)
+            return
         if len(self._queue) >= self.settings.buffer:
             self.metrics.dropped["buffer_full"].inc()
             self._dropped += 1
@@ -256,6 +293,57 @@ class AuditLog:
             self._wake = None
             wake.set()
 
+    def _count_unauthorized(self, outcome: Outcome) -> None:
+        """Count a wrong-key request in the current window (a dict update; a row is built
+        only for the first request of each (route, address) of the window)."""
+        window = self._window
+        if window is None:
+            closes = trio.current_time() + self.settings.unauthorized_interval_s
+            window = self._window = _Window(closes)
+            wake = self._wake  # the writer sets its timer to the window's end
+            if wake is not None:
+                self._wake = None
+                wake.set()
+        key = (outcome.route, outcome.client or UNKNOWN)
+        bucket = window.buckets.get(key)
+        if bucket is None:
+            if window.addresses >= self.settings.unauthorized_addresses:
+                key = (outcome.route, OTHERS)
+                bucket = window.buckets.get(key)
+            if bucket is None:
+                ts = time.time() - (trio.current_time() - outcome.arrival)
+                try:
+                    row = self.builder.row(outcome, ts)
+                except Exception:
+                    log.exception("audit: request %s could not be turned into a row",
+                                  outcome.request_id)  # fmt: skip
+                    self.metrics.dropped["unwritable"].inc()
+                    self._dropped += 1
+                    return
+                bucket = window.buckets[key] = [row, 0]
+                if key[1] != OTHERS:
+                    window.addresses += 1
+        bucket[1] += 1
+        window.requests += 1
+
+    def _close_window(self) -> None:
+        """Queue the current window's rows: one per (route, address), with its count."""
+        window, self._window = self._window, None
+        if window is None:
+            return
+        batch = secrets.token_hex(8)
+        for i, ((_, client), (row, requests)) in enumerate(window.buckets.items()):
+            if len(self._queue) >= self.settings.buffer:
+                self.metrics.dropped["buffer_full"].inc(requests)
+                self._dropped += requests
+                continue
+            cells = list(row)
+            cells[_ID] = f"unauthorized-{batch}-{i}"
+            cells[_REQUESTS] = requests
+            cells[_CLIENT] = client
+            self._queue.append(tuple(cells))
+            self._offered += 1
+
     @property
     def offered(self) -> int:
         """Rows queued so far (the mark a usage read takes before it reads)."""
@@ -263,9 +351,11 @@ class AuditLog:
 
     def unwritten(self, offered: int) -> int:
         """Rows missing from the database for a read that took the mark ``offered``: those
-        queued before it and still waiting (the database is away), and every row this
-        worker dropped."""
-        return max(0, offered - self._settled) + self._dropped
+        queued before it and still waiting (the database is away), every request this
+        worker dropped, and the wrong-key requests of the interval not written yet."""
+        window = self._window
+        waiting = 0 if window is None else window.requests
+        return max(0, offered - self._settled) + self._dropped + waiting
 
     async def settle(self) -> None:
         """Wait until every row queued so far is written (or refused for good)."""
@@ -324,7 +414,8 @@ class AuditLog:
             with trio.CancelScope(shield=True), trio.move_on_after(self.grace):
                 await self._thread.call(self.db.close)
             self._thread.stop()
-            left = len(self._queue)
+            self._close_window()
+            left = sum(row[_REQUESTS] for row in self._queue)
             if left:
                 self.metrics.dropped["shutdown"].inc(left)
                 self._dropped += left
@@ -368,6 +459,10 @@ class AuditLog:
         next_purge = trio.current_time() + PURGE_EVERY_S
         limit = self.settings.batch
         while True:
+            window = self._window
+            if window is not None and (self._closed or trio.current_time() >= window.closes):
+                self._close_window()
+                window = None
             if not self._opened:
                 if self._closed:
                     return
@@ -378,7 +473,8 @@ class AuditLog:
                 if self._closed:
                     return
                 wake = self._wake = trio.Event()
-                with trio.move_on_at(next_purge):
+                due = next_purge if window is None else min(next_purge, window.closes)
+                with trio.move_on_at(due):
                     await wake.wait()
                 if trio.current_time() >= next_purge:
                     await self._purge()

@@ -8,6 +8,9 @@ and :func:`usage_sql` are pure; the handlers run the query in a thread of the
 audit log's readers (:meth:`AuditLog.query`: a 503 with ``Retry-After`` in the
 error envelope when they are all busy or the database is away).
 
+``requests`` is the sum of the rows' ``requests`` column: a row is one request, or an
+interval's wrong-key requests from one address (``log.py``).
+
 An answer that may be short says so: while rows this worker queued before the
 read are not written yet (the database is away) or once it has dropped rows,
 the body has ``"partial": true`` and ``"unwritten_rows"`` (how many), and the
@@ -128,7 +131,7 @@ def usage_sql(query: UsageQuery, placeholder: str, day_sql: str) -> tuple[str, l
         else:
             where += " AND key_id IS NULL"
     sql = (
-        f"SELECT {group} AS g, count(*), coalesce(sum(prompt_tokens), 0), "
+        f"SELECT {group} AS g, coalesce(sum(requests), 0), coalesce(sum(prompt_tokens), 0), "
         f"coalesce(sum(completion_tokens), 0), coalesce(sum(cost), 0), "
         f"coalesce(sum(saved), 0) FROM audit_requests WHERE {where} "
         f"GROUP BY {group} ORDER BY g LIMIT {MAX_GROUPS}"
