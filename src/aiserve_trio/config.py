@@ -618,8 +618,13 @@ class SessionsConfig(_Section):
     #: Connections for live followers (each blocks one in ``XREAD BLOCK``).
     follow_pool_size: int = 64
     connect_timeout_ms: int = 1_000
-    #: Memory backend: sessions kept at most (least recently used evicted first).
+    #: Memory backend: sessions kept at most, and their bytes at most (turns as
+    #: encoded JSON, variables, plus a fixed overhead each: ``sessions/memory.py``).
+    #: When full, the least recently used session of the tenant holding the most goes.
     max_sessions: int = 10_000
+    max_bytes: int = 268_435_456
+    #: Memory backend: one session's bytes at most; its oldest turns are dropped past it.
+    max_session_bytes: int = 4_194_304
     #: Turns kept per session (``XADD MAXLEN ~``).
     max_turns: int = 100
     #: Turns put into the prompt.
@@ -651,6 +656,8 @@ class SessionsConfig(_Section):
             "follow_pool_size",
             "connect_timeout_ms",
             "max_sessions",
+            "max_bytes",
+            "max_session_bytes",
             "max_turns",
             "outbox_max",
             "outbox_retry_ms",
@@ -660,6 +667,7 @@ class SessionsConfig(_Section):
             "events_max_s",
         )
         _not_above(self, "outbox_retry_ms", "outbox_retry_max_ms")
+        _not_above(self, "max_session_bytes", "max_bytes")
         if not 0 <= self.history_turns <= self.max_turns:
             raise field_error("history_turns", "must be between 0 and `max_turns`")
         if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", self.key_prefix):

@@ -153,6 +153,16 @@ class Metrics:
             "Session turn writes waiting in the in-process outbox for the bus to return.",
             registry=r,
         )
+        self.session_bytes = Gauge(
+            "aiserve_session_bytes",
+            "Bytes the memory session bus holds in this worker (bounded by [sessions] max_bytes).",
+            registry=r,
+        )
+        self.sessions_held = Gauge(
+            "aiserve_sessions",
+            "Sessions the memory session bus holds in this worker ([sessions] max_sessions).",
+            registry=r,
+        )
         self.caps = Counter(
             "aiserve_reply_caps",
             "Replies a route's cap ended early (max_tokens, max_reply_bytes, max_stream_s).",
@@ -264,6 +274,11 @@ class Metrics:
         self.cache_flights.set_function(lambda: float(flights()))
         self.cache_redis_hits.set_function(lambda: server().get("keyspace_hits", 0.0))
         self.cache_redis_misses.set_function(lambda: server().get("keyspace_misses", 0.0))
+
+    def watch_sessions(self, held: Callable[[], tuple[int, int]]) -> None:
+        """Read the memory session bus's (bytes, sessions) at scrape time."""
+        self.session_bytes.set_function(lambda: float(held()[0]))
+        self.sessions_held.set_function(lambda: float(held()[1]))
 
     def _add_sla_and_baseline(self, r: CollectorRegistry) -> None:
         """Per-model SLA histograms and the dynamic-baseline gauges (observability issue)."""

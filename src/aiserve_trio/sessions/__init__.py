@@ -48,11 +48,16 @@ def build_bus(config: Config, metrics: Metrics | None = None) -> SessionBus:
     check_tenants(config)
     cfg = config.sessions
     if cfg.backend == "memory":
-        return MemoryBus(
+        bus = MemoryBus(
             max_sessions=cfg.max_sessions,
             max_turns=cfg.max_turns,
+            max_bytes=cfg.max_bytes,
+            max_session_bytes=cfg.max_session_bytes,
             caps=VarCaps(cfg.max_vars_per_session, cfg.max_var_bytes_per_session),
         )
+        if metrics is not None:
+            metrics.watch_sessions(bus.held)  # the bus lives as long as the worker
+        return bus
     from .redis_streams import RedisBus  # late: coredis is only needed for this backend
 
     try:
