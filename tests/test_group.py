@@ -506,7 +506,7 @@ async def test_the_completion_probe_keeps_out_what_lists_its_models_but_does_not
     assert State.HEALTHY not in a_seen[out:]  # every probe after a cool-down fails it again
     assert all(s["b"] == State.HEALTHY for s in seen)  # b finishes its token in time
     assert a.calls
-    assert all(r.max_tokens == 1 for _, r in a.calls + b.calls)
+    assert all(r.max_tokens == 2 for _, r in a.calls + b.calls)
 
 
 async def test_it_stays_out_longer_while_it_keeps_failing(autojump_clock: Any) -> None:

@@ -11,12 +11,19 @@ addresses pointed at sims on free ports:
 - a deployment slowed beyond the budget: every request is served by the other
   within its deadline;
 - a fallback that cannot fit the remaining budget is never started (its sim
-  sees no request) and the client gets the 504 that says why at once.
+  sees no request) and the client gets the 504 that says why at once;
+- a deployment that sends its first token and then nothing (a hung worker), and
+  one that lists its models at once but streams at a byte a second, under 5
+  streamed requests a second: each is ejected and stays out, and at most 5 % of
+  the requests fail (issue 55, item 4).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import math
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -28,6 +35,7 @@ import pytest
 import trio
 
 from aiserve_trio.adapters.group import GroupAdapter
+from aiserve_trio.adapters.health import State
 from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
 
@@ -269,6 +277,125 @@ async def test_a_fallback_never_starts_when_it_cannot_fit(report_row: Any) -> No
         "both deployments answer 503, the fallback expects 2 s, 1.5 s deadline",
         f"504 `no_fallback_fits` after {took * 1000:.0f} ms; the fallback's sim saw no request",
     )
+
+
+#: One chunk of a chat completion stream, which the trickling backend sends a byte at a time.
+CHUNK = (
+    b'data: {"id":"c1","object":"chat.completion.chunk","created":0,"model":"sim-model",'
+    b'"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+)
+MODELS = b'{"object":"list","data":[{"id":"sim-model","object":"model","owned_by":"t"}]}'
+
+
+async def trickle(stream: trio.SocketStream) -> None:
+    """A backend that answers ``GET /v1/models`` at once and streams at one byte a second."""
+    async with stream:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            got = b""
+            while b"\r\n\r\n" not in got:
+                data = await stream.receive_some(65536)
+                if not data:
+                    return
+                got += data
+            head, _, body = got.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            sized = [h for h in lines if h.lower().startswith("content-length:")]
+            length = sum(int(h.split(":", 1)[1]) for h in sized)
+            while len(body) < length:
+                data = await stream.receive_some(65536)
+                if not data:
+                    return
+                body += data
+            if lines[0].startswith("GET "):
+                await stream.send_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(MODELS), MODELS)
+                )
+                return
+            await stream.send_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+            )
+            for byte in itertools.cycle(CHUNK):
+                await stream.send_all(b"1\r\n%c\r\n" % byte)
+                await trio.sleep(1.0)
+
+
+async def steady_load(
+    app: App, seconds: float = 20.0, rate: float = 5.0
+) -> tuple[list[Response], list[tuple[float, State]]]:
+    """Streamed requests (3 s deadlines) started at ``rate`` a second for ``seconds``;
+    their responses, and sim_a's state every 50 ms from the first request on."""
+    g = group_of(app)
+    responses: list[Response] = []
+    seen: list[tuple[float, State]] = []
+    async with running(app) as client:
+        t0 = trio.current_time()
+
+        async def one() -> None:
+            r, _ = await ask(client)
+            responses.append(r)
+
+        async def watch() -> None:
+            while True:
+                now = trio.current_time()
+                seen.append((now - t0, State(dict(g.states(now))["sim_a"])))
+                await trio.sleep(0.05)
+
+        async with trio.open_nursery() as outer:
+            outer.start_soon(watch)
+            async with trio.open_nursery() as load:
+                for i in range(int(seconds * rate)):
+                    await trio.sleep_until(t0 + i / rate)
+                    load.start_soon(one)
+            outer.cancel_scope.cancel()
+    return responses, seen
+
+
+def figures(responses: list[Response], seen: list[tuple[float, State]]) -> tuple[int, float, int]:
+    """(failed requests, seconds to sim_a's first ejection or inf, times it came back)."""
+    failed = sum(1 for r in responses if broken(r))
+    out = next((t for t, s in seen if s is State.EJECTED), math.inf)
+    back = sum(
+        1 for (_, a), (t, b) in itertools.pairwise(seen) if t > out and a is not State.HEALTHY
+        and b is State.HEALTHY
+    )  # fmt: skip
+    return failed, out, back
+
+
+async def test_a_deployment_that_stalls_after_its_first_token(report_row: Any) -> None:
+    hung = ["--fault", "stall:1", *STREAMING]
+    with sims(hung, STREAMING) as (a, b):
+        app = ha_app(a.addr, b.addr)  # ha.toml as shipped: probe_interval_ms = 2000
+        with trio.fail_after(60):
+            responses, seen = await steady_load(app)
+    failed, out, back = figures(responses, seen)
+    line = f"{len(responses)} streams, {failed} failed, sim_a out after {out:.1f} s, back {back}x"
+    print(line)
+    assert len(responses) == 100
+    assert failed <= 5, line
+    assert out <= 10.0, line
+    assert back == 0, line
+    report_row("one deployment sends its first token, then nothing (5 streams/s, 20 s)", line)
+
+
+async def test_a_deployment_streaming_a_byte_a_second(report_row: Any) -> None:
+    with sims(STREAMING) as (b,):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(trio.serve_tcp, trickle, 0)
+            port = listeners[0].socket.getsockname()[1]
+            app = ha_app(f"127.0.0.1:{port}", b.addr)
+            with trio.fail_after(60):
+                responses, seen = await steady_load(app)
+            nursery.cancel_scope.cancel()
+    failed, out, back = figures(responses, seen)
+    line = f"{len(responses)} streams, {failed} failed, sim_a out after {out:.1f} s, back {back}x"
+    print(line)
+    assert len(responses) == 100
+    assert failed <= 5, line
+    assert out <= 10.0, line
+    assert back == 0, line  # its GET /v1/models answers at once; the completion probe does not
+    report_row("one deployment lists its models at once, streams 1 B/s (5 streams/s, 20 s)", line)
 
 
 @pytest.fixture(scope="module")

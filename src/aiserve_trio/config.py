@@ -482,7 +482,7 @@ class GroupAdapterConfig(_Section, tag="group", tag_field="kind"):
     #: Active health: a probe of each deployment every this many ms (0: off).
     probe_interval_ms: int = 0
     probe_timeout_ms: int = 1_000
-    #: What a probe asks: "completion" (one token, finished within probe_timeout_ms) or
+    #: What a probe asks: "completion" (two tokens, finished within probe_timeout_ms) or
     #: "models" (the member's cheap check: GET /v1/models, which a stuck server may answer).
     probe: Literal["completion", "models"] = "completion"
 

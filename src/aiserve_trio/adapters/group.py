@@ -35,7 +35,8 @@ a stall. A try cut because the client left, or because another try won, is
 never judged: neither is the deployment's doing.
 
 The active probe (``probe_interval_ms``) asks what requests ask: by default a
-one-token completion that must finish within ``probe_timeout_ms`` (``probe =
+two-token completion (a first token and one after it) that must finish within
+``probe_timeout_ms`` (``probe =
 "models"``: the member's own cheap check, ``GET /v1/models``, which a server
 streaming at a byte a second still answers at once -- and so readmits).
 
@@ -365,22 +366,26 @@ class GroupAdapter(Adapter):
                 if self.config.probe == "models":
                     ok = await member.adapter.probe()
                 else:
-                    ok = await self._complete_one_token(member, trio.current_time() + bound)
+                    ok = await self._complete_two_tokens(member, trio.current_time() + bound)
             except Exception:  # a probe must never take the app down
                 log.debug("probe of %s failed", member.name, exc_info=True)
         now = trio.current_time()
         state = self.health.probed(member.name, now, ok, timeout=timer.cancelled_caught)
         self._changed(member.name, state)
 
-    async def _complete_one_token(self, member: Member, deadline: float) -> bool:
-        """A one-token completion from ``member``, whole by ``deadline``: what a request
-        needs of it, so a server that answers its listing but not its streams fails."""
+    async def _complete_two_tokens(self, member: Member, deadline: float) -> bool:
+        """A two-token completion from ``member``, whole by ``deadline``: what a request
+        needs of it, so a server that answers its listing but not its streams fails.
+
+        Two, not one: a worker that sends its first token and then hangs would
+        pass a one-token probe, its first token being its last.
+        """
         ask = InferenceRequest(
             request_id=f"probe-{self.name}-{member.name}",
             model=self.models[0],
             messages=[Message(role="user", content="ping")],
             deadline=deadline,
-            max_tokens=1,
+            max_tokens=2,
         )
         sink = _ProbeSink()
         await member.adapter.attempt(
