@@ -224,6 +224,58 @@ async def test_2000_wrong_keys_through_the_gateway_are_few_rows_and_usage_counts
     assert {r["client"] for r in got} >= {"192.0.0.0", "others"}
 
 
+def arrived(i: int) -> Outcome:
+    """Request ``i``, arrived ``i`` seconds into the run: later requests have later ts."""
+    return Outcome(request_id=f"r{i}", route="chat", channel="api", arrival=float(i) - 10_000,
+                   ended=float(i) - 10_000, status="ok", tenant="t", model="m")
+
+
+def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_database_past_max_rows_loses_its_oldest_rows_first(tmp_path, thread_clock):
+    # Issue 55 (disk bounded): age was the only bound. Past max_rows the oldest rows go,
+    # down to 90 % of it: at start-up, after this worker's batches, and at the hourly
+    # count for the rows other workers wrote.
+    path = tmp_path / "audit.db"
+    seed = SQLiteDatabase(path)
+    seed.open()
+    builder = RowBuilder(b"k")
+    old = time.time() - 86_400
+    seed.insert([builder.row(arrived(i), old + i) for i in range(130)])  # a day old
+    seed.close()
+    registry = CollectorRegistry()
+    log = AuditLog(AuditConfig(flush_ms=0, max_rows=100), SQLiteDatabase(path), builder,
+                   AuditMetrics(registry))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(log.run)  # reached: 130 rows, past 100
+        assert [r["request_id"] for r in rows(path, "1=1 ORDER BY ts")][:1] == ["r40"]
+        assert metric(registry, "aiserve_audit_database_rows") == 90
+        assert metric(registry, "aiserve_audit_database_max_rows") == 100
+        assert metric(registry, "aiserve_audit_database_bytes") > 0
+        for i in range(200, 215):  # this worker's rows: 105 after the batch
+            log.offer(arrived(i))
+        await log.settle()
+        assert len(rows(path)) == 90
+        assert metric(registry, "aiserve_audit_rows_purged_total", reason="max_rows") == 40 + 15
+        ids = [r["request_id"] for r in rows(path, "1=1 ORDER BY ts")]
+        assert (ids[0], ids[-1]) == ("r55", "r214")  # the oldest went, the new stayed
+        # Another worker's rows (the same file): seen at the hourly count.
+        other = SQLiteDatabase(path)
+        other.open()
+        other.insert([builder.row(arrived(i), time.time() + i) for i in range(300, 330)])
+        other.close()
+        await trio.sleep(3599)
+        assert len(rows(path)) == 120  # not counted yet
+        await trio.sleep(2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(rows(path)) == 90
+        assert metric(registry, "aiserve_audit_database_rows") == 90
+        await log.aclose()
+    assert metric(registry, "aiserve_audit_rows_purged_total", reason="max_rows") == 40 + 15 + 30
+
+
 def test_a_long_reply_is_cut_to_the_cap_too():
     builder = RowBuilder(b"k", content=True, max_chars=10)
     o = Outcome(request_id="r", route="chat", channel="api", arrival=0.0, ended=0.1,
@@ -320,6 +372,12 @@ class FlakyDatabase:
         self.rows.extend(rows)
 
     def purge(self, before: float) -> int:
+        return 0
+
+    def measure(self) -> tuple[int, int]:
+        return len(self.rows), 0
+
+    def trim(self, keep: int) -> int:
         return 0
 
     def query(self, sql: str, params: Sequence[Any], timeout: float) -> list[tuple[Any, ...]]:

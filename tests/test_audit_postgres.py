@@ -121,6 +121,29 @@ async def test_a_100_kb_prompt_is_stored_cut_to_the_cap_in_postgres(
     assert got == (big[:8192], len(big), None, 1)
 
 
+def test_a_database_past_its_bound_is_trimmed_oldest_first_in_postgres(database: str):
+    # Issue 55 (disk bounded): what the writer calls past [audit] max_rows, on the server.
+    db = PostgresDatabase(database)
+    db.open()
+    builder = RowBuilder(b"k")
+    now = time.time()
+    db.insert([
+        builder.row(Outcome(request_id=f"r{i}", route="chat", channel="api", arrival=0.0,
+                            ended=0.1, status="ok", tenant="t", model="m"), now - 1000 + i)
+        for i in range(50)
+    ])  # fmt: skip
+    rows, size = db.measure()
+    assert rows == 50
+    assert size > 0
+    assert db.trim(20) == 30
+    assert db.trim(20) == 0  # already within
+    assert db.measure()[0] == 20
+    db.close()
+    with psycopg.connect(database) as conn:
+        ids = [r[0] for r in conn.execute("SELECT request_id FROM audit_requests ORDER BY ts")]
+    assert ids == [f"r{i}" for i in range(30, 50)]  # the newest kept
+
+
 def test_a_batch_tried_again_after_a_broken_connection_is_not_written_twice(database: str):
     # A COMMIT that reached the server just before the connection broke: the writer sees a
     # failure and tries the batch again, with rows the table already holds.

@@ -91,14 +91,20 @@ log = logging.getLogger("aiserve_trio.audit")
 
 #: ``reason`` values of ``aiserve_audit_dropped_total``.
 DROP_REASONS = ("buffer_full", "db_error", "unwritable", "shutdown")
+#: ``reason`` values of ``aiserve_audit_rows_purged_total``.
+PURGE_REASONS = ("retention", "max_rows")
 #: ``reason`` values of ``aiserve_audit_usage_refused_total``.
 REFUSE_REASONS = ("busy", "unavailable")
 #: Seconds the writer gets at shutdown to write what is queued.
 CLOSE_GRACE = 2.0
 #: Seconds a usage read waits for the rows queued before it to be written.
 FLUSH_WAIT_S = 2.0
-#: Seconds between two deletions of rows past ``retention_days``.
+#: Seconds between two deletions of rows past ``retention_days`` (and two counts of the
+#: rows: see :data:`TRIM_TO`).
 PURGE_EVERY_S = 3600.0
+#: Past ``[audit] max_rows`` the oldest rows are deleted down to this share of it: the
+#: next deletion is a tenth of the bound away, not one batch (each costs a count).
+TRIM_TO = 0.9
 #: The writer's wait after its first failure to write or connect; it doubles with each
 #: failure in a row, up to :data:`RETRY_MAX_S`, and starts again after a success.
 RETRY_FIRST_S = 0.5
@@ -151,6 +157,14 @@ class Database(Protocol):
         """Delete rows older than Unix time ``before``."""
         ...
 
+    def measure(self) -> tuple[int, int]:
+        """The rows the table holds and the bytes it (with its indexes) takes."""
+        ...
+
+    def trim(self, keep: int) -> int:
+        """Delete the oldest rows (by ``ts``) past the newest ``keep``; returns how many."""
+        ...
+
     def query(self, sql: str, params: Sequence[Any], timeout: float) -> list[tuple[Any, ...]]:
         """A read (the usage endpoints), given up by the database after ``timeout`` seconds."""
         ...
@@ -195,6 +209,31 @@ class AuditMetrics:
             "tried again after a backoff).",
             registry=registry,
         )
+        self.rows = Gauge(
+            "aiserve_audit_database_rows",
+            "Rows in the audit database: counted when it is reached and hourly, plus the "
+            "rows this worker wrote since (other workers' rows show at the next count).",
+            registry=registry,
+        )
+        self.bytes = Gauge(
+            "aiserve_audit_database_bytes",
+            "Bytes the audit table and its indexes take (SQLite: the file's pages in use; "
+            "PostgreSQL: pg_total_relation_size), at the last count.",
+            registry=registry,
+        )
+        self.max_rows = Gauge(
+            "aiserve_audit_database_max_rows",
+            "[audit] max_rows: past it the oldest rows are deleted (0: no bound).",
+            registry=registry,
+        )
+        purged = Counter(
+            "aiserve_audit_rows_purged",
+            "Rows the audit log deleted: older than retention_days, or the oldest past "
+            "max_rows.",
+            ["reason"],
+            registry=registry,
+        )
+        self.purged = {r: purged.labels(r) for r in PURGE_REASONS}
         refused = Counter(
             "aiserve_audit_usage_refused",
             "Usage reads answered 503: every reader's thread was busy ([audit] "
@@ -262,7 +301,11 @@ class AuditLog:
         #: Rows this worker will never write (every reason): usage answers say so.
         self._dropped = 0
         self._progress = trio.Event()
+        #: Rows the database holds: the last count plus the rows written since.
+        self._rows = 0
         metrics.pending.set_function(lambda: len(self._queue))  # read at scrape time
+        metrics.rows.set_function(lambda: self._rows)
+        metrics.max_rows.set(settings.max_rows)
 
     # --- the request path -----------------------------------------------------
 
@@ -445,6 +488,7 @@ class AuditLog:
         self._opened = True
         self._succeeded()
         await self._purge()
+        await self._bound()
         log.info(
             "audit log: %s (schema version %d, rows kept %s%s%s)",
             self.db,
@@ -478,6 +522,7 @@ class AuditLog:
                     await wake.wait()
                 if trio.current_time() >= next_purge:
                     await self._purge()
+                    await self._bound()
                     next_purge = trio.current_time() + PURGE_EVERY_S
                 continue
             if not self._closed and not self._hurry:
@@ -497,6 +542,9 @@ class AuditLog:
                 continue
             del self._queue[: len(batch)]
             self._settled += len(batch)
+            self._rows += len(batch)
+            if 0 < self.settings.max_rows < self._rows:
+                await self._bound()
             self._progress.set()
             self._progress = trio.Event()
 
@@ -572,7 +620,39 @@ class AuditLog:
             log.warning("audit: deleting rows older than %d days failed: %s", days, exc)
             return
         if gone:
+            self.metrics.purged["retention"].inc(gone)
             log.info("audit: deleted %d rows older than %d days", gone, days)
+
+    async def _bound(self) -> None:
+        """Count the rows (and bytes); past ``max_rows``, delete the oldest down to
+        :data:`TRIM_TO` of it. In the writer's thread: a count, and a deletion on the ts
+        index, never on the loop."""
+        cap = self.settings.max_rows
+        db = self.db
+
+        def work() -> tuple[int, int, int]:
+            rows, size = db.measure()
+            gone = 0
+            if cap and rows > cap:
+                gone = db.trim(int(cap * TRIM_TO))
+                rows, size = db.measure()
+            return rows, size, gone
+
+        try:
+            async with self._lock:
+                rows, size, gone = await self._thread.call(work)
+        except Exception as exc:
+            log.warning("audit: counting the rows (or deleting past max_rows) failed: %s", exc)
+            return
+        self._rows = rows
+        self.metrics.bytes.set(size)
+        if gone:
+            self.metrics.purged["max_rows"].inc(gone)
+            log.warning(
+                "audit: %d rows deleted, oldest first: the database held more than max_rows "
+                "(%d); %d kept",
+                gone, cap, rows,
+            )  # fmt: skip
 
     async def aclose(self) -> None:
         """Stop taking rows and let the writer write what is queued (at most :attr:`grace`)."""

@@ -43,6 +43,13 @@ _PRESENT = (
 )
 #: The advisory lock migrations take (any constant shared by every gateway).
 _MIGRATION_LOCK = 0x61756469  # "audi"
+#: The advisory lock a deletion past ``[audit] max_rows`` takes.
+_TRIM_LOCK = 0x61756474  # "audt"
+#: The oldest rows, by the ts index.
+_TRIM = (
+    "DELETE FROM audit_requests WHERE ctid IN "
+    "(SELECT ctid FROM audit_requests ORDER BY ts LIMIT %s)"
+)
 CONNECT_TIMEOUT_S = 3
 
 
@@ -137,6 +144,38 @@ class PostgresDatabase:
             with conn.transaction():
                 cur = conn.execute("DELETE FROM audit_requests WHERE ts < %s", (before,))
                 return cur.rowcount
+        except psycopg.Error:
+            self._drop()
+            raise
+
+    def measure(self) -> tuple[int, int]:
+        """The rows, and the bytes of the table with its indexes and TOAST
+        (``pg_total_relation_size``: a deletion's space is reused by later rows once
+        vacuumed, not given back to the file system)."""
+        try:
+            conn = self._require()
+            with conn.transaction():
+                row = conn.execute(
+                    "SELECT count(*), pg_total_relation_size('audit_requests') FROM audit_requests"
+                ).fetchone()
+        except psycopg.Error:
+            self._drop()
+            raise
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def trim(self, keep: int) -> int:
+        """Delete the oldest rows past the newest ``keep``, under an advisory lock: two
+        gateways past the bound at once delete the excess once, not twice."""
+        try:
+            conn = self._require()
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_TRIM_LOCK,))
+                row = conn.execute("SELECT count(*) FROM audit_requests").fetchone()
+                excess = (int(row[0]) if row else 0) - keep
+                if excess <= 0:
+                    return 0
+                return conn.execute(_TRIM, (excess,)).rowcount
         except psycopg.Error:
             self._drop()
             raise

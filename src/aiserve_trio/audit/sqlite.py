@@ -38,6 +38,13 @@ sqlite3.register_adapter(type(None), cast("Callable[[None], None]", {}.get))
 #: ``executemany`` per batch (``bench.ab``, c=16, 8 interleaved rounds): p99 16.3
 #: against 17.6 ms (medians; lower in every round), throughput no lower.
 CHUNK = 128
+#: Rows deleted per transaction past ``[audit] max_rows``.
+TRIM_CHUNK = 10_000
+#: The oldest rows, by the ts index.
+_TRIM = (
+    "DELETE FROM audit_requests WHERE rowid IN "
+    "(SELECT rowid FROM audit_requests ORDER BY ts LIMIT ?)"
+)
 _yield_cpu: Callable[[], None] = getattr(os, "sched_yield", None) or partial(time.sleep, 0)
 
 
@@ -104,6 +111,35 @@ class SQLiteDatabase:
         conn = self._require()
         with conn:
             return conn.execute("DELETE FROM audit_requests WHERE ts < ?", (before,)).rowcount
+
+    def measure(self) -> tuple[int, int]:
+        """The rows, and the bytes of the file's pages in use (the free pages a deletion
+        leaves are reused by later rows, not given back: the file stays as large)."""
+        conn = self._require()
+        (rows,) = conn.execute("SELECT count(*) FROM audit_requests").fetchone()
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        (free,) = conn.execute("PRAGMA freelist_count").fetchone()
+        (page,) = conn.execute("PRAGMA page_size").fetchone()
+        return int(rows), (int(pages) - int(free)) * int(page)
+
+    def trim(self, keep: int) -> int:
+        """Delete the oldest rows past the newest ``keep``, :data:`TRIM_CHUNK` a
+        transaction (a reader or another worker's writer waits for one chunk, not for
+        them all), giving up the CPU between chunks."""
+        conn = self._require()
+        (rows,) = conn.execute("SELECT count(*) FROM audit_requests").fetchone()
+        excess = int(rows) - keep
+        gone = 0
+        while excess > 0:
+            if gone:
+                _yield_cpu()
+            with conn:
+                n = conn.execute(_TRIM, (min(excess, TRIM_CHUNK),)).rowcount
+            if n <= 0:
+                break
+            gone += n
+            excess -= n
+        return gone
 
     def query(self, sql: str, params: Sequence[Any], timeout: float) -> list[tuple[Any, ...]]:
         """Run a read on a connection of its own (the usage endpoints), interrupted after
