@@ -11,6 +11,7 @@ import msgspec
 import pytest
 import trio
 
+from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, parse_config
 from aiserve_trio.sessions.bus import Turn, var_bytes
 from aiserve_trio.sessions.memory import (
@@ -21,6 +22,8 @@ from aiserve_trio.sessions.memory import (
     MemoryBus,
 )
 
+from .asgi_client import Client, chat_body
+from .authcfg import KEY_A, KEY_B, auth_config, bearer
 from .conftest import config_text
 
 TTL = 600
@@ -146,3 +149,76 @@ def test_max_session_bytes_above_max_bytes_is_refused() -> None:
     )
     with pytest.raises(ConfigError, match="max_session_bytes"):
         parse_config(text, source="<t>")
+
+
+# --- through the app ---------------------------------------------------------------------
+
+
+def _sessions(text: str, **values: int) -> str:
+    lines = "".join(f"{k} = {v}\n" for k, v in values.items())
+    return text.replace("[sessions]\n", f"[sessions]\n{lines}", 1)
+
+
+async def test_sessions_of_100_kb_through_the_app_stay_within_max_bytes() -> None:
+    """60 chats of 100 KB, each in a new session, on a 2 MiB store: today's bus kept all
+    60 (~12 MB counted: the question and its echo); the gauge shows what is held."""
+    text = _sessions(config_text(), max_bytes=2 * MIB, max_session_bytes=MIB)
+    app = App(parse_config(text, source="<t>"))
+    client = Client(app)
+    assert isinstance(app.bus, MemoryBus)
+    for i in range(60):
+        r = await client.chat(chat_body("echo: " + KB100), {"x-session-id": f"big-{i}"})
+        assert r.status == 200, r.body
+        assert app.bus.bytes <= 2 * MIB
+    assert app.bus.bytes == expected(app.bus)
+    assert 0 < len(app.bus) < 60
+    last = (await client.request("GET", "/v1/sessions/big-59")).json()
+    assert last["turns"][0]["content"] == "echo: " + KB100
+    assert (await client.request("GET", "/v1/sessions/big-0")).json()["turns"] == []
+    metrics = (await client.request("GET", "/metrics")).body.decode()
+    gauges = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line[:1] != "#")
+    assert float(gauges["aiserve_session_bytes"]) == app.bus.bytes
+    assert float(gauges["aiserve_sessions"]) == len(app.bus)
+
+
+async def test_one_tenants_flood_leaves_another_tenants_session_and_stored_response() -> None:
+    """10,050 ``PUT /v1/sessions/{id}/vars`` by alice (bank-a, no model call) on the
+    default 10,000 sessions: today's global LRU evicted bob's (bank-b) session and made
+    his stored response a 404; now alice's flood evicts alice's oldest sessions."""
+    app = App(auth_config())
+    client = Client(app)
+    assert isinstance(app.bus, MemoryBus)
+    stored = await client.request(
+        "POST",
+        "/v1/responses",
+        json_body={"model": "aiserve-mock", "input": "echo: remember me"},
+        headers=bearer(KEY_B),
+    )
+    assert stored.status == 200, stored.body
+    r = await client.request(
+        "PUT", "/v1/sessions/bob-1/vars", json_body={"name": "Bob"}, headers=bearer(KEY_B)
+    )
+    assert r.status == 200, r.body
+    for i in range(10_050):
+        r = await client.request(
+            "PUT", f"/v1/sessions/flood-{i}/vars", json_body={"v": "x"}, headers=bearer(KEY_A)
+        )
+        assert r.status == 200, r.body
+    assert len(app.bus) == 10_000
+    view = await client.request("GET", "/v1/sessions/bob-1", headers=bearer(KEY_B))
+    assert view.json()["variables"] == {"name": "Bob"}
+    again = await client.request(
+        "POST",
+        "/v1/responses",
+        json_body={
+            "model": "aiserve-mock",
+            "input": "echo: still there?",
+            "previous_response_id": stored.json()["id"],
+        },
+        headers=bearer(KEY_B),
+    )
+    assert again.status == 200, again.body
+    # Alice paid with her own oldest sessions.
+    gone = await client.request("GET", "/v1/sessions/flood-0", headers=bearer(KEY_A))
+    assert gone.json()["variables"] == {}
+    assert app.bus.tenant_held("bank-b")[1] == 3  # and the new response
