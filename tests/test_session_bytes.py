@@ -23,7 +23,7 @@ from aiserve_trio.sessions.memory import (
 )
 
 from .asgi_client import Client, chat_body
-from .authcfg import KEY_A, KEY_B, auth_config, bearer
+from .authcfg import KEY_A, KEY_B, auth_config, auth_toml, bearer
 from .conftest import config_text
 
 TTL = 600
@@ -222,3 +222,22 @@ async def test_one_tenants_flood_leaves_another_tenants_session_and_stored_respo
     gone = await client.request("GET", "/v1/sessions/flood-0", headers=bearer(KEY_A))
     assert gone.json()["variables"] == {}
     assert app.bus.tenant_held("bank-b")[1] == 3  # and the new response
+
+
+async def test_session_writes_count_against_the_keys_request_rate(autojump_clock: Any) -> None:
+    """alice may make 5 requests a minute: a 6th PUT /vars (a new session) is a 429, as
+    a 6th chat would be; a minute on, she may again. Today's gate let every PUT through."""
+    client = Client(App(auth_config(auth_toml(rpm=5))))
+    statuses = []
+    for i in range(6):
+        r = await client.request(
+            "PUT", f"/v1/sessions/s-{i}/vars", json_body={"v": "x"}, headers=bearer(KEY_A)
+        )
+        statuses.append(r.status)
+    assert statuses == [200] * 5 + [429]
+    assert r.headers["retry-after"] == "12"
+    await trio.sleep(60)
+    r = await client.request(
+        "PUT", "/v1/sessions/s-6/vars", json_body={"v": "x"}, headers=bearer(KEY_A)
+    )
+    assert r.status == 200
