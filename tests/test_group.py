@@ -481,6 +481,26 @@ async def test_a_slow_client_is_not_a_stalled_backend(autojump_clock: Any) -> No
     assert (stats.requests, stats.stalls, stats.consecutive_failures) == (1, 0, 0)
 
 
+async def test_timeouts_do_not_push_a_deployments_cut_off_later(autojump_clock: Any) -> None:
+    # a streams at a byte a second: no token for 100 s. Its try in a 3 s request is cut
+    # after 2.9 s; had that wait become its P95, its next try in a 1 s request would be
+    # "not overdue" until 2.9 s, past the time b needs: the request would commit to a
+    # and die at the deadline. A timeout is no latency sample: it is cut where b fits.
+    a, b = Fake("a", Script(ttft=100.0)), Fake("b")
+    g = group(a, b, consecutive_failures=1000, min_requests=1000, priors={"a": 0.1, "b": 0.1})
+    served = []
+    for budget in (3.0, 1.0, 1.0, 1.0):
+        send, recv = trio.open_memory_channel[Delta](100)
+        with trio.move_on_after(budget):  # the stage's cut
+            async with send:
+                await g.stream(request(budget), send)
+        deltas = [d async for d in recv]
+        served.append(deltas[0].served.deployment if deltas and deltas[0].served else None)
+    assert served == ["b"] * 4
+    assert len(a.calls) == 2  # first in its turns, and cut in time both times
+    assert g.health.window("a").ttft_p95(trio.current_time()) == pytest.approx(0.1)
+
+
 @pytest.mark.parametrize(
     "script",
     [Script(ttft=100.0), HUNG],
