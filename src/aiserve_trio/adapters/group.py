@@ -36,9 +36,9 @@ never judged: neither is the deployment's doing.
 
 The active probe (``probe_interval_ms``) asks what requests ask: by default a
 two-token completion (a first token and one after it) that must finish within
-``probe_timeout_ms`` (``probe =
-"models"``: the member's own cheap check, ``GET /v1/models``, which a server
-streaming at a byte a second still answers at once -- and so readmits).
+``probe_timeout_ms``. ``probe = "models"`` asks the member's own cheap check
+instead (``GET /v1/models``), which a server streaming at a byte a second still
+answers at once -- and so readmits.
 
 Retries are counted once: the group has ``NO_RETRIES`` on the base and calls
 its members' :meth:`~.base.Adapter.attempt` directly, never their ``stream``,
