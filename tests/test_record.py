@@ -4,9 +4,10 @@ what it never holds, a full buffer, disk errors, rotation, shutdown."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import trio.testing
 from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, parse_config
 from aiserve_trio.record.line import hash_session
-from aiserve_trio.record.recorder import Chunk, Rotation, ThreadDisk
+from aiserve_trio.record.recorder import Chunk, RecFile, Rotation, ThreadDisk, expired
 from aiserve_trio.record.schema import decoder
 
 from .asgi_client import Client, chat_body
@@ -285,6 +286,12 @@ class SlowDisk:
             self.closed.append(self.current)
         self.current = None
 
+    async def listing(self) -> list[RecFile]:
+        return []
+
+    async def remove(self, names: Sequence[str]) -> None:
+        pass
+
 
 async def test_a_full_buffer_drops_and_counts_and_requests_do_not_wait(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
@@ -367,6 +374,111 @@ async def test_shutdown_writes_what_is_queued(tmp_path: Path, autojump_clock: tr
     assert sum(data.count(b"\n") for data in disk.files.values()) == 20
     assert sample(app, "aiserve_records_written_total") == 20
     assert disk.current is None  # and the file was closed
+
+
+# --- retention: keep_bytes, keep_s -------------------------------------------------------
+
+
+def test_retention_deletes_the_oldest_closed_files_first_never_the_open_one() -> None:
+    files = [
+        RecFile("rec-a-00001.jsonl", 400, 1_000.0),
+        RecFile("rec-b-00001.jsonl", 400, 5_000.0),
+        RecFile("rec-a-00002.jsonl", 400, 2_000.0),
+        RecFile("rec-a-00003.jsonl", 400, 9_950.0),  # written 50 s ago: maybe open
+        RecFile("rec-b-00002.jsonl", 400, 9_000.0),  # this writer's open file
+    ]
+    def gone(**kw: Any) -> list[tuple[str, str]]:
+        args: dict[str, Any] = dict(keep_bytes=0, keep_s=0.0, now=10_000.0,
+                                    open_name="rec-b-00002.jsonl", busy_s=120.0)
+        return [(f.name, why) for f, why in expired(files, **(args | kw))]
+
+    assert gone() == []  # both bounds off
+    assert gone(keep_bytes=1_200) == [  # 2,000 bytes: the oldest two go
+        ("rec-a-00001.jsonl", "keep_bytes"), ("rec-a-00002.jsonl", "keep_bytes")]
+    assert gone(keep_s=6_000.0) == [  # last written more than 6,000 s ago
+        ("rec-a-00001.jsonl", "keep_s"), ("rec-a-00002.jsonl", "keep_s")]
+    # However small the bound: never the open file, nor one written within busy_s.
+    assert [n for n, _ in gone(keep_bytes=1, keep_s=1.0)] == [
+        "rec-a-00001.jsonl", "rec-a-00002.jsonl", "rec-b-00001.jsonl"]
+
+
+class MemoryDisk(SlowDisk):
+    """Files in memory, each with the (virtual) wall time of its last write."""
+
+    def __init__(self, wall: Callable[[], float], old: dict[str, float]) -> None:
+        super().__init__()
+        self.release.set()
+        self.wall = wall
+        self.mtimes = dict(old)
+        self.files.update(dict.fromkeys(old, b"x" * 500))
+        self.removed: list[str] = []
+
+    async def open(self, name: str) -> None:
+        await super().open(name)
+        self.mtimes[name] = self.wall()
+
+    async def write(self, data: bytes) -> None:
+        await super().write(data)
+        assert self.current is not None
+        self.mtimes[self.current] = self.wall()
+
+    async def listing(self) -> list[RecFile]:
+        return [RecFile(n, len(b), self.mtimes[n]) for n, b in self.files.items()]
+
+    async def remove(self, names: Sequence[str]) -> None:
+        for name in names:
+            assert name != self.current, "deleted the open file"
+            del self.files[name]
+            self.removed.append(name)
+
+
+async def test_recordings_past_keep_bytes_and_keep_s_are_deleted_oldest_first(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Issue 55 (disk bounded): rotation opened new files, nothing deleted old ones.
+    app = App(record_config(tmp_path, "rotate_s = 60\nkeep_bytes = 3000\nkeep_s = 1800"))
+    rec = app.recorder
+    assert rec is not None
+    base = 1_800_000_000.0
+    rec.wall = lambda: base + trio.current_time()
+    # A file a past run left, ten days old: the pass at start deletes it.
+    stale = "rec-20260101T000000Z-1-00001.jsonl"
+    disk = rec.disk = MemoryDisk(rec.wall, {stale: base - 10 * 86_400})
+    async with serving(app) as client:
+        await trio.testing.wait_all_tasks_blocked()
+        assert disk.removed == [stale]
+        for i in range(12):  # a file each (rotate_s = 60), 100 s apart
+            await client.chat(chat_body(f"request {i} " + "x" * 400))
+            await trio.sleep(100)
+        ours = sorted(n for n in disk.mtimes if n != stale)
+        assert len(ours) == 12
+        size = {n: len(disk.files.get(n, b"")) for n in ours}
+        assert all(600 < b < 3000 for b in size.values() if b)
+        gone = [n for n in disk.removed if n != stale]
+        kept = sorted(disk.files)
+        assert gone == ours[: len(gone)]  # the oldest first, in order
+        assert kept == ours[len(gone):]
+        # Within keep_bytes, but for the files written in the last rotate_s + 60 s.
+        recent = [n for n in kept if rec.wall() - disk.mtimes[n] < 120]
+        assert sum(len(disk.files[n]) for n in kept if n not in recent) <= 3000
+        assert sum(len(disk.files[n]) for n in kept) > 3000 - max(size.values())
+        assert sample(app, "aiserve_record_files_deleted_total", reason="keep_s") == 1
+        assert sample(app, "aiserve_record_files_deleted_total", reason="keep_bytes") == len(gone)
+        # No traffic for keep_s: the last files go at a pass (every 300 s).
+        await trio.sleep(1800 + 120 + 300)
+        assert disk.files == {}
+        assert sample(app, "aiserve_record_directory_bytes") == 0
+
+
+async def test_the_real_disk_lists_and_deletes_only_recording_files(tmp_path: Path) -> None:
+    disk = ThreadDisk(tmp_path)
+    (tmp_path / "rec-x-1-00001.jsonl").write_bytes(b"a\n" * 10)
+    (tmp_path / "notes.txt").write_text("not a recording")
+    os.utime(tmp_path / "rec-x-1-00001.jsonl", (1_000.0, 1_000.0))
+    assert await disk.listing() == [RecFile("rec-x-1-00001.jsonl", 20, 1_000.0)]
+    await disk.remove(["rec-x-1-00001.jsonl", "rec-x-1-00002.jsonl"])  # one already gone
+    assert await disk.listing() == []
+    assert (tmp_path / "notes.txt").exists()
 
 
 # --- rotation -----------------------------------------------------------------------

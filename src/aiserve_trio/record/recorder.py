@@ -15,8 +15,20 @@ writes them through a :class:`Disk`: the real one does its file I/O in
 (:class:`Rotation`, pure), are named
 ``rec-<UTC start>-<pid>-<seq>.jsonl`` (several workers can share the directory),
 and a disk error drops that batch (counted, logged) without stopping the
-gateway. At shutdown :meth:`Recorder.aclose` closes the queue and gives the
-writer a moment to write what is left.
+gateway.
+
+Retention (``keep_bytes``, ``keep_s``): at start, after each new file and every
+:data:`PRUNE_EVERY_S`, the writer lists the directory's recording files (every
+worker's) and deletes, oldest last write first, those whose last line is older than
+``keep_s`` and then the oldest while all together exceed ``keep_bytes``
+(:func:`expired`, pure). Never its own open file, nor any file written within
+``rotate_s`` (plus a minute): another worker may still have that one open -- a file
+is closed ``rotate_s`` after it was started at the latest. So the directory holds at
+most ``keep_bytes`` plus what the workers wrote within the last ``rotate_s``. Issue 55:
+rotation opened new files and nothing removed the old ones.
+
+At shutdown :meth:`Recorder.aclose` closes the queue and gives the writer a moment
+to write what is left.
 """
 
 from __future__ import annotations
@@ -27,12 +39,13 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol, TypeVar
 
 import trio
+from prometheus_client import Counter, Gauge
 
 from ..config import build_policies
 from ..slices import run_sliced
@@ -57,6 +70,55 @@ MAX_BATCH = 256
 DROP_REASONS = ("buffer_full", "disk_error", "unrecordable", "replay")
 #: Seconds the writer gets at shutdown to write what is queued.
 CLOSE_GRACE = 2.0
+#: Seconds between two retention passes (besides the one after each new file).
+PRUNE_EVERY_S = 300.0
+#: A file not written for ``rotate_s`` plus this is taken as closed by its worker.
+CLOSE_MARGIN_S = 60.0
+#: The recording files of a directory (every worker's).
+FILE_GLOB = "rec-*.jsonl"
+#: ``reason`` values of ``aiserve_record_files_deleted_total``.
+DELETE_REASONS = ("keep_s", "keep_bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class RecFile:
+    """A recording file of the directory: its size and the Unix time of its last write."""
+
+    name: str
+    size: int
+    mtime: float
+
+
+def expired(
+    files: Sequence[RecFile],
+    *,
+    keep_bytes: int,
+    keep_s: float,
+    now: float,
+    open_name: str | None,
+    busy_s: float,
+) -> list[tuple[RecFile, str]]:
+    """The files to delete and why (``keep_s``, ``keep_bytes``), oldest last write first.
+
+    Files older than ``keep_s`` go; then the oldest while the files' total (every one
+    counted, those kept too) is above ``keep_bytes``. Never ``open_name`` (the
+    writer's own open file), nor a file written less than ``busy_s`` before ``now``
+    (another worker's may be open). 0 turns a bound off.
+    """
+    total = sum(f.size for f in files)
+    gone: list[tuple[RecFile, str]] = []
+    for f in sorted(files, key=lambda f: (f.mtime, f.name)):
+        if f.name == open_name or now - f.mtime < busy_s:
+            continue
+        if keep_s and now - f.mtime > keep_s:
+            reason = "keep_s"
+        elif keep_bytes and total > keep_bytes:
+            reason = "keep_bytes"
+        else:
+            continue
+        gone.append((f, reason))
+        total -= f.size
+    return gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +220,14 @@ class Disk(Protocol):
         """Close the current file, if any."""
         ...
 
+    async def listing(self) -> list[RecFile]:
+        """The directory's recording files (every worker's)."""
+        ...
+
+    async def remove(self, names: Sequence[str]) -> None:
+        """Delete these files (one another worker deleted first is no error)."""
+        ...
+
 
 class ThreadDisk:
     """Files in a directory, every blocking call in a worker thread."""
@@ -201,6 +271,26 @@ class ThreadDisk:
         if f is not None:
             await trio.to_thread.run_sync(f.close, abandon_on_cancel=True)
 
+    async def listing(self) -> list[RecFile]:
+        def scan() -> list[RecFile]:
+            found = []
+            for path in self.directory.glob(FILE_GLOB):
+                try:
+                    st = path.stat()
+                except FileNotFoundError:  # deleted meanwhile (another worker)
+                    continue
+                found.append(RecFile(path.name, st.st_size, st.st_mtime))
+            return found
+
+        return await trio.to_thread.run_sync(scan, abandon_on_cancel=True)
+
+    async def remove(self, names: Sequence[str]) -> None:
+        def unlink() -> None:
+            for name in names:
+                (self.directory / name).unlink(missing_ok=True)
+
+        await trio.to_thread.run_sync(unlink, abandon_on_cancel=True)
+
 
 class Recorder:
     """Records finished chat requests (see the module docstring)."""
@@ -216,6 +306,7 @@ class Recorder:
         rng: random.Random | None = None,
         started: float | None = None,
         note: str = "",
+        wall: Callable[[], float] = time.time,
     ) -> None:
         """Args:
         settings: ``[record]``.
@@ -226,6 +317,8 @@ class Recorder:
         rng: the sampling draw (tests seed it).
         started: Unix time in the files' names (default: now).
         note: said in the log line when recording starts.
+        wall: Unix time now, against the files' last writes (retention; tests pass
+            one that follows the virtual clock).
         """
         self.settings = settings
         self.builder = builder
@@ -243,6 +336,25 @@ class Recorder:
         self._done = trio.Event()
         self._disk_failing = False
         self._note = note
+        self.wall = wall
+        #: This writer's open file (never deleted by retention).
+        self._open_name: str | None = None
+        self._next_prune = -math.inf  # a pass at start
+        registry = metrics.registry
+        deleted = Counter(
+            "aiserve_record_files_deleted",
+            "Recording files deleted: older than [record] keep_s, or the oldest while the "
+            "directory's files are above keep_bytes.",
+            ["reason"],
+            registry=registry,
+        )
+        self._deleted = {r: deleted.labels(r) for r in DELETE_REASONS}
+        self._kept_bytes = Gauge(
+            "aiserve_record_directory_bytes",
+            "Bytes of the recording directory's files (every worker's) after the last "
+            "retention pass ([record] keep_bytes).",
+            registry=registry,
+        )
         #: Seconds the writer gets at shutdown (and to close its file) before it is left.
         self.grace = CLOSE_GRACE
 
@@ -308,14 +420,18 @@ class Recorder:
     async def _loop(self) -> None:
         while True:
             first: Outcome | None = None
-            with trio.move_on_at(self._rotation.deadline()):
+            with trio.move_on_at(min(self._rotation.deadline(), self._next_prune)):
                 try:
                     first = await self._inbox.receive()
                 except trio.EndOfChannel:
                     return
-            if first is None:  # the current file is as old as files get
-                self._rotation.close()
-                await self._close_file()
+            now = trio.current_time()
+            if now >= self._next_prune:
+                await self._prune()
+            if first is None:
+                if now >= self._rotation.deadline():  # the file is as old as files get
+                    self._rotation.close()
+                    await self._close_file()
                 continue
             await self._write(await self._lines(batch_of(first, self._inbox, MAX_BATCH)))
 
@@ -340,7 +456,11 @@ class Recorder:
         try:
             for chunk in chunks:
                 if chunk.new_file:
-                    await self.disk.open(f"{self._prefix}-{chunk.seq:05d}.jsonl")
+                    name = f"{self._prefix}-{chunk.seq:05d}.jsonl"
+                    self._open_name = None  # closed by open, even if open fails
+                    await self.disk.open(name)
+                    self._open_name = name
+                    self._next_prune = trio.current_time()  # a file closed: a pass next
                 await self.disk.write(chunk.data)
                 done += chunk.lines
                 self._written.inc(chunk.lines)
@@ -357,7 +477,38 @@ class Recorder:
                 log.info("recording: writing works again")
             self._disk_failing = False
 
+    async def _prune(self) -> None:
+        """Delete the files past ``keep_s`` and ``keep_bytes`` (see the module docstring)."""
+        self._next_prune = trio.current_time() + PRUNE_EVERY_S
+        s = self.settings
+        if not (s.keep_bytes or s.keep_s):
+            return
+        try:
+            files = await self.disk.listing()
+            gone = expired(
+                files,
+                keep_bytes=s.keep_bytes,
+                keep_s=s.keep_s,
+                now=self.wall(),
+                open_name=self._open_name,
+                busy_s=s.rotate_s + CLOSE_MARGIN_S,
+            )
+            if gone:
+                await self.disk.remove([f.name for f, _ in gone])
+        except OSError as exc:
+            log.warning("recording: deleting old files failed: %s", exc)
+            return
+        for _, reason in gone:
+            self._deleted[reason].inc()
+        self._kept_bytes.set(sum(f.size for f in files) - sum(f.size for f, _ in gone))
+        if gone:
+            log.info(
+                "recording: deleted %d files (%d bytes), oldest first: past keep_s or keep_bytes",
+                len(gone), sum(f.size for f, _ in gone),
+            )  # fmt: skip
+
     async def _close_file(self) -> None:
+        self._open_name = None
         try:
             await self.disk.close()
         except OSError as exc:

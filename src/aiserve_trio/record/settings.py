@@ -7,6 +7,9 @@
     path = "recordings"          # a directory, relative to the config file
     rotate_bytes = 67108864      # a new file past this size ...
     rotate_s = 3600              # ... or this age
+    keep_bytes = 10737418240     # the directory's files past this total (10 GiB) ...
+    keep_s = 1209600             # ... or older than this (14 days) are deleted, oldest
+                                 # first, never one a worker may still write (0: no bound)
     sample = 0.1                 # fraction of requests recorded
     routes = ["/v1/chat/completions"]   # default: every chat route
     redact = true                # see below
@@ -114,6 +117,12 @@ class RecordConfig(_Section):
     path: str = "recordings"
     rotate_bytes: int = 64 * 1024 * 1024
     rotate_s: float = 3600.0
+    #: The recording files of the directory (every worker's) are deleted, oldest first,
+    #: while together they are larger than this (0: no bound). Issue 55: rotation opened
+    #: new files and nothing ever removed the old ones.
+    keep_bytes: int = 10 * 1024**3
+    #: ... and once their last line is older than this (0: kept however old).
+    keep_s: float = 14 * 86_400.0
     #: Fraction of the requests recorded, 0..1.
     sample: float = 1.0
     #: Route paths recorded; empty: every chat route.
@@ -138,6 +147,9 @@ class RecordConfig(_Section):
         for key in ("rotate_bytes", "rotate_s", "buffer"):
             if getattr(self, key) <= 0:
                 raise field_error(key, "must be positive")
+        for key in ("keep_bytes", "keep_s"):
+            if getattr(self, key) < 0:
+                raise field_error(key, "must not be negative (0: no bound)")
         if not 0.0 <= self.sample <= 1.0:
             raise field_error("sample", f"must be between 0 and 1, got {self.sample}")
         for i, name in enumerate(self.metadata_labels):
