@@ -144,9 +144,7 @@ async def test_a_session_larger_than_the_store_is_not_kept() -> None:
 
 
 def test_max_session_bytes_above_max_bytes_is_refused() -> None:
-    text = config_text().replace(
-        "[sessions]\n", "[sessions]\nmax_bytes = 1000000\nmax_session_bytes = 2000000\n", 1
-    )
+    text = _sessions(config_text(), max_bytes=1_000_000, max_session_bytes=2_000_000)
     with pytest.raises(ConfigError, match="max_session_bytes"):
         parse_config(text, source="<t>")
 
@@ -155,8 +153,9 @@ def test_max_session_bytes_above_max_bytes_is_refused() -> None:
 
 
 def _sessions(text: str, **values: int) -> str:
+    """``text`` with those ``[sessions]`` keys set."""
     lines = "".join(f"{k} = {v}\n" for k, v in values.items())
-    return text.replace("[sessions]\n", f"[sessions]\n{lines}", 1)
+    return text.replace('[sessions]\nbackend = "memory"\n', f'[sessions]\nbackend = "memory"\n{lines}', 1)
 
 
 async def test_sessions_of_100_kb_through_the_app_stay_within_max_bytes() -> None:
@@ -241,3 +240,13 @@ async def test_session_writes_count_against_the_keys_request_rate(autojump_clock
         "PUT", "/v1/sessions/s-6/vars", json_body={"v": "x"}, headers=bearer(KEY_A)
     )
     assert r.status == 200
+
+
+def test_changing_a_bound_needs_a_restart() -> None:
+    """The bus is built once per worker: a reload must not pretend to apply a new bound."""
+    from aiserve_trio.reload import needs_restart
+
+    old = parse_config(config_text(), source="<t>")
+    for key, value in (("max_bytes", 536_870_912), ("max_session_bytes", 2_097_152)):
+        new = parse_config(_sessions(config_text(), **{key: value}), source="<t>")
+        assert f"sessions.{key}" in (needs_restart(old, new) or "")

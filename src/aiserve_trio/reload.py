@@ -64,6 +64,8 @@ RESTART_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "follow_pool_size",
             "connect_timeout_ms",
             "max_sessions",
+            "max_bytes",
+            "max_session_bytes",
             "max_turns",
             "key_prefix",
             "outbox_max",
