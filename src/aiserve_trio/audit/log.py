@@ -121,6 +121,8 @@ UNAUTHORIZED = "unauthorized"
 OTHERS = "others"
 #: ``client`` of a wrong-key request whose address is not known.
 UNKNOWN = "unknown"
+#: ``client`` is cut to this many characters (an IPv6 address with a zone fits).
+MAX_CLIENT_CHARS = 64
 _ID, _REQUESTS, _CLIENT = (COLUMNS.index(c) for c in ("request_id", "requests", "client"))
 
 
@@ -347,7 +349,8 @@ class AuditLog:
             if wake is not None:
                 self._wake = None
                 wake.set()
-        key = (outcome.route, outcome.client or UNKNOWN)
+        # An address is at most 45 characters; a proxy's header may say anything.
+        key = (outcome.route, (outcome.client or UNKNOWN)[:MAX_CLIENT_CHARS])
         bucket = window.buckets.get(key)
         if bucket is None:
             if window.addresses >= self.settings.unauthorized_addresses:
