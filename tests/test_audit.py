@@ -252,6 +252,8 @@ async def test_a_database_past_max_rows_loses_its_oldest_rows_first(tmp_path, th
                    AuditMetrics(registry))
     async with trio.open_nursery() as nursery:
         await nursery.start(log.run)  # reached: 130 rows, past 100
+        assert len(rows(path)) == 130  # counted once the worker serves, not before
+        await trio.sleep(1)
         assert [r["request_id"] for r in rows(path, "1=1 ORDER BY ts")][:1] == ["r40"]
         assert metric(registry, "aiserve_audit_database_rows") == 90
         assert metric(registry, "aiserve_audit_database_max_rows") == 100

@@ -305,6 +305,8 @@ class AuditLog:
         self._progress = trio.Event()
         #: Rows the database holds: the last count plus the rows written since.
         self._rows = 0
+        #: The rows were counted since the database was reached (:meth:`_bound`).
+        self._counted = False
         metrics.pending.set_function(lambda: len(self._queue))  # read at scrape time
         metrics.rows.set_function(lambda: self._rows)
         metrics.max_rows.set(settings.max_rows)
@@ -491,7 +493,9 @@ class AuditLog:
         self._opened = True
         self._succeeded()
         await self._purge()
-        await self._bound()
+        # The rows are counted by the writer's loop, once the worker serves: a count(*) of
+        # millions of rows must not hold the start.
+        self._counted = False
         log.info(
             "audit log: %s (schema version %d, rows kept %s%s%s)",
             self.db,
@@ -516,10 +520,14 @@ class AuditLog:
                 if not await self._open():
                     await self._backoff()
                 continue
+            if not self._counted:
+                self._counted = True
+                await self._bound()
             if not self._queue:
                 if self._closed:
                     return
                 wake = self._wake = trio.Event()
+                window = self._window  # a window may have opened since the top of the loop
                 due = next_purge if window is None else min(next_purge, window.closes)
                 with trio.move_on_at(due):
                     await wake.wait()
