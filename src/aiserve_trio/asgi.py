@@ -14,6 +14,7 @@ the current runtime once, when it arrives, and uses only that one.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
@@ -26,7 +27,7 @@ from .adapters import Adapter, build_adapters
 from .admin import Admin
 from .apis import CODECS
 from .audit.log import build_audit
-from .audit.usage import UsageEndpoints
+from .audit.usage import UsageEndpoints, period_spend
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .builder import RuntimeBuilder
 from .cache.service import Cache
@@ -139,6 +140,11 @@ class App(Lifespan):
         #: ``aiserve_spend_total``, ``aiserve_spend_saved_total``.
         self.observer.sinks.append(SpendMetrics(self.metrics.registry, config.pricing.currency))
         self.gate.ledger.metrics = LedgerMetrics(self.metrics.registry)
+        if self.audit is not None:  # a lost (Redis) or forgotten (restart) period's spend
+            self.gate.ledger.seed_from(
+                functools.partial(period_spend, self.audit),
+                [*self.gate.budgets.keys.values(), *self.gate.budgets.tenants.values()],
+            )
         #: Reloads the config without a restart (``reload.py``).
         reloads = self.metrics.config_reloads
         self.reloader = Reloader(self, lambda result: reloads.labels(result).inc())

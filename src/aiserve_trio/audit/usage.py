@@ -220,3 +220,39 @@ async def _answer(request: Request, usage: Usage) -> None:
     if usage.partial:
         headers = [*JSON_HEADERS, (b"x-aiserve-usage-partial", str(usage.unwritten_rows).encode())]
     await request.responder.complete(200, headers, encoder.encode(usage))
+
+
+#: The column a budget's scope is kept under in the audit rows.
+_SCOPES = {"key": "key_id", "tenant": "tenant"}
+
+
+async def period_spend(
+    audit: AuditLog, scope: str, name: str | None, start: float, end: float
+) -> dict[str, float]:
+    """The cost the audit log holds for each key (``scope = "key"``) or tenant of a budget
+    period, ``start <= ts < end``: only ``name``'s, or every one's (at most
+    :data:`MAX_GROUPS`). The spend ledger re-seeds a period it lost from this
+    (``spend/ledger.py``): it is the one record of spend that outlives a Redis flush or
+    a worker's restart.
+
+    This worker's queued rows are written first (:meth:`AuditLog.flush`), so a charge
+    made before the call is in the sum. One bounded query in a thread of the usage
+    reads' own limiter (ended by the database after ``usage_timeout_ms``).
+
+    Raises:
+        Overloaded: the readers are busy or the database is away (the ledger tries again).
+    """
+    column = _SCOPES[scope]
+    p = audit.db.placeholder
+    where = f"ts >= {p} AND ts < {p}"
+    params: list[Any] = [start, end]
+    if name is not None:
+        where += f" AND {column} = {p}"
+        params.append(name)
+    sql = (
+        f"SELECT {column}, coalesce(sum(cost), 0) FROM audit_requests WHERE {where} "
+        f"AND {column} IS NOT NULL GROUP BY {column} LIMIT {MAX_GROUPS}"
+    )
+    await audit.flush()
+    rows = await audit.query(sql, params)
+    return {str(g): float(cost) for g, cost in rows}

@@ -29,16 +29,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """One period of a budget: its name in ledger keys and when it ends (Unix seconds)."""
+    """One period of a budget: its name in ledger keys, when it ends and when it began
+    (Unix seconds; the start is where a re-seed from the audit log sums from)."""
 
     name: str
     resets_at: float
+    starts_at: float = 0.0
 
 
 def window(period: Period, now: float) -> Window:
     """The period containing Unix time ``now``."""
     if period == "total":
-        return Window("total", math.inf)
+        return Window("total", math.inf, 0.0)
     day = dt.datetime.fromtimestamp(now, dt.UTC).date()
     if period == "day":
         start, end = day, day + dt.timedelta(days=1)
@@ -53,7 +55,8 @@ def window(period: Period, now: float) -> Window:
         end = (start + dt.timedelta(days=32)).replace(day=1)
         name = f"{start.year}-{start.month:02d}"
     resets = dt.datetime(end.year, end.month, end.day, tzinfo=dt.UTC).timestamp()
-    return Window(name, resets)
+    starts = dt.datetime(start.year, start.month, start.day, tzinfo=dt.UTC).timestamp()
+    return Window(name, resets, starts)
 
 
 @dataclass(frozen=True, slots=True)

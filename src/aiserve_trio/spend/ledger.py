@@ -12,12 +12,32 @@ Redis -- or the background task, every few seconds -- merges the kept spend back
 (``aiserve_spend_ledger_merged_total``).
 While Redis is away, gateways do not see each other's new spend: the
 overshoot bound then grows by what the other gateways charge meanwhile.
+
+A lost period is re-seeded from the audit log (issue 55: Redis restarted without
+persistence, a ``FLUSHALL``, a failover to a replica that missed writes, and a spent
+key spent its budget again -- 0.0042 USD against 0.002). With a :attr:`Ledger.seed`
+(the app sets it when ``[audit]`` is on), a charge reaches Redis only through a script
+that adds to a key that exists; a period's key found missing -- by a check's ``MGET``,
+a charge, or the merge after an outage -- is queued for :meth:`Ledger.run`, which sums
+the period's ``cost`` from the audit database (one bounded query in the usage reads'
+own limiter: ``audit/usage.py``) and writes it back with ``SET NX``: of two workers
+that both noticed, one seeds, the other's charges then add to it. Nothing waits for the
+database on the request path: until the seed is written, a check uses the last number
+this worker read for the period (never lowered to 0 by a missing key), so a key known
+spent stays refused; a worker that never read it admits for the reseed's lag (one
+query). A charge made while the period is being re-seeded is kept here and merged
+after; one whose audit row the sum already holds is then counted twice -- the spend
+reads high by the requests of those milliseconds, never low. The memory ledger (no
+Redis) seeds every budget's period from the audit log when the worker starts, so a
+restart does not forget budgets either.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +45,7 @@ import trio
 from prometheus_client import Counter, Gauge
 
 from ..observability.metrics import label_value
+from .budget import Window, window
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -39,6 +60,24 @@ REDIS_TIMEOUT_S = 1.0
 EXPIRE_GRACE_S = 86_400
 #: Seconds between two tries to merge spend kept during an outage (besides each charge).
 MERGE_EVERY_S = 5.0
+#: Seconds before a period whose re-seed failed (the audit database away or busy) is
+#: tried again.
+SEED_RETRY_S = 5.0
+#: Periods waiting for a re-seed at most (more are noticed again on a later read).
+MAX_SEEDS_PENDING = 1024
+
+#: ``(scope, name or None for every one, start, end) -> {name: cost}``: a period's spend
+#: as the audit log holds it (:func:`aiserve_trio.audit.usage.period_spend`).
+Seed = Callable[[str, "str | None", float, float], Awaitable[dict[str, float]]]
+
+#: Add to a period's key only if it exists: a missing key is a lost period (or a new
+#: one), to be seeded from the audit log first -- an INCRBYFLOAT would start it at 0.
+_ADD_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'absent' end
+local v = redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
+if ARGV[2] ~= '' then redis.call('EXPIREAT', KEYS[1], ARGV[2]) end
+return v
+"""
 
 
 class LedgerMetrics:
@@ -96,6 +135,25 @@ class Ledger:
         self._down = False
         self._merge_every = merge_every_s
         self.metrics: LedgerMetrics | None = None
+        #: Where a lost period's spend is read from (the audit log); None: nowhere.
+        self.seed: Seed | None = None
+        #: The budgets the memory ledger seeds at start (the gate's, set with the seed).
+        self.limits: list[Limit] = []
+        #: Periods to re-seed, by slot (Redis), and when each may be tried again.
+        self._pending: dict[str, Limit] = {}
+        self._retry_at: dict[str, float] = {}
+        self._wake = trio.Event()
+        #: Set once the memory ledger's start-up seed is done (or there is none).
+        self.seeded = trio.Event()
+        self._script: Any = None
+        if self._client is not None:
+            self._script = self._client.register_script(_ADD_LUA)
+
+    def seed_from(self, seed: Seed, limits: list[Limit]) -> None:
+        """Re-seed lost periods with ``seed`` (the audit log's sums); the memory ledger
+        also seeds ``limits`` (every budget of the config) when :meth:`run` starts."""
+        self.seed = seed
+        self.limits = limits
 
     @property
     def shared(self) -> bool:
@@ -114,13 +172,117 @@ class Ledger:
 
     async def run(self) -> None:
         """Merge spend kept during an outage once Redis is back, also when no request
-        charges anything (in the app's background nursery; returns at once without Redis)."""
-        if self._client is None:
-            return
+        charges anything, and re-seed lost periods from the audit log (in the app's
+        background nursery; returns at once with neither Redis nor a seed)."""
+        async with trio.open_nursery() as tasks:
+            if self._client is not None:
+                tasks.start_soon(self._merge_loop)
+            if self.seed is not None:
+                tasks.start_soon(self._seed_loop, self.seed)
+            else:
+                self.seeded.set()
+
+    async def _merge_loop(self) -> None:
         while True:
             await trio.sleep(self._merge_every)
             if self._local:
                 await self._merge()
+
+    async def _seed_loop(self, seed: Seed) -> None:
+        """The memory ledger's start-up seed, then (Redis) each lost period in turn."""
+        if self._client is None:
+            while True:  # the audit database may not be reached yet
+                if await self._seed_all(seed):
+                    break
+                await trio.sleep(SEED_RETRY_S)
+            self.seeded.set()
+            return
+        self.seeded.set()
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            for slot, limit in list(self._pending.items()):
+                del self._pending[slot]
+                if not await self._reseed(seed, slot, limit):
+                    self._retry_at[slot] = trio.current_time() + SEED_RETRY_S
+
+    def _lost(self, slot: str, limit: Limit) -> None:
+        """Queue ``slot`` (missing in Redis) for a re-seed; never waits."""
+        if self.seed is None or slot in self._pending or len(self._pending) >= MAX_SEEDS_PENDING:
+            return
+        if self._retry_at.get(slot, -math.inf) > trio.current_time():
+            return
+        self._retry_at.pop(slot, None)
+        self._pending[slot] = limit
+        self._wake.set()
+
+    async def _read(self, seed: Seed, scope: str, name: str | None, period: Window) -> (
+        dict[str, float] | None
+    ):
+        try:
+            return await seed(scope, name, period.starts_at, period.resets_at)
+        except Exception as exc:  # the database away, busy or slow: tried again later
+            log.warning("spend: cannot read the %s spend from the audit log: %s", scope, exc)
+            return None
+
+    async def _reseed(self, seed: Seed, slot: str, limit: Limit) -> bool:
+        """Write ``slot``'s spend back to Redis from the audit log, unless another worker
+        did first (``SET NX``); False when the audit log or Redis did not answer."""
+        now = time.time()
+        w = window(limit.period, now)
+        if limit.slot(now)[0] != slot:
+            return True  # its period is over: the next read asks for the new one
+        before = self._local.get(slot, 0.0)  # kept here: its rows are in the sum below
+        found = await self._read(seed, limit.scope, limit.name, w)
+        if found is None:
+            return False
+        total = found.get(limit.name, 0.0)
+        from coredis.tokens import PureToken  # late: coredis only with Redis
+
+        args: list[Any] = [self._key(slot), repr(total)]
+        kwargs: dict[str, Any] = {"condition": PureToken.NX}
+        if not math.isinf(w.resets_at):
+            kwargs["exat"] = int(w.resets_at) + EXPIRE_GRACE_S
+        done = await self._redis(lambda: self._client.set(*args, **kwargs))
+        if self._down:
+            return False
+        if done:
+            left = self._local.get(slot, 0.0) - before
+            if left > 0:
+                self._local[slot] = left
+            else:
+                self._local.pop(slot, None)
+                self._ends.pop(slot, None)
+            self._seen[slot] = total
+            log.warning(
+                "spend: %s was missing in Redis (lost data?): re-seeded from the audit log, "
+                "%.6f", slot, total,
+            )  # fmt: skip
+        if self._local and not self._down:
+            await self._merge()
+        return True
+
+    async def _seed_all(self, seed: Seed) -> bool:
+        """The memory ledger's start: every budget's current period from the audit log,
+        one grouped query per scope and period; False when the audit log did not answer."""
+        now = time.time()
+        groups: dict[tuple[str, str], list[Limit]] = {}
+        for limit in self.limits:
+            groups.setdefault((limit.scope, limit.period), []).append(limit)
+        for (scope, period), limits in groups.items():
+            w = window(limits[0].period, now)
+            before = dict(self._local)
+            found = await self._read(seed, scope, None, w)
+            if found is None:
+                return False
+            for limit in limits:
+                slot = limit.slot(now)[0]
+                kept = self._local.get(slot, 0.0) - before.get(slot, 0.0)
+                if (total := found.get(limit.name, 0.0) + kept) > 0:
+                    self._local[slot] = total
+            log.info("spend: %d %s budgets (%s) seeded from the audit log", len(limits),
+                     scope, period)  # fmt: skip
+        return True
 
     def _key(self, slot: str) -> str:
         return f"{self._prefix}:spend:{slot}"
@@ -131,8 +293,15 @@ class Ledger:
         if self._client is not None:
             values = await self._redis(self._client.mget, [self._key(s) for s in slots])
             if values is not None:
-                for slot, value in zip(slots, values, strict=True):
-                    self._seen[slot] = float(value) if value is not None else 0.0
+                for slot, value, limit in zip(slots, values, limits, strict=True):
+                    if value is not None:
+                        self._seen[slot] = float(value)
+                    elif self.seed is not None:
+                        # Lost (or new): keep the last number read -- a key known
+                        # spent stays refused -- until the audit log's sum is back.
+                        self._lost(slot, limit)
+                    else:
+                        self._seen[slot] = 0.0
         out = [self._seen.get(s, 0.0) + self._local.get(s, 0.0) for s in slots]
         if self.metrics is not None:
             for limit, used in zip(limits, out, strict=True):
@@ -145,11 +314,14 @@ class Ledger:
             return
         for limit in limits:
             slot, w = limit.slot(now)
-            if self._client is None or not await self._add(slot, amount, w.resets_at):
+            added = self._client is not None and await self._add(slot, amount, w.resets_at)
+            if not added:
                 self._local[slot] = self._local.get(slot, 0.0) + amount
                 self._ends[slot] = w.resets_at
-                if self._client is not None and self.metrics is not None:
+                if self._client is not None and self._down and self.metrics is not None:
                     self.metrics.local.inc()
+                if self._client is not None and not self._down:
+                    self._lost(slot, limit)  # reached Redis, and the period's key is missing
             used = self._seen.get(slot, 0.0) + self._local.get(slot, 0.0)
             if self.metrics is not None:
                 self.metrics.seen(limit, used)
@@ -157,7 +329,18 @@ class Ledger:
             await self._merge()
 
     async def _add(self, slot: str, amount: float, ends: float) -> bool:
+        """Add ``amount`` to ``slot`` in Redis; False when Redis is away or (with a seed)
+        the key is missing -- :attr:`_down` tells which."""
         key = self._key(slot)
+        if self.seed is not None:
+            expire = "" if math.isinf(ends) else str(int(ends) + EXPIRE_GRACE_S)
+            value = await self._redis(
+                lambda: self._script(keys=[key], args=[repr(amount), expire])
+            )
+            if value is None or value in ("absent", b"absent"):
+                return False
+            self._seen[slot] = float(value)
+            return True
         value = await self._redis(self._client.incrbyfloat, key, amount)
         if value is None:
             return False
@@ -168,16 +351,23 @@ class Ledger:
 
     async def _merge(self) -> None:
         """Move the spend kept during an outage into Redis."""
+        merged = 0
         for slot in list(self._local):
             amount = self._local.pop(slot)
-            if not await self._add(slot, amount, self._ends.pop(slot, math.inf)):
+            ends = self._ends.pop(slot, math.inf)
+            if not await self._add(slot, amount, ends):
                 self._local[slot] = self._local.get(slot, 0.0) + amount
-                return
+                self._ends[slot] = ends
+                if self._down:
+                    return
+                continue  # missing in Redis: merged once it is re-seeded
+            merged += 1
             if self.metrics is not None:
                 self.metrics.merged.inc()
-        log.info("spend: the charges kept during the Redis outage are merged back")
+        if merged:
+            log.info("spend: the charges kept during the Redis outage are merged back")
 
-    async def _redis(self, call: Any, *args: Any) -> Any:
+    async def _redis(self, call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
         """``call(*args)``, or None when Redis fails or is slower than the timeout."""
         from coredis.exceptions import RedisError  # late: coredis only with Redis
 
