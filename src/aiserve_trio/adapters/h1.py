@@ -71,8 +71,13 @@ __all__ = [
     "WriteTimeout",
 ]
 
-#: Bytes asked of the socket per read.
-READ_SIZE: Final = 65536
+#: Bytes asked of the socket per read: what one stream holds while its client does not
+#: read is a few of these (the read, its deltas in the inference -> sse channel, the
+#: events written), so it bounds a held stream's memory. A reply's text is read in
+#: pieces of at most this much; a TLS record is 16 KiB, so a TLS read never gave more.
+#: 64 KiB reads of a fast backend's 1 KiB deltas held ~0.7 MB a blocked stream
+#: (bench/h2_window.py --delta-bytes 1024, docs/hypercorn.md).
+READ_SIZE: Final = 16384
 
 
 class H1Error(Exception):
