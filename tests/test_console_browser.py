@@ -111,9 +111,18 @@ def test_the_admin_key_logs_in_and_the_page_shows_the_live_numbers(gateway: Gate
         # A reload of the tab keeps the session; logging out ends it.
         page.reload()
         expect(page.locator("#who")).to_have_text("Signed in as ops")
+        token = page.evaluate("sessionStorage.getItem('aiserve-console-token')")
         page.click("#logout")
         expect(page.locator("#login")).to_be_visible()
         assert page.evaluate("sessionStorage.length") == 0
+        # Log out reached the gateway: the token is refused, not only forgotten by the tab.
+        r = httpx.get(
+            f"{gateway.api}/admin/api/overview",
+            headers={"authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        assert r.status_code == 401, r.text
+        assert r.json()["error"]["code"] == "revoked_console_token"
 
 
 def test_an_expired_session_asks_to_log_in_again(gateway: Gateway) -> None:

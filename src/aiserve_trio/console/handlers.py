@@ -4,6 +4,7 @@
 ``GET /admin/``                   open                    the page (no secrets in it)
 ``GET /admin/static/{name}``      open                    its script and style sheet
 ``POST /admin/api/login``         admin key               a console token (``expires_in`` s)
+``POST /admin/api/logout``        console token           the token refused until its expiry
 ``GET /admin/api/overview``       admin key or token      SLA per model, stages, open streams
 ``GET /admin/api/slow``           admin key or token      the slowest recent requests
 ``GET /admin/api/routes``         admin key or token      routes and their steps, the version
@@ -141,6 +142,15 @@ class Login(msgspec.Struct, kw_only=True):
     auth: bool
 
 
+class Logout(msgspec.Struct, kw_only=True):
+    #: False with auth off (there is no token to refuse).
+    revoked: bool
+    #: Refused by every worker (it reached the Redis session bus), or by this one only.
+    shared: bool
+    #: Until when the token is refused (its expiry, Unix seconds).
+    until: int | None
+
+
 class StepOut(msgspec.Struct, kw_only=True):
     name: str
     kind: str
@@ -227,6 +237,7 @@ class Console:
             Endpoint("/admin/", get, Auth.OPEN, req, self.page, "console"),
             Endpoint("/admin/static/{name}", get, Auth.OPEN, req, self.static, "console"),
             Endpoint("/admin/api/login", ("POST",), Auth.ADMIN, req, self.login, "console_api"),
+            Endpoint("/admin/api/logout", ("POST",), api, req, self.logout, "console_api"),
             Endpoint("/admin/api/overview", get, api, req, self.overview, "console_api"),
             Endpoint("/admin/api/slow", get, api, req, self.slow, "console_api"),
             Endpoint("/admin/api/routes", get, api, req, self.routes, "console_api"),
@@ -272,6 +283,21 @@ class Console:
             token = gate.console_token(p)
             ttl = gate.console_tokens.ttl_s
             out = Login(token=token, expires_in=ttl, key_id=p.key_id, auth=True)
+        await self._json(request, out)
+
+    async def logout(self, request: Request) -> None:
+        """``POST /admin/api/logout`` with ``Authorization: Bearer <console token>``: the
+        token is refused from now until its expiry (:mod:`.logout`); the page's "Log out"
+        calls it before forgetting the token.
+
+        Raises:
+            BadRequest: an admin key was sent instead of a console token.
+        """
+        if request.principal is None:  # auth off: no token was handed out
+            out = Logout(revoked=False, shared=False, until=None)
+        else:
+            until, shared = await self.host.gate.console_logout(request)
+            out = Logout(revoked=True, shared=shared, until=until)
         await self._json(request, out)
 
     def _snapshot(self) -> sla.Snapshot:

@@ -29,7 +29,8 @@ import msgspec
 import trio
 
 from ..api import encoder
-from ..errors import Forbidden, Unauthorized
+from ..console.logout import Revoked
+from ..errors import BadRequest, Forbidden, Unauthorized
 from ..http.endpoints import Admission as Admit
 from ..http.endpoints import Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Scope
@@ -148,6 +149,8 @@ class Gate:
         self.tokens = StreamTokens(self._secret, ttl)
         console_ttl = auth.console_token_ttl_s if auth is not None else 900
         self.console_tokens = StreamTokens(self._secret, console_ttl, purpose="console")
+        #: Console tokens logged out before their expiry (worker-wide, like the secret).
+        self.revoked: Revoked = previous.revoked if previous is not None else Revoked.of(config)
 
     def successor(self, config: Config) -> Gate:
         """The gate of a reloaded ``config``, carrying this one's worker-wide state."""
@@ -168,9 +171,11 @@ class Gate:
         if isinstance(self.limiter, RedisLimiter):
             await self.limiter.aopen()
         await self.ledger.aopen()
+        await self.revoked.aopen()
         self.announce()
 
     async def aclose(self) -> None:
+        await self.revoked.aclose()
         await self.ledger.aclose()
         if isinstance(self.limiter, RedisLimiter):
             await self.limiter.aclose()
@@ -311,6 +316,11 @@ class Gate:
         if endpoint.auth is Auth.ADMIN_OR_CONSOLE_TOKEN and not plain.startswith("aik_"):
             subject = CONSOLE_SUBJECT
             key_id = self.console_tokens.check(plain, self._tenant_of, subject, time.time())
+            if await self.revoked.denied(plain, key_id, int(plain.partition(".")[0])):
+                raise Unauthorized(
+                    "the console token was logged out: log in again",
+                    code="revoked_console_token",
+                )
             return self._principals[key_id]
         hit = self.keys.check(plain)
         if hit is not None:
@@ -343,6 +353,26 @@ class Gate:
     def console_token(self, principal: Principal) -> str:
         """A console token for an admin key: ``Authorization: Bearer`` on the console's API."""
         return self.console_tokens.issue(principal, CONSOLE_SUBJECT)
+
+    async def console_logout(self, request: Request) -> tuple[int, bool]:
+        """Deny the console token ``request`` was authenticated with until its expiry.
+
+        Returns:
+            The token's expiry, and whether every worker refuses it now (see
+            :mod:`aiserve_trio.console.logout`).
+
+        Raises:
+            BadRequest: the request came with an admin key, not a console token.
+        """
+        plain = bearer(request.headers.get("authorization"))
+        principal = request.principal
+        if plain.startswith("aik_") or principal is None or principal.key_id is None:
+            raise BadRequest(
+                "log out sends the console token (Authorization: Bearer <token>), not a key",
+                code="not_a_console_token",
+            )
+        expiry = int(plain.partition(".")[0])
+        return expiry, await self.revoked.add(plain, principal.key_id, expiry, time.time())
 
     async def within_budget(self, principal: Principal | None, tenant: str) -> None:
         """Refuse a chat request whose key's or tenant's budget is spent.

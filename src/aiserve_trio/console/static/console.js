@@ -101,10 +101,18 @@ async function login(event) {
   }
 }
 
-function logout() {
+async function logout() {
+  // The server refuses the token from now on (it would otherwise stay valid until it
+  // expires); the tab forgets it whatever the answer.
+  let message = "";
+  try {
+    if (sessionStorage.getItem(TOKEN)) await api("POST", "logout");
+  } catch (err) {
+    if (err.status !== 401) message = `Log out did not reach the gateway: ${err.message}`;
+  }
   sessionStorage.removeItem(TOKEN);
   sessionStorage.removeItem(WHO);
-  showLogin("");
+  showLogin(message);
 }
 
 async function enter() {
