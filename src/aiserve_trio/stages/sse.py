@@ -34,6 +34,11 @@ from .assembler import ResponseAssembler
 from .channel import Inbox
 from .types import Prepared, RequestInfo, response_headers
 
+#: The events one write takes from deltas that queued up (bytes; a delta's own may
+#: pass it): about one upstream read's worth (``adapters/h1.py``'s READ_SIZE), so
+#: that a stream whose client reads nothing holds a bounded piece of the reply.
+WRITE_BYTES = 16384
+
 
 class SSEStage:
     name = "sse"
@@ -193,15 +198,19 @@ class SSEStage:
         # the first write goes now, even empty (a filter may hold back all of it).
         owed = True
         while True:
-            # Deltas that queued up while the last write was in flight go out
-            # in one write: fewer sends under load, no added wait when idle.
-            while True:
-                try:
-                    batch.append(deltas.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
             now = trio.current_time()
             for delta in batch:
+                out += asm.feed(delta, now)
+            # Deltas that queued up while the last write was in flight go out
+            # in one write: fewer sends under load, no added wait when idle. Up to
+            # WRITE_BYTES: what is left waits in the channel, whose sender (the
+            # upstream's reader) then waits too -- a client that stops reading
+            # holds one write of events here, not all that was queued.
+            while len(out) < WRITE_BYTES and asm.finish_reason is None and asm.capped is None:
+                try:
+                    delta = deltas.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
                 out += asm.feed(delta, now)
             # With the finish in hand, what is left goes out with the final
             # events, in one write.
