@@ -12,7 +12,8 @@ import pytest
 import trio
 
 from aiserve_trio.asgi import App
-from aiserve_trio.spend.budget import window
+from aiserve_trio.spend.budget import Limit, window
+from aiserve_trio.spend.ledger import Ledger
 
 from .asgi_client import chat_body
 from .redis_server import RedisServer
@@ -115,3 +116,47 @@ def test_a_period_knows_where_it_began() -> None:
     assert w.resets_at - w.starts_at == 7 * 86_400
     assert w.starts_at <= 1_764_979_200.0 + 3 * 86_400 + 5 < w.resets_at
     assert window("total", 5.0).starts_at == 0.0
+
+
+async def test_redis_back_empty_after_an_outage_the_kept_spend_is_seeded_not_lost(
+    redis_up: RedisServer,
+) -> None:
+    # Spend charged before the outage (in Redis) and during it (kept here); Redis comes
+    # back without persistence. The merge finds the key missing: the period is seeded
+    # from the audit log -- which holds every one of those requests -- not restarted
+    # from what this worker kept.
+    limit = Limit("key", "outage", 10.0, "day", 0.8)
+    asked: list[tuple[str, str | None]] = []
+
+    async def audit_sum(scope: str, name: str | None, start: float, end: float) -> dict[str, float]:
+        asked.append((scope, name))
+        assert start <= time.time() < end
+        return {"outage": 3.0}  # the 1.0 before the outage and the 2.0 during it
+
+    ledger = Ledger(redis_up.url, "reseedtest", merge_every_s=0.05)
+    ledger.seed_from(audit_sum, [limit])
+    await ledger.aopen()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ledger.run)
+            now = time.time()
+            redis_up.command("SET", f"reseedtest:spend:{limit.slot(now)[0]}", "1.0")
+            assert await ledger.spent([limit], now) == [pytest.approx(1.0)]
+            redis_up.stop()
+            await ledger.charge([limit], 2.0, now)  # kept here
+            redis_up.start()  # empty
+            with trio.fail_after(5):
+                while redis_get_key(redis_up, f"reseedtest:spend:{limit.slot(now)[0]}") is None:
+                    await trio.sleep(0.02)
+            assert await ledger.spent([limit], now) == [pytest.approx(3.0)]
+            nursery.cancel_scope.cancel()
+    finally:
+        await ledger.aclose()
+    assert asked and asked[0] == ("key", "outage")
+
+
+def redis_get_key(redis: RedisServer, key: str) -> float | None:
+    with socket.create_connection(("127.0.0.1", redis.port), timeout=1) as s:
+        s.sendall(f"GET {key}\r\n".encode())
+        head, _, rest = s.recv(4096).partition(b"\r\n")
+    return None if head == b"$-1" else float(rest.split(b"\r\n")[0])

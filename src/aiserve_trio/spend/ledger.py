@@ -132,6 +132,8 @@ class Ledger:
         self._seen: dict[str, float] = {}
         #: When each kept slot's period ends (for its expiry once merged).
         self._ends: dict[str, float] = {}
+        #: Each kept slot's budget (a slot found missing at the merge is re-seeded).
+        self._kept: dict[str, Limit] = {}
         self._down = False
         self._merge_every = merge_every_s
         self.metrics: LedgerMetrics | None = None
@@ -253,6 +255,7 @@ class Ledger:
             else:
                 self._local.pop(slot, None)
                 self._ends.pop(slot, None)
+                self._kept.pop(slot, None)
             self._seen[slot] = total
             log.warning(
                 "spend: %s was missing in Redis (lost data?): re-seeded from the audit log, "
@@ -318,6 +321,7 @@ class Ledger:
             if not added:
                 self._local[slot] = self._local.get(slot, 0.0) + amount
                 self._ends[slot] = w.resets_at
+                self._kept[slot] = limit
                 if self._client is not None and self._down and self.metrics is not None:
                     self.metrics.local.inc()
                 if self._client is not None and not self._down:
@@ -360,8 +364,11 @@ class Ledger:
                 self._ends[slot] = ends
                 if self._down:
                     return
+                if (limit := self._kept.get(slot)) is not None:
+                    self._lost(slot, limit)  # Redis came back without it
                 continue  # missing in Redis: merged once it is re-seeded
             merged += 1
+            self._kept.pop(slot, None)
             if self.metrics is not None:
                 self.metrics.merged.inc()
         if merged:
