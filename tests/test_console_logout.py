@@ -11,8 +11,7 @@ import trio
 
 from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
-from aiserve_trio.console.logout import Revoked
-from aiserve_trio.security.gate import CONSOLE_SUBJECT
+from aiserve_trio.security.gate import CONSOLE_SUBJECT, Revoked
 
 from .authcfg import KEY_ADMIN, OFF, auth_app, auth_toml, bearer
 from .conftest import config_text
