@@ -287,7 +287,7 @@ class Console:
 
     async def logout(self, request: Request) -> None:
         """``POST /admin/api/logout`` with ``Authorization: Bearer <console token>``: the
-        token is refused from now until its expiry (:mod:`.logout`); the page's "Log out"
+        token is refused from now until its expiry (the gate's :class:`~aiserve_trio.security.gate.Revoked`); the page's "Log out"
         calls it before forgetting the token.
 
         Raises:

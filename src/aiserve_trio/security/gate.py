@@ -360,7 +360,7 @@ class Gate:
 
         Returns:
             The token's expiry, and whether every worker refuses it now (see
-            :mod:`aiserve_trio.console.logout`).
+            :class:`Revoked`).
 
         Raises:
             BadRequest: the request came with an admin key, not a console token.
