@@ -287,8 +287,9 @@ class Console:
 
     async def logout(self, request: Request) -> None:
         """``POST /admin/api/logout`` with ``Authorization: Bearer <console token>``: the
-        token is refused from now until its expiry (the gate's :class:`~aiserve_trio.security.gate.Revoked`); the page's "Log out"
-        calls it before forgetting the token.
+        token is refused from now until its expiry (the gate's
+        :class:`~aiserve_trio.security.gate.Revoked`); the page's "Log out" calls it
+        before forgetting the token.
 
         Raises:
             BadRequest: an admin key was sent instead of a console token.
