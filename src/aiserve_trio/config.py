@@ -753,8 +753,13 @@ class CacheConfig(_Section):
     connect_timeout_ms: int = 1_000
     #: Redis ``INFO stats`` (keyspace hits and misses) is read this often.
     stats_interval_s: float = 15.0
-    #: Semantic tier: questions (vectors) each worker's index holds at most, oldest out.
+    #: Semantic tier: questions (vectors) each worker's index holds at most, least
+    #: recently used out (with Redis, also about how many its shared log keeps).
     semantic_max_entries: int = 50_000
+    #: Semantic tier: bytes each worker's index holds at most, with either backend --
+    #: vectors (unused rows of a guard's matrix too), questions, keys and overheads;
+    #: least recently used out, across guards (``aiserve_cache_semantic_bytes``).
+    semantic_max_bytes: int = 67_108_864
     #: Semantic tier with Redis: a starting worker reads the shared index this long at most.
     semantic_catch_up_ms: int = 2_000
 
@@ -770,6 +775,7 @@ class CacheConfig(_Section):
             "connect_timeout_ms",
             "stats_interval_s",
             "semantic_max_entries",
+            "semantic_max_bytes",
             "semantic_catch_up_ms",
         )
         if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", self.key_prefix):

@@ -12,6 +12,7 @@ call. They raise :class:`~.errors.CacheUnavailable` when they fail.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -124,6 +125,11 @@ class CacheBackend(abc.ABC):
         waiting up to ``block_ms`` for the first (None: not waiting)."""
         raise self._not_shared()
 
+    def on_evict(self, fn: Callable[[str], None]) -> None:  # noqa: B027 - optional hook
+        """Tell ``fn`` each key whose entry this process lets go of. A backend that
+        evicts where this process cannot see (Redis) tells nothing: a semantic
+        question whose entry is gone there is dropped when it is found."""
+
     # --- what the gauges show ---------------------------------------------------
 
     def held(self) -> tuple[int, int] | None:
@@ -148,6 +154,9 @@ class MemoryBackend(CacheBackend):
 
     async def put(self, key: str, entry: Entry, blob: bytes, ttl_s: float) -> None:
         self._lru.put(key, entry, len(blob), trio.current_time() + ttl_s)
+
+    def on_evict(self, fn: Callable[[str], None]) -> None:
+        self._lru.evicted = fn
 
     def held(self) -> tuple[int, int]:
         return self._lru.bytes, len(self._lru)

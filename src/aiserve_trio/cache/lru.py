@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -23,6 +24,10 @@ class ByteLRU(Generic[V]):
         self.max_bytes = max_bytes
         self.bytes = 0
         self._slots: OrderedDict[str, _Slot[V]] = OrderedDict()
+        #: Told each key that goes (evicted, expired, or too large to hold anew), so
+        #: what refers to it can go too (the semantic index's question); not told of
+        #: a value replaced by another under the same key.
+        self.evicted: Callable[[str], None] | None = None
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -41,8 +46,10 @@ class ByteLRU(Generic[V]):
     def put(self, key: str, value: V, size: int, expires: float) -> bool:
         """Hold ``value`` until ``expires``; False (nothing held) if it alone is over the bound."""
         if key in self._slots:
-            self._drop(key)
+            self._drop(key, told=False)
         if size > self.max_bytes:
+            if self.evicted is not None:
+                self.evicted(key)
             return False
         self._slots[key] = _Slot(value, size, expires)
         self.bytes += size
@@ -51,6 +58,8 @@ class ByteLRU(Generic[V]):
             self._drop(oldest)
         return True
 
-    def _drop(self, key: str) -> None:
+    def _drop(self, key: str, *, told: bool = True) -> None:
         slot = self._slots.pop(key)
         self.bytes -= slot.size
+        if told and self.evicted is not None:
+            self.evicted(key)

@@ -16,11 +16,14 @@ above the route's ``threshold`` is served as the exact tier serves a hit.
 The probe rides on the flight that answers the miss; when its entry is
 stored, :meth:`Semantic.insert` files the question under its guard. Vectors
 live in an index per worker (:class:`VectorIndex`: exact cosine search with
-numpy, a bucket per guard, bounded by ``[cache] semantic_max_entries``); with
-the Redis backend the inserts also go on a Redis stream every worker follows
-(``remote.py``), so every worker's index holds every gateway's questions, and
-the entries themselves are the exact tier's, in Redis. An index item whose
-entry is gone (TTL, eviction) is dropped when it is found.
+numpy, a bucket per guard, bounded by ``[cache] semantic_max_bytes`` -- vectors,
+questions and unused rows counted -- and ``semantic_max_entries``, least recently
+used out first across guards); with the Redis backend the inserts also go on a
+Redis stream every worker follows (``remote.py``), so every worker's index holds
+every gateway's questions, and the entries themselves are the exact tier's, in
+Redis. With the memory backend, an entry evicted from memory takes its question
+with it (:meth:`Semantic.evicted`); an index item whose entry is gone otherwise
+(TTL, Redis's eviction) is dropped when it is found.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -99,48 +103,89 @@ def unit(values: Any) -> NDArray[np.float32] | None:
 
 class _Bucket:
     """The questions under one guard: their vectors as the rows of one matrix, kept
-    in place (appended; a removed row is replaced by the last)."""
+    in place (appended; a removed row is replaced by the last), and what each row
+    stands for in lists beside it (the vector is not kept twice).
 
-    __slots__ = ("items", "n", "pos", "rows")
+    The matrix starts at one row and doubles when full; it halves once a quarter or
+    less of it is used (eviction, expiry), so its slack is at most three rows in four
+    and a guard that held many questions once does not keep their room.
+    """
 
-    def __init__(self, dims: int) -> None:
-        self.rows: NDArray[np.float32] = np.empty((8, dims), dtype=np.float32)
-        self.items: list[Item] = []
+    __slots__ = ("expires", "guard", "keys", "n", "pos", "questions", "rows")
+
+    def __init__(self, guard: str, dims: int) -> None:
+        self.guard = guard
+        self.rows: NDArray[np.float32] = np.empty((1, dims), dtype=np.float32)
+        self.keys: list[str] = []
+        self.questions: list[str] = []
+        #: Unix seconds after which each question is not served (its entry's TTL).
+        self.expires: list[float] = []
         self.pos: dict[str, int] = {}
         self.n = 0
 
-    def put(self, item: Item) -> None:
+    def put(self, item: Item) -> int:
+        """File ``item``; the bytes the matrix grew by."""
         at = self.pos.get(item.key)
+        grown = 0
         if at is None:
             if self.n == len(self.rows):
-                grown = np.empty((2 * len(self.rows), self.rows.shape[1]), dtype=np.float32)
-                grown[: self.n] = self.rows[: self.n]
-                self.rows = grown
+                grown = self._resize(2 * len(self.rows))
             at = self.n
             self.n += 1
-            self.items.append(item)
+            self.keys.append(item.key)
+            self.questions.append(item.question)
+            self.expires.append(item.expires)
             self.pos[item.key] = at
         else:
-            self.items[at] = item
+            self.questions[at] = item.question
+            self.expires[at] = item.expires
         self.rows[at] = item.vector
+        return grown
 
-    def drop(self, key: str) -> bool:
+    def drop(self, key: str) -> int | None:
+        """Remove ``key``'s question; the bytes the matrix shrank by (None: not here)."""
         at = self.pos.pop(key, None)
         if at is None:
-            return False
+            return None
         last = self.n - 1
         if at != last:
-            moved = self.items[last]
-            self.items[at] = moved
+            moved = self.keys[last]
+            self.keys[at] = moved
+            self.questions[at] = self.questions[last]
+            self.expires[at] = self.expires[last]
             self.rows[at] = self.rows[last]
-            self.pos[moved.key] = at
-        self.items.pop()
+            self.pos[moved] = at
+        self.keys.pop()
+        self.questions.pop()
+        self.expires.pop()
         self.n = last
-        return True
+        if last and last <= len(self.rows) // 4:
+            return self._resize(len(self.rows) // 2)
+        return 0
+
+    def _resize(self, rows: int) -> int:
+        """Move the used rows into a matrix of ``rows``; the change in bytes."""
+        was = self.rows.nbytes
+        moved = np.empty((rows, self.rows.shape[1]), dtype=np.float32)
+        moved[: self.n] = self.rows[: self.n]
+        self.rows = moved
+        return moved.nbytes - was
+
+
+#: What the index counts for a bucket besides its matrix's rows and its guard's
+#: string: the bucket, its three lists and position dict (empty), the matrix's
+#: header, and its slot in the index's dict of buckets. Measured with tracemalloc
+#: (``tests/test_cache_semantic_index.py`` checks the account against it).
+BUCKET_BYTES = 640
+#: What the index counts for a question besides its key's and its text's strings:
+#: its slots in the bucket's lists and position dict, its expiry (a float), and its
+#: place in the index's order (an ordered dict's entry and link). Measured as above.
+ITEM_BYTES = 200
 
 
 class VectorIndex:
-    """Questions by guard, searched exactly (cosine), bounded: oldest inserted out first.
+    """Questions by guard, searched exactly (cosine), bounded in bytes and in number:
+    least recently used out first, across guards.
 
     Exact search over a guard's bucket, because a lookup only ever compares
     questions under one guard (buckets are small next to the whole index) and one
@@ -148,58 +193,109 @@ class VectorIndex:
     (``bench/semantic_index.py`` has the measurement against usearch's HNSW).
     The product is ``np.einsum``: one thread, where BLAS's threads fight the other
     workers for the cores. A search scores ``_CHUNK`` rows between checkpoints.
+
+    :attr:`bytes` is what the index holds, counted as it changes: every matrix
+    whole (its unused rows too), each question's key and text, and the overheads
+    above. A client may choose a new guard with every request (a ``seed``, the
+    system prompt), so a bucket costs what it holds and not a fixed matrix, and
+    ``max_bytes`` bounds the whole: past it, the least recently filed or served
+    questions go, whatever their guard. One question per entry (its exact key):
+    filing another for the same key replaces it, and :meth:`discard` drops it when
+    its entry is evicted.
     """
 
-    def __init__(self, max_entries: int) -> None:
+    def __init__(self, max_entries: int, max_bytes: int = 67_108_864) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        #: The bytes held, as counted (see the class docstring).
+        self.bytes = 0
         self._buckets: dict[str, _Bucket] = {}
-        #: (guard, key) in insertion order: what goes first when full.
-        self._order: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+        #: key -> its bucket's guard, least recently filed or served first.
+        self._order: collections.OrderedDict[str, str] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._order)
 
     def add(self, item: Item) -> None:
-        """File ``item`` (replacing the question stored for the same entry)."""
+        """File ``item`` (replacing the question stored for the same entry), then
+        evict the least recently used while over either bound."""
+        dims = len(item.vector)
+        cost = ITEM_BYTES + sys.getsizeof(item.key) + sys.getsizeof(item.question)
+        if BUCKET_BYTES + sys.getsizeof(item.guard) + 4 * dims + cost > self.max_bytes:
+            return  # alone over the bound: never held
+        guard = self._order.get(item.key)
+        if guard is not None and guard != item.guard:
+            self.remove(guard, item.key)  # filed anew under another guard
         bucket = self._buckets.get(item.guard)
         if bucket is None:
-            bucket = self._buckets[item.guard] = _Bucket(len(item.vector))
-        elif bucket.rows.shape[1] != len(item.vector):
+            bucket = self._buckets[item.guard] = _Bucket(item.guard, dims)
+            self.bytes += BUCKET_BYTES + sys.getsizeof(item.guard) + bucket.rows.nbytes
+        elif bucket.rows.shape[1] != dims:
             return  # another model's vector under this guard: not comparable
-        bucket.put(item)
-        ident = (item.guard, item.key)
-        self._order[ident] = None
-        self._order.move_to_end(ident)
-        while len(self._order) > self.max_entries:
-            self.remove(*next(iter(self._order)))
+        at = bucket.pos.get(item.key)
+        if at is not None:
+            self.bytes -= sys.getsizeof(bucket.questions[at]) - sys.getsizeof(item.question)
+        else:
+            self.bytes += cost
+        self.bytes += bucket.put(item)
+        self._order[item.key] = bucket.guard
+        self._order.move_to_end(item.key)
+        # Bounded: each turn removes a question.
+        while self._order and (self.bytes > self.max_bytes or len(self._order) > self.max_entries):
+            key, guard = next(iter(self._order.items()))
+            self.remove(guard, key)
 
     def remove(self, guard: str, key: str) -> None:
-        self._order.pop((guard, key), None)
+        """Drop ``key``'s question if it is filed under ``guard``."""
         bucket = self._buckets.get(guard)
-        if bucket is not None and bucket.drop(key) and not bucket.n:
+        if bucket is None:
+            return
+        at = bucket.pos.get(key)
+        if at is None:
+            return
+        question = bucket.questions[at]
+        shrank = bucket.drop(key)
+        assert shrank is not None
+        self.bytes += shrank - ITEM_BYTES - sys.getsizeof(key) - sys.getsizeof(question)
+        del self._order[key]
+        if not bucket.n:
             del self._buckets[guard]
+            self.bytes -= BUCKET_BYTES + sys.getsizeof(bucket.guard) + bucket.rows.nbytes
+
+    def discard(self, key: str) -> None:
+        """Drop the question of the entry ``key``, whatever its guard: the entry was
+        evicted (or expired) from this worker's memory."""
+        guard = self._order.get(key)
+        if guard is not None:
+            self.remove(guard, key)
+
+    def touch(self, key: str) -> None:
+        """``key``'s question was served: it is the most recently used."""
+        if key in self._order:
+            self._order.move_to_end(key)
 
     async def search(self, guard: str, vector: NDArray[np.float32], now: float) -> Found | None:
         """The stored question under ``guard`` nearest to ``vector`` (expired ones skipped)."""
         bucket = self._buckets.get(guard)
         if bucket is None or bucket.rows.shape[1] != len(vector):
             return None
-        best: tuple[float, Item] | None = None
+        best: tuple[float, int] | None = None
         for start in range(0, bucket.n, _CHUNK):
             if start:
                 await trio.lowlevel.checkpoint()
             end = min(start + _CHUNK, bucket.n)
             scores = np.einsum("ij,j->i", bucket.rows[start:end], vector)
             for j in np.argsort(-scores):
-                item = bucket.items[start + int(j)]
-                if item.expires > now:  # the best of the chunk still served
+                at = start + int(j)
+                if bucket.expires[at] > now:  # the best of the chunk still served
                     score = float(scores[j])
                     if best is None or score > best[0]:
-                        best = (score, item)
+                        best = (score, at)
                     break
         if best is None:
             return None
-        return Found(best[1].key, best[1].question, min(best[0], 1.0))
+        score, at = best
+        return Found(bucket.keys[at], bucket.questions[at], min(score, 1.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,8 +362,10 @@ def question_of(request: InferenceRequest) -> tuple[str, dict[str, Any]] | None:
 class Semantic:
     """The semantic tier of one app's cache: the embedder calls, the index, the hits."""
 
-    def __init__(self, max_entries: int, hook: CacheHook = NULL_HOOK) -> None:
-        self.index = VectorIndex(max_entries)
+    def __init__(
+        self, max_entries: int, hook: CacheHook = NULL_HOOK, *, max_bytes: int = 67_108_864
+    ) -> None:
+        self.index = VectorIndex(max_entries, max_bytes)
         self.hook = hook
         self.recent: collections.deque[SemanticHit] = collections.deque(maxlen=RECENT)
         #: Publishes an insert to the other workers (set with a shared backend).
@@ -347,6 +445,7 @@ class Semantic:
         return hit
 
     def served(self, route: str, probe: Probe, found: Found) -> None:
+        self.index.touch(found.key)
         self.recent.append(
             SemanticHit(time.time(), route, found.similarity, probe.question, found.question)
         )
@@ -354,6 +453,11 @@ class Semantic:
     def forget(self, probe: Probe, found: Found) -> None:
         """The entry of ``found`` is gone (expired, evicted): drop its question."""
         self.index.remove(probe.guard, found.key)
+
+    def evicted(self, key: str) -> None:
+        """The entry ``key`` left this worker's memory (evicted, expired): its question
+        goes too, so the index holds nothing the exact tier has let go of."""
+        self.index.discard(key)
 
     async def insert(self, probe: Probe, key: str, ttl_s: float) -> None:
         """File the question of a stored entry here, and share it when shared."""

@@ -153,7 +153,9 @@ class Cache:
         #: The server's counters as last read (Redis ``INFO stats``).
         self.server: dict[str, float] = {}
         self._stats = trio.CancelScope()
-        self.semantic = Semantic(config.semantic_max_entries, hook)
+        self.semantic = Semantic(
+            config.semantic_max_entries, hook, max_bytes=config.semantic_max_bytes
+        )
         self.backend = backend
 
     @property
@@ -163,6 +165,8 @@ class Cache:
     @backend.setter
     def backend(self, backend: CacheBackend) -> None:
         self._backend = backend
+        # An entry evicted from this worker's memory takes its semantic question along.
+        backend.on_evict(self.semantic.evicted)
         #: Every backend call, bounded (and the backend skipped a while after a failure).
         self._call = BackendCalls(backend, self.config, self.hook)
         #: With a shared backend: single flight across gateways, and the semantic
@@ -192,6 +196,7 @@ class Cache:
         nxt.server = self.server
         nxt._stats = self._stats
         nxt.semantic = self.semantic
+        nxt.backend.on_evict(nxt.semantic.evicted)  # the index kept, not the one just made
         nxt.index_log = self.index_log
         if nxt.index_log is not None and nxt._needs_follower() and nxt._nursery is not None:
             # A reload turned the semantic tier on: follow the shared index from now
@@ -210,6 +215,11 @@ class Cache:
     def held(self) -> tuple[int, int]:
         """(bytes, entries) this process holds (0, 0 for a shared backend)."""
         return self.backend.held() or (0, 0)
+
+    def semantic_held(self) -> tuple[int, int]:
+        """(bytes, questions) of this worker's semantic index, as it counts them
+        (``[cache] semantic_max_bytes`` bounds the bytes; with either backend)."""
+        return self.semantic.index.bytes, len(self.semantic.index)
 
     async def _stats_loop(self) -> None:
         """Read the server's counters (Redis ``INFO stats``) every ``stats_interval_s``."""
