@@ -315,3 +315,18 @@ def test_a_semantic_hit_is_priced_as_an_exact_hit_is() -> None:
     from aiserve_trio.spend.prices import free
 
     assert free("semantic-hit") is free("hit") is True
+
+
+async def test_the_semantic_index_bytes_are_a_gauge_of_their_own(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Issue 55: the index's memory was in no metric (aiserve_cache_bytes counts entries).
+    app, _ = semantic_app()
+    await opened(app, nursery)
+    await Client(app).chat(ask(Q))
+    assert app.cache is not None
+    held, questions = app.cache.semantic_held()
+    assert questions == 1
+    assert held > 512  # a vector of the mock's, its question, key and guard
+    assert metric(app, "aiserve_cache_semantic_bytes") == held
+    assert held <= app.config.cache.semantic_max_bytes

@@ -55,7 +55,9 @@ class Telemetry:
         """Read the gauges of the runtime ``current()`` returns, at scrape time."""
         self._current = current
         self.metrics.watch_deployments(self._deployment_states)
-        self.metrics.watch_cache(self._cache_held, self._cache_flights, self._cache_server)
+        self.metrics.watch_cache(
+            self._cache_held, self._cache_flights, self._cache_server, self._cache_semantic
+        )
 
     def _runtime(self) -> Runtime:
         assert self._current is not None
@@ -64,6 +66,10 @@ class Telemetry:
     def _cache_held(self) -> tuple[int, int]:
         cache = self._runtime().cache
         return cache.held() if cache is not None else (0, 0)
+
+    def _cache_semantic(self) -> int:
+        cache = self._runtime().cache
+        return cache.semantic_held()[0] if cache is not None else 0
 
     def _cache_flights(self) -> int:
         cache = self._runtime().cache

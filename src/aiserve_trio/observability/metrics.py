@@ -245,6 +245,12 @@ class Metrics:
         self.cache_entries = Gauge(
             "aiserve_cache_entries", "Entries this worker holds (memory backend).", registry=r
         )
+        self.cache_semantic_bytes = Gauge(
+            "aiserve_cache_semantic_bytes",
+            "Bytes this worker's semantic index holds (vectors, unused rows, questions, "
+            "overheads), bounded by [cache] semantic_max_bytes; not in aiserve_cache_bytes.",
+            registry=r,
+        )
         self.cache_flights = Gauge(
             "aiserve_cache_flights",
             "Answers in flight that identical requests share (single flight).",
@@ -266,10 +272,12 @@ class Metrics:
         held: Callable[[], tuple[int, int]],
         flights: Callable[[], int],
         server: Callable[[], Mapping[str, float]],
+        semantic: Callable[[], int] = lambda: 0,
     ) -> None:
-        """Read the cache's gauges at scrape time: (bytes, entries) held, flights, and
-        the Redis server's counters as the cache last read them."""
+        """Read the cache's gauges at scrape time: (bytes, entries) held, flights, the
+        Redis server's counters as the cache last read them, the semantic index's bytes."""
         self.cache_bytes.set_function(lambda: float(held()[0]))
+        self.cache_semantic_bytes.set_function(lambda: float(semantic()))
         self.cache_entries.set_function(lambda: float(held()[1]))
         self.cache_flights.set_function(lambda: float(flights()))
         self.cache_redis_hits.set_function(lambda: server().get("keyspace_hits", 0.0))
