@@ -206,7 +206,10 @@ class Ledger:
             for slot, limit in list(self._pending.items()):
                 del self._pending[slot]
                 if not await self._reseed(seed, slot, limit):
-                    self._retry_at[slot] = trio.current_time() + SEED_RETRY_S
+                    now = trio.current_time()
+                    if len(self._retry_at) >= MAX_SEEDS_PENDING:  # bounded: past waits go
+                        self._retry_at = {s: t for s, t in self._retry_at.items() if t > now}
+                    self._retry_at[slot] = now + SEED_RETRY_S
 
     def _lost(self, slot: str, limit: Limit) -> None:
         """Queue ``slot`` (missing in Redis) for a re-seed; never waits."""
