@@ -110,7 +110,7 @@ async def _drive(semantic: bool, requests: int, fill: int, seed: int) -> dict[st
             if await one(probe_text) != 200:
                 raise RuntimeError("the gateway did not answer 200")
             index = app.cache.semantic.index
-            [guard] = {g for g, _ in index._order}
+            [guard] = set(index._order.values())  # key -> guard
             for i in range(fill):
                 v = unit(vector(_question(rng), DEFAULT_DIMENSIONS))
                 assert v is not None
