@@ -197,8 +197,11 @@ def until(
 
 @needs_the_seam
 @pytest.mark.slow
+# 1 KiB deltas: each upstream read is one delta as big as its text, so the read's size
+# bounds what a held stream holds (with 64 KiB reads: +38.6 MB here, over the bound).
+@pytest.mark.parametrize("delta", [h2_window.DELTA_BYTES, 1024])
 def test_a_client_whose_window_stays_0_holds_the_upstream_not_the_worker(
-    flow: tuple[int, int, Upstream],
+    flow: tuple[int, int, Upstream], delta: int
 ) -> None:
     port, pid, upstream = flow
     size = 4_000_000
@@ -206,7 +209,7 @@ def test_a_client_whose_window_stays_0_holds_the_upstream_not_the_worker(
     seen = Seen()
     read0, rss0, open0 = upstream.read(), rss_mb(pid), upstream.open
     try:
-        send(sock, conn, [chat_body(size)] * LIMIT)
+        send(sock, conn, [chat_body(size, delta=delta)] * LIMIT)
         until(sock, conn, seen, lambda: False, 1.5)
         read1 = upstream.read()
         until(sock, conn, seen, lambda: False, 1.5)
