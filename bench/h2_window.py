@@ -11,6 +11,7 @@ replies reads them all. Meanwhile the worker's RSS is sampled.
     .venv/bin/python -m bench.h2_window                       # 64 streams of 3 MB, 12 s
     AISERVE_HYPERCORN_PATCHES=off .venv/bin/python -m bench.h2_window   # hypercorn as shipped
     .venv/bin/python -m bench.h2_window --h1                  # 64 HTTP/1.1 clients that never read
+    .venv/bin/python -m bench.h2_window --relay 5 --reply-mb 30 --delta-bytes 1024  # MB/s, read
 
 Prints the RSS before, at the peak and at the end, the upstream bytes written against
 the replies' total, and what the client saw (headers, DATA bytes, RST_STREAM codes).
@@ -456,6 +457,30 @@ def h1_never_read(
     return Run(samples, Seen(), streams * reply_bytes(size, delta), Sample.take(pid, upstream))
 
 
+def relay(port: int, size: int, delta: int, runs: int) -> list[float]:
+    """One HTTP/1.1 client that reads as fast as it can, one reply of ``size`` bytes at a
+    time: the MB/s the gateway relays, per run (the first is a cold worker's). The unit
+    of its work is the upstream read, what a held stream's memory is bounded by."""
+    body = chat_body(size, delta=delta)
+    rates = []
+    for _ in range(runs):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            start = time.perf_counter()
+            s.sendall(
+                b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (PATH.encode(), len(body), body)
+            )
+            got, tail = 0, b""
+            while b"data: [DONE]" not in tail:  # the reply's last event, or the end
+                data = s.recv(1 << 20)
+                if not data:
+                    break
+                got += len(data)
+                tail = (tail + data)[-64:]
+            rates.append(got / (time.perf_counter() - start) / 1e6)
+    return rates
+
+
 @contextlib.contextmanager
 def stack(
     write_timeout_ms: int = 10_000, env: dict[str, str] | None = None
@@ -490,9 +515,26 @@ def main() -> None:
         " while the streams are held, not after the gateway gave up on them)",
     )
     ap.add_argument("--h1", action="store_true", help="HTTP/1.1 clients that never read")
+    ap.add_argument(
+        "--relay",
+        type=int,
+        metavar="RUNS",
+        help="instead: one reading HTTP/1.1 client, RUNS replies of --reply-mb one after"
+        " another, the MB/s relayed",
+    )
     args = ap.parse_args()
     size = int(args.reply_mb * 1e6)
     mode = os.environ.get("AISERVE_HYPERCORN_PATCHES", "") or "on"
+    if args.relay:
+        with stack(args.write_timeout_ms) as (port, _, _):
+            rates = relay(port, size, args.delta_bytes, args.relay)
+        print(
+            f"relayed to one reading HTTP/1.1 client, {args.reply_mb:g} MB of"
+            f" {args.delta_bytes} B deltas, seam {mode}, load {os.getloadavg()[0]:.2f}: "
+            + ", ".join(f"{r:.1f}" for r in rates)
+            + " MB/s"
+        )
+        return
     print(
         f"{args.streams} streams of {args.reply_mb:g} MB ({args.delta_bytes} B a delta),"
         f" {args.seconds:g} s,"
