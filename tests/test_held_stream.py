@@ -11,7 +11,8 @@ item 1: a held stream costs a few tens of KB, docs/architecture.md).
 
 On 64 KiB upstream reads each read of a fast backend's 1 KiB deltas became one
 ~56 KB delta, and a blocked stream held four of them and their events (~0.7 MB of
-RSS each, ``bench.h2_window --delta-bytes 1024``); this test saw ~260 KB pulled.
+RSS each, ``bench.h2_window --delta-bytes 1024``): here 295 KB read and not written
+(watched fail); 84 KB with 16 KiB reads, 68 KB with the sse write's bound too.
 """
 
 from __future__ import annotations
