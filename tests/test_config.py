@@ -23,6 +23,30 @@ def _with(replace: str, by: str) -> str:
     return text.replace(replace, by, 1)
 
 
+def _hypercorn(
+    workers: int, env: dict[str, str], config: str = "configs/hypercorn.toml", cwd: Path | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """The real hypercorn binary on ``config``, run to its end: its parent process is what a
+    supervisor watches."""
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "hypercorn"),
+            "--config",
+            str(ROOT / config),
+            "--bind",
+            "127.0.0.1:0",
+            "--workers",
+            str(workers),
+            "aiserve_trio:app",
+        ],
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src"), **env},
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+
+
 def test_embedded_default_is_the_configs_file():
     assert (ROOT / "configs" / "aiserve.toml").read_text() == default_config_text()
 
@@ -149,27 +173,7 @@ def test_server_on_a_bad_config_says_one_line_and_exits_non_zero(tmp_path, worke
     bad = tmp_path / "bad.toml"
     if case == "invalid":
         bad.write_text(_with("sse = 0.25", "sse = 0.5"))
-    hypercorn = Path(sys.executable).parent / "hypercorn"
-    proc = subprocess.run(
-        [
-            str(hypercorn),
-            "--config",
-            str(ROOT / "configs/hypercorn.toml"),
-            "--bind",
-            "127.0.0.1:0",
-            "--workers",
-            str(workers),
-            "aiserve_trio:app",
-        ],
-        env={
-            "AISERVE_CONFIG": str(bad),
-            "PATH": "/usr/bin:/bin",
-            "PYTHONPATH": str(ROOT / "src"),
-        },
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
+    proc = _hypercorn(workers, {"AISERVE_CONFIG": str(bad)})
     assert proc.returncode != 0, proc
     assert proc.stdout == b""
     lines = proc.stderr.decode().splitlines()
@@ -189,22 +193,7 @@ def test_server_whose_start_up_fails_says_one_line_and_exits_non_zero(tmp_path, 
         conn.execute("INSERT INTO audit_schema (version) VALUES (999)")
     cfg = tmp_path / "aiserve.toml"
     cfg.write_text(default_config_text() + f'\n[audit]\nbackend = "sqlite"\npath = "{db}"\n')
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "hypercorn"),
-            "--config",
-            str(ROOT / "configs/hypercorn.toml"),
-            "--bind",
-            "127.0.0.1:0",
-            "--workers",
-            str(workers),
-            "aiserve_trio:app",
-        ],
-        env={"AISERVE_CONFIG": str(cfg), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
+    proc = _hypercorn(workers, {"AISERVE_CONFIG": str(cfg)})
     assert proc.returncode != 0, proc
     lines = proc.stderr.decode().splitlines()
     # The start-up's own log lines come first; then the one line, and no traceback.
@@ -302,23 +291,7 @@ def test_server_on_missing_tls_files_says_one_line_and_exits_non_zero(tmp_path, 
         (tmp_path / "certs").mkdir()
         (tmp_path / "certs/server.pem").write_text("not a certificate")
         (tmp_path / "certs/server.key").write_text("not a key")
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "hypercorn"),
-            "--config",
-            str(ROOT / "configs/examples/hypercorn-tls.toml"),
-            "--bind",
-            "127.0.0.1:0",
-            "--workers",
-            str(workers),
-            "aiserve_trio:app",
-        ],
-        cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
+    proc = _hypercorn(workers, {}, "configs/examples/hypercorn-tls.toml", cwd=tmp_path)
     assert proc.returncode != 0, proc
     lines = proc.stderr.decode().splitlines()
     assert len(lines) == 1, proc.stderr.decode()
