@@ -450,7 +450,8 @@ class Revoked:
         if redis_url is not None:
             from ..sessions.redis_streams import client_for_url  # late: coredis is optional
 
-            self._client = client_for_url(redis_url, 2, REVOKED_REDIS_TIMEOUT_S)
+            # A pool of at least a Redis Cluster's node count: coredis warns below it.
+            self._client = client_for_url(redis_url, 8, REVOKED_REDIS_TIMEOUT_S)
         self._prefix = prefix
         self._stack: AsyncExitStack | None = None
         self.max_entries = max_entries
