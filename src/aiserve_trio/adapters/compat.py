@@ -96,7 +96,7 @@ class PrivateAccess:
             log.warning("%s: not used (%s); falling back", self.what, why)
 
 
-HTTPX2_POOL = PrivateAccess("httpx2", "2.16", "2.17", "httpx2.AsyncClient._transport._pool")
+HTTPX2_POOL = PrivateAccess("httpx2", "2.16", "2.18", "httpx2.AsyncClient._transport._pool")
 WS_STREAM = PrivateAccess(
     "trio-websocket", "0.12", "0.13", "trio_websocket.WebSocketConnection._stream"
 )
