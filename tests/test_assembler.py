@@ -10,9 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Delta, Usage
+from aiserve_trio.apis import CODECS
+from aiserve_trio.apis.responses import ResponsesRequest
 from aiserve_trio.config import build_policies
 from aiserve_trio.errors import StageDeadlineExceeded, UpstreamProtocolError
-from aiserve_trio.policies.base import PolicyContext
+from aiserve_trio.policies.base import OutputFilter, PolicyContext
 from aiserve_trio.stages.assembler import AssemblerStateError, ResponseAssembler, State
 
 from .conftest import make_config
@@ -133,3 +135,46 @@ def test_the_state_table_refuses_what_it_does_not_allow(calls: list[str], bad: s
         do[call]()
     with pytest.raises(AssemblerStateError):
         do[bad]()
+
+
+# --- one read carrying the end of the reasoning and the start of the answer (issue 51) ---
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+@pytest.mark.parametrize("kind", ["chat", "responses", "messages"])
+def test_a_phone_number_split_where_the_reasoning_ends_in_a_read_is_redacted(
+    kind: str, stream: bool
+) -> None:
+    """One upstream read (one delta) carries the last of the reasoning and the
+    first of the answer -- as when two chunks share a TCP read. The reasoning's
+    filter held back ``138001``; the rest of the number arrives in that read. The
+    reasoning must be fed before its filter is finished, or ``138001`` goes out
+    as the tail and ``38000`` through a fresh filter: the number whole, in every
+    API's shape."""
+    (redact,) = build_policies(["gdpr-redact"], make_config())
+    ctx = PolicyContext(route="chat", channel="app", tenant="t", request_id="r")
+
+    def side() -> list[OutputFilter]:
+        flt = redact.output_filter(ctx)
+        assert flt is not None
+        return [flt]
+
+    asm = ResponseAssembler(
+        "resp_1" if kind == "responses" else "msg_1",
+        "m",
+        7,
+        stream=stream,
+        filters=side(),
+        side_filters=side,
+        codec=CODECS.get(kind),
+        view=ResponsesRequest(input="hi") if kind == "responses" else None,
+    )
+    out = asm.feed(Delta(reasoning="User phone 138001"), 0.0)
+    out += asm.feed(Delta(reasoning="38000, so answer.", text="Done, "), 1.0)
+    out += asm.feed(Delta(text="thanks.", finish_reason="stop"), 2.0)
+    raw = (out + asm.finish(3.0)).decode()
+    assert "138001" not in raw
+    assert "38000" not in raw
+    assert "[PHONE]" in raw
+    assert asm.delivered == "Done, thanks."
+    assert asm.state is State.DONE

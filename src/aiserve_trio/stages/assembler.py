@@ -363,20 +363,24 @@ class ResponseAssembler:
             self._tokens += delta.tokens
         out = framer.role() if framer is not None and before is State.IDLE else b""
         content = reasoning = refusal = ""
+        if delta.reasoning:
+            # Fed before the chain can end below: one upstream read may carry the
+            # last of the reasoning and the first of the answer, and the reasoning's
+            # held-back tail must meet the rest of its text in the filters (a phone
+            # number split there would otherwise go out whole, issue 51).
+            if self._reasoning is None:
+                self._reasoning = _Chain(self._side())
+            reasoning = self._reasoning.feed(delta.reasoning)
         if self._reasoning is not None and (delta.text or delta.refusal or delta.tool_calls):
             # The answer has begun, so the reasoning is over: what its filters
             # held back goes out now, before the answer, not with the last event.
-            reasoning = self._reasoning.finish()
+            reasoning += self._reasoning.finish()
             self._reasoning = None
         if delta.text:
             text = apply_filters(self._filters, delta.text) if self._filters else delta.text
             if text:
                 self._delivered.append(text)
                 content = text
-        if delta.reasoning:
-            if self._reasoning is None:
-                self._reasoning = _Chain(self._side())
-            reasoning += self._reasoning.feed(delta.reasoning)
         if delta.refusal:
             if self._refusal is None:
                 self._refusal = _Chain(self._side())
