@@ -18,6 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Delta, ToolCallDelta, Usage
+from aiserve_trio.api import ChunkDelta, FunctionDelta, ToolCallChunk
+from aiserve_trio.api import Usage as WireUsage
 from aiserve_trio.apis import CODECS
 from aiserve_trio.apis import messages as anthropic_api
 from aiserve_trio.apis import responses as responses_api
@@ -28,6 +30,7 @@ from aiserve_trio.errors import (
     PolicyViolation,
     StageDeadlineExceeded,
     UpstreamError,
+    UpstreamProtocolError,
 )
 from aiserve_trio.stages.assembler import ResponseAssembler
 
@@ -228,6 +231,50 @@ def test_messages_stream_failure_is_anthropics_error_event() -> None:
         "type": "error",
         "error": {"type": "api_error", "message": "the backend went away [upstream_error]"},
     }
+
+
+@pytest.mark.parametrize("args", ["[1, 2]", '"Paris"', "42", "null", '{"city": '])
+def test_messages_stream_whose_tool_input_is_not_an_object_ends_with_an_error_event(
+    args: str,
+) -> None:
+    """Issue 51, item 2: the stream ended with ``message_stop`` and the official SDK
+    then failed parsing the input; now the framer refuses to close, and the stream
+    ends with Anthropic's ``error`` event -- the error the unstreamed reply gets."""
+    deltas = [
+        Delta(tool_calls=[ToolCallDelta(index=0, id="call_0", type="function", name="fn")]),
+        Delta(tool_calls=[ToolCallDelta(index=0, arguments=args)]),
+        Delta(finish_reason="tool_calls"),
+    ]
+    framer = anthropic_api.MessagesFramer("msg_x", "m", 1, None)
+    framer.role()
+    for d in deltas[:2]:
+        assert d.tool_calls is not None
+        (call,) = d.tool_calls
+        fn = FunctionDelta(name=call.name, arguments=call.arguments or None)
+        framer.delta(ChunkDelta(tool_calls=[ToolCallChunk(index=0, id=call.id, function=fn)]))
+    usage = WireUsage(prompt_tokens=1, completion_tokens=2, total_tokens=3)
+    with pytest.raises(UpstreamProtocolError, match="'call_0' are not a JSON object"):
+        framer.close("tool_calls", usage)
+    assert [n for n, _ in sse(framer.fail(UpstreamProtocolError("x")))] == ["error"]
+    # As the pipeline drives it: the assembler's finish raises and stays open for
+    # its fail, whose bytes end the stream; no message_delta, no message_stop.
+    asm = ResponseAssembler("msg_x", "m", 1, stream=True, codec=CODECS["messages"])
+    out = b"".join(asm.feed(d, 0.0) for d in deltas)
+    with pytest.raises(UpstreamProtocolError) as streamed:
+        asm.finish(1.0)
+    events = sse(out + (asm.fail(streamed.value) or b""))
+    names = [n for n, _ in events]
+    assert names[-1] == "error"
+    assert "message_delta" not in names
+    assert "message_stop" not in names
+    assert events[-1][1]["error"]["type"] == "api_error"
+    assert "[upstream_protocol_error]" in events[-1][1]["error"]["message"]
+    whole = ResponseAssembler("msg_x", "m", 1, stream=False, codec=CODECS["messages"])
+    for d in deltas:
+        whole.feed(d, 0.0)
+    with pytest.raises(UpstreamProtocolError) as unstreamed:
+        whole.finish(1.0)
+    assert str(unstreamed.value) == str(streamed.value)
 
 
 @pytest.mark.parametrize(

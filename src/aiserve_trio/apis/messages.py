@@ -369,6 +369,9 @@ class MessagesFramer:
         self._open: list[tuple[int, str]] = []
         #: Tool call index -> its block index.
         self._calls: dict[int, int] = {}
+        #: Block index -> the call's id and its arguments so far: checked at the
+        #: close, since the SDK parses each input as an object only then.
+        self._inputs: dict[int, tuple[str, list[str]]] = {}
 
     @staticmethod
     def _event(name: bytes, fields: dict[str, Any]) -> bytes:
@@ -442,17 +445,28 @@ class MessagesFramer:
             started, index = self._start("tool_use", block)
             out += started
             self._calls[call] = index
+            self._inputs[index] = (call_id or "", [])
         elif (index, "tool_use") not in self._open:
             raise UpstreamProtocolError(
                 f"the model backend interleaved tool call {call} with other output"
             )
         if args:
+            self._inputs[index][1].append(args)
             delta = {"type": "input_json_delta", "partial_json": args}
             out += self._event(b"content_block_delta", {"index": index, "delta": delta})
         return out
 
     def close(self, finish_reason: str, usage: WireUsage) -> bytes:
-        """Close the open blocks; ``message_delta`` (stop reason, usage), ``message_stop``."""
+        """Close the open blocks; ``message_delta`` (stop reason, usage), ``message_stop``.
+
+        Raises:
+            UpstreamProtocolError: a tool call's input is not a JSON object. The
+                official SDK would fail on it after a clean ``message_stop``, so
+                the stream is not closed: it stays open for :meth:`fail`'s
+                ``error`` event, as the unstreamed reply is an error (issue 51).
+        """
+        for call_id, parts in self._inputs.values():
+            _input(call_id, "".join(parts))
         self._stream.go("close")
         out = self._close_open()
         delta = {"stop_reason": STOP_REASONS.get(finish_reason, "end_turn"), "stop_sequence": None}

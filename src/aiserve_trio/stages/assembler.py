@@ -58,7 +58,7 @@ from ..api import (
 )
 from ..api import Usage as WireUsage
 from ..cache.entry import Replayed
-from ..errors import ReplyCapExceeded, UpstreamProtocolError
+from ..errors import GatewayError, ReplyCapExceeded, UpstreamProtocolError
 from ..http.sse import DONE, ChatFramer
 from ..messages import FunctionCall, ToolCall
 from ..policies.base import apply_filters, finish_filters
@@ -67,7 +67,6 @@ from ..policies.jsonstream import JsonStringFilter
 if TYPE_CHECKING:
     from ..adapters.base import Delta
     from ..apis import Codec, Framer
-    from ..errors import GatewayError
     from ..policies.base import OutputFilter
 
 FilterFactory = Callable[[], "list[OutputFilter]"]
@@ -462,7 +461,10 @@ class ResponseAssembler:
         """The end of the reply: the last events and ``[DONE]``, or the JSON body.
 
         Raises:
-            UpstreamProtocolError: no delta carried a finish reason.
+            UpstreamProtocolError: no delta carried a finish reason; or the
+                codec cannot end the reply in its API's shape (a Messages tool
+                input that is not an object), whole or streamed -- streamed, the
+                assembler is left open for :meth:`fail`.
         """
         if self.finish_reason is None:
             raise UpstreamProtocolError("the model backend ended the reply without finishing it")
@@ -507,7 +509,14 @@ class ResponseAssembler:
                 )
             )
         if not isinstance(self._framer, ChatFramer):
-            return out + self._framer.close(self.finish_reason, usage)
+            try:
+                return out + self._framer.close(self.finish_reason, usage)
+            except GatewayError:
+                # The framer refused to close (a Messages tool input that is not an
+                # object): the reply did not finish after all, so it may still fail,
+                # and :meth:`fail` gives the API's error event, not a clean end.
+                self._state = State.OPEN
+                raise
         out += self._framer.finish(self.finish_reason)
         if self._include_usage:
             out += self._framer.usage(usage)
