@@ -26,6 +26,24 @@ the question states them in does not matter, and repeats are kept):
   (``credit card``, ``房贷``...), card tiers, channels, domestic or international,
   and who the question is about (``my wife``, ``儿子``...), from a vocabulary where
   several names of one thing share a value (``mortgage`` = ``home loan`` = ``房贷``);
+- ``id:VALUE``: an identifier, a token of letters and digits where a letter comes
+  before a digit (``REF-AB12``, ``ORD20251204``, ``A1234``), lower-cased and without its
+  dashes -- so ``REF-AB12`` and ``REF-AB13`` differ, as two amounts do, and ``20-year``
+  or ``5k`` stay a term and a number;
+- ``name:ROLE:VALUE``: a named party or merchant after a role word: in English a
+  capitalised name after ``to``, ``for``, ``from``, ``pay``, ``into``, ``named``
+  (``pay Zhang Wei``, ``a refund from JD``), in Chinese the name after ``给``, ``向``,
+  ``从`` (``给李娜``, ``从京东``); ``ROLE`` is ``from`` after ``from``/``从`` and ``to``
+  otherwise. English names are read only in a question that has lower-case letters:
+  in text of one case a name cannot be told from a word, and the list stays blind to
+  case (a name in lower case is then not a fact: that is the one kind of party the
+  guard does not see);
+- ``from:FACT`` / ``to:FACT``: the direction of a transfer-like question. A party,
+  product, account, marker or identifier stated shortly after ``from``,
+  ``out of``, ``从`` or after ``to``, ``into``, ``到``, ``给``, ``转给``, ``转入``, ``向``
+  gets that role too, so ``from my wife's account to my son's`` and the reverse (whose
+  other facts are equal, and whose vectors are too) are two questions. Currencies
+  get no role: ``to $5,000`` and ``5,000 dollars to`` are one amount;
 - ``neg``: each negation (``not``, ``n't``, ``no``, ``never``, ``without``,
   ``不``, ``没``/``没有``, ``未``, ``无``, ``别``, ``非``, ``勿``).
 
@@ -37,6 +55,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from bisect import bisect_right
 from decimal import Decimal, InvalidOperation
 
 _EN_UNITS: dict[str, int | Decimal] = {
@@ -186,19 +205,60 @@ _CUR_ANY = re.compile(
 )
 _EN_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
+#: A token of letters and digits (dashes inside); an identifier when a letter comes
+#: before a digit, which a number with its unit (``20-year``, ``5k``, ``3rd``) never has.
+#: Both tests are linear in the token, so a long run of them costs what it is long.
+_TOKEN = re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*(?![A-Za-z0-9])")
+_LETTER_THEN_DIGIT = re.compile(r"[A-Za-z]-*[0-9]")
+#: Words that put what follows them in a transfer's ``from`` or ``to`` role (read in
+#: the lower-cased text, with the vocabulary already blanked).
+_ROLE = re.compile(
+    r"(?P<from>\bfrom\b|\bout\s+of\b|从)|(?P<to>\bto\b|\binto\b|转给|转入|转到|给|到|向)"
+)
+#: What may stand between a role word and its party: a few words (``from the account
+#: of my wife``), three Chinese characters (``从我妻子``), no number and no clause's
+#: punctuation (full-width commas and the like are ASCII after NFKC; 。 and 、 are not).
+_ROLE_GAP = re.compile(r"[^0-9.,;:!?()\u3002\u3001]{0,40}")
+_CJK = re.compile(r"[\u3400-\u9fff]")
+#: A capitalised name (or a brand in capitals, ``JD``) of up to three words after a
+#: role word; the role word in any case, the name's first letter in upper case.
+_NAME_EN = re.compile(
+    r"\b(?i:(?P<role>to|for|from|pay|paid|paying|payee|into|named|called))\s+"
+    r"(?P<name>[A-Z][A-Za-z&.-]*(?:'[A-Za-z]+)?(?:\s+[A-Z][A-Za-z&.-]*(?:'[A-Za-z]+)?){0,2})"
+)
+_NAME_STOP = frozenset(
+    {"my", "your", "our", "his", "her", "their", "its", "the", "a", "an", "this", "that",
+     "these", "those", "me", "us", "him", "them", "it", "i", "you", "we", "they", "he",
+     "she", "what", "which", "who", "whom", "whose", "how", "when", "where", "why", "all",
+     "any", "some", "each", "every", "another", "and", "or", "do", "does", "can", "is"}
+)  # fmt: skip
+_NAME_ZH = re.compile(r"(?P<role>转给|付给|汇给|给|向|从)(?P<name>[\u3400-\u9fff]{2,4})")
+#: A Chinese name ends where a verb or particle starts (``给张伟转``, ``向李娜付款``),
+#: and is not a pronoun (``给我``, ``从他``).
+_ZH_NAME_END = re.compile(
+    r"[转汇付打发的账元块钱吗呢吧了还买退开办申和与及或在是把有没不都也就要想能可]"
+)
+_ZH_PRONOUN = "我你他她它您咱自予"
+
 
 def facts(text: str) -> tuple[str, ...]:
     """The canonical list of facts in ``text`` (see the module docstring)."""
     s = unicodedata.normalize("NFKC", text).replace("\u2019", "'")
     s = _CJK_GAP.sub("", s)  # 二 十 年 is 二十年: Chinese is not written with spaces
     out: list[str] = []
-    # Redaction markers and account numbers first, blanked so their digits are not
-    # read again as amounts.
-    s = _MARKER.sub(lambda m: _marker(m, out), s)
-    s = _MASKED.sub(lambda m: _blank(m, out, "acct:" + m.group(1)), s)
-    s = _ACCOUNT.sub(lambda m: _blank(m, out, "acct:" + re.sub(r"\D", "", m.group(0))), s)
+    # What a transfer's direction may apply to, by where it starts.
+    spans: list[tuple[int, str]] = []
+    # Redaction markers, account numbers and identifiers first, blanked so their digits
+    # are not read again as amounts.
+    s = _MARKER.sub(lambda m: _marker(m, out, spans), s)
+    s = _MASKED.sub(lambda m: _blank(m, out, "acct:" + m.group(1), spans), s)
+    s = _ACCOUNT.sub(lambda m: _blank(m, out, "acct:" + re.sub(r"\D", "", m.group(0)), spans), s)
+    s = _TOKEN.sub(lambda m: _identifier(m, out, spans), s)
     low = s.casefold()
-    low = _VOCAB_RE.sub(lambda m: _blank(m, out, _VOCAB_FACT[" ".join(m.group(0).split())]), low)
+    low = _VOCAB_RE.sub(
+        lambda m: _blank(m, out, _VOCAB_FACT[" ".join(m.group(0).split())], spans), low
+    )
+    _names(s, low, out)
     taken = [False] * len(low)
     for m in _DIGITS.finditer(low):
         value = _decimal(m.group(1).replace(",", ""))
@@ -231,18 +291,85 @@ def facts(text: str) -> tuple[str, ...]:
         else:
             out += ["date:" + fact] * low.count(phrase)
     out += ["neg"] * _negations(low)
+    _roles(low, spans, out)
     return tuple(sorted(out))
 
 
-def _blank(m: re.Match[str], out: list[str], fact: str) -> str:
+def _blank(
+    m: re.Match[str], out: list[str], fact: str, spans: list[tuple[int, str]] | None = None
+) -> str:
     out.append(fact)
+    if spans is not None:
+        spans.append((m.start(), fact))
     return " " * len(m.group(0))
 
 
-def _marker(m: re.Match[str], out: list[str]) -> str:
+def _marker(m: re.Match[str], out: list[str], spans: list[tuple[int, str]]) -> str:
     digits = re.sub(r"\D", "", m.group(2))
-    out.append(f"mark:{m.group(1).lower()}" + (f":{digits}" if digits else ""))
-    return " " * len(m.group(0))
+    fact = f"mark:{m.group(1).lower()}" + (f":{digits}" if digits else "")
+    return _blank(m, out, fact, spans)
+
+
+def _identifier(m: re.Match[str], out: list[str], spans: list[tuple[int, str]]) -> str:
+    """An identifier (``REF-AB12``) as one ``id`` fact, blanked; any other token as is."""
+    token = m.group(0)
+    if _LETTER_THEN_DIGIT.search(token) is None:
+        return token
+    return _blank(m, out, "id:" + token.replace("-", "").casefold(), spans)
+
+
+def _names(s: str, low: str, out: list[str]) -> None:
+    """The parties and merchants named after a role word (``pay Zhang Wei``, ``给李娜``).
+
+    English names are told by their capital, so only in text that has lower-case
+    letters too (in ``TO ZHANG WEI`` or ``to zhang wei`` every word looks alike, and the
+    upper- and lower-case texts must read the same); a word the vocabulary, the
+    currencies, the dates or the numbers already read is not a name."""
+    aligned = len(s) == len(low)
+    if aligned and any(c.islower() for c in s):
+        for m in _NAME_EN.finditer(s):
+            words: list[str] = []
+            for i, word in enumerate(m.group("name").split()):
+                word = word.rstrip(".-&")
+                key = word.casefold().removesuffix("'s")
+                if (
+                    (i == 0 and key in _NAME_STOP)
+                    or key in _DATES
+                    or key in _EN_UNITS
+                    or key in _EN_TENS
+                    or _CUR_ANY.fullmatch(key)
+                ):
+                    break
+                words.append(key)
+            # a word the vocabulary took is blank in ``low``
+            if words and not low[m.start("name")].isspace():
+                role = "from" if m.group("role").casefold() == "from" else "to"
+                out.append(f"name:{role}:{' '.join(words)}")
+    for m in _NAME_ZH.finditer(low):
+        name = _ZH_NAME_END.split(m.group("name"), maxsplit=1)[0]
+        if len(name) >= 2 and name[0] not in _ZH_PRONOUN:
+            out.append(f"name:{'from' if m.group('role') == '从' else 'to'}:{name}")
+
+
+def _roles(low: str, spans: list[tuple[int, str]], out: list[str]) -> None:
+    """``from:FACT`` / ``to:FACT`` for each fact shortly after a role word.
+
+    The nearest role word before the fact decides (``from my wife's account to my
+    son's``: wife after ``from``, son after ``to``), if what stands between them is a
+    few words or three Chinese characters at most, with no clause's punctuation. One
+    pass over the text and a bisection a fact: bounded work."""
+    if not spans:
+        return
+    marks = [(m.end(), "from" if m.group("from") else "to") for m in _ROLE.finditer(low)]
+    ends = [end for end, _ in marks]
+    for start, fact in spans:
+        i = bisect_right(ends, start) - 1
+        if i < 0:
+            continue
+        end, role = marks[i]
+        gap = low[end:start]
+        if _ROLE_GAP.fullmatch(gap) and len(gap.split()) <= 4 and len(_CJK.findall(gap)) <= 3:
+            out.append(f"{role}:{fact}")
 
 
 def _number(
