@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -217,6 +219,25 @@ def test_questions_that_differ_in_a_fact_never_share_a_guard(a: str, b: str) -> 
 )
 def test_one_fact_written_two_ways_is_one_fact(a: str, b: str) -> None:
     assert facts(a) == facts(b)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["x" * 20_000 + "1", "*" * 20_000, "a1-" * 7_000, "to " * 7_000, "Pay Zhang " * 2_000,
+     "从我妻子" * 5_000, "给张伟" * 6_000],
+)  # fmt: skip
+def test_the_work_is_linear_in_the_text(text: str) -> None:
+    """It runs per request on the last user message: 20,000 characters take tens of
+    milliseconds here. A mask's run of asterisks was tried from each of its characters
+    and took 7 s; the bound leaves room for a busy machine, not for that."""
+    started = time.perf_counter()
+    facts(text)
+    assert time.perf_counter() - started < 2.0
+
+
+def test_a_number_of_any_length_is_one_fact() -> None:
+    # str(int(...)) refuses more than 4,300 digits: this raised ValueError
+    assert facts("1" * 5_000 + ".") == ("num:" + "1" * 5_000,)
 
 
 @given(st.text(alphabet=st.characters(codec="ascii", exclude_characters="[]"), max_size=60))
