@@ -138,3 +138,83 @@ async def test_a_chain_is_kept_in_redis_too(redis_up: Any) -> None:
         assert second.json()["usage"]["input_tokens"] > first.json()["usage"]["input_tokens"]
         ask_again["previous_response_id"] = "resp_none"
         assert missing(await client.request("POST", "/v1/responses", json_body=ask_again))
+
+
+def chat_as(key: str, session: str, text: str) -> dict[str, Any]:
+    return {
+        "json_body": {"model": "aiserve-mock", "messages": [{"role": "user", "content": text}]},
+        "headers": {"authorization": f"Bearer {key}", "x-session-id": session},
+    }
+
+
+async def test_a_session_header_cannot_open_a_stored_response(autojump_clock: Any) -> None:
+    """Issue 51, item 5: ``X-Session-Id: resp_...`` on chat or Messages appended to a
+    stored response, and a later continuation carried those turns. Stored responses
+    are immutable: no client session id can name one."""
+    client, rec = recording()
+    first = await ask(client, KEY_B, input="echo: my name is Ada")
+    rid = first.json()["id"]
+    assert rid.startswith("resp_")
+    chat = await client.request("POST", "/v1/chat/completions", **chat_as(KEY_B, rid, "echo: X"))
+    assert chat.status == 400
+    assert chat.json()["error"]["param"] == "X-Session-Id"
+    assert "X-Session-Id" in chat.json()["error"]["message"]
+    body = {"model": "aiserve-mock", "max_tokens": 64}
+    msgs = await client.request(
+        "POST",
+        "/v1/messages",
+        json_body={**body, "messages": [{"role": "user", "content": "echo: Y"}]},
+        headers={"authorization": f"Bearer {KEY_B}", "x-session-id": rid},
+    )
+    assert msgs.status == 400
+    assert msgs.json()["type"] == "error"  # Anthropic's envelope
+    assert "X-Session-Id" in msgs.json()["error"]["message"]
+    # Nor on the Responses route itself (it would append to the stored response).
+    own = await client.request(
+        "POST",
+        "/v1/responses",
+        json_body={"model": "aiserve-mock", "input": "echo: Z"},
+        headers={"authorization": f"Bearer {KEY_B}", "x-session-id": rid},
+    )
+    assert own.status == 400
+    assert own.json()["error"]["param"] == "X-Session-Id"
+    r = await ask(client, KEY_B, input="echo: what did I say?", previous_response_id=rid)
+    assert r.status == 200
+    asked = [m.text() for m in rec.requests[-1].messages]
+    assert asked == ["echo: my name is Ada", "my name is Ada", "echo: what did I say?"]
+
+
+async def test_the_session_endpoints_cannot_reach_a_stored_response(autojump_clock: Any) -> None:
+    client, rec = recording()
+    rid = (await ask(client, KEY_B, input="echo: the vault code is 1234")).json()["id"]
+    auth = {"authorization": f"Bearer {KEY_B}"}
+    for method, path, body in (
+        ("GET", f"/v1/sessions/{rid}", None),
+        ("PUT", f"/v1/sessions/{rid}/vars", {"note": "forged"}),
+        ("GET", f"/v1/sessions/{rid}/events", None),
+    ):
+        with trio.fail_after(60):  # an events stream that opened would not end by itself
+            r = await client.request(method, path, json_body=body, headers=auth)
+        assert r.status == 400, (method, path)
+        assert r.json()["error"]["param"] == "session_id"
+        assert "1234" not in r.body.decode()
+    r = await ask(client, KEY_B, input="echo: and?", previous_response_id=rid)
+    assert r.status == 200
+    asked = [m.text() for m in rec.requests[-1].messages]
+    assert asked == ["echo: the vault code is 1234", "the vault code is 1234", "echo: and?"]
+
+
+async def test_previous_response_id_names_itself_and_only_a_response(autojump_clock: Any) -> None:
+    client = Client(auth_app())
+    bad = await ask(client, KEY_B, input="hi", previous_response_id="not an id!")
+    assert bad.status == 400
+    err = bad.json()["error"]
+    assert err["param"] == "previous_response_id"
+    assert "previous_response_id" in err["message"]
+    assert "X-Session-Id" not in err["message"]
+    # A chat session is not a stored response: its turns are not a conversation to continue.
+    chat = await client.request(
+        "POST", "/v1/chat/completions", **chat_as(KEY_B, "s-1", "echo: my PIN is 0000")
+    )
+    assert chat.status == 200
+    assert missing(await ask(client, KEY_B, input="echo: hi", previous_response_id="s-1"))

@@ -113,20 +113,53 @@ class Session(msgspec.Struct, kw_only=True):
     variables: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-def check_session_id(session_id: str) -> str:
-    """Return ``session_id`` if it is well-formed.
+#: What a stored response's id, and so its session id, starts with (the app names a
+#: Responses reply ``resp_`` + hex). No client session id may: the two namespaces never
+#: meet, so a stored response stays as it was stored (issue 51, item 5).
+RESPONSE_PREFIX = "resp_"
+
+
+def check_session_id(session_id: str, param: str = "X-Session-Id") -> str:
+    """Return ``session_id`` if it is well-formed and a client may use it.
+
+    ``param`` names where the client put it (the header, a path's ``session_id``), for
+    the message as much as for ``param``.
 
     Raises:
         BadRequest: it is empty, longer than 128 characters, or has characters
-            other than letters, digits and ``: . _ -``.
+            other than letters, digits and ``: . _ -``; or it starts with ``resp_``,
+            the stored responses' namespace (a client session id there would append to a
+            stored response, or read and write its variables).
     """
     if not SESSION_ID_RE.fullmatch(session_id):
         raise BadRequest(
-            "`X-Session-Id` must be 1-128 characters of letters, digits and ':._-'",
-            param="X-Session-Id",
+            f"`{param}` must be 1-128 characters of letters, digits and ':._-'",
+            param=param,
+            code="invalid_session_id",
+        )
+    if session_id.startswith(RESPONSE_PREFIX):
+        raise BadRequest(
+            f"`{param}` must not start with {RESPONSE_PREFIX!r}: those ids are stored "
+            "responses, which only `previous_response_id` continues (and never changes)",
+            param=param,
             code="invalid_session_id",
         )
     return session_id
+
+
+def is_response_id(response_id: str) -> bool:
+    """Whether ``response_id`` can name a stored response (``previous_response_id``).
+
+    Raises:
+        BadRequest: it is not an id at all (``param`` is ``previous_response_id``).
+    """
+    if not SESSION_ID_RE.fullmatch(response_id):
+        raise BadRequest(
+            "`previous_response_id` must be 1-128 characters of letters, digits and ':._-'",
+            param="previous_response_id",
+            code="invalid_previous_response_id",
+        )
+    return response_id.startswith(RESPONSE_PREFIX)
 
 
 def parse_event_id(event_id: str) -> tuple[int, int]:

@@ -74,13 +74,10 @@ def session_id(request: Request) -> str:
     """The session id of the path, validated.
 
     Raises:
-        BadRequest: the id is malformed (``param`` is ``session_id``).
+        BadRequest: the id is malformed, or a stored response's, which these
+            endpoints neither read nor write (``param`` is ``session_id``).
     """
-    try:
-        return check_session_id(request.params["id"])
-    except BadRequest as exc:
-        exc.param = "session_id"
-        raise
+    return check_session_id(request.params["id"], "session_id")
 
 
 class SessionEndpoints:

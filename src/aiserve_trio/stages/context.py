@@ -23,7 +23,7 @@ from ..apis.responses import ResponsesRequest
 from ..cache.service import Cache, Ticket
 from ..errors import BadRequest, NotFound, StageDeadlineExceeded
 from ..policies.base import OutputFilter, Policy, PolicyContext, redact_values
-from ..sessions.bus import Session, SessionBusError, Turn, check_session_id, check_vars
+from ..sessions.bus import Session, SessionBusError, Turn, check_vars, is_response_id
 from ..slices import run_sliced
 from .channel import Inbox, Outbox
 from .handoff import hand_on
@@ -87,6 +87,14 @@ def _token_limit(asked: int | None, cap: int | None) -> int | None:
     if cap is None:
         return asked
     return cap if asked is None else min(asked, cap)
+
+
+def _not_found(response_id: str) -> NotFound:
+    return NotFound(
+        f"Previous response with id {response_id!r} not found.",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
 
 
 def _tool_choice(req: ParsedRequest) -> str | None:
@@ -185,7 +193,9 @@ class ContextStage:
         conversation of ``previous_response_id``, if it names one.
 
         Raises:
-            NotFound: no stored response of this tenant has that id (expired, or never).
+            BadRequest: ``previous_response_id`` is not an id (the error names it).
+            NotFound: no stored response of this tenant has that id (expired, or never;
+                or not a response's id at all).
             SessionBusError: the bus failed (a continuation never goes on without its past).
         """
         info = self.info
@@ -193,7 +203,10 @@ class ContextStage:
         turns: list[Turn] = []
         previous = view.previous_response_id
         if previous is not None:
-            check_session_id(previous)
+            # Only a response's own id: another session (a chat's, under a client's
+            # id) is not a conversation this request may read as its past.
+            if not is_response_id(previous):
+                raise _not_found(previous)
             turns = await self._conversation(bus, previous, ttl)
             if store:
                 await bus.set_vars(info.tenant, info.request_id, {PREVIOUS: previous}, ttl)
@@ -213,11 +226,7 @@ class ContextStage:
         while rid is not None and held < limit:
             session = await bus.load(tenant, rid, limit, ttl)
             if not parts and not session.turns:
-                raise NotFound(
-                    f"Previous response with id {response_id!r} not found.",
-                    param="previous_response_id",
-                    code="previous_response_not_found",
-                )
+                raise _not_found(response_id)
             parts.append(session.turns)
             held += len(session.turns)
             rid = session.variables.get(PREVIOUS)
