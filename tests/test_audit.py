@@ -928,3 +928,63 @@ async def test_shutdown_does_not_wait_for_the_batch_to_gather(mock_clock):
         await log.aclose()
         assert [r[0] for r in db.rows] == ["r0"]
         assert trio.current_time() == started
+
+
+async def test_redacted_content_of_a_route_without_redaction_goes_through_the_defaults(
+    tmp_path, caplog
+):
+    # Issue 51, item 5: `content = "redacted"` stored full card numbers and e-mails for a
+    # route without a redaction policy, while start-up said "with redacted content". The
+    # writer now puts such a row's prompt and reply through the default gdpr-redact
+    # detectors, in its own thread, before it is stored.
+    app = App(spend_config(tmp_path, audit_extra='content = "redacted"\n'))
+    assert not app.config.routes[0].policies  # the route redacts nothing itself
+    secret = "echo: card 4111 1111 1111 1111, mail ada.lovelace@example.com"
+    caplog.set_level("INFO", logger="aiserve_trio.audit")
+    async with running(app) as client:
+        r = await client.chat(chat_body(secret), headers=auth(KEY_DAN))
+        assert r.status == 200
+        # The client got what the route let through: the echo, card and e-mail included.
+        assert "4111 1111 1111 1111" in r.json()["choices"][0]["message"]["content"]
+    (row,) = rows(tmp_path / "audit.db")
+    for text in (row["prompt"], row["reply"]):
+        assert "4111" not in text
+        assert "ada.lovelace" not in text
+        assert "example.com" not in text
+        assert "[CARD]" in text
+        assert "[EMAIL]" in text
+    # Start-up says what is stored.
+    assert "else by the default gdpr-redact detectors" in caplog.text
+
+
+def test_a_number_across_the_cap_is_redacted_whole_never_stored_in_part():
+    # The detectors see the text a little past the cap, so a card number the cap cuts
+    # is found whole; one the kept text itself cuts is left out with the held-back tail.
+    from aiserve_trio.policies.redact import build_rules
+    from aiserve_trio.policies.stream import Rewriter
+
+    rewriter = Rewriter(build_rules())
+    builder = RowBuilder(b"k", content=True, max_chars=20, redactor=rewriter)
+    card = "4111 1111 1111 1111"
+
+    def stored(reply: str) -> dict[str, Any]:
+        o = Outcome(request_id="r", route="chat", channel="api", arrival=0.0, ended=0.1,
+                    status="ok", tenant="t", model="m", delivered=reply)
+        (row,) = builder.redact([builder.row(o, 1.0)])
+        return dict(zip(COLUMNS, row, strict=True))
+
+    across = stored("x" * 10 + " " + card + " and more")  # the cap falls in the number
+    assert across["reply"] == ("x" * 10 + " [CARD] and more")[:20]
+    assert across["reply_chars"] == len("x" * 10 + " " + card + " and more")
+    # The kept text (the cap and the detectors' reach) ends 7 characters into a number;
+    # the 30 numbers before it shrink to tokens, which pulls that end within the cap.
+    builder = RowBuilder(b"k", content=True, max_chars=600, redactor=rewriter)
+    edge = (card + " ") * 30 + "y" * (rewriter.max_holdback - 8) + " " + card + " end"
+    assert edge[: 600 + rewriter.max_holdback].endswith(" 4111 11")
+    cut = stored(edge)
+    assert "4111" not in cut["reply"]  # the half number is not stored ...
+    assert cut["reply"] == "[CARD] " * 30 + "y" * (rewriter.max_holdback - 8) + " "  # < 600
+    assert cut["reply_chars"] == len(edge)
+    builder = RowBuilder(b"k", content=True, max_chars=20, redactor=rewriter)
+    assert stored("short")["reply"] == "short"
+    assert (stored("short")["reply_chars"]) is None

@@ -76,7 +76,9 @@ import trio
 from prometheus_client import Counter, Gauge
 
 from ..errors import ConfigError, Overloaded
-from .row import Row, RowBuilder, access_line
+from ..policies.redact import GdprRedact, build_rules
+from ..policies.stream import Rewriter
+from .row import Row, RowBuilder, Unredacted, access_line
 from .schema import COLUMNS, SchemaTooNew
 from .thread import WriterThread
 
@@ -501,7 +503,12 @@ class AuditLog:
             self.db,
             self.version,
             f"{self.settings.retention_days} days" if self.settings.retention_days else "forever",
-            ", with redacted content" if self.builder.content else "",
+            (
+                ", with content: redacted by the route's gdpr-redact, else by the default "
+                "gdpr-redact detectors"
+            )
+            if self.builder.content
+            else "",
             ", access log on stderr" if self._access is not None else "",
         )
         return True
@@ -546,6 +553,8 @@ class AuditLog:
             # The batch stays at the head of the queue (offer only appends) until it is
             # written: a failed one is tried again, and counts against the buffer meanwhile.
             batch = self._queue[:limit]
+            if self.builder.redactor is not None:
+                batch = await self._redact(batch)
             if not await self._write(batch):
                 if self._closed:
                     return  # what is left is counted by run
@@ -558,6 +567,18 @@ class AuditLog:
                 await self._bound()
             self._progress.set()
             self._progress = trio.Event()
+
+    async def _redact(self, batch: list[Row]) -> list[Row]:
+        """``batch`` with the content its routes left unredacted put through the default
+        detectors, in the writer's thread (CPU by the character, never the event loop's),
+        and put back at the head of the queue: a batch tried again is not redacted twice."""
+        try:
+            done = await self._thread.call(self.builder.redact, batch)
+        except Exception:  # a bug: the rows are still written, without that content
+            log.exception("audit: redacting a batch's content failed; stored without it")
+            done = [tuple(None if type(c) is Unredacted else c for c in row) for row in batch]
+        self._queue[: len(batch)] = done
+        return done
 
     async def _backoff(self) -> None:
         """Wait before the next try (cut short by :meth:`aclose`); the next wait is longer."""
@@ -747,8 +768,28 @@ def build_audit(config: Config, registry: CollectorRegistry) -> AuditLog | None:
         db = SQLiteDatabase(Path(os.path.normpath(Path(config.base_dir) / settings.path)))
     key_text = os.environ.get(config.record.session_key_env)
     key = key_text.encode() if key_text else secrets.token_bytes(32)
+    content = settings.content == "redacted"
     builder = RowBuilder(
-        key, content=settings.content == "redacted", max_chars=settings.max_content_chars
+        key,
+        content=content,
+        max_chars=settings.max_content_chars,
+        redactor=_default_redactor(config) if content else None,
     )
     access = sys.stderr.buffer if settings.access_log else None
     return AuditLog(settings, db, builder, AuditMetrics(registry), access=access)
+
+
+def _default_redactor(config: Config) -> Rewriter:
+    """The detectors the content of a route without ``gdpr-redact`` goes through: the
+    ``gdpr-redact`` policy as ``[policies.gdpr-redact]`` sets it (by default every kind),
+    as the recorder builds it (its ``input``/``output`` do not apply: stored data).
+
+    Raises:
+        ConfigError: ``[policies.gdpr-redact]`` is not valid.
+    """
+    from ..config import build_policies  # late: the config imports this package
+
+    policy = build_policies(["gdpr-redact"], config)[0]
+    if isinstance(policy, GdprRedact):
+        return policy.rewriter
+    return Rewriter(build_rules())  # a policy of another kind took the name

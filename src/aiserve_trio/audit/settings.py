@@ -8,7 +8,7 @@
     dsn_env = "AISERVE_AUDIT_DSN"  # postgres: the environment variable holding the DSN
     retention_days = 90          # rows older than this are deleted (0: kept)
     content = "none"             # "redacted": also the prompt and the reply, after the
-                                 # route's redaction policies
+                                 # route's gdpr-redact, else the default detectors
     access_log = false           # also each row as one JSON line on stderr
     buffer = 8192                # rows queued for the writer (a failed batch stays queued
                                  # and is retried); beyond, dropped and counted
@@ -38,6 +38,9 @@ class AuditConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     path: str = "audit.db"
     dsn_env: str = "AISERVE_AUDIT_DSN"
     retention_days: int = 90
+    #: ``redacted``: the prompt and the reply too, as the route's ``gdpr-redact`` left
+    #: them, or through the default ``gdpr-redact`` detectors where it did not redact
+    #: (issue 51, item 5: a route without it stored card numbers and e-mails in full).
     content: Literal["none", "redacted"] = "none"
     access_log: bool = False
     buffer: int = 8192
