@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..policies.redact import GdprRedact
+from ..policies.redact import redacted_sides
 from .schema import COLUMNS
 
 if TYPE_CHECKING:
@@ -205,15 +205,8 @@ class RowBuilder:
 
 
 def _redacts(route: Route | None) -> tuple[bool, bool]:
-    """Whether the route's own ``gdpr-redact`` redacts the prompt, the reply (as the
-    recorder's ``route_redacts_input`` asks). A loop over a route's few policies."""
-    own_in = own_out = False
-    if route is not None:
-        for p in route.policies:
-            if isinstance(p, GdprRedact):
-                own_in = own_in or p.on_input
-                own_out = own_out or p.on_output
-    return own_in, own_out
+    """Whether the route's own ``gdpr-redact`` redacts the prompt, the reply."""
+    return (False, False) if route is None else redacted_sides(route.policies)
 
 
 def _ms(seconds: float) -> float:

@@ -25,7 +25,7 @@ The matched values are never logged or stored: only the kind is counted.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
@@ -384,3 +384,15 @@ def gdpr_redact(name: str, settings: RedactSettings, ctx: BuildContext) -> Polic
 
 
 KINDS: dict[str, PolicyKind[Any]] = {"gdpr-redact": PolicyKind(gdpr_redact, RedactSettings)}
+
+
+def redacted_sides(policies: Iterable[object]) -> tuple[bool, bool]:
+    """Whether these (a route's) policies include a ``gdpr-redact`` that redacts the
+    prompt, and one that redacts the reply: what the recorder and the audit log need
+    not redact again with the default detectors."""
+    on_input = on_output = False
+    for p in policies:
+        if isinstance(p, GdprRedact):
+            on_input = on_input or p.on_input
+            on_output = on_output or p.on_output
+    return on_input, on_output

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..policies.base import Policy, PolicyContext
-from ..policies.redact import GdprRedact
+from ..policies.redact import redacted_sides
 from ..slices import Steps, finish
 from .labels import LabelRules
 from .schema import (
@@ -51,7 +51,7 @@ _any = msgspec.json.Decoder()
 
 def route_redacts_input(route: Route) -> bool:
     """The route's own policies already redact personal data in the messages."""
-    return any(isinstance(p, GdprRedact) and p.on_input for p in route.policies)
+    return redacted_sides(route.policies)[0]
 
 
 def hash_session(key: bytes, session_id: str) -> str:
