@@ -12,6 +12,11 @@ HTTP (OpenAI-compatible)
     ``n``, ...: the reply does not depend on them). What the reply says is
     decided (:func:`~.reply.script_for`) in this order:
 
+    0. ``tools`` and ``tool_choice`` not ``"none"``, and the last message is
+       a user message with a line ``sim-call: NAME {"arg": ...}``: a call of
+       ``NAME`` with exactly those arguments (a JSON object; ``{}`` if left
+       out; anything else is a 400) -- how a test makes an agent such as
+       Claude Code run the tool it chooses (every dialect reads it);
     1. ``tools`` and ``tool_choice`` not ``"none"``: a call of the function
        ``tool_choice`` names (``{"type": "function", "function": {"name": N}}``)
        or else the first tool, with arguments generated from its
@@ -88,7 +93,9 @@ HTTP (OpenAI-compatible)
     WAV. After the prefill time of the transcript's words; the fault headers
     and the budget apply as for chat; a form it cannot read is a 400.
 
-    ``GET /v1/models``, ``GET /healthz``.
+    ``GET /v1/models``, ``GET /healthz``. The provider dialects' paths
+    (``--dialect``) are in :mod:`.anthropic`, :mod:`.azure`, :mod:`.gemini` and
+    :mod:`.bedrock`; Anthropic's also has ``POST /v1/messages/count_tokens``.
 
 Debug endpoints
     ``GET /sim/stats`` -- JSON counters: ``requests``, ``completed``,

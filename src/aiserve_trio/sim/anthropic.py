@@ -5,14 +5,26 @@ key) and ``anthropic-version`` (401 / 400 otherwise) and
 ``max_tokens``. ``system`` (a string or text blocks), ``user`` / ``assistant``
 messages of ``text``, ``image``, ``tool_use`` and ``tool_result`` blocks,
 ``tools`` (``input_schema``), ``tool_choice`` (``auto`` / ``any`` / ``tool`` /
-``none``) and ``thinking`` (enabled: reasoning first) are read; other fields are
-accepted and ignored.
+``none``) and ``thinking`` (``enabled`` or ``adaptive``: reasoning first, a
+``thinking`` block that ends with its ``signature``) are read. A ``system``
+message inside ``messages`` (Claude Code's mid-conversation system beta) is
+read as more system text. Other fields -- ``cache_control`` on any block,
+``context_management``, ``metadata``, ``output_config``, ``stop_sequences``,
+``temperature`` -- and the ``anthropic-beta`` header are accepted and ignored;
+the query string (``?beta=true``) too. A ``sim-call: NAME {args}`` line in the
+last user message calls that tool with those arguments (:mod:`.reply`), which
+is how a test makes Claude Code run its ``Read`` tool.
+
+``POST /v1/messages/count_tokens`` (same auth; the body of a message request
+without ``max_tokens``) answers ``{"input_tokens": N}``, counted as a message
+request's ``usage.input_tokens`` is.
 
 ``stream: true`` gives the event stream (``event:`` and ``data:`` lines)::
 
     message_start        {"message": {"id", "model", "usage": {"input_tokens", ...}, ...}}
     content_block_start  {"index": 0, "content_block": {"type": "thinking", ...}}  (thinking)
     content_block_delta  {"index": 0, "delta": {"type": "thinking_delta", ...}}     per piece
+    content_block_delta  {"index": 0, "delta": {"type": "signature_delta", "signature"}}
     content_block_stop   {"index": 0}
     content_block_start  {"index": i, "content_block": {"type": "text", "text": ""}}
                          or {"type": "tool_use", "id": "toolu_...", "name", "input": {}}
@@ -26,6 +38,11 @@ accepted and ignored.
 ``stop_reason``: ``end_turn``, ``max_tokens`` or ``tool_use``. Otherwise one
 ``message`` body with the same blocks whole. Errors are
 ``{"type": "error", "error": {"type", "message"}}``; a 529 is ``overloaded_error``.
+
+``usage`` reports the sim's prompt cache (:mod:`.prompt_cache`: a cacheable prefix of
+1,024 tokens or more, written the first time, read when seen again) as Anthropic
+does: ``cache_creation_input_tokens`` and ``cache_read_input_tokens``, with
+``input_tokens`` the rest of the prompt.
 """
 
 from __future__ import annotations
@@ -51,6 +68,10 @@ ERROR_TYPES = {
     429: "rate_limit_error",
     529: "overloaded_error",
 }
+#: ``thinking.type`` values that make the reply think first (``disabled`` does not).
+THINKING = ("enabled", "adaptive")
+#: The ``signature`` every thinking block ends with (Claude Code sends it back unread).
+SIGNATURE = "sim-signature"
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
@@ -83,7 +104,7 @@ class _ToolChoice(msgspec.Struct):
 class _Request(msgspec.Struct):
     model: str
     messages: list[_Message]
-    max_tokens: int
+    max_tokens: int | None = None
     system: str | list[_Block] | None = None
     tools: list[_ToolDef] | None = None
     tool_choice: _ToolChoice | None = None
@@ -104,23 +125,29 @@ def _result_text(content: str | list[dict[str, Any]] | None) -> str:
 
 def _messages(req: _Request) -> list[SimMessage]:
     out: list[SimMessage] = []
-    system = req.system
-    if isinstance(system, list):
-        system = "".join(b.text or "" for b in system if b.type == "text")
+    systems = [_text(req.system)]
+    # Mid-conversation system messages (a beta Claude Code uses) join the system text.
+    systems += [_text(m.content) for m in req.messages if m.role == "system"]
+    system = "\n".join(t for t in systems if t)
     if system:
         out.append(SimMessage(role="system", content=system))
     for i, m in enumerate(req.messages):
+        if m.role == "system":
+            continue
         if m.role not in ("user", "assistant"):
-            raise DialectError(f"messages.{i}.role: must be user or assistant, got {m.role!r}")
+            raise DialectError(
+                f"messages.{i}.role: must be user, assistant or system, got {m.role!r}"
+            )
         if isinstance(m.content, str):
             out.append(SimMessage(role=m.role, content=m.content))
             continue
         parts: list[ContentPart] = []
         calls: list[ToolCallIn] = []
+        results: list[SimMessage] = []
         for b in m.content:
             if b.type == "tool_result":
                 text = _result_text(b.content)
-                out.append(SimMessage(role="tool", content=text, tool_call_id=b.tool_use_id))
+                results.append(SimMessage(role="tool", content=text, tool_call_id=b.tool_use_id))
             elif b.type == "text":
                 parts.append(ContentPart(type="text", text=b.text or ""))
             elif b.type == "image":
@@ -134,7 +161,16 @@ def _messages(req: _Request) -> list[SimMessage]:
                 )
         if parts or calls:
             out.append(SimMessage(role=m.role, content=parts or None, tool_calls=calls or None))
+        # A user turn's text beside its tool results (Claude Code's reminders) is read
+        # before them: the turn answers the calls, so the reply reads the results.
+        out.extend(results)
     return out
+
+
+def _text(content: str | list[_Block] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(b.text or "" for b in content if b.type == "text")
 
 
 def _choice(choice: _ToolChoice | None) -> str | dict[str, Any] | None:
@@ -156,8 +192,25 @@ def _tool_block(script: Script, args: Any) -> dict[str, Any]:
     return {"type": "tool_use", "id": tool_id(script), "name": script.tool.name, "input": args}
 
 
+def _usage(ready: Prepared, output: int) -> dict[str, int]:
+    """Anthropic's ``usage``: the prompt cache's reads and writes apart from ``input_tokens``."""
+    return {
+        "input_tokens": ready.prompt_tokens - ready.cache_read - ready.cache_write,
+        "cache_creation_input_tokens": ready.cache_write,
+        "cache_read_input_tokens": ready.cache_read,
+        "output_tokens": output,
+    }
+
+
 def _event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + _enc.encode({"type": name, **data}) + b"\n\n"
+
+
+def _signed_stop() -> bytes:
+    """The end of the thinking block: its signature, then its stop, as Anthropic sends them."""
+    sig = {"type": "signature_delta", "signature": SIGNATURE}
+    out = _event("content_block_delta", {"index": 0, "delta": sig})
+    return out + _event("content_block_stop", {"index": 0})
 
 
 class AnthropicDialect:
@@ -180,8 +233,21 @@ class AnthropicDialect:
 
     def read(self, path: str, query: str, body: bytes) -> SimAsk:
         req = _request.decode(body)
+        if req.max_tokens is None:
+            raise DialectError("max_tokens: Field required")
         if req.max_tokens < 1:
             raise DialectError("max_tokens: must be at least 1")
+        return self._ask(req, req.max_tokens)
+
+    def read_count(self, body: bytes) -> SimAsk:
+        """A ``count_tokens`` request (a message request; ``max_tokens`` not needed).
+
+        Raises:
+            DialectError, msgspec.DecodeError: Anthropic would refuse it.
+        """
+        return self._ask(_request.decode(body), None)
+
+    def _ask(self, req: _Request, max_tokens: int | None) -> SimAsk:
         tools = None
         if req.tools:
             tools = [
@@ -192,12 +258,12 @@ class AnthropicDialect:
                 )
                 for t in req.tools
             ]
-        thinking = req.thinking is not None and req.thinking.get("type") == "enabled"
+        thinking = req.thinking is not None and req.thinking.get("type") in THINKING
         return SimAsk(
             model=req.model,
             messages=_messages(req),
             stream=req.stream,
-            max_tokens=req.max_tokens,
+            max_tokens=max_tokens,
             tools=tools,
             tool_choice=_choice(req.tool_choice),
             reasoning_effort="medium" if thinking else None,
@@ -216,7 +282,7 @@ class AnthropicDialect:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": ready.prompt_tokens, "output_tokens": 1},
+            "usage": _usage(ready, 1),
         }
         return _event("message_start", {"message": message})
 
@@ -247,9 +313,7 @@ class AnthropicDialect:
         index, block = self._visible_block(ready)
         if k == r:
             if r:
-                sig = {"type": "signature_delta", "signature": "sim"}
-                out += _event("content_block_delta", {"index": 0, "delta": sig})
-                out += _event("content_block_stop", {"index": 0})
+                out += _signed_stop()
             out += _event("content_block_start", {"index": index, "content_block": block})
         piece = script.piece(k - r)
         if script.tool is not None:
@@ -261,8 +325,10 @@ class AnthropicDialect:
     def closing(self, ready: Prepared, model: str) -> bytes:
         plan, script = ready.plan, ready.script
         r = len(script.reasoning)
-        index = 0 if plan.tokens <= r else self._visible_block(ready)[0]
-        out = _event("content_block_stop", {"index": index})
+        if plan.tokens <= r:  # cut short while thinking: the block still ends signed
+            out = _signed_stop()
+        else:
+            out = _event("content_block_stop", {"index": self._visible_block(ready)[0]})
         reason = STOP_REASONS.get(script.finish_reason(plan), "end_turn")
         out += _event(
             "message_delta",
@@ -280,7 +346,7 @@ class AnthropicDialect:
         shown = min(plan.tokens, r)
         if shown:
             thought = "".join(script.reasoning[:shown])
-            content.append({"type": "thinking", "thinking": thought, "signature": "sim"})
+            content.append({"type": "thinking", "thinking": thought, "signature": SIGNATURE})
         visible = max(0, plan.tokens - r)
         if script.tool is not None:
             try:
@@ -300,6 +366,6 @@ class AnthropicDialect:
             "content": content,
             "stop_reason": STOP_REASONS.get(script.finish_reason(plan), "end_turn"),
             "stop_sequence": None,
-            "usage": {"input_tokens": ready.prompt_tokens, "output_tokens": plan.tokens},
+            "usage": _usage(ready, plan.tokens),
         }
         return _enc.encode(body)

@@ -35,8 +35,11 @@ MALFORMED_CHUNK = b'data: {"id": "broken", "choices": [{"delta": \n\n'
 #: What a bad request is answered with 400 for (its body, a fault header, a schema).
 _BAD_REQUEST = (msgspec.DecodeError, FaultSpecError, SchemaError, ValueError)
 #: Every provider dialect the sim speaks, by the name ``--dialect`` takes.
+ANTHROPIC = AnthropicDialect()
+#: Anthropic's token counting endpoint (``anthropic`` dialect).
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 DIALECTS: dict[str, Dialect] = {
-    "anthropic": AnthropicDialect(),
+    "anthropic": ANTHROPIC,
     "azure": AzureDialect(),
     "gemini": GeminiDialect(),
     "bedrock": BedrockDialect(),
@@ -115,6 +118,8 @@ class SimApp(SimCore):
                 for m in self.settings.models
             ]
             await _reply(send, 200, _enc.encode({"object": "list", "data": data}))
+        elif path == COUNT_TOKENS_PATH and "anthropic" in self.settings.dialects:
+            await self._count_tokens(headers, body, send)
         elif (dialect := self._dialect_for(method, path)) is not None:
             query = scope.get("query_string", b"").decode("latin-1")
             await self._dialect(dialect, path, query, headers, body, receive, send)
@@ -242,7 +247,7 @@ class SimApp(SimCore):
         self.stats.completed += 1
         out = w.event(sse_finish(script, plan))
         if usage:
-            out += w.event(None, usage=reply_usage(plan, ready.prompt_tokens))
+            out += w.event(None, usage=reply_usage(plan, ready.prompt_tokens, ready.cache_read))
         await w.finish(out + b"data: [DONE]\n\n")
 
     async def _json(
@@ -258,7 +263,9 @@ class SimApp(SimCore):
         await trio.sleep(ready.plan.total)
         if not await _body_fault(send, fault):
             return
-        body = completion_body(cid, model, ready.script, ready.plan, ready.prompt_tokens, top)
+        body = completion_body(
+            cid, model, ready.script, ready.plan, ready.prompt_tokens, top, ready.cache_read
+        )
         done.flag = True
         self.stats.completed += 1
         await _reply(send, 200, _enc.encode(body))
@@ -334,6 +341,25 @@ class SimApp(SimCore):
             await _reply(send, 200, d.whole(ready, ask.model))
 
         await self._serve(receive, timeout, streamed if ask.stream else whole)
+
+    async def _count_tokens(self, headers: dict[str, str], body: bytes, send: Send) -> None:
+        """Anthropic's ``POST /v1/messages/count_tokens`` (any method: the API's 405 is not
+        worth simulating): ``{"input_tokens": N}``, N
+        counted as a message request's ``usage.input_tokens`` is (not a model request:
+        no serial, no fault, no stats)."""
+        d = ANTHROPIC
+        refused = d.auth_error(headers)
+        if refused is not None:
+            await _reply(send, refused[0], refused[1])
+            return
+        try:
+            ask = d.read_count(body)
+        except (*_BAD_REQUEST, DialectError) as exc:
+            status = exc.status if isinstance(exc, DialectError) else 400
+            await _reply(send, status, d.error(status, str(exc)))
+            return
+        n = self.prompt_tokens(ask.model, ask.messages)
+        await _reply(send, 200, _enc.encode({"input_tokens": n}))
 
     # --- embeddings ------------------------------------------------------------
 

@@ -3,6 +3,10 @@
 :func:`script_for` reads the request's features the way a model would act on
 them, in this order:
 
+0. ``tools`` with ``tool_choice`` not ``"none"``, and the last message is a
+   user message with a line ``sim-call: NAME {"json": "object"}`` -> a call
+   of ``NAME`` with exactly those arguments (``{}`` when none are given), so
+   a test can make an agent (Claude Code, Codex CLI) run a tool it chooses;
 1. ``tools`` with ``tool_choice`` not ``"none"`` -> a call of the named
    function (or the first one), with arguments generated from its
    ``parameters`` schema -- unless the last message is a ``tool`` result and
@@ -136,6 +140,11 @@ def script_for(
     """
     thinking = reasoning_pieces(reasoning_effort)
     last_role = messages[-1].role if messages else "user"
+    asked = sim_call(messages[-1].text()) if messages and last_role == "user" else None
+    if asked is not None and tools and tool_choice != "none":
+        name, args = asked
+        tool = ToolCall(call_id=call_id(serial), name=name, arguments=args)
+        return Script("tool_call", split_text(args), thinking, tool)
     fn = _chosen_function(tools, tool_choice, last_role)
     if fn is not None:
         name, params, strict = fn
@@ -166,6 +175,29 @@ def script_for(
         plural = "s" if images != 1 else ""
         return Script("text", split_text(f"I see {images} image{plural}."), thinking)
     return Script("text", (), thinking)
+
+
+_SIM_CALL = re.compile(r"^[ \t]*sim-call:[ \t]*(\S+)[ \t]*(.*?)[ \t]*$", re.MULTILINE)
+
+
+def sim_call(text: str) -> tuple[str, str] | None:
+    """The ``sim-call: NAME {args}`` directive in ``text`` (its last such line): the
+    tool's name and its arguments as compact JSON; ``None`` when there is none.
+
+    Raises:
+        ValueError: the arguments are not a JSON object.
+    """
+    found = _SIM_CALL.findall(text)
+    if not found:
+        return None
+    name, raw = found[-1]
+    try:
+        args = msgspec.json.decode(raw or "{}")
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"sim-call: {name}: the arguments are not JSON: {exc}") from None
+    if not isinstance(args, dict):
+        raise ValueError(f"sim-call: {name}: the arguments must be a JSON object")
+    return name, _enc.encode(args).decode()
 
 
 def _last_user(messages: list[SimMessage]) -> str:
@@ -220,12 +252,13 @@ def logprob_entry(token: str, i: int, top: int) -> dict[str, Any]:
     }
 
 
-def usage(prompt: int, completion: int, reasoning: int) -> dict[str, Any]:
-    """OpenAI's ``usage`` object; ``completion`` includes the ``reasoning`` tokens."""
+def usage(prompt: int, completion: int, reasoning: int, cached: int = 0) -> dict[str, Any]:
+    """OpenAI's ``usage`` object; ``completion`` includes the ``reasoning`` tokens, ``prompt``
+    the ``cached`` ones (read from the prompt cache)."""
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached},
         "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
