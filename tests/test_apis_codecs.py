@@ -478,8 +478,16 @@ def test_a_field_without_equivalent_is_refused_naming_it(codec: str, field: str)
     ("codec", "body", "param"),
     [
         ("responses", {"input": [{"type": "web_search_call", "id": "x"}]}, "input[0].type"),
-        ("responses", {"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
-        ("responses", {"input": "x", "include": ["file_search_call.results"]}, "include"),
+        (
+            "responses",
+            {
+                "input": "x",
+                "tools": [{"type": "web_search"}],
+                "tool_choice": {"type": "web_search"},
+            },
+            "tool_choice",
+        ),
+        ("responses", {"input": "x", "background": True}, "background"),
         (
             "messages",
             {

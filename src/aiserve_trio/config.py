@@ -922,6 +922,7 @@ CORS_EXPOSE_HEADERS = (
     "x-aiserve-steps",
     "x-aiserve-cost",
     "x-aiserve-cache-similarity",
+    "x-aiserve-dropped",
 )
 _HEADER_NAME_RE = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
 _ORIGIN_RE = re.compile(

@@ -31,6 +31,7 @@ of the reply belongs to (``_ITEM``: a piece of another item closes the open ones
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import msgspec
@@ -77,8 +78,8 @@ class _Reasoning(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     summary: str | None = None
 
 
-class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The fields of a Responses request this gateway carries; any other is refused."""
+class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, dict=True):
+    """The fields of a Responses request this gateway understands; any other is refused."""
 
     input: str | list[dict[str, Any]]
     model: str | None = None
@@ -103,6 +104,43 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
     background: bool | None = None
+    client_metadata: dict[str, Any] | None = None
+
+    @functools.cached_property
+    def dropped(self) -> tuple[str, ...]:
+        """What the translation leaves out, by name (``X-Aiserve-Dropped``): see :data:`DROPPED`."""
+        out = [name for name in DROPPED if _present(self, name)]
+        out.extend(f"tools[{i}]:{t.get('type')}" for i, t in _tools(self) if not _function(t))
+        if isinstance(self.input, list):
+            out.extend(
+                f"input[{i}].encrypted_content"
+                for i, item in enumerate(self.input)
+                if item.get("type") == "reasoning" and item.get("encrypted_content") is not None
+            )
+        return tuple(out)
+
+
+#: Fields a Chat Completions upstream cannot honour and the answer means the same without:
+#: dropped and named in ``X-Aiserve-Dropped`` (a reasoning item's ``encrypted_content``,
+#: and tools other than ``function`` -- built-in, ``custom``, ``namespace``, ... -- too: a
+#: tool offered is the model's option, not part of what is asked; a ``tool_choice`` that
+#: forces one is refused). What changes the answer's meaning is refused with a 400.
+DROPPED = ("include", "reasoning.summary", "client_metadata")
+
+
+def _present(req: ResponsesRequest, name: str) -> bool:
+    if name == "reasoning.summary":
+        return req.reasoning is not None and req.reasoning.summary is not None
+    value = getattr(req, name)
+    return value is not None and value != []
+
+
+def _tools(req: ResponsesRequest) -> list[tuple[int, dict[str, Any]]]:
+    return list(enumerate(req.tools or ()))
+
+
+def _function(tool: dict[str, Any]) -> bool:
+    return tool.get("type") == "function"
 
 
 _request = msgspec.json.Decoder(ResponsesRequest)
@@ -130,10 +168,6 @@ def decode(body: bytes) -> tuple[bytes, ResponsesRequest]:
         req = _request.decode(body)
     except msgspec.MsgspecError as exc:
         raise decode_error(exc) from None
-    if req.include:
-        raise refuse("include", "has no equivalent: the gateway adds nothing to the output")
-    if req.reasoning is not None and req.reasoning.summary is not None:
-        raise refuse("reasoning.summary", "has no equivalent: backends give their reasoning whole")
     if req.background:
         raise refuse("background", "has no equivalent: responses are served while the client waits")
     chat: dict[str, Any] = {"messages": _messages(req)}
@@ -151,10 +185,15 @@ def decode(body: bytes) -> tuple[bytes, ResponsesRequest]:
     if req.top_logprobs is not None:
         chat["logprobs"] = True
         chat["top_logprobs"] = req.top_logprobs
-    if req.tools:
-        chat["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
+    tools = [_tool(t, i) for i, t in _tools(req) if _function(t)]
+    if tools:
+        chat["tools"] = tools
     if req.tool_choice is not None:
-        chat["tool_choice"] = _tool_choice(req.tool_choice)
+        choice = _tool_choice(req.tool_choice)
+        if tools or not req.tools:
+            chat["tool_choice"] = choice
+        elif choice not in ("auto", "none"):  # every tool offered was dropped
+            raise refuse("tool_choice", "asks for a tool call, and no `function` tool is offered")
     if req.text is not None:
         if req.text.format is not None and req.text.format.type != "text":
             chat["response_format"] = _format(req.text.format)
@@ -179,8 +218,6 @@ def _format(f: _Format) -> dict[str, Any]:
 
 
 def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
-    if tool.get("type") != "function":
-        raise refuse(f"tools[{i}].type", "must be `function`: built-in tools have no equivalent")
     fn: dict[str, Any] = {}
     for key in tool:
         if key not in ("type", "name", "description", "parameters", "strict"):
@@ -251,7 +288,7 @@ def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
 
 
 def _reasoning_text(item: dict[str, Any], where: str) -> str:
-    only(item, where, ("type", "id", "summary", "content", "status"))
+    only(item, where, ("type", "id", "summary", "content", "status", "encrypted_content"))
     parts = item.get("content") or item.get("summary") or []
     if not isinstance(parts, list):
         raise invalid(f"{where}.content", "must be a list")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import msgspec
 
@@ -140,6 +140,15 @@ class Prepared:
     store: bool = True
 
 
+@runtime_checkable
+class Dropping(Protocol):
+    """A client API's request (``ParsedRequest.api``) that names what its translation left
+    out: hints the backend cannot honour (``X-Aiserve-Dropped``)."""
+
+    @property
+    def dropped(self) -> tuple[str, ...]: ...
+
+
 def response_headers(
     info: RequestInfo,
     prepared: Prepared | None,
@@ -149,12 +158,16 @@ def response_headers(
     steps: Sequence[str] | None = None,
     similarity: float | None = None,
 ) -> Headers:
-    """The gateway's own response headers: request id, degradation, trimming, trace,
+    """The gateway's own response headers: request id, what a client API's translation
+    dropped, degradation, trimming, trace,
     (``served``, from the first delta) which deployment of a group answered, on a
     route with a cache what it did (``hit``, ``semantic-hit`` with its similarity,
     ``miss``, ``bypass``, ``coalesced``),
     and on a chain the steps that ran, in order."""
     out = [(b"x-request-id", info.request_id.encode())]
+    view = prepared.parsed.api if prepared is not None else None
+    if view is not None and isinstance(view, Dropping) and view.dropped:  # None on chat: quick
+        out.append((b"x-aiserve-dropped", ", ".join(view.dropped).encode()))
     if steps:
         out.append((b"x-aiserve-steps", ",".join(steps).encode()))
     if cache is not None:

@@ -1,0 +1,158 @@
+"""The real Codex CLI (``codex exec``) through the gateway's Responses route, in front of
+aiserve-sim speaking Chat Completions (real processes: hypercorn and aiserve-sim).
+
+Codex sends what a Chat Completions backend cannot honour (``include``,
+``reasoning.summary``, ``client_metadata``, ``namespace`` and ``web_search`` tools): the
+gateway drops and names them, and the task needs a tool -- the sim obeys the prompt's
+``sim-call:`` line with a call of Codex's ``exec_command``, Codex runs ``cat NOTE.txt``,
+and the sim's second answer quotes the tool's output, which Codex prints as its answer.
+The configuration is the one docs/coding-agents.md gives (a temporary ``CODEX_HOME``, so
+nothing reads or writes ``~/.codex``; update checks, analytics and feedback off).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import config_text
+from .servers import hypercorn_gateway
+from .sim_process import run_sim
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("codex") is None,
+        reason="the Codex CLI is not installed (npm install -g @openai/codex; .ci/run does)",
+    ),
+]
+
+ROUTE = "/codex/v1/responses"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(gateway base URL, sim address): a Responses route whose backend is the sim's Chat API."""
+    with run_sim() as sim:
+        extra = f"""
+[adapters.up]
+kind = "openai"
+base_url = "http://{sim}/v1"
+models = ["sim-model"]
+
+[[routes]]
+path = "{ROUTE}"
+name = "codex"
+kind = "responses"
+adapter = "up"
+default_model = "sim-model"
+"""
+        cfg: Path = tmp_path_factory.mktemp("conf") / "gateway.toml"
+        cfg.write_text(config_text() + extra)
+        with hypercorn_gateway(cfg) as (base, _):
+            yield base, sim
+
+
+def codex_config(base_url: str) -> str:
+    """``$CODEX_HOME/config.toml``: the gateway as the model provider (docs/coding-agents.md)."""
+    return f"""
+model = "sim-model"
+model_provider = "aiserve"
+approval_policy = "never"
+sandbox_mode = "read-only"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[model_providers.aiserve]
+name = "aiserve gateway"
+base_url = "{base_url}"
+env_key = "AISERVE_API_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+"""
+
+
+def run_codex(
+    tmp: Path, base_url: str, prompt: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``codex exec`` in a fresh workspace and ``CODEX_HOME``; (the run, its last message)."""
+    home = tmp / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(codex_config(base_url))
+    last = tmp / "last-message.txt"
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp),  # the login shell Codex runs commands in reads nothing of ours
+        "CODEX_HOME": str(home),
+        "AISERVE_API_KEY": "unused-locally",
+        "NO_COLOR": "1",
+    }
+    cmd = [
+        "codex",
+        "exec",
+        "--strict-config",
+        "--skip-git-repo-check",
+        "--ephemeral",
+        "--color",
+        "never",
+        "--output-last-message",
+        str(last),
+        prompt,
+    ]
+    run = subprocess.run(
+        cmd,
+        cwd=tmp / "work",
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    return run, last.read_text() if last.exists() else ""
+
+
+def sim_requests(sim: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"http://{sim}/sim/requests", timeout=5) as r:
+        return list(json.loads(r.read())["requests"])
+
+
+def test_codex_runs_a_command_through_the_gateway_and_answers_with_its_output(
+    stack: tuple[str, str], tmp_path: Path
+) -> None:
+    base, sim = stack
+    word = f"PELICAN-{secrets.token_hex(4)}"
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "NOTE.txt").write_text(f"The code word is {word}.\n")
+    prompt = (
+        "Run `cat NOTE.txt` and tell me the code word.\n"
+        'sim-call: exec_command {"cmd": "cat NOTE.txt"}'
+    )
+    run, answer = run_codex(tmp_path, base + ROUTE.removesuffix("/responses"), prompt)
+    assert run.returncode == 0, run.stderr[-4000:]
+    # The final answer quotes what the command printed: the file's code word.
+    assert word in answer, (answer, run.stderr[-4000:])
+    # Two model turns reached the sim: the call, then the answer after the tool's output.
+    asked = [r for r in sim_requests(sim) if r["path"] == "/v1/chat/completions"][-2:]
+    first, second = (json.loads(r["body"]) for r in asked)
+    assert first["tools"][0]["function"]["name"] == "exec_command"
+    assert "include" not in first
+    assert "client_metadata" not in first
+    tool = second["messages"][-1]
+    assert tool["role"] == "tool"
+    assert word in tool["content"]
