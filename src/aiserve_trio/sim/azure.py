@@ -139,7 +139,8 @@ class AzureDialect:
 
     def closing(self, ready: Prepared, model: str) -> bytes:
         out = self._chunk(ready, [sse_finish(ready.script, ready.plan)])
-        out += self._chunk(ready, [], usage=reply_usage(ready.plan, ready.prompt_tokens))
+        usage = reply_usage(ready.plan, ready.prompt_tokens, ready.cache_read)
+        out += self._chunk(ready, [], usage=usage)
         return out + b"data: [DONE]\n\n"
 
     def whole(self, ready: Prepared, model: str) -> bytes:
@@ -150,6 +151,7 @@ class AzureDialect:
             ready.plan,
             ready.prompt_tokens,
             None,
+            ready.cache_read,
         )
         body["choices"][0]["content_filter_results"] = CLEAR
         body["prompt_filter_results"] = [{"prompt_index": 0, "content_filter_results": CLEAR}]

@@ -61,12 +61,20 @@ def sse_finish(script: Script, plan: Plan) -> dict[str, Any]:
     return {"index": 0, "delta": {}, "finish_reason": script.finish_reason(plan)}
 
 
-def reply_usage(plan: Plan, prompt: int) -> dict[str, Any]:
-    return usage(prompt, plan.tokens, plan.reasoning)
+def reply_usage(plan: Plan, prompt: int, cached: int = 0) -> dict[str, Any]:
+    """OpenAI's ``usage`` of a reply; ``cached``: of the ``prompt``, the tokens read from
+    the prompt cache (:mod:`.prompt_cache`)."""
+    return usage(prompt, plan.tokens, plan.reasoning, cached)
 
 
 def completion_body(
-    cid: str, model: str, script: Script, plan: Plan, prompt: int, top: int | None
+    cid: str,
+    model: str,
+    script: Script,
+    plan: Plan,
+    prompt: int,
+    top: int | None,
+    cached: int = 0,
 ) -> dict[str, Any]:
     """The ``chat.completion`` JSON body of a reply that is not streamed."""
     n = plan.visible
@@ -99,7 +107,7 @@ def completion_body(
         "created": 0,
         "model": model,
         "choices": [choice],
-        "usage": reply_usage(plan, prompt),
+        "usage": reply_usage(plan, prompt, cached),
     }
 
 
