@@ -38,6 +38,11 @@ request's ``usage.input_tokens`` is.
 ``stop_reason``: ``end_turn``, ``max_tokens`` or ``tool_use``. Otherwise one
 ``message`` body with the same blocks whole. Errors are
 ``{"type": "error", "error": {"type", "message"}}``; a 529 is ``overloaded_error``.
+
+``usage`` reports the sim's prompt cache (:mod:`.prompt_cache`: a cacheable prefix of
+1,024 tokens or more, written the first time, read when seen again) as Anthropic
+does: ``cache_creation_input_tokens`` and ``cache_read_input_tokens``, with
+``input_tokens`` the rest of the prompt.
 """
 
 from __future__ import annotations
@@ -187,6 +192,16 @@ def _tool_block(script: Script, args: Any) -> dict[str, Any]:
     return {"type": "tool_use", "id": tool_id(script), "name": script.tool.name, "input": args}
 
 
+def _usage(ready: Prepared, output: int) -> dict[str, int]:
+    """Anthropic's ``usage``: the prompt cache's reads and writes apart from ``input_tokens``."""
+    return {
+        "input_tokens": ready.prompt_tokens - ready.cache_read - ready.cache_write,
+        "cache_creation_input_tokens": ready.cache_write,
+        "cache_read_input_tokens": ready.cache_read,
+        "output_tokens": output,
+    }
+
+
 def _event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + _enc.encode({"type": name, **data}) + b"\n\n"
 
@@ -267,7 +282,7 @@ class AnthropicDialect:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": ready.prompt_tokens, "output_tokens": 1},
+            "usage": _usage(ready, 1),
         }
         return _event("message_start", {"message": message})
 
@@ -351,6 +366,6 @@ class AnthropicDialect:
             "content": content,
             "stop_reason": STOP_REASONS.get(script.finish_reason(plan), "end_turn"),
             "stop_sequence": None,
-            "usage": {"input_tokens": ready.prompt_tokens, "output_tokens": plan.tokens},
+            "usage": _usage(ready, plan.tokens),
         }
         return _enc.encode(body)

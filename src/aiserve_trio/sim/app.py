@@ -247,7 +247,7 @@ class SimApp(SimCore):
         self.stats.completed += 1
         out = w.event(sse_finish(script, plan))
         if usage:
-            out += w.event(None, usage=reply_usage(plan, ready.prompt_tokens))
+            out += w.event(None, usage=reply_usage(plan, ready.prompt_tokens, ready.cache_read))
         await w.finish(out + b"data: [DONE]\n\n")
 
     async def _json(
@@ -263,7 +263,9 @@ class SimApp(SimCore):
         await trio.sleep(ready.plan.total)
         if not await _body_fault(send, fault):
             return
-        body = completion_body(cid, model, ready.script, ready.plan, ready.prompt_tokens, top)
+        body = completion_body(
+            cid, model, ready.script, ready.plan, ready.prompt_tokens, top, ready.cache_read
+        )
         done.flag = True
         self.stats.completed += 1
         await _reply(send, 200, _enc.encode(body))

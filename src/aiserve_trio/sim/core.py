@@ -10,6 +10,7 @@ from typing import Any
 
 from ..adapters.tokens import encoding_name_for, get_encoding
 from .model import Fault, Plan, SimSettings, plan_reply
+from .prompt_cache import MIN_TOKENS, PromptCache
 from .reply import Script, script_for
 from .request import IMAGE_TOKENS, ResponseFormat, SimMessage, Tool, ToolChoice, prompt_texts
 
@@ -119,6 +120,9 @@ class Decided:
     prompt_tokens: int
     #: The request's number in this process (reply ids derive from it).
     serial: int
+    #: Of ``prompt_tokens``: read from the prompt cache, written to it (:mod:`.prompt_cache`).
+    cache_read: int = 0
+    cache_write: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,9 @@ class Prepared:
     plan: Plan
     prompt_tokens: int
     serial: int
+    #: Of ``prompt_tokens``: read from the prompt cache, written to it (:mod:`.prompt_cache`).
+    cache_read: int = 0
+    cache_write: int = 0
 
 
 class SimCore:
@@ -141,6 +148,7 @@ class SimCore:
         self.log = RequestLog()
         self._attempts: OrderedDict[str, int] = OrderedDict()
         self._serial = 0
+        self.prompt_cache = PromptCache()
 
     def next_serial(self) -> int:
         self._serial += 1
@@ -193,7 +201,21 @@ class SimCore:
             images=images,
             serial=serial,
         )
-        return Decided(script, prompt, serial)
+        cached = self._cached(model, messages, texts) if prompt >= MIN_TOKENS else (0, 0)
+        return Decided(script, prompt, serial, *cached)
+
+    def _cached(self, model: str, messages: list[SimMessage], texts: list[str]) -> tuple[int, int]:
+        """(tokens read from the prompt cache, tokens written to it) of a prompt whose
+        messages have ``texts`` (:mod:`.prompt_cache`; each message counted as in
+        :meth:`decide`)."""
+        parts = [
+            (
+                (m.role + "\0" + text).encode(),
+                3 + self.text_tokens(model, text) + m.images() * IMAGE_TOKENS,
+            )
+            for m, text in zip(messages, texts, strict=True)
+        ]
+        return self.prompt_cache.account(model, parts)
 
     def prompt_tokens(self, model: str, messages: list[SimMessage]) -> int:
         """The prompt's tokens, as :meth:`decide` counts them."""
@@ -214,9 +236,17 @@ class SimCore:
             at_least=len(script.pieces),
             reasoning=len(script.reasoning),
         )
-        return Prepared(script, plan, decided.prompt_tokens, decided.serial)
+        return Prepared(
+            script,
+            plan,
+            decided.prompt_tokens,
+            decided.serial,
+            decided.cache_read,
+            decided.cache_write,
+        )
 
     def reset(self) -> None:
         self.stats = Stats()
         self._attempts.clear()
         self.log.clear()
+        self.prompt_cache = PromptCache()

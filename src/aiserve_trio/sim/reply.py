@@ -252,12 +252,13 @@ def logprob_entry(token: str, i: int, top: int) -> dict[str, Any]:
     }
 
 
-def usage(prompt: int, completion: int, reasoning: int) -> dict[str, Any]:
-    """OpenAI's ``usage`` object; ``completion`` includes the ``reasoning`` tokens."""
+def usage(prompt: int, completion: int, reasoning: int, cached: int = 0) -> dict[str, Any]:
+    """OpenAI's ``usage`` object; ``completion`` includes the ``reasoning`` tokens, ``prompt``
+    the ``cached`` ones (read from the prompt cache)."""
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached},
         "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
