@@ -275,6 +275,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "apis",
         "cache.service",
         "chains.run",
+        "count_tokens",
         "embeddings",
         "http",
         "pipeline",
@@ -314,6 +315,14 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
     ),
     "reload.py": ("decoding",),
     "console/": ("http", "observability", "reload", "audit.usage", "security.gate:types"),
+    "count_tokens.py": (
+        "adapters",
+        "http",
+        "messages",
+        "slices",
+        "stages.parse",
+        "stages.types",
+    ),
     "embeddings.py": (
         "adapters.base",
         "http",

@@ -24,6 +24,7 @@ from .apis import CODECS
 from .cache.service import Cache, build_cache, cache_plans
 from .chains.run import build_chain
 from .config import Config, build_policies, route_label
+from .count_tokens import SUFFIX, CountTokens
 from .embeddings import Embeddings
 from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
@@ -142,6 +143,21 @@ class RuntimeBuilder:
                 codec.error if (codec := CODECS.get(r.config.kind)) is not None else None,
             )
             for r in parts.routes.values()
+        ]
+        # Anthropic's token counting below each Messages route (count_tokens.py).
+        table += [
+            Endpoint(
+                r.config.path + SUFFIX,
+                ("POST",),
+                Auth.CHAT,
+                req,
+                CountTokens(r, parts.config),
+                "count_tokens",
+                CODECS["messages"].error,
+                route=r.config.path,  # the route's keys, rate limit and channels
+            )
+            for r in parts.routes.values()
+            if r.config.kind == "messages"
         ]
         table += [
             Endpoint("/v1/models", get, Auth.KEY, req, partial(admin.models, parts), "models"),

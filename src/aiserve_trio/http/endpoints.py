@@ -89,6 +89,9 @@ class Endpoint:
     name: str = ""
     #: How its errors look when its API is not OpenAI's (``apis/``).
     errors: ErrorShape | None = None
+    #: ``Auth.CHAT``: the route whose keys may call it, when not its own path (a
+    #: Messages route's ``count_tokens`` is its route's).
+    route: str | None = None
 
     def segments(self) -> tuple[str, ...]:
         return tuple(self.path.strip("/").split("/"))

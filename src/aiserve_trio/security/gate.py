@@ -283,7 +283,7 @@ class Gate:
         if channel is not None:
             principal.check_channel(channel.strip().lower())
         if need is Auth.CHAT:
-            principal.check_route(endpoint.path)
+            principal.check_route(endpoint.route or endpoint.path)
             only = principal.channel(channel, self._channels)
             if only is not None:
                 request.headers["x-channel"] = only
