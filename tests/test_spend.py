@@ -50,8 +50,8 @@ def test_cached_and_reasoning_tokens_have_their_own_prices():
     usage = Usage(
         prompt_tokens=1_000,
         completion_tokens=500,
-        prompt_details=msgspec.Raw(b'{"cached_tokens": 600}'),
         completion_details=msgspec.Raw(b'{"reasoning_tokens": 100}'),
+        cache_read_tokens=600,  # the decoders read OpenAI's prompt_tokens_details.cached_tokens
     )
     expected = (400 * 4.0 + 600 * 1.0 + 400 * 10.0 + 100 * 20.0) / 1e6
     assert p.cost("gpt-big", usage) == pytest.approx(expected)

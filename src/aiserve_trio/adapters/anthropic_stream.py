@@ -4,7 +4,9 @@ The stream is Server-Sent Events whose ``data`` is one JSON object; its
 ``type`` says what it is:
 
 =======================  ==========================================================
-``message_start``        ``message.usage.input_tokens`` (the prompt's count)
+``message_start``        ``message.usage``: ``input_tokens`` (the prompt's uncached
+                         part), ``cache_read_input_tokens``,
+                         ``cache_creation_input_tokens`` (written to the cache)
 ``content_block_start``  a block opens at ``index``: ``text``, ``thinking``, or
                          ``tool_use`` (``id``, ``name``): a tool call's first fragment
 ``content_block_delta``  ``text_delta`` (``text``), ``thinking_delta`` (``thinking``:
@@ -51,6 +53,8 @@ _STREAM_ERRORS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error":
 class _Usage(msgspec.Struct):
     input_tokens: int | None = None
     output_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
 
 
 class _Message(msgspec.Struct):
@@ -100,6 +104,8 @@ class AnthropicStreamDecoder:
         "_calls",
         "_error",
         "_parser",
+        "cache_read",
+        "cache_write",
         "done",
         "input_tokens",
         "name",
@@ -117,6 +123,10 @@ class AnthropicStreamDecoder:
         self.done = False
         self.stop_reason: str | None = None
         self.input_tokens = 0
+        #: Prompt tokens read from / written to Anthropic's prompt cache (not in
+        #: ``input_tokens``, which counts the uncached rest).
+        self.cache_read = 0
+        self.cache_write = 0
         self.output_tokens: int | None = None
         self.pieces = 0
 
@@ -169,7 +179,12 @@ class AnthropicStreamDecoder:
             )
         reason = STOP_REASONS.get(self.stop_reason or "end_turn", "stop")
         completion = self.output_tokens if self.output_tokens is not None else self.pieces
-        usage = Usage(prompt_tokens=self.input_tokens, completion_tokens=completion)
+        usage = Usage(
+            prompt_tokens=self.input_tokens + self.cache_read + self.cache_write,
+            completion_tokens=completion,
+            cache_read_tokens=self.cache_read,
+            cache_write_tokens=self.cache_write,
+        )
         return Delta(finish_reason=reason, usage=usage)
 
     def _event(self, ev: _Event, pieces: Pieces) -> ToolCallDelta | None:
@@ -197,16 +212,13 @@ class AnthropicStreamDecoder:
                     index=index, id=block.id, type="function", name=block.name, arguments=""
                 )
         elif kind == "message_start":
-            usage = ev.message.usage if ev.message is not None else None
-            if usage is not None and usage.input_tokens is not None:
-                self.input_tokens = usage.input_tokens
+            self._input(ev.message.usage if ev.message is not None else None)
         elif kind == "message_delta":
             if ev.delta is not None and ev.delta.stop_reason is not None:
                 self.stop_reason = ev.delta.stop_reason
             if ev.usage is not None and ev.usage.output_tokens is not None:
                 self.output_tokens = ev.usage.output_tokens
-            if ev.usage is not None and ev.usage.input_tokens is not None:
-                self.input_tokens = ev.usage.input_tokens
+            self._input(ev.usage)
         elif kind == "message_stop":
             self.done = True
         elif kind == "error":
@@ -217,3 +229,14 @@ class AnthropicStreamDecoder:
                 raise UpstreamStatusError(said, upstream_status=status)
             raise UpstreamProtocolError(said)
         return None
+
+    def _input(self, usage: _Usage | None) -> None:
+        """The prompt's counts in ``message_start`` (or, again, ``message_delta``)."""
+        if usage is None:
+            return
+        if usage.input_tokens is not None:
+            self.input_tokens = max(0, usage.input_tokens)
+        if usage.cache_read_input_tokens is not None:
+            self.cache_read = max(0, usage.cache_read_input_tokens)
+        if usage.cache_creation_input_tokens is not None:
+            self.cache_write = max(0, usage.cache_creation_input_tokens)

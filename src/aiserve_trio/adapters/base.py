@@ -40,11 +40,53 @@ _T = TypeVar("_T")
 
 
 class Usage(msgspec.Struct, kw_only=True):
+    """A reply's token counts, in OpenAI's sense whatever the backend.
+
+    ``prompt_tokens`` is every input token, those served from or written to the
+    backend's prompt cache included (Anthropic's ``input_tokens`` +
+    ``cache_read_input_tokens`` + ``cache_creation_input_tokens``); of them,
+    ``cache_read_tokens`` were read from the cache and ``cache_write_tokens`` written
+    to it, each priced at its own rate (``spend/prices.py``).
+    """
+
     prompt_tokens: int
     completion_tokens: int
     #: ``prompt_tokens_details`` / ``completion_tokens_details`` as the backend sent them.
     prompt_details: msgspec.Raw | None = None
     completion_details: msgspec.Raw | None = None
+    #: Prompt tokens the backend read from its prompt cache (OpenAI's ``cached_tokens``).
+    cache_read_tokens: int = 0
+    #: Prompt tokens the backend wrote to its prompt cache (Anthropic's cache creation).
+    cache_write_tokens: int = 0
+
+
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+_prompt_details = msgspec.json.Decoder(_PromptDetails)
+
+
+def prompt_details(usage: Usage) -> msgspec.Raw:
+    """``usage``'s cache counts as an OpenAI ``prompt_tokens_details`` object."""
+    return msgspec.Raw(
+        b'{"cached_tokens":%d,"cache_write_tokens":%d}'
+        % (usage.cache_read_tokens, usage.cache_write_tokens)
+    )
+
+
+def cache_counts(details: msgspec.Raw | None) -> tuple[int, int]:
+    """(cache reads, cache writes) in an OpenAI ``prompt_tokens_details`` object:
+    ``cached_tokens`` and ``cache_write_tokens`` (as OpenRouter reports writes); (0, 0)
+    when absent, malformed or negative."""
+    if details is None:
+        return 0, 0
+    try:
+        d = _prompt_details.decode(details)
+    except msgspec.DecodeError:
+        return 0, 0
+    return max(0, d.cached_tokens), max(0, d.cache_write_tokens)
 
 
 class ToolCallDelta(msgspec.Struct, kw_only=True):

@@ -11,7 +11,9 @@ The body is an AWS event stream (``eventstream.py``, CRCs checked). A message wh
                        ``delta.toolUse.input`` (the arguments, in pieces)
 ``contentBlockStop``   the block ends
 ``messageStop``        ``stopReason``
-``metadata``           ``usage`` (``inputTokens``, ``outputTokens``): the last event
+``metadata``           ``usage`` (``inputTokens``: the prompt's uncached part,
+                       ``cacheReadInputTokens``, ``cacheWriteInputTokens``,
+                       ``outputTokens``): the last event
 =====================  ===========================================================
 
 ``:message-type`` ``exception`` is an error mid-stream, named by
@@ -78,6 +80,8 @@ class _Delta(msgspec.Struct):
 class _Usage(msgspec.Struct):
     inputTokens: int = 0
     outputTokens: int = 0
+    cacheReadInputTokens: int = 0
+    cacheWriteInputTokens: int = 0
 
 
 class _Event(msgspec.Struct):
@@ -152,10 +156,17 @@ class BedrockStreamDecoder:
                 f"{self.name}: the model backend ended the stream before messageStop"
             )
         u = self.usage
-        usage = Usage(
-            prompt_tokens=u.inputTokens if u is not None else 0,
-            completion_tokens=u.outputTokens if u is not None else self.pieces,
-        )
+        if u is None:
+            usage = Usage(prompt_tokens=0, completion_tokens=self.pieces)
+        else:
+            # inputTokens leaves out the cache's reads and writes (as Anthropic's does).
+            read, write = max(0, u.cacheReadInputTokens), max(0, u.cacheWriteInputTokens)
+            usage = Usage(
+                prompt_tokens=u.inputTokens + read + write,
+                completion_tokens=u.outputTokens,
+                cache_read_tokens=read,
+                cache_write_tokens=write,
+            )
         return Delta(finish_reason=STOP_REASONS.get(self.stop_reason, "stop"), usage=usage)
 
     def _exception(self, kind: str, payload: bytes) -> GatewayError:

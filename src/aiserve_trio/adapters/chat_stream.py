@@ -21,7 +21,7 @@ from __future__ import annotations
 import msgspec
 
 from ..errors import UpstreamProtocolError
-from .base import Delta, ToolCallDelta, Usage
+from .base import Delta, ToolCallDelta, Usage, cache_counts
 from .sse_parser import SSEDecodeError, SSEParser
 
 DONE = "[DONE]"
@@ -207,11 +207,15 @@ class ChatStreamDecoder:
             )
         u = chunk.usage
         if u is not None:
+            details = _some(u.prompt_tokens_details)
+            read, write = cache_counts(details)
             self.usage = Usage(
                 prompt_tokens=u.prompt_tokens,
                 completion_tokens=u.completion_tokens,
-                prompt_details=_some(u.prompt_tokens_details),
+                prompt_details=details,
                 completion_details=_some(u.completion_tokens_details),
+                cache_read_tokens=read,
+                cache_write_tokens=write,
             )
         for choice in chunk.choices:
             d = choice.delta

@@ -4,7 +4,9 @@ Each event's ``data`` is a whole ``GenerateContentResponse``:
 ``candidates[0].content.parts`` -- ``text`` (``thought: true``: reasoning) or a
 ``functionCall`` (``name``, ``args``: whole, never in pieces) --,
 ``candidates[0].finishReason`` and ``usageMetadata`` (``promptTokenCount``,
-``candidatesTokenCount``, ``thoughtsTokenCount``). The stream has no end marker:
+``candidatesTokenCount``, ``thoughtsTokenCount``, ``cachedContentTokenCount``: the
+part of the prompt, counted in ``promptTokenCount``, read from a cache). The
+stream has no end marker:
 it is finished when a finish reason came and the body ended.
 
 A function call becomes one tool-call delta carrying its id (Gemini's ``id`` if it
@@ -65,6 +67,7 @@ class _UsageMeta(msgspec.Struct):
     promptTokenCount: int = 0
     candidatesTokenCount: int = 0
     thoughtsTokenCount: int = 0
+    cachedContentTokenCount: int = 0
 
 
 class _Feedback(msgspec.Struct):
@@ -139,7 +142,11 @@ class GeminiStreamDecoder:
             reason = "tool_calls"
         u = self.usage or _UsageMeta()
         completion = u.candidatesTokenCount + u.thoughtsTokenCount
-        usage = Usage(prompt_tokens=u.promptTokenCount, completion_tokens=completion or self.pieces)
+        usage = Usage(
+            prompt_tokens=u.promptTokenCount,
+            completion_tokens=completion or self.pieces,
+            cache_read_tokens=max(0, u.cachedContentTokenCount),
+        )
         return Delta(finish_reason=reason, usage=usage)
 
     def _response(self, r: _Response, out: list[Delta], pieces: Pieces) -> None:

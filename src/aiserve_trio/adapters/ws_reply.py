@@ -19,7 +19,7 @@ from __future__ import annotations
 import msgspec
 
 from ..errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError, UpstreamTimeout
-from .base import Delta, ToolCallDelta, Usage
+from .base import Delta, ToolCallDelta, Usage, cache_counts
 
 _NULL = msgspec.Raw(b"null")
 
@@ -130,11 +130,16 @@ class WsReplyDecoder:
         if msg.type == "done":
             self.ended = True
             u = msg.usage
+            details = (
+                None if u is None or u.prompt_tokens_details == _NULL else u.prompt_tokens_details
+            )
+            read, write = cache_counts(details)
             usage = Usage(
                 prompt_tokens=u.prompt_tokens if u else 0,
                 completion_tokens=u.completion_tokens if u else self.pieces,
-                prompt_details=None if u is None or u.prompt_tokens_details == _NULL
-                else u.prompt_tokens_details,
+                prompt_details=details,
+                cache_read_tokens=read,
+                cache_write_tokens=write,
                 completion_details=None if u is None or u.completion_tokens_details == _NULL
                 else u.completion_tokens_details,
             )

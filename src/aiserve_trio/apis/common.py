@@ -171,15 +171,16 @@ def detail(raw: msgspec.Raw | msgspec.UnsetType, key: str) -> int:
         value = _details.decode(raw).get(key)
     except msgspec.DecodeError:
         return 0
-    return value if isinstance(value, int) else 0
+    return max(0, value) if isinstance(value, int) else 0
 
 
 def counts(usage: WireUsage) -> tuple[int, int, int, int]:
-    """(input, output, cached input, reasoning output) tokens of a usage."""
+    """(input, output, cached input, reasoning output) tokens of a usage (the cached part
+    at most the input)."""
     return (
         usage.prompt_tokens,
         usage.completion_tokens,
-        detail(usage.prompt_tokens_details, "cached_tokens"),
+        min(detail(usage.prompt_tokens_details, "cached_tokens"), max(0, usage.prompt_tokens)),
         detail(usage.completion_tokens_details, "reasoning_tokens"),
     )
 

@@ -41,6 +41,7 @@ from .common import (
     counts,
     decode_error,
     described,
+    detail,
     encoder,
     event,
     image_url,
@@ -288,12 +289,15 @@ STOP_REASONS = {
 
 
 def _usage(usage: WireUsage) -> dict[str, Any]:
+    """Anthropic's usage: ``input_tokens`` is the prompt's uncached part, the cache's
+    reads and writes apart (``usage.prompt_tokens`` counts all three)."""
     prompt, completion, cached, _ = counts(usage)
+    written = min(detail(usage.prompt_tokens_details, "cache_write_tokens"), prompt - cached)
     return {
-        "input_tokens": prompt,
+        "input_tokens": prompt - cached - written,
         "output_tokens": completion,
         "cache_read_input_tokens": cached,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": written,
     }
 
 

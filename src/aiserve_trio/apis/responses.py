@@ -45,6 +45,7 @@ from .common import (
     counts,
     decode_error,
     described,
+    detail,
     encoder,
     event,
     image_url,
@@ -381,7 +382,10 @@ def _usage(usage: WireUsage) -> dict[str, Any]:
     prompt, completion, cached, reasoning = counts(usage)
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": cached,
+            "cache_write_tokens": detail(usage.prompt_tokens_details, "cache_write_tokens"),
+        },
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": prompt + completion,

@@ -55,6 +55,8 @@ class _Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
     completion_tokens: int
     prompt_details: msgspec.Raw = _NULL
     completion_details: msgspec.Raw = _NULL
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class _Piece(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -96,6 +98,8 @@ def _to_wire(p: Replayed) -> _Piece:
             completion_tokens=u.completion_tokens,
             prompt_details=u.prompt_details if u.prompt_details is not None else _NULL,
             completion_details=u.completion_details if u.completion_details is not None else _NULL,
+            cache_read_tokens=u.cache_read_tokens,
+            cache_write_tokens=u.cache_write_tokens,
         ),
     )
 
@@ -117,6 +121,8 @@ def _from_wire(p: _Piece) -> Replayed:
             completion_tokens=u.completion_tokens,
             prompt_details=_raw(u.prompt_details),
             completion_details=_raw(u.completion_details),
+            cache_read_tokens=u.cache_read_tokens,
+            cache_write_tokens=u.cache_write_tokens,
         ),
     )
 

@@ -23,9 +23,8 @@ MTOK = 1_000_000.0
 
 
 class _Details(msgspec.Struct):
-    """What ``prompt_tokens_details`` / ``completion_tokens_details`` say that is priced."""
+    """What ``completion_tokens_details`` says that is priced."""
 
-    cached_tokens: int = 0
     reasoning_tokens: int = 0
 
 
@@ -48,19 +47,30 @@ class Rate:
 
     input: float
     output: float
-    cached_input: float
+    cache_read: float
+    cache_write: float
     reasoning: float
 
     @classmethod
     def of(cls, price: ModelPrice) -> Rate:
-        cached = price.cached_input_per_mtok
+        read = price.cache_read_per_mtok
+        write = price.cache_write_per_mtok
         reasoning = price.reasoning_per_mtok
         return cls(
             input=price.input_per_mtok / MTOK,
             output=price.output_per_mtok / MTOK,
-            cached_input=(price.input_per_mtok if cached is None else cached) / MTOK,
+            cache_read=(price.input_per_mtok if read is None else read) / MTOK,
+            cache_write=(price.input_per_mtok if write is None else write) / MTOK,
             reasoning=(price.output_per_mtok if reasoning is None else reasoning) / MTOK,
         )
+
+
+def cached(usage: Usage) -> tuple[int, int]:
+    """(cache reads, cache writes) of ``usage``, bounded so that together they are at most
+    its prompt tokens (a backend's miscount never makes the uncached part negative)."""
+    prompt = max(0, usage.prompt_tokens)
+    read = min(max(0, usage.cache_read_tokens), prompt)
+    return read, min(max(0, usage.cache_write_tokens), prompt - read)
 
 
 class Pricing:
@@ -71,20 +81,31 @@ class Pricing:
         self._rates = {model: Rate.of(price) for model, price in config.models.items()}
 
     def cost(self, model: str, usage: Usage | None) -> float:
-        """What ``usage`` of ``model`` cost in :attr:`currency` (0 without a price or usage)."""
+        """What ``usage`` of ``model`` cost in :attr:`currency` (0 without a price or usage):
+        uncached input at the input rate, cache reads and cache writes at theirs, output
+        (reasoning at its own rate)."""
         rate = self._rates.get(model)
         if rate is None or usage is None:
             return 0.0
-        cached = min(max(0, _read(usage.prompt_details).cached_tokens), usage.prompt_tokens)
+        read, write = cached(usage)
         reasoning = min(
             max(0, _read(usage.completion_details).reasoning_tokens), usage.completion_tokens
         )
         return (
-            (usage.prompt_tokens - cached) * rate.input
-            + cached * rate.cached_input
+            (usage.prompt_tokens - read - write) * rate.input
+            + read * rate.cache_read
+            + write * rate.cache_write
             + (usage.completion_tokens - reasoning) * rate.output
             + reasoning * rate.reasoning
         )
+
+    def cache_cost(self, model: str, usage: Usage | None) -> float:
+        """The part of :meth:`cost` paid for cache reads and cache writes."""
+        rate = self._rates.get(model)
+        if rate is None or usage is None:
+            return 0.0
+        read, write = cached(usage)
+        return read * rate.cache_read + write * rate.cache_write
 
     def charge(self, model: str, usage: Usage | None, cache: str | None) -> tuple[float, float]:
         """(what a request answered by ``model`` cost, what the cache saved)."""

@@ -7,8 +7,15 @@
     [pricing.models."aiserve-mock"]
     input_per_mtok = 3.0          # per million prompt tokens
     output_per_mtok = 15.0        # per million completion tokens
-    cached_input_per_mtok = 0.3   # prompt tokens the backend served from its cache
+    cache_read_per_mtok = 0.3     # prompt tokens read from the backend's prompt cache
+    cache_write_per_mtok = 3.75   # prompt tokens written to it (Anthropic's cache creation)
     reasoning_per_mtok = 15.0     # reasoning tokens (default: output_per_mtok)
+
+Cache reads and writes default to ``input_per_mtok``: without its own rate a cached
+token costs what an uncached one does (as before cached tokens were counted; an
+Anthropic cache write costs 1.25x the input rate, so give it). No provider's multiplier
+is built in: the table says each.
+``cached_input_per_mtok`` is the older name of ``cache_read_per_mtok``.
 
     [tenants.bank]
     budget = 100.0                # in `currency`
@@ -36,17 +43,28 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class ModelPrice(_Section):
     input_per_mtok: float = 0.0
     output_per_mtok: float = 0.0
-    #: Default: ``input_per_mtok`` (no discount for cached prompt tokens).
+    #: Prompt tokens read from the backend's prompt cache. Default: ``input_per_mtok``
+    #: (no discount).
+    cache_read_per_mtok: float | None = None
+    #: Prompt tokens written to the backend's prompt cache. Default: ``input_per_mtok``.
+    cache_write_per_mtok: float | None = None
+    #: The older name of ``cache_read_per_mtok`` (one or the other).
     cached_input_per_mtok: float | None = None
     #: Default: ``output_per_mtok``.
     reasoning_per_mtok: float | None = None
 
     def __post_init__(self) -> None:
-        for key in ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok",
-                    "reasoning_per_mtok"):
+        for key in ("input_per_mtok", "output_per_mtok", "cache_read_per_mtok",
+                    "cache_write_per_mtok", "cached_input_per_mtok", "reasoning_per_mtok"):
             value = getattr(self, key)
             if value is not None and value < 0:
                 raise field_error(key, "must not be negative")
+        if self.cached_input_per_mtok is not None:
+            if self.cache_read_per_mtok is not None:
+                raise field_error(
+                    "cached_input_per_mtok", "is the older name of cache_read_per_mtok: set one"
+                )
+            self.cache_read_per_mtok = self.cached_input_per_mtok
 
 
 class PricingConfig(_Section):

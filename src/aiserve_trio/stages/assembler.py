@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..adapters.base import ToolCallDelta, Usage
+from ..adapters.base import ToolCallDelta, Usage, prompt_details
 from ..api import (
     ChatCompletion,
     Choice,
@@ -571,6 +571,10 @@ class ResponseAssembler:
         )
         if u is not None and u.prompt_details is not None:
             wire.prompt_tokens_details = u.prompt_details
+        elif u is not None and (u.cache_read_tokens or u.cache_write_tokens):
+            # A backend that counts its prompt cache its own way (Anthropic, Gemini,
+            # Bedrock): OpenAI's cached_tokens, and the writes as OpenRouter reports them.
+            wire.prompt_tokens_details = prompt_details(u)
         if u is not None and u.completion_details is not None:
             wire.completion_tokens_details = u.completion_details
         if self._price is not None:
