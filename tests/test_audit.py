@@ -81,6 +81,7 @@ def test_an_older_database_gets_the_later_migrations_and_keeps_its_rows(tmp_path
     assert old["saved"] == 0
     assert old["prompt"] is None
     assert (old["prompt_chars"], old["requests"], old["client"]) == (None, 1, None)
+    assert (old["cache_read_tokens"], old["cache_write_tokens"], old["cache_cost"]) == (0, 0, 0)
 
 
 def test_a_database_from_a_newer_gateway_is_refused(tmp_path):
@@ -345,7 +346,8 @@ async def test_rows_older_than_retention_are_deleted_at_start(tmp_path):
     base = dict.fromkeys(COLUMNS)
     base.update(tenant="t", route="chat", api="chat", channel="api", model="m",
                 served_model="m", status="ok", prompt_tokens=0, completion_tokens=0,
-                cost=0.0, saved=0.0, total_ms=1.0, requests=1)
+                cost=0.0, saved=0.0, total_ms=1.0, requests=1, cache_read_tokens=0,
+                cache_write_tokens=0, cache_cost=0.0)
     stale = {**base, "request_id": "stale", "ts": time.time() - 40 * 86400}
     fresh = {**base, "request_id": "fresh", "ts": time.time() - 86400}
     db.insert([tuple(stale[c] for c in COLUMNS), tuple(fresh[c] for c in COLUMNS)])

@@ -285,7 +285,7 @@ class Pipeline:
         parsed = parse.result
         usage = asm.usage if asm is not None else None
         served_model = asm.model if asm is not None and asm.answered else ""
-        cost, saved = _priced(info, served_model, usage, cache)
+        cost, saved, cache_cost = _priced(info, served_model, usage, cache)
         return Outcome(
             request_id=info.request_id,
             route=info.route.label,
@@ -320,6 +320,7 @@ class Pipeline:
             served=sse.served,
             cost=cost,
             saved=saved,
+            cache_cost=cache_cost,
         )
 
     async def _stages(
@@ -536,12 +537,14 @@ class Pipeline:
 
 def _priced(
     info: RequestInfo, served_model: str, usage: Usage | None, cache: str | None
-) -> tuple[float, float]:
-    """(cost, saved) of a request that ended (see ``spend/prices.py``)."""
+) -> tuple[float, float, float]:
+    """(cost, saved, the part of cost paid for prompt-cache reads and writes) of a request
+    that ended (see ``spend/prices.py``)."""
     pricing = info.route.pricing
     if pricing is None or not served_model:
-        return 0.0, 0.0
-    return pricing.charge(served_model, usage, cache)
+        return 0.0, 0.0, 0.0
+    cost, saved = pricing.charge(served_model, usage, cache)
+    return cost, saved, pricing.cache_cost(served_model, usage) if cost else 0.0
 
 
 def _cap_of(error: GatewayError | None, asm: ResponseAssembler | None) -> str | None:

@@ -160,6 +160,9 @@ class RowBuilder:
             reply_chars,
             1,  # requests: one (wrong-key windows are counted in log.py)
             None,  # client: only on those windows' rows
+            0 if usage is None else usage.cache_read_tokens,
+            0 if usage is None else usage.cache_write_tokens,
+            o.cache_cost,
         )
 
 

@@ -41,6 +41,9 @@ COLUMNS = (
     "reply_chars",
     "requests",
     "client",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cache_cost",
 )
 
 #: (version, statements): applied in order to a database below that version.
@@ -98,6 +101,17 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE audit_requests ADD COLUMN reply_chars INTEGER",
             "ALTER TABLE audit_requests ADD COLUMN requests INTEGER NOT NULL DEFAULT 1",
             "ALTER TABLE audit_requests ADD COLUMN client TEXT",
+        ),
+    ),
+    (
+        4,
+        (
+            # Issue 44, item 3 (prompt-cache accounting): of ``prompt_tokens``, those the
+            # backend read from its prompt cache and those it wrote to it; ``cache_cost``:
+            # the part of ``cost`` paid for them (each at its own rate in [pricing]).
+            "ALTER TABLE audit_requests ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE audit_requests ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE audit_requests ADD COLUMN cache_cost DOUBLE PRECISION NOT NULL DEFAULT 0",
         ),
     ),
 )

@@ -61,10 +61,16 @@ class UsageQuery:
 
 class Totals(msgspec.Struct, kw_only=True):
     requests: int = 0
+    #: Every input token, those the backend read from or wrote to its prompt cache too.
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
     saved: float = 0.0
+    #: Of ``prompt_tokens``: read from the backend's prompt cache, written to it.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    #: The part of ``cost`` paid for those reads and writes.
+    cache_cost: float = 0.0
 
 
 class Group(Totals, kw_only=True):
@@ -133,7 +139,9 @@ def usage_sql(query: UsageQuery, placeholder: str, day_sql: str) -> tuple[str, l
     sql = (
         f"SELECT {group} AS g, coalesce(sum(requests), 0), coalesce(sum(prompt_tokens), 0), "
         f"coalesce(sum(completion_tokens), 0), coalesce(sum(cost), 0), "
-        f"coalesce(sum(saved), 0) FROM audit_requests WHERE {where} "
+        f"coalesce(sum(saved), 0), coalesce(sum(cache_read_tokens), 0), "
+        f"coalesce(sum(cache_write_tokens), 0), coalesce(sum(cache_cost), 0) "
+        f"FROM audit_requests WHERE {where} "
         f"GROUP BY {group} ORDER BY g LIMIT {MAX_GROUPS}"
     )
     return sql, params
@@ -149,8 +157,11 @@ def summarise(query: UsageQuery, rows: list[tuple[Any, ...]], currency: str) -> 
             completion_tokens=int(c),
             cost=round(float(cost), 10),
             saved=round(float(saved), 10),
+            cache_read_tokens=int(read),
+            cache_write_tokens=int(written),
+            cache_cost=round(float(cache_cost), 10),
         )
-        for g, n, p, c, cost, saved in rows
+        for g, n, p, c, cost, saved, read, written, cache_cost in rows
     ]
     total = Totals(
         requests=sum(g.requests for g in groups),
@@ -158,6 +169,9 @@ def summarise(query: UsageQuery, rows: list[tuple[Any, ...]], currency: str) -> 
         completion_tokens=sum(g.completion_tokens for g in groups),
         cost=round(sum(g.cost for g in groups), 10),
         saved=round(sum(g.saved for g in groups), 10),
+        cache_read_tokens=sum(g.cache_read_tokens for g in groups),
+        cache_write_tokens=sum(g.cache_write_tokens for g in groups),
+        cache_cost=round(sum(g.cache_cost for g in groups), 10),
     )
     return Usage(
         start=_iso(query.start),

@@ -86,6 +86,9 @@ class Outcome:
     cost: float = 0.0
     #: What a cache hit would have cost had the model answered.
     saved: float = 0.0
+    #: The part of ``cost`` paid for the backend's prompt-cache reads and writes
+    #: (``usage.cache_read_tokens`` / ``cache_write_tokens`` at their own rates).
+    cache_cost: float = 0.0
     #: The client's address, set only on a request the gate refused for its key: the
     #: audit log counts those per address and interval instead of a row each.
     client: str | None = None

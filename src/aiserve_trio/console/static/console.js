@@ -474,11 +474,13 @@ function spendRows(id, groups, empty) {
       el("td", { text: g.group || "(none)" }),
       el("td", { class: "n", text: `${g.requests}` }),
       el("td", { class: "n", text: `${g.prompt_tokens + g.completion_tokens}` }),
+      el("td", { class: "n", text: `${g.cache_read_tokens} / ${g.cache_write_tokens}` }),
       el("td", { class: "n", text: money(g.cost) }),
+      el("td", { class: "n", text: money(g.cache_cost) }),
       el("td", { class: "n", text: money(g.saved) }),
     ),
   );
-  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "5", class: "empty", text: empty })));
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "7", class: "empty", text: empty })));
   $(id).tBodies[0].replaceChildren(...rows);
 }
 
