@@ -138,3 +138,94 @@ def test_errors_in_anthropics_shape(client: anthropic.Anthropic) -> None:
             messages=HI,
             extra_headers={"Authorization": anthropic.Omit()},
         )
+
+
+PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4"
+    "nGNgYGD4DwABBAEAcCBlCwAAAABJRU5ErkJggg=="
+)
+
+
+def test_count_tokens_counts_what_the_message_is_charged(client: anthropic.Anthropic) -> None:
+    system: Any = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]
+    counted = client.messages.count_tokens(
+        model="claude-sim", system=system, messages=HI, tools=TOOLS
+    )
+    sent = client.messages.create(
+        model="claude-sim",
+        max_tokens=16,
+        system=system,
+        messages=HI,
+        tools=TOOLS,
+        tool_choice={"type": "none"},
+    )
+    assert counted.input_tokens == sent.usage.input_tokens > 0
+    bare = client.messages.count_tokens(model="claude-sim", messages=HI)
+    assert bare.input_tokens < counted.input_tokens  # the system prompt counts
+
+
+def test_cache_control_on_system_and_message_blocks_is_taken(
+    client: anthropic.Anthropic,
+) -> None:
+    ephemeral: Any = {"type": "ephemeral"}
+    reply = client.messages.create(
+        model="claude-sim",
+        max_tokens=16,
+        system=[{"type": "text", "text": "You are terse.", "cache_control": ephemeral}],
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "hello there", "cache_control": ephemeral}],
+            }
+        ],
+        extra_headers={"anthropic-beta": "prompt-caching-2024-07-31"},
+    )
+    assert reply.stop_reason in ("end_turn", "max_tokens")
+    assert reply.content[0].type == "text"
+
+
+def test_streamed_thinking_is_accumulated_with_its_signature(client: anthropic.Anthropic) -> None:
+    with client.messages.stream(
+        model="claude-sim",
+        max_tokens=2048,
+        messages=HI,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert "signature" in kinds  # the SDK's event for a signature_delta
+    thought = final.content[0]
+    assert thought.type == "thinking"
+    assert thought.signature == "sim-signature"
+    # Sent back with the next turn, as a client keeps its thinking: taken.
+    again = client.messages.create(
+        model="claude-sim",
+        max_tokens=16,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        messages=[
+            *HI,
+            {"role": "assistant", "content": final.content},
+            {"role": "user", "content": "and?"},
+        ],
+    )
+    assert [b.type for b in again.content] == ["thinking", "text"]
+
+
+def test_base64_images_are_seen(client: anthropic.Anthropic) -> None:
+    image: Any = {"type": "base64", "media_type": "image/png", "data": PNG}
+    reply = client.messages.create(
+        model="claude-sim",
+        max_tokens=32,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "source": image},
+                    {"type": "image", "source": image},
+                    {"type": "text", "text": "what are these?"},
+                ],
+            }
+        ],
+    )
+    assert reply.content[0].type == "text"
+    assert reply.content[0].text.startswith("I see 2 images.")
