@@ -22,6 +22,7 @@ from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, ConfigError, parse_config
 from aiserve_trio.console.spend import spend_view
 from aiserve_trio.sim.bedrock import event as bedrock_event
+from aiserve_trio.sim.prompt_cache import PromptCache
 from aiserve_trio.spend.prices import Pricing
 from aiserve_trio.spend.settings import ModelPrice, PricingConfig
 
@@ -408,3 +409,16 @@ async def test_a_responses_client_gets_the_reads_and_writes_in_its_details(
     assert d1["input_tokens_details"]["cached_tokens"] == 0
     assert d2["input_tokens_details"] == {"cached_tokens": written, "cache_write_tokens": 0}
     assert d2["input_tokens"] > written  # every input token, the cached ones included
+
+
+def test_the_sims_cache_reads_the_longest_earlier_prefix_and_writes_the_rest() -> None:
+    cache = PromptCache(max_prefixes=2)
+    system, u1, a1 = (b"system", 1_500), (b"u1", 10), (b"a1", 20)
+    assert cache.account("m", [system, u1]) == (0, 1_500)  # first seen: written
+    assert cache.account("m", [system, (b"u2", 7)]) == (1_500, 0)  # a new question: read
+    # The next turn of the conversation reads the system prompt, writes the turns since.
+    assert cache.account("m", [system, u1, a1, (b"u3", 5)]) == (1_500, 30)
+    assert cache.account("m", [(b"short", 1_000), u1]) == (0, 0)  # under 1,024 tokens
+    # Per model; and past two prefixes the least recently used one is forgotten.
+    assert cache.account("other", [system, u1]) == (0, 1_500)
+    assert cache.account("m", [system, u1]) == (0, 1_500)
