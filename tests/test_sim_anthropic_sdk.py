@@ -164,9 +164,8 @@ def test_count_tokens_counts_what_the_message_is_charged(client: anthropic.Anthr
     assert bare.input_tokens < counted.input_tokens  # the system prompt counts
 
 
-def test_cache_control_on_system_and_message_blocks_is_taken(
-    client: anthropic.Anthropic,
-) -> None:
+def test_cache_control_and_stop_sequences_are_taken(client: anthropic.Anthropic) -> None:
+    """Taken, not acted on: the sim does not stop at a stop sequence (its docstring)."""
     ephemeral: Any = {"type": "ephemeral"}
     reply = client.messages.create(
         model="claude-sim",
@@ -178,6 +177,7 @@ def test_cache_control_on_system_and_message_blocks_is_taken(
                 "content": [{"type": "text", "text": "hello there", "cache_control": ephemeral}],
             }
         ],
+        stop_sequences=["\n\nHuman:"],
         extra_headers={"anthropic-beta": "prompt-caching-2024-07-31"},
     )
     assert reply.stop_reason in ("end_turn", "max_tokens")
