@@ -302,7 +302,10 @@ def test_every_gateway_error_has_anthropics_shape(
 
 
 def chat(codec: str, body: dict[str, Any]) -> dict[str, Any]:
-    raw, _ = CODECS[codec].decode(json.dumps(body).encode())
+    """The Chat body a translated route of ``codec`` makes of ``body``."""
+    c = CODECS[codec]
+    raw, view = c.decode(json.dumps(body).encode())
+    c.translated(view)
     out: dict[str, Any] = msgspec.json.decode(raw)
     return out
 
@@ -495,20 +498,6 @@ def test_a_field_without_equivalent_is_refused_naming_it(codec: str, field: str)
                     {
                         "role": "user",
                         "content": [
-                            {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}
-                        ],
-                    }
-                ]
-            },
-            "messages[0].content[0].cache_control",
-        ),
-        (
-            "messages",
-            {
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": [
                             {
                                 "type": "tool_result",
                                 "tool_use_id": "t",
@@ -530,6 +519,45 @@ def test_what_has_no_equivalent_is_refused_by_name(
     with pytest.raises(BadRequest) as err:
         chat(codec, {**BASE[codec], **body})
     assert err.value.param == param
+
+
+def test_hints_a_translation_cannot_honour_are_dropped_and_named() -> None:
+    block = {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}
+    body = {
+        **BASE["messages"],
+        "system": [block],
+        "messages": [
+            {"role": "user", "content": [block]},
+            {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "opaque"}]},
+            {"role": "user", "content": "go on"},
+        ],
+        "context_management": {"edits": []},
+    }
+    c = CODECS["messages"]
+    raw, view = c.decode(json.dumps(body).encode())
+    dropped = c.translated(view)
+    assert set(getattr(dropped, "dropped", ())) == {
+        "cache_control",
+        "redacted_thinking",
+        "context_management",
+    }
+    out = msgspec.json.decode(raw)
+    assert [m["role"] for m in out["messages"]] == ["system", "user", "assistant", "user"]
+
+
+def test_a_native_route_carries_every_field_untouched() -> None:
+    body = json.dumps(
+        {
+            **BASE["messages"],
+            "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+            "tools": [{"type": "web_search_20250305", "name": "w"}],
+            "container": "c-1",
+        }
+    ).encode()
+    spec = CODECS["messages"].native
+    assert spec is not None
+    _, view = CODECS["messages"].decode(body)
+    assert spec.body(view) == body  # the client's bytes, to the byte
 
 
 # Bodies shaped like each API's, with any JSON where the values go.

@@ -6,6 +6,8 @@ Codex sends what a Chat Completions backend cannot honour (``include``,
 gateway drops and names them, and the task needs a tool -- the sim obeys the prompt's
 ``sim-call:`` line with a call of Codex's ``exec_command``, Codex runs ``cat NOTE.txt``,
 and the sim's second answer quotes the tool's output, which Codex prints as its answer.
+The second case runs the same task with Codex pointed straight at the sim's own Responses
+API (``sim/responses.py``), no gateway between.
 The configuration is the one docs/coding-agents.md gives (a temporary ``CODEX_HOME``, so
 nothing reads or writes ``~/.codex``; update checks, analytics and feedback off).
 """
@@ -132,17 +134,23 @@ def sim_requests(sim: str) -> list[dict[str, Any]]:
         return list(json.loads(r.read())["requests"])
 
 
-def test_codex_runs_a_command_through_the_gateway_and_answers_with_its_output(
-    stack: tuple[str, str], tmp_path: Path
-) -> None:
-    base, sim = stack
+def note_task(tmp: Path) -> tuple[str, str]:
+    """A workspace with NOTE.txt holding a fresh code word; (the word, the prompt)."""
     word = f"PELICAN-{secrets.token_hex(4)}"
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "NOTE.txt").write_text(f"The code word is {word}.\n")
+    (tmp / "work").mkdir()
+    (tmp / "work" / "NOTE.txt").write_text(f"The code word is {word}.\n")
     prompt = (
         "Run `cat NOTE.txt` and tell me the code word.\n"
         'sim-call: exec_command {"cmd": "cat NOTE.txt"}'
     )
+    return word, prompt
+
+
+def test_codex_runs_a_command_through_the_gateway_and_answers_with_its_output(
+    stack: tuple[str, str], tmp_path: Path
+) -> None:
+    base, sim = stack
+    word, prompt = note_task(tmp_path)
     run, answer = run_codex(tmp_path, base + ROUTE.removesuffix("/responses"), prompt)
     assert run.returncode == 0, run.stderr[-4000:]
     # The final answer quotes what the command printed: the file's code word.
@@ -156,3 +164,21 @@ def test_codex_runs_a_command_through_the_gateway_and_answers_with_its_output(
     tool = second["messages"][-1]
     assert tool["role"] == "tool"
     assert word in tool["content"]
+
+
+def test_codex_runs_the_same_task_against_the_sims_responses_api(
+    stack: tuple[str, str], tmp_path: Path
+) -> None:
+    """Codex straight at aiserve-sim's own ``POST /v1/responses`` (sim/responses.py)."""
+    _, sim = stack
+    word, prompt = note_task(tmp_path)
+    run, answer = run_codex(tmp_path, f"http://{sim}/v1", prompt)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert word in answer, (answer, run.stderr[-4000:])
+    asked = [r for r in sim_requests(sim) if r["path"] == "/v1/responses"][-2:]
+    first, second = (json.loads(r["body"]) for r in asked)
+    assert first["include"] == ["reasoning.encrypted_content"]
+    assert any(t.get("name") == "exec_command" for t in first["tools"])
+    output = second["input"][-1]
+    assert output["type"] == "function_call_output"
+    assert word in output["output"]

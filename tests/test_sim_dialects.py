@@ -47,6 +47,11 @@ ASKS: dict[str, tuple[str, dict[str, str], dict[str, Any]]] = {
             "inferenceConfig": {"maxTokens": 4},
         },
     ),
+    "responses": (
+        "/v1/responses",
+        {"authorization": "Bearer k"},
+        {"model": "m", "input": "hi", "max_output_tokens": 4, "stream": True},
+    ),
 }
 
 
@@ -71,6 +76,7 @@ def test_the_dialect_flag() -> None:
         "azure",
         "gemini",
         "bedrock",
+        "responses",
     )
     ns = build_parser().parse_args(["--dialect", "gemini", "--dialect", "bedrock"])
     assert settings_from_args(ns).dialects == ("gemini", "bedrock")
@@ -108,6 +114,7 @@ async def test_every_dialect_streams_on_schedule(
         ("azure", "529"),
         ("gemini", "UNKNOWN"),
         ("bedrock", "InternalServerException"),
+        ("responses", "server_error"),
     ],
 )
 async def test_a_status_fault_in_each_providers_shape(

@@ -199,3 +199,18 @@ def error_json(err: GatewayError) -> bytes:
     """The OpenAI error envelope for ``err`` as JSON bytes."""
     body = ErrorBody(message=err.message, type=err.type, param=err.param, code=err.code)
     return encoder.encode(ErrorEnvelope(error=body))
+
+
+class NativeEvents(msgspec.Struct, frozen=True, kw_only=True):
+    """Events of a provider's stream as it sent them, carried on a delta of a native
+    route (the client speaks the provider's API: ``apis/``, ``adapters/``)."""
+
+    #: The events' bytes, ``event:`` and ``data:`` lines and the blank line each.
+    raw: bytes
+    #: The provider's name of the (last) event: ``content_block_delta``, ...
+    kind: str
+    #: The content block the events are about (Anthropic's ``index``).
+    index: int = 0
+    #: True: the events end what came before them (a block's end, a signature, the
+    #: message's end): the text the output policies held back goes out first.
+    boundary: bool = False

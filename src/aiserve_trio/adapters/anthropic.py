@@ -40,6 +40,7 @@ from ..config import AnthropicAdapterConfig
 from ..errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamStatusError
 from ..messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
+from .anthropic_native import AnthropicNativeDecoder
 from .anthropic_stream import AnthropicStreamDecoder
 from .base import InferenceRequest
 from .native import (
@@ -170,10 +171,37 @@ def messages_body(request: InferenceRequest, model: str, max_tokens: int) -> byt
     return _enc.encode(body)
 
 
+class _Head(msgspec.Struct):
+    """What a native body says that the adapter may have to change."""
+
+    model: str = ""
+    stream: bool = False
+
+
+_head = msgspec.json.Decoder(_Head)
+_object = msgspec.json.Decoder(dict[str, Any])
+
+
+def native_body(body: bytes, model: str) -> bytes:
+    """A Messages request as its client sent it, for the provider: the same bytes,
+    but for the provider's name of the model when it has another, and ``stream``
+    (the gateway always streams from the provider; a client that did not stream
+    gets the stream added up)."""
+    head = _head.decode(body)
+    if head.model == model and head.stream:
+        return body
+    fields = _object.decode(body)
+    fields["model"] = model
+    fields["stream"] = True
+    return _enc.encode(fields)
+
+
 class AnthropicAdapter(NativeAdapter):
-    """Streams Anthropic Messages replies as chat deltas."""
+    """Streams Anthropic Messages replies as chat deltas; takes a Messages client's
+    own request natively (the body as sent, the events back as sent)."""
 
     capabilities = TRANSLATED
+    speaks = frozenset({"messages"})
 
     def __init__(
         self,
@@ -200,11 +228,16 @@ class AnthropicAdapter(NativeAdapter):
         return out
 
     def exchange(self, request: InferenceRequest, model: str) -> tuple[str, Headers, bytes]:
+        if request.native is not None:
+            return "/v1/messages", [], native_body(request.native, model)
         one_choice(request)
         return "/v1/messages", [], messages_body(request, model, self.anthropic.max_tokens)
 
     def decoder(self) -> StreamDecoder:
         return AnthropicStreamDecoder(self.name)
+
+    def native_decoder(self) -> StreamDecoder:
+        return AnthropicNativeDecoder(self.name)
 
     def status_error(self, status: int, raw: bytes, retry_after: float | None) -> GatewayError:
         kind, message = error_fields(raw)

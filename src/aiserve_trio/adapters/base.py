@@ -31,6 +31,7 @@ from typing import Protocol, TypeVar, final
 import msgspec
 import trio
 
+from ..api import NativeEvents
 from ..errors import BadRequest, UpstreamProtocolError, UpstreamTimeout
 from ..messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
@@ -145,6 +146,9 @@ class Delta(msgspec.Struct, kw_only=True):
     #: On the first delta only, from a chain: the steps that ran, in order
     #: (``X-Aiserve-Steps``; ``chains/run.py``).
     steps: tuple[str, ...] | None = None
+    #: On a native route (the client speaks the provider's API), the provider's own
+    #: events this delta was read from; the fields above say what they hold.
+    native: NativeEvents | None = None
 
 
 __all__ = [
@@ -255,6 +259,11 @@ class InferenceRequest(msgspec.Struct, kw_only=True):
     #: Every other top-level field of the client's body, exactly as it was sent
     #: (tools, response_format, seed, fields unknown today...): relayed as is.
     extra: dict[str, msgspec.Raw] = msgspec.field(default_factory=dict)
+    #: On a native route: the client's body in its own API (after the input policies
+    #: and session context), sent as it is by an adapter that :attr:`Adapter.speaks`
+    #: :attr:`native_api`; the fields above are its translation, for everything else.
+    native: bytes | None = None
+    native_api: str = ""
 
 
 def budget_ms(deadline: float) -> int:
@@ -312,6 +321,9 @@ class Adapter(abc.ABC):
 
     #: What this backend can carry (class-wide; a backend relaying everything keeps the default).
     capabilities: Capabilities = EVERYTHING
+    #: The client APIs (``apis/``: ``messages``, ``responses``) whose requests this
+    #: backend takes as the client wrote them (``InferenceRequest.native``).
+    speaks: frozenset[str] = frozenset()
     #: The model a request naming none gets, when the route sets no ``default_model``
     #: (a router: its default adapter's first model).
     default_model: str | None = None
@@ -400,9 +412,7 @@ class Adapter(abc.ABC):
             raise late
 
         async def one_try(progress: Progress) -> None:
-            await self.attempt(
-                request, _Reply(send, progress, self.name, request.model), progress
-            )
+            await self.attempt(request, _Reply(send, progress, self.name, request.model), progress)
             if not progress.finished:
                 raise UpstreamProtocolError(
                     f"{self.name}: the model backend ended the reply without finishing it"

@@ -329,6 +329,8 @@ class GroupAdapter(Adapter):
         # The route refuses what the group's own deployments cannot carry;
         # a fallback that carries less is skipped for such a request.
         self.capabilities = _common([m.adapter.capabilities for m in self.deployments])
+        # Native only when every deployment speaks it: a fallback must take the same body.
+        self.speaks = frozenset.intersection(*(m.adapter.speaks for m in self.deployments))
 
     # --- lifetime --------------------------------------------------------------
 
@@ -503,8 +505,14 @@ class GroupAdapter(Adapter):
                 continue
             if not carries(member.adapter.capabilities, request):
                 continue
+            if request.native is not None and request.native_api not in member.adapter.speaks:
+                continue  # a fallback that cannot take the client's own body
             try:
-                mine = await member.adapter.prepare(self._for(member, request))
+                mine = (
+                    self._for(member, request)
+                    if request.native is not None  # the client fits its own context
+                    else await member.adapter.prepare(self._for(member, request))
+                )
             except BadRequest as exc:  # e.g. its context window is too small
                 refused.append(exc)
                 continue

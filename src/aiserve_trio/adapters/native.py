@@ -298,6 +298,11 @@ class NativeAdapter(TransportOwner, Adapter):
     def decoder(self) -> StreamDecoder:
         """A fresh decoder of one reply's stream."""
 
+    def native_decoder(self) -> StreamDecoder:
+        """A fresh decoder of one native reply's stream (an adapter that :attr:`speaks`
+        a client API), whose deltas carry the provider's events."""
+        raise NotImplementedError(f"{type(self).__name__} speaks no client API natively")
+
     @abc.abstractmethod
     def status_error(self, status: int, raw: bytes, retry_after: float | None) -> GatewayError:
         """The error an answer with ``status`` and body ``raw`` is to the gateway."""
@@ -379,7 +384,7 @@ class NativeAdapter(TransportOwner, Adapter):
                     after = reply.header(b"retry-after")
                     wait = parse_retry_after(after.decode("latin-1") if after else None)
                     raise self.status_error(reply.status, raw, wait)
-                decoder = self.decoder()
+                decoder = self.decoder() if request.native is None else self.native_decoder()
                 async for chunk in reply:
                     upstream_read(len(chunk))
                     for delta in decoder.feed(chunk):

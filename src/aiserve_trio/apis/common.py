@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
 
-from ..api import ChatCompletion, ChunkDelta
+from ..api import ChatCompletion, ChunkDelta, NativeEvents
 from ..api import Usage as WireUsage
 from ..errors import BadRequest, GatewayError
 
@@ -47,6 +47,41 @@ class Codec:
     body: Callable[[ChatCompletion, object], bytes]
     #: Any gateway error as the API's status and body, before the response head.
     error: Callable[[GatewayError], tuple[int, bytes]]
+    #: The view of a request a translated route serves (the backend speaks another
+    #: API): what it drops named, or a 400 for what it cannot carry.
+    translated: Callable[[object], object] = lambda view: view
+    #: How the API passes through to a backend that speaks it; None: never.
+    native: NativeSpec | None = None
+
+
+class NativeFramer(Framer, Protocol):
+    """A framer of a native stream: the provider's events pass as they are."""
+
+    def native(self, events: NativeEvents, released: ChunkDelta | None) -> bytes:
+        """The provider's events (``released`` None), or what the output policies
+        released of their text, written as events of the same block."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class NativeSpec:
+    """Native pass-through (the client speaks the backend's API): the body goes as
+    the client sent it, the events come back as the provider sent them."""
+
+    #: The client's request headers that reach the provider as sent.
+    headers: tuple[str, ...]
+    #: The view -> the body as the client sent it.
+    body: Callable[[object], bytes]
+    #: (a body, a session's earlier turns as ``{"role", "content"}``) -> the body
+    #: with them before the client's own.
+    history: Callable[[bytes, list[dict[str, Any]]], bytes]
+    #: (a body, a text rewrite) -> in steps, the body with the text of its
+    #: messages rewritten (the input policies), the same bytes when unchanged.
+    rewrite: Callable[[bytes, Callable[[str], str]], Generator[None, None, bytes]]
+    #: (reply id, model, created, the view) -> the native stream's framer.
+    framer: Callable[[str, str, int, object], NativeFramer]
+    #: A whole native event stream -> the reply's body (a client that did not stream).
+    collect: Callable[[bytes], bytes]
 
 
 class State(enum.Enum):

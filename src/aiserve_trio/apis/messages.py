@@ -28,15 +28,18 @@ Anthropic's ``{"type": "error", "error": {"type", "message"}}`` with its statuse
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
 
-from ..api import ChatCompletion, ChunkDelta
+from ..api import ChatCompletion, ChunkDelta, NativeEvents
 from ..api import Usage as WireUsage
-from ..errors import GatewayError, UpstreamProtocolError
+from ..errors import BadRequest, GatewayError, UpstreamProtocolError
 from .common import (
     Codec,
+    NativeSpec,
     Stream,
     counts,
     decode_error,
@@ -46,16 +49,32 @@ from .common import (
     event,
     image_url,
     invalid,
-    only,
     refuse,
     string,
 )
 
+#: (the name of what has no equivalent, the 400 that refuses it) -- see :data:`HINTS`.
+Notes = list[tuple[str, BadRequest]]
+
+
+def _only(obj: dict[str, Any], where: str, allowed: tuple[str, ...], notes: Notes) -> None:
+    """Note each field of ``obj`` that is set and not ``allowed`` (Chat has no place for it)."""
+    for key, value in obj.items():
+        if key not in allowed and value is not None:
+            notes.append(
+                (key, refuse(f"{where}.{key}", "has no equivalent; it is not sent anywhere"))
+            )
+
+
 __all__ = ["CODEC", "MessagesFramer", "MessagesRequest", "decode", "error_body"]
 
 
-class MessagesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The fields of a Messages request this gateway carries; any other is refused."""
+class MessagesRequest(msgspec.Struct, kw_only=True):
+    """The fields of a Messages request this gateway understands.
+
+    Any other field travels untouched on a native route (in :attr:`raw`) and is
+    judged by :func:`translated` on a translated one.
+    """
 
     model: str
     max_tokens: int
@@ -72,27 +91,58 @@ class MessagesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class MessagesView:
+    """A Messages request as the pipeline keeps it for the reply (the codec's view)."""
+
+    request: MessagesRequest
+    #: The body as the client sent it: what a native route sends on.
+    raw: bytes
+    #: What has no Chat Completions equivalent: carried untouched on a native
+    #: route, refused or dropped (:data:`HINTS`) by :func:`translated`.
+    notes: tuple[tuple[str, BadRequest], ...] = ()
+    #: On a translated route, the hints left out (``X-Aiserve-Dropped``).
+    dropped: tuple[str, ...] = ()
+
+
 _request = msgspec.json.Decoder(MessagesRequest)
+_object = msgspec.json.Decoder(dict[str, Any])
+_KNOWN = frozenset(MessagesRequest.__struct_fields__)
+#: What a backend of another API may go without: hints about caching, context
+#: editing, the service tier and the model's private reasoning, dropped on a
+#: translated route and named in ``X-Aiserve-Dropped``. Anything else is refused.
+HINTS = frozenset(
+    {"cache_control", "context_management", "service_tier", "signature", "redacted_thinking"}
+)
 #: ``thinking.budget_tokens`` below each bound: that ``reasoning_effort``.
 _EFFORT = ((4096, "low"), (16384, "medium"))
 
 
-def decode(body: bytes) -> tuple[bytes, MessagesRequest]:
-    """A Messages request body as the pipeline's Chat Completions body, and the request.
+def decode(body: bytes) -> tuple[bytes, MessagesView]:
+    """A Messages request body as the pipeline's Chat Completions body, and its view.
+
+    Nothing is refused for having no Chat Completions equivalent here: it is
+    noted in the view (a native route carries it; :func:`translated` judges it).
 
     Raises:
-        BadRequest: not JSON, a wrong type, ``max_tokens`` missing, or a field,
-            block or tool with no equivalent (``param`` naming it).
+        BadRequest: not JSON, a wrong type, or ``max_tokens`` missing.
     """
     try:
         req = _request.decode(body)
+        top = _object.decode(body)
     except msgspec.MsgspecError as exc:
         raise decode_error(exc) from None
+    notes: Notes = []
+    for key, value in top.items():
+        if key not in _KNOWN and value is not None:
+            notes.append(
+                (key, refuse(key, "has no equivalent on this gateway; it is not sent anywhere"))
+            )
     messages: list[dict[str, Any]] = []
     if req.system:
-        messages.append({"role": "system", "content": _system(req.system)})
+        messages.append({"role": "system", "content": _system(req.system, notes)})
     for i, m in enumerate(req.messages):
-        messages.extend(_message(m, f"messages[{i}]"))
+        messages.extend(_message(m, f"messages[{i}]", notes))
     chat: dict[str, Any] = {"model": req.model, "messages": messages, "max_tokens": req.max_tokens}
     if req.stream:
         chat["stream"] = True
@@ -104,34 +154,58 @@ def decode(body: bytes) -> tuple[bytes, MessagesRequest]:
     if req.stop_sequences:
         chat["stop"] = req.stop_sequences
     if req.metadata:
-        only(req.metadata, "metadata", ("user_id",))
+        _only(req.metadata, "metadata", ("user_id",), notes)
         if req.metadata.get("user_id") is not None:
             chat["user"] = string(req.metadata, "user_id", "metadata")
     if req.tools:
-        chat["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
+        chat["tools"] = [
+            t for i, raw in enumerate(req.tools) if (t := _tool(raw, i, notes)) is not None
+        ]
     if req.tool_choice is not None:
-        chat.update(_tool_choice(req.tool_choice))
+        chat.update(_tool_choice(req.tool_choice, notes))
     if req.thinking is not None:
-        effort = _thinking(req.thinking)
+        effort = _thinking(req.thinking, notes)
         if effort is not None:
             chat["reasoning_effort"] = effort
-    return encoder.encode(chat), req
+    return encoder.encode(chat), MessagesView(req, body, tuple(notes))
 
 
-def _system(system: str | list[dict[str, Any]]) -> str:
+def translated(view: object) -> MessagesView:
+    """On a route whose backend speaks another API: the view with the hints it
+    drops named.
+
+    Raises:
+        BadRequest: a field or block that changes what the answer means has no
+            equivalent (``unsupported_field``, naming it).
+    """
+    assert isinstance(view, MessagesView)
+    dropped: dict[str, None] = {}
+    for name, refusal in view.notes:
+        if name not in HINTS:
+            raise refusal
+        dropped[name] = None
+    return replace(view, dropped=tuple(dropped))
+
+
+def _system(system: str | list[dict[str, Any]], notes: Notes) -> str:
     if isinstance(system, str):
         return system
     texts = []
     for j, block in enumerate(system):
-        only(block, f"system[{j}]", ("type", "text"))
+        _only(block, f"system[{j}]", ("type", "text"), notes)
         if block.get("type") != "text":
-            raise refuse(f"system[{j}].type", "must be `text`")
+            notes.append((str(block.get("type")), refuse(f"system[{j}].type", "must be `text`")))
+            continue
         texts.append(string(block, "text", f"system[{j}]"))
     return "".join(texts)
 
 
-def _message(m: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    only(m, where, ("role", "content"))
+def _unknown_block(at: str, kind: object) -> tuple[str, BadRequest]:
+    return str(kind), refuse(f"{at}.type", f"`{kind}` blocks have no equivalent here")
+
+
+def _message(m: dict[str, Any], where: str, notes: Notes) -> list[dict[str, Any]]:
+    _only(m, where, ("role", "content"), notes)
     role = m.get("role")
     if role not in ("user", "assistant"):
         raise invalid(f"{where}.role", "must be `user` or `assistant`")
@@ -141,50 +215,54 @@ def _message(m: dict[str, Any], where: str) -> list[dict[str, Any]]:
     if not isinstance(content, list):
         raise invalid(f"{where}.content", "must be a string or a list of content blocks")
     if role == "assistant":
-        return [_assistant(content, where)]
+        return [_assistant(content, where, notes)]
     results: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         at = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            only(block, at, ("type", "text"))
+            _only(block, at, ("type", "text"), notes)
             parts.append({"type": "text", "text": string(block, "text", at)})
         elif kind == "image":
-            only(block, at, ("type", "source"))
-            parts.append(image_url(_source(block.get("source"), at)))
+            _only(block, at, ("type", "source"), notes)
+            parts.append(image_url(_source(block.get("source"), at, notes)))
         elif kind == "document":
-            only(block, at, ("type", "source", "title"))
-            url = _source(block.get("source"), at)
+            _only(block, at, ("type", "source", "title"), notes)
+            url = _source(block.get("source"), at, notes)
             name = block.get("title") or "document.pdf"
             parts.append({"type": "file", "file": {"file_data": url, "filename": name}})
         elif kind == "tool_result":
-            results.append(_result(block, at))
+            results.append(_result(block, at, notes))
         else:
-            raise refuse(f"{at}.type", f"`{kind}` blocks have no equivalent here")
+            notes.append(_unknown_block(at, kind))
     out = results
     if parts:
         out.append({"role": "user", "content": parts})
     return out
 
 
-def _source(source: Any, at: str) -> str:
+def _source(source: Any, at: str, notes: Notes) -> str:
     """An image's or document's source as a URL (a data URL for base64 data)."""
     if not isinstance(source, dict):
         raise invalid(f"{at}.source", "must be an object")
     if source.get("type") == "base64":
-        only(source, f"{at}.source", ("type", "media_type", "data"))
+        _only(source, f"{at}.source", ("type", "media_type", "data"), notes)
         return f"data:{source.get('media_type', '')};base64,{source.get('data', '')}"
     if source.get("type") == "url":
-        only(source, f"{at}.source", ("type", "url"))
+        _only(source, f"{at}.source", ("type", "url"), notes)
         return string(source, "url", f"{at}.source")
-    raise refuse(f"{at}.source.type", "must be `base64` or `url`")
+    notes.append(
+        (f"{source.get('type')} source", refuse(f"{at}.source.type", "must be `base64` or `url`"))
+    )
+    return ""
 
 
-def _result(block: dict[str, Any], at: str) -> dict[str, Any]:
-    only(block, at, ("type", "tool_use_id", "content", "is_error"))
+def _result(block: dict[str, Any], at: str, notes: Notes) -> dict[str, Any]:
+    _only(block, at, ("type", "tool_use_id", "content", "is_error"), notes)
     if block.get("is_error"):
-        raise refuse(f"{at}.is_error", "has no equivalent in a Chat Completions tool message")
+        why = "has no equivalent in a Chat Completions tool message"
+        notes.append(("is_error", refuse(f"{at}.is_error", why)))
     if not isinstance(block.get("tool_use_id"), str):
         raise invalid(f"{at}.tool_use_id", "must be a string")
     content = block.get("content", "")
@@ -192,8 +270,12 @@ def _result(block: dict[str, Any], at: str) -> dict[str, Any]:
         texts = []
         for k, inner in enumerate(content):
             if not isinstance(inner, dict) or inner.get("type") != "text":
-                raise refuse(f"{at}.content[{k}]", "a tool result may hold text only")
-            only(inner, f"{at}.content[{k}]", ("type", "text"))
+                kind = inner.get("type") if isinstance(inner, dict) else None
+                notes.append(
+                    (str(kind), refuse(f"{at}.content[{k}]", "a tool result may hold text only"))
+                )
+                continue
+            _only(inner, f"{at}.content[{k}]", ("type", "text"), notes)
             texts.append(string(inner, "text", f"{at}.content[{k}]"))
         content = "".join(texts)
     if not isinstance(content, str):
@@ -201,7 +283,7 @@ def _result(block: dict[str, Any], at: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": content}
 
 
-def _assistant(content: list[Any], where: str) -> dict[str, Any]:
+def _assistant(content: list[Any], where: str, notes: Notes) -> dict[str, Any]:
     texts: list[str] = []
     thought: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -209,22 +291,22 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
         at = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            only(block, at, ("type", "text"))
+            _only(block, at, ("type", "text"), notes)
             texts.append(string(block, "text", at))
         elif kind == "thinking":
             # The signature vouches for Anthropic's own thinking to Anthropic; a
             # Chat Completions backend has no use for it.
-            only(block, at, ("type", "thinking", "signature"))
+            _only(block, at, ("type", "thinking", "signature"), notes)
             thought.append(string(block, "thinking", at))
         elif kind == "tool_use":
-            only(block, at, ("type", "id", "name", "input"))
+            _only(block, at, ("type", "id", "name", "input"), notes)
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise invalid(at, "a tool_use block needs `id` and `name`")
             args = json.dumps(block.get("input") or {}, separators=(",", ":"), ensure_ascii=False)
             fn = {"name": block["name"], "arguments": args}
             calls.append({"id": block["id"], "type": "function", "function": fn})
         else:
-            raise refuse(f"{at}.type", f"`{kind}` blocks have no equivalent here")
+            notes.append(_unknown_block(at, kind))
     out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
     if calls:
         out["tool_calls"] = calls
@@ -233,10 +315,13 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
-    only(tool, f"tools[{i}]", ("type", "name", "description", "input_schema"))
+def _tool(tool: dict[str, Any], i: int, notes: Notes) -> dict[str, Any] | None:
+    _only(tool, f"tools[{i}]", ("type", "name", "description", "input_schema"), notes)
     if tool.get("type") not in (None, "custom"):
-        raise refuse(f"tools[{i}].type", "server tools have no equivalent")
+        notes.append(
+            (str(tool.get("type")), refuse(f"tools[{i}].type", "server tools have no equivalent"))
+        )
+        return None
     if not isinstance(tool.get("name"), str):
         raise invalid(f"tools[{i}].name", "is required")
     fn: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("input_schema") or {}}
@@ -245,8 +330,8 @@ def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def _tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
-    only(choice, "tool_choice", ("type", "name", "disable_parallel_tool_use"))
+def _tool_choice(choice: dict[str, Any], notes: Notes) -> dict[str, Any]:
+    _only(choice, "tool_choice", ("type", "name", "disable_parallel_tool_use"), notes)
     kind = choice.get("type")
     out: dict[str, Any] = {}
     if kind == "auto":
@@ -264,16 +349,16 @@ def _tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _thinking(thinking: dict[str, Any]) -> str | None:
-    only(thinking, "thinking", ("type", "budget_tokens"))
+def _thinking(thinking: dict[str, Any], notes: Notes) -> str | None:
+    _only(thinking, "thinking", ("type", "budget_tokens"), notes)
     kind = thinking.get("type")
     if kind == "disabled":
         return None
     budget = thinking.get("budget_tokens")
     if kind != "enabled" or not isinstance(budget, int) or budget < 1:
-        raise invalid(
-            "thinking", "must be `{type: enabled, budget_tokens: N}` or `{type: disabled}`"
-        )
+        why = "must be `{type: enabled, budget_tokens: N}` or `{type: disabled}` here"
+        notes.append(("thinking", refuse("thinking", why)))
+        return None
     return next((effort for bound, effort in _EFFORT if budget < bound), "high")
 
 
@@ -385,6 +470,9 @@ class MessagesFramer:
     def role(self) -> bytes:
         """``message_start``: the message with no content yet."""
         self._stream.go("role")
+        return self._message_start()
+
+    def _message_start(self) -> bytes:
         message: dict[str, Any] = {
             "id": self._id,
             "type": "message",
@@ -519,6 +607,218 @@ def error_body(err: GatewayError) -> tuple[int, bytes]:
     return status, encoder.encode({"type": "error", "error": {"type": kind, "message": message}})
 
 
+# --- native pass-through: the client and the backend both speak Messages ---------
+
+#: Request headers that reach the provider as the client sent them on a native route.
+NATIVE_HEADERS = ("anthropic-beta", "anthropic-version")
+
+
+def native_body(view: object) -> bytes:
+    """The body a native route sends on: the client's, byte for byte."""
+    assert isinstance(view, MessagesView)
+    return view.raw
+
+
+def with_history(raw: bytes, history: list[dict[str, Any]]) -> bytes:
+    """``raw`` with a session's earlier turns (``{"role", "content"}``: system, user,
+    assistant text) before the client's own: system turns lead the ``system`` prompt,
+    the rest lead ``messages``. Unchanged when there are none."""
+    if not history:
+        return raw
+    body = _object.decode(raw)
+    system = [t["content"] for t in history if t["role"] == "system" and t["content"]]
+    turns = [
+        {"role": t["role"], "content": t["content"]}
+        for t in history
+        if t["role"] in ("user", "assistant") and t["content"]
+    ]
+    if system:
+        blocks = [{"type": "text", "text": text} for text in system]
+        own = body.get("system")
+        if isinstance(own, str) and own:
+            blocks.append({"type": "text", "text": own})
+        elif isinstance(own, list):
+            blocks.extend(own)
+        body["system"] = blocks
+    if turns:
+        body["messages"] = [*turns, *body.get("messages", [])]
+    return encoder.encode(body)
+
+
+def _rewrite_value(value: Any, rewrite: Callable[[str], str]) -> Any:
+    """Every string inside a JSON value (a tool's input) through ``rewrite``."""
+    if isinstance(value, str):
+        return rewrite(value)
+    if isinstance(value, list):
+        return [_rewrite_value(v, rewrite) for v in value]
+    if isinstance(value, dict):
+        return {k: _rewrite_value(v, rewrite) for k, v in value.items()}
+    return value
+
+
+def _rewrite_blocks(content: Any, rewrite: Callable[[str], str]) -> Any:
+    """A message's content with the text a person or a tool wrote rewritten; thinking
+    blocks stay as they are (their signature vouches for them), so do images."""
+    if isinstance(content, str):
+        return rewrite(content)
+    if not isinstance(content, list):
+        return content
+    out = []
+    for block in content:
+        if isinstance(block, dict):
+            kind = block.get("type")
+            if kind == "text" and isinstance(block.get("text"), str):
+                block = {**block, "text": rewrite(block["text"])}
+            elif kind == "tool_result":
+                block = {**block, "content": _rewrite_blocks(block.get("content"), rewrite)}
+            elif kind == "tool_use" and "input" in block:
+                block = {**block, "input": _rewrite_value(block["input"], rewrite)}
+        out.append(block)
+    return out
+
+
+def rewrite_steps(raw: bytes, rewrite: Callable[[str], str]) -> Generator[None, None, bytes]:
+    """``raw`` with the input policies' rewrite applied to the text of ``system``, of
+    text blocks, tool results and the string values of tool inputs, one message a
+    step; the same bytes when nothing changed (so the provider's prompt cache sees
+    the client's bytes)."""
+    body = _object.decode(raw)
+    changed = False
+    system = body.get("system")
+    if system is not None:
+        new = _rewrite_blocks(system, rewrite)
+        changed = new != system
+        body["system"] = new
+        yield
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for i, m in enumerate(messages):
+            if isinstance(m, dict) and "content" in m:
+                new = _rewrite_blocks(m["content"], rewrite)
+                if new != m["content"]:
+                    messages[i] = {**m, "content": new}
+                    changed = True
+            yield
+    return encoder.encode(body) if changed else raw
+
+
+class NativeMessagesFramer(MessagesFramer):
+    """A native stream: the provider's events go out as it sent them; what the output
+    policies changed or held back goes out as events of the same block; the end
+    (``message_delta``, ``message_stop``) only when the gateway ends the reply.
+
+    Deltas without events (a reply the gateway made itself) are framed as
+    :class:`MessagesFramer` frames them.
+    """
+
+    def __init__(self, message_id: str, model: str, created: int, view: object) -> None:
+        super().__init__(message_id, model, created, view)
+        self._started = False
+        self._held: list[bytes] = []
+        #: The provider's blocks open now.
+        self._native_open: set[int] = set()
+
+    def role(self) -> bytes:
+        self._stream.go("role")
+        return b""  # the provider's message_start, or the first delta's own
+
+    def _begin(self) -> bytes:
+        if self._started:
+            return b""
+        self._started = True
+        return self._message_start()
+
+    def native(self, events: NativeEvents, released: ChunkDelta | None) -> bytes:
+        """The provider's events (``released`` None), or the text released from them
+        in their block (``released``: what the output policies let out)."""
+        kind = events.kind
+        if kind == "message_start":
+            self._started = True
+            return events.raw
+        if kind in ("message_delta", "message_stop"):
+            self._held.append(events.raw)
+            return b""
+        if kind == "content_block_start":
+            self._native_open.add(events.index)
+            self._blocks = max(self._blocks, events.index + 1)
+        elif kind == "content_block_stop":
+            self._native_open.discard(events.index)
+        out = self._begin()
+        if released is None:
+            return out + events.raw
+        index = events.index
+        if released.reasoning_content:
+            out += _DELTA % (
+                index,
+                b"thinking_delta",
+                b"thinking",
+                encoder.encode(released.reasoning_content),
+            )
+        text = (released.content or "") + (released.refusal or "")
+        if text:
+            out += _DELTA % (index, b"text_delta", b"text", encoder.encode(text))
+        for chunk in released.tool_calls or ():
+            if chunk.function is not None and chunk.function.arguments:
+                delta = {"type": "input_json_delta", "partial_json": chunk.function.arguments}
+                out += self._event(b"content_block_delta", {"index": index, "delta": delta})
+        return out
+
+    def delta(self, delta: ChunkDelta, logprobs: msgspec.Raw | None = None) -> bytes:
+        return self._begin() + super().delta(delta, logprobs)
+
+    def close(self, finish_reason: str, usage: WireUsage) -> bytes:
+        if self._held:
+            self._stream.go("close")
+            return b"".join(self._held)
+        out = self._begin()
+        out += b"".join(
+            self._event(b"content_block_stop", {"index": i}) for i in sorted(self._native_open)
+        )
+        self._native_open.clear()
+        return out + super().close(finish_reason, usage)
+
+
+def collect(sse: bytes) -> bytes:
+    """A Messages event stream as the one ``message`` object it adds up to (a client
+    that did not stream gets what the stream said, signatures included)."""
+    message: dict[str, Any] = {}
+    blocks: dict[int, dict[str, Any]] = {}
+    inputs: dict[int, list[str]] = {}
+    for chunk in sse.split(b"\n\n"):
+        data = next((ln[6:] for ln in chunk.split(b"\n") if ln.startswith(b"data: ")), None)
+        if data is None:
+            continue
+        ev = _object.decode(data)
+        kind = ev.get("type")
+        if kind == "message_start":
+            message = dict(ev.get("message") or {})
+        elif kind == "content_block_start":
+            blocks[ev["index"]] = dict(ev.get("content_block") or {})
+        elif kind == "content_block_delta":
+            block = blocks.setdefault(ev["index"], {})
+            d = ev.get("delta") or {}
+            dkind = d.get("type")
+            if dkind == "text_delta":
+                block["text"] = block.get("text", "") + d.get("text", "")
+            elif dkind == "thinking_delta":
+                block["thinking"] = block.get("thinking", "") + d.get("thinking", "")
+            elif dkind == "signature_delta":
+                block["signature"] = block.get("signature", "") + d.get("signature", "")
+            elif dkind == "input_json_delta":
+                inputs.setdefault(ev["index"], []).append(d.get("partial_json", ""))
+            elif dkind == "citations_delta":
+                block.setdefault("citations", []).append(d.get("citation"))
+        elif kind == "message_delta":
+            message.update(ev.get("delta") or {})
+            usage = {**message.get("usage", {}), **(ev.get("usage") or {})}
+            message["usage"] = usage
+    for index, parts in inputs.items():
+        joined = "".join(parts)
+        blocks[index]["input"] = _input(blocks[index].get("id", ""), joined) if joined else {}
+    message["content"] = [blocks[i] for i in sorted(blocks)]
+    return encoder.encode(message)
+
+
 CODEC = Codec(
     kind="messages",
     ping=b'event: ping\ndata: {"type": "ping"}\n\n',
@@ -526,4 +826,13 @@ CODEC = Codec(
     framer=MessagesFramer,
     body=body,
     error=error_body,
+    translated=translated,
+    native=NativeSpec(
+        headers=NATIVE_HEADERS,
+        body=native_body,
+        history=with_history,
+        rewrite=rewrite_steps,
+        framer=NativeMessagesFramer,
+        collect=collect,
+    ),
 )

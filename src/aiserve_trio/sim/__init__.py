@@ -94,8 +94,11 @@ HTTP (OpenAI-compatible)
     and the budget apply as for chat; a form it cannot read is a 400.
 
     ``GET /v1/models``, ``GET /healthz``. The provider dialects' paths
-    (``--dialect``) are in :mod:`.anthropic`, :mod:`.azure`, :mod:`.gemini` and
-    :mod:`.bedrock`; Anthropic's also has ``POST /v1/messages/count_tokens``.
+    (``--dialect``) are in :mod:`.anthropic`, :mod:`.azure`, :mod:`.gemini`,
+    :mod:`.bedrock` and :mod:`.responses` (OpenAI's Responses API, ``POST
+    /v1/responses``: typed events, reasoning items with ``encrypted_content``
+    when ``include`` asks for it); Anthropic's also has ``POST
+    /v1/messages/count_tokens``.
 
 Debug endpoints
     ``GET /sim/stats`` -- JSON counters: ``requests``, ``completed``,

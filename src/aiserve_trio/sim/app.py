@@ -26,6 +26,7 @@ from .dialect import Dialect, DialectError
 from .gemini import GeminiDialect
 from .model import Fault, FaultSpecError, Plan, choose_fault, prefill_delay
 from .request import chat_decoder, embedding_inputs, embeddings_decoder
+from .responses import ResponsesDialect
 from .schema import SchemaError
 from .wire import completion_body, reply_usage, sse_choices, sse_finish
 from .ws import WS_PATH, serve_websocket
@@ -43,6 +44,7 @@ DIALECTS: dict[str, Dialect] = {
     "azure": AzureDialect(),
     "gemini": GeminiDialect(),
     "bedrock": BedrockDialect(),
+    "responses": ResponsesDialect(),
 }
 _enc = msgspec.json.Encoder()
 
@@ -298,6 +300,7 @@ class SimApp(SimCore):
             return
         try:
             ask = d.read(path, query, body)
+            d = ask.render or d
             fault, timeout = self._fault_and_budget(headers)
             decided = self.decide(
                 ask.model,

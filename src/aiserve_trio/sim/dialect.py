@@ -20,7 +20,7 @@ from .core import Prepared
 from .request import ResponseFormat, SimMessage, Tool, ToolChoice
 
 #: The dialects ``--dialect`` names.
-DIALECTS = ("anthropic", "azure", "gemini", "bedrock")
+DIALECTS = ("anthropic", "azure", "gemini", "bedrock", "responses")
 
 
 class DialectError(ValueError):
@@ -43,6 +43,10 @@ class SimAsk:
     tool_choice: ToolChoice = None
     reasoning_effort: str | None = None
     response_format: ResponseFormat | None = None
+    #: What renders this request's reply when it is not the dialect that read it: an
+    #: instance of the dialect for this request alone (the Responses dialect's numbers
+    #: its events and echoes the request).
+    render: Dialect | None = None
 
 
 class Dialect(Protocol):

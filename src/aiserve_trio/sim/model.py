@@ -208,7 +208,7 @@ class SimSettings:
     models: list[str] = field(default_factory=lambda: ["sim-model"])
     seed: int | None = None
     #: The provider dialects served (``sim/dialect.py``), each under its own paths.
-    dialects: tuple[str, ...] = ("anthropic", "azure", "gemini", "bedrock")
+    dialects: tuple[str, ...] = ("anthropic", "azure", "gemini", "bedrock", "responses")
 
     def with_timing(self, **changes: float) -> SimSettings:
         return replace(self, timing=replace(self.timing, **changes))

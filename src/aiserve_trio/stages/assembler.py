@@ -51,6 +51,7 @@ from ..api import (
     FunctionCallOut,
     FunctionDelta,
     LogprobsOut,
+    NativeEvents,
     ResponseMessage,
     ToolCallChunk,
     ToolCallOut,
@@ -67,6 +68,7 @@ from ..policies.jsonstream import JsonStringFilter
 if TYPE_CHECKING:
     from ..adapters.base import Delta
     from ..apis import Codec, Framer
+    from ..apis.common import NativeFramer
     from ..policies.base import OutputFilter
 
 FilterFactory = Callable[[], "list[OutputFilter]"]
@@ -151,6 +153,7 @@ class ResponseAssembler:
         "_bytes",
         "_calls",
         "_codec",
+        "_collected",
         "_delivered",
         "_filters",
         "_framer",
@@ -159,6 +162,8 @@ class ResponseAssembler:
         "_max_bytes",
         "_max_tokens",
         "_model_recorded",
+        "_native",
+        "_native_calls",
         "_price",
         "_reasoning",
         "_recorded",
@@ -194,6 +199,7 @@ class ResponseAssembler:
         price: Callable[[Usage | None], float] | None = None,
         codec: Codec | None = None,
         view: object = None,
+        native: bool = False,
     ) -> None:
         """Args:
         filters: the content's output filters, in policy order.
@@ -208,6 +214,10 @@ class ResponseAssembler:
         codec: the client API's codec (``apis/``) when it is not Chat Completions:
             its framer makes the stream's events, its ``body`` the whole reply;
             ``view`` is the request as that client sent it.
+        native: the backend speaks the codec's API (``codec.native``): deltas
+            carry the provider's events, which go out as sent where the output
+            policies left their text as it was; a reply the client did not stream
+            is the events added up (``collect``).
         """
         self._max_tokens = max_tokens
         self._max_bytes = max_bytes
@@ -221,7 +231,20 @@ class ResponseAssembler:
         self._codec = codec
         self._view = view
         self._framer: ChatFramer | Framer | None = None
-        if stream:
+        #: A native route's framer (the same object as ``_framer`` when streaming).
+        self._native: NativeFramer | None = None
+        #: A native reply the client did not stream: its events, added up at the end.
+        self._collected: list[bytes] | None = None
+        #: A native reply's tool calls whose block has not ended.
+        self._native_calls: set[int] = set()
+        spec = codec.native if codec is not None and native else None
+        if spec is not None:
+            self._native = spec.framer(request_id, model, created, view)
+            if stream:
+                self._framer = self._native
+            else:
+                self._collected = []
+        elif stream:
             self._framer = (
                 ChatFramer(request_id, model, created)
                 if codec is None
@@ -344,6 +367,12 @@ class ResponseAssembler:
         Raises:
             ReplyCapExceeded: more than ``max_bytes`` have been released.
         """
+        if self._native is not None:
+            out = self._feed_native(delta, now)
+            if self._collected is not None:
+                self._collected.append(out)
+                return b""
+            return out
         before = self._go("feed")
         framer = self._framer
         if before is State.IDLE and delta.model:
@@ -421,6 +450,131 @@ class ResponseAssembler:
             self.usage = delta.usage or self.usage
         return out
 
+    def _feed_native(self, delta: Delta, now: float) -> bytes:
+        """:meth:`feed` on a native route: the provider's events pass as they came when
+        the output policies release their text unchanged; else what they release is
+        written in the events' block; at a boundary (a block's end...) the held-back
+        text goes out first."""
+        before = self._go("feed")
+        framer = self._native
+        assert framer is not None
+        if before is State.IDLE and delta.model:
+            self.model = delta.model
+            framer.model = delta.model
+        out = framer.role() if before is State.IDLE else b""
+        events = delta.native
+        produced = delta.text or delta.reasoning or delta.refusal or delta.tool_calls
+        if produced and self._max_tokens is not None:
+            if self._tokens + delta.tokens > self._max_tokens:
+                self.capped = "max_tokens"
+                self.finish_reason = "length"
+                self.usage = Usage(prompt_tokens=0, completion_tokens=self._tokens)
+                return out
+            self._tokens += delta.tokens
+        if events is not None and events.boundary:
+            out += self._flush_native(events.index, now)
+            out += framer.native(events, None)
+        elif produced:
+            content = reasoning = refusal = ""
+            if delta.text:
+                content = apply_filters(self._filters, delta.text) if self._filters else delta.text
+                if content:
+                    self._delivered.append(content)
+            if delta.reasoning:
+                if self._reasoning is None:
+                    self._reasoning = _Chain(self._side())
+                reasoning = self._reasoning.feed(delta.reasoning)
+                if reasoning:
+                    self._thought.append(reasoning)
+            if delta.refusal:
+                if self._refusal is None:
+                    self._refusal = _Chain(self._side())
+                refusal = self._refusal.feed(delta.refusal)
+            calls = None
+            if delta.tool_calls:
+                calls = self._feed_calls(delta.tool_calls)
+                self._native_calls.update(f.index for f in delta.tool_calls)
+            released = ChunkDelta(
+                content=content or None,
+                reasoning_content=reasoning or None,
+                refusal=refusal or None,
+                tool_calls=calls,
+            )
+            self._count_released(released, now)
+            if events is None:
+                out += framer.delta(released) if content or reasoning or refusal or calls else b""
+            else:
+                same = (
+                    content == delta.text
+                    and reasoning == delta.reasoning
+                    and refusal == delta.refusal
+                    and _arguments(calls) == "".join(f.arguments for f in delta.tool_calls or ())
+                )
+                out += framer.native(events, None if same else released)
+        elif events is not None:
+            out += framer.native(events, None)
+        if delta.finish_reason is not None and self.capped is None:
+            self.finish_reason = delta.finish_reason
+            self.usage = delta.usage or self.usage
+        return out
+
+    def _flush_native(self, index: int, now: float) -> bytes:
+        """What the output policies hold back, released before a native boundary."""
+        assert self._native is not None
+        tail = finish_filters(self._filters) if self._filters else ""
+        if tail:
+            self._delivered.append(tail)
+        reasoning = refusal = ""
+        if self._reasoning is not None:
+            reasoning = self._reasoning.finish()
+            self._reasoning = None
+            if reasoning:
+                self._thought.append(reasoning)
+        if self._refusal is not None:
+            refusal = self._refusal.finish()
+            # The chain's parts stay: the whole refusal is the message's.
+        calls = [
+            ToolCallChunk(index=i, function=FunctionDelta(arguments=rest))
+            for i in sorted(self._native_calls)
+            if (rest := self._calls[i].finish())
+        ]
+        self._native_calls.clear()
+        if not (tail or reasoning or refusal or calls):
+            return b""
+        released = ChunkDelta(
+            content=tail or None,
+            reasoning_content=reasoning or None,
+            refusal=refusal or None,
+            tool_calls=calls or None,
+        )
+        self._count_released(released, now)
+        events = NativeEvents(raw=b"", kind="content_block_delta", index=index)
+        return self._native.native(events, released)
+
+    def _count_released(self, released: ChunkDelta, now: float) -> None:
+        """The reply cap and the first-token time, for what a native reply released.
+
+        Raises:
+            ReplyCapExceeded: more than ``max_bytes`` have been released.
+        """
+        size = 0
+        for text in (released.content, released.reasoning_content, released.refusal):
+            if text:
+                size += len(text.encode())
+        size += len(_arguments(released.tool_calls).encode())
+        if not size and not released.tool_calls:
+            return
+        if self.first_token_at is None:
+            self.first_token_at = now
+        if self._max_bytes is not None:
+            self._bytes += size
+            if self._bytes > self._max_bytes:
+                raise ReplyCapExceeded(
+                    f"the reply passed the route's limit of {self._max_bytes} bytes",
+                    param="max_reply_bytes",
+                    code="max_reply_bytes",
+                )
+
     def _feed_calls(self, fragments: list[ToolCallDelta]) -> list[ToolCallChunk] | None:
         chunks: list[ToolCallChunk] = []
         for frag in fragments:
@@ -492,6 +646,22 @@ class ResponseAssembler:
                 Replayed(finish_reason=self.finish_reason, usage=self.usage, model=model)
             )
         usage = self._wire_usage()
+        if self._collected is not None:
+            assert self._native is not None
+            assert self._codec is not None
+            assert self._codec.native is not None
+            released = ChunkDelta(
+                content=tail or None,
+                reasoning_content=reasoning or None,
+                refusal=refusal or None,
+                tool_calls=calls or None,
+            )
+            if tail or reasoning or refusal or calls:
+                self._collected.append(self._native.delta(released))
+            self._collected.append(self._native.close(self.finish_reason, usage))
+            if self.first_token_at is None:
+                self.first_token_at = now
+            return self._codec.native.collect(b"".join(self._collected))
         if self._framer is None:
             if self.first_token_at is None:
                 self.first_token_at = now
@@ -580,6 +750,11 @@ class ResponseAssembler:
         if self._price is not None:
             wire.cost = self.cost = self._price(u)
         return wire
+
+
+def _arguments(calls: list[ToolCallChunk] | None) -> str:
+    """The argument fragments of released tool-call chunks, joined."""
+    return "".join(c.function.arguments or "" for c in calls or () if c.function is not None)
 
 
 class _LogprobsContent(msgspec.Struct):

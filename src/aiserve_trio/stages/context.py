@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..adapters.base import InferenceRequest, Message
+from ..apis import CODECS
+from ..apis.common import NativeSpec
 from ..apis.responses import ResponsesRequest
 from ..cache.service import Cache, Ticket
 from ..errors import BadRequest, NotFound, StageDeadlineExceeded
@@ -76,10 +78,33 @@ def with_session(
     return [*messages[:n_sys], *prefix, *messages[n_sys:]], dict(session.variables)
 
 
+async def _native_body(
+    body: bytes,
+    spec: NativeSpec,
+    history: list[Message],
+    policies: list[Policy],
+    ctx: PolicyContext,
+) -> bytes:
+    """A native route's body: the session's earlier turns before the client's own, the
+    text of its messages through the policies that take something out of text (the
+    same bytes when they took nothing)."""
+    turns = [{"role": m.role, "content": m.text()} for m in history]
+    if turns:
+        body = spec.history(body, turns)
+    redacting = [p for p in policies if type(p).redact_text is not Policy.redact_text]
+    if redacting:
+
+        def rewrite(text: str) -> str:
+            for p in redacting:
+                text = p.redact_text(text, ctx)
+            return text
+
+        body = await run_sliced(spec.rewrite(body, rewrite))
+    return body
+
+
 def _side_filters(policies: list[Policy], ctx: PolicyContext) -> list[OutputFilter]:
-    return [
-        f for p in policies if not p.content_only and (f := p.output_filter(ctx)) is not None
-    ]
+    return [f for p in policies if not p.content_only and (f := p.output_filter(ctx)) is not None]
 
 
 def _token_limit(asked: int | None, cap: int | None) -> int | None:
@@ -266,6 +291,13 @@ class ContextStage:
             messages = await run_sliced(policy.input_steps(messages, ctx))
             extra = await run_sliced(policy.fields_steps(extra, ctx))
         forward = {k: info.headers[k] for k in _FORWARDED if k in info.headers}
+        native: bytes | None = None
+        spec = codec.native if (codec := CODECS.get(route.config.kind)) is not None else None
+        if req.native is not None and spec is not None:
+            native = await _native_body(
+                req.native, spec, messages[: len(messages) - own], route.policies, ctx
+            )
+            forward.update((k, info.headers[k]) for k in spec.headers if k in info.headers)
         request = InferenceRequest(
             request_id=info.request_id,
             model=req.model,
@@ -280,9 +312,13 @@ class ContextStage:
             tool_names=[t.function.name for t in req.body.tools or () if t.function is not None],
             tool_choice=_tool_choice(req),
             extra=extra,
+            native=native,
+            native_api=route.config.kind if native is not None else "",
         )
-        request = await route.adapter.prepare(request)
-        if self.cache is not None:
+        if native is None:
+            request = await route.adapter.prepare(request)
+        # A native reply is the provider's own events: not the cache's to replay.
+        if self.cache is not None and native is None:
             # Keyed on the request as it goes upstream: after session context,
             # input policies (they ran, hit or not) and fitting to the window.
             self.ticket = await self.cache.admit(

@@ -400,8 +400,6 @@ class ParseStage:
             await trio.lowlevel.checkpoint()
         default = route.config.default_model or route.adapter.default_model
         req = decode_request(raw, limits, default, scanned=True)
-        if view is not None:
-            req = replace(req, api=view)
         if req.model not in route.adapter.models:
             raise NotFound(
                 f"the model {req.model!r} is not served on this route "
@@ -409,8 +407,17 @@ class ParseStage:
                 param="model",
                 code="model_not_found",
             )
-        consumed = route.chain.consumes if route.chain is not None else frozenset()
-        check_capabilities(req, route.adapter.serving(req.model), consumed)
+        served = route.adapter.serving(req.model)
+        if codec is not None:
+            native = codec.native
+            if native is not None and route.chain is None and codec.kind in served.speaks:
+                # The backend speaks the client's API: its body goes as it came.
+                req = replace(req, api=view, native=native.body(view))
+            else:
+                req = replace(req, api=codec.translated(view))
+        if req.native is None:
+            consumed = route.chain.consumes if route.chain is not None else frozenset()
+            check_capabilities(req, served, consumed)
         if req.stream and self.admission is not None:
             # 503 (429 for the tenant's cap) before the head.
             self.slots.enter_context(self.admission.stream(self.info.tenant))

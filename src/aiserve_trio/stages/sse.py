@@ -105,6 +105,7 @@ class SSEStage:
             price=price,
             codec=CODECS.get(route.kind),
             view=parsed.api,
+            native=parsed.native is not None,
         )
         headers = response_headers(
             self.info,

@@ -109,6 +109,9 @@ class ParsedRequest:
     #: On a route of another API than chat (``apis/``): the request as its client
     #: sent it (what the reply echoes); None on chat.
     api: object = None
+    #: On a native route (the backend speaks the client's API, ``apis/``): the body
+    #: as the client sent it, which goes upstream (after the input policies).
+    native: bytes | None = None
 
     @property
     def model_label(self) -> str:
