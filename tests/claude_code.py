@@ -113,16 +113,20 @@ _SESSION = "00000000-0000-4000-8000-000000000000"
 def scrub(request: dict[str, Any], root: Path) -> dict[str, Any]:
     """A logged request as the fixture keeps it (see the module docstring)."""
     body: str = request["body"]
-    session = request["headers"].get("x-claude-code-session-id", "")
+    # The session's id is in metadata.user_id (and a header, which a gateway may not pass).
+    found = re.search(r'\\"session_id\\":\\"([0-9a-f-]{36})', body)
+    session = found.group(1) if found else ""
     if session:
         body = body.replace(session, _SESSION)
     body = re.sub(r'(\\"device_id\\":\\")[0-9a-f]{64}', r"\g<1>" + "0" * 64, body)
     body = re.sub(r"Today's date is \d{4}-\d{2}-\d{2}", "Today's date is 2026-01-01", body)
     body = re.sub(r"OS Version: [^\\]*", "OS Version: Linux 6.0.0", body)
     body = body.replace(str(root), "/tmp/claude-code")
+    # The project's directory under ~/.claude/projects is named after the working one.
+    body = body.replace(re.sub(r"[^A-Za-z0-9]", "-", str(root)), "-tmp-claude-code")
     json.loads(body)  # still the JSON it was
     headers = {k: v for k, v in request["headers"].items() if k not in _DROPPED}
-    if session:
+    if "x-claude-code-session-id" in headers:
         headers["x-claude-code-session-id"] = _SESSION
     return {"path": request["path"], "headers": headers, "body": body}
 
