@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx2
 import pytest
 
@@ -19,6 +21,8 @@ from aiserve_trio.security.auth import hash_key
 
 from .asgi_client import Client
 from .authcfg import KEY_A, KEY_B, auth_app, auth_toml
+from .conftest import config_text
+from .servers import hypercorn_gateway
 from .sim_gateway import running, sim_reset
 from .sim_process import run_sim
 
@@ -205,3 +209,40 @@ async def test_the_query_string_claude_code_sends_reaches_the_messages_route() -
 def _key(key: str) -> dict[str, str]:
     # Anthropic's clients send the key as x-api-key.
     return {"x-api-key": key, "anthropic-version": "2023-06-01"}
+
+
+def test_the_sdks_count_tokens_through_the_gateway_under_hypercorn(
+    sim: str, tmp_path: Path
+) -> None:
+    """Anthropic's SDK (``messages.count_tokens``, as Claude Code calls it) at the gateway:
+    on the anthropic route Anthropic's count, on the mock's Messages route the estimate."""
+    cfg = tmp_path / "gateway.toml"
+    cfg.write_text(
+        config_text()
+        + f"""
+[adapters.claude]
+kind = "anthropic"
+base_url = "http://{sim}"
+models = ["claude-sonnet-4-5"]
+api_key_env = "AISERVE_TEST_ANTHROPIC_KEY"
+
+[[routes]]
+path = "/claude/v1/messages"
+name = "claude"
+kind = "messages"
+adapter = "claude"
+"""
+    )
+    ask: Any = {**ASK, "model": "claude-sonnet-4-5"}
+    env = {"AISERVE_TEST_ANTHROPIC_KEY": "sk-provider"}
+    with hypercorn_gateway(cfg, env=env) as (base, _):
+        with anthropic.Anthropic(api_key="k", base_url=f"{base}/claude", max_retries=0) as sdk:
+            native = sdk.messages.with_raw_response.count_tokens(**ask)
+        with anthropic.Anthropic(api_key="k", base_url=base, max_retries=0) as sdk:
+            estimated = sdk.messages.with_raw_response.count_tokens(**ask)
+    with anthropic.Anthropic(api_key="k", base_url=f"http://{sim}", max_retries=0) as sdk:
+        direct = sdk.messages.count_tokens(**ask)
+    assert native.headers["x-aiserve-token-count"] == "native"
+    assert native.parse().input_tokens == direct.input_tokens
+    assert estimated.headers["x-aiserve-token-count"] == "estimated"
+    assert estimated.parse().input_tokens > 0
