@@ -251,6 +251,28 @@ def test_max_tokens_the_clients_or_the_default() -> None:
     assert "tool_choice" not in body(request([msg("user", "hi")]))
 
 
+@pytest.mark.parametrize(
+    ("effort", "max_tokens", "budget"),
+    [("minimal", 4096, 1024), ("low", 4096, 2048), ("high", 32000, 24576), ("high", 4096, 4095)],
+)
+def test_reasoning_effort_becomes_a_thinking_budget_within_max_tokens(
+    effort: str, max_tokens: int, budget: int
+) -> None:
+    req = request([msg("user", "hi")], max_tokens=max_tokens, extra={"reasoning_effort": effort})
+    assert body(req)["thinking"] == {"type": "enabled", "budget_tokens": budget}
+    assert "thinking" not in body(request([msg("user", "hi")], extra={"reasoning_effort": "none"}))
+
+
+def test_a_reasoning_effort_anthropic_cannot_think_within_is_a_400() -> None:
+    small = request([msg("user", "hi")], max_tokens=1000, extra={"reasoning_effort": "low"})
+    with pytest.raises(BadRequest) as info:
+        body(small)
+    assert info.value.param == "max_tokens"
+    with pytest.raises(BadRequest) as info:
+        body(request([msg("user", "hi")], extra={"reasoning_effort": "extreme"}))
+    assert info.value.param == "reasoning_effort"
+
+
 def test_what_cannot_be_said_is_a_400_naming_the_field() -> None:
     bad = ToolCall(id="c", function=FunctionCall(name="f", arguments="{not json"))
     with pytest.raises(BadRequest) as info:

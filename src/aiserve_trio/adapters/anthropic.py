@@ -20,6 +20,9 @@ chat request                            Messages API
 ``stop`` / ``temperature`` / ``top_p``  ``stop_sequences`` / same / same
 ``max_tokens`` (client or route)        ``max_tokens`` (else the adapter's default)
 ``user``                                ``metadata.user_id``
+``reasoning_effort``                    ``thinking`` (``budget_tokens``: 1,024 minimal,
+                                        2,048 low, 8,192 medium, 24,576 high, within
+                                        ``max_tokens``); its text comes back as reasoning
 ======================================  ===============================================
 
 Messages of one role in a row become one message (Anthropic alternates roles).
@@ -42,7 +45,7 @@ from ..messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .anthropic_native import AnthropicNativeDecoder
 from .anthropic_stream import AnthropicStreamDecoder
-from .base import InferenceRequest
+from .base import Capabilities, InferenceRequest
 from .native import (
     TRANSLATED,
     Headers,
@@ -167,8 +170,49 @@ def messages_body(request: InferenceRequest, model: str, max_tokens: int) -> byt
     user = request.extra.get("user")
     if user is not None:
         body["metadata"] = {"user_id": user}
+    thinking = _thinking(request.extra.get("reasoning_effort"), body["max_tokens"])
+    if thinking is not None:
+        body["thinking"] = thinking
     body["stream"] = True
     return _enc.encode(body)
+
+
+#: ``reasoning_effort`` -> ``thinking.budget_tokens`` (the Messages codec reads a
+#: budget back the other way: below 4,096 ``low``, below 16,384 ``medium``).
+THINKING_BUDGET = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 24576}
+#: Anthropic's least thinking budget.
+MIN_BUDGET = 1024
+
+
+def _thinking(raw: msgspec.Raw | None, max_tokens: int) -> dict[str, Any] | None:
+    """A chat request's ``reasoning_effort`` as Anthropic's ``thinking`` (within
+    ``max_tokens``, which must leave room for the answer); None for ``none``.
+
+    Raises:
+        BadRequest: an effort Anthropic has no budget for, or ``max_tokens`` too
+            small for its least budget.
+    """
+    if raw is None:
+        return None
+    effort = msgspec.json.decode(raw)
+    if effort is None or effort == "none":
+        return None
+    budget = THINKING_BUDGET.get(effort) if isinstance(effort, str) else None
+    if budget is None:
+        raise BadRequest(
+            f"`reasoning_effort` must be one of none, {', '.join(THINKING_BUDGET)}",
+            param="reasoning_effort",
+            code="invalid_value",
+        )
+    budget = min(budget, max_tokens - 1)
+    if budget < MIN_BUDGET:
+        raise BadRequest(
+            f"`reasoning_effort` needs `max_tokens` above {MIN_BUDGET} on an Anthropic "
+            "backend (its thinking budget comes out of them)",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    return {"type": "enabled", "budget_tokens": budget}
 
 
 class _Head(msgspec.Struct):
@@ -200,7 +244,9 @@ class AnthropicAdapter(NativeAdapter):
     """Streams Anthropic Messages replies as chat deltas; takes a Messages client's
     own request natively (the body as sent, the events back as sent)."""
 
-    capabilities = TRANSLATED
+    capabilities = Capabilities(
+        fields=(TRANSLATED.fields or frozenset()) | {"reasoning_effort"}, parts=TRANSLATED.parts
+    )
     speaks = frozenset({"messages"})
 
     def __init__(
