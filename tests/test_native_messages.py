@@ -45,6 +45,13 @@ kind = "messages"
 adapter = "claude"
 
 [[routes]]
+path = "/translated/v1/messages"
+name = "translated"
+kind = "messages"
+adapter = "claude"
+native = false
+
+[[routes]]
 path = "/redacting/v1/messages"
 name = "redacting"
 kind = "messages"
@@ -158,5 +165,17 @@ def test_a_translated_route_drops_and_names_hints(gateway: str) -> None:
     # The embedded default's /v1/messages route answers with the mock: another API.
     r = httpx2.post(f"{gateway}/v1/messages", json={**BODY, "model": "aiserve-mock"})
     assert r.status_code == 200, r.text
+    dropped = {d.strip() for d in r.headers["x-aiserve-dropped"].split(",")}
+    assert dropped == {"cache_control", "context_management"}
+
+
+def test_native_false_translates_even_to_a_backend_that_speaks_messages(
+    gateway: str, sim: str
+) -> None:
+    r = httpx2.post(f"{gateway}/translated/v1/messages", json=BODY)
+    assert r.status_code == 200, r.text
+    sent = json.loads(upstream(sim)["body"])
+    assert sent["system"] == "You are a coding agent.Be brief."  # the translation's
+    assert "context_management" not in sent
     dropped = {d.strip() for d in r.headers["x-aiserve-dropped"].split(",")}
     assert dropped == {"cache_control", "context_management"}

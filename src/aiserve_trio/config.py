@@ -796,6 +796,11 @@ class RouteConfig(_Section):
     #: Responses API) or ``messages`` (Anthropic's Messages API) through the same
     #: pipeline with their codecs (``apis/``), or ``embeddings``.
     kind: Literal["chat", "embeddings", "responses", "messages"] = "chat"
+    #: On a ``messages`` or ``responses`` route whose backend speaks that API: pass
+    #: the client's request and the provider's events through as they are (true),
+    #: or translate them through the pipeline's Chat Completions shape as for any
+    #: other backend (false: the response cache then serves the route too).
+    native: bool = True
     #: Metric label for the route; default derived from the path.
     name: str = ""
     #: Model used when the request names none.

@@ -410,7 +410,12 @@ class ParseStage:
         served = route.adapter.serving(req.model)
         if codec is not None:
             native = codec.native
-            if native is not None and route.chain is None and codec.kind in served.speaks:
+            if (
+                native is not None
+                and route.config.native
+                and route.chain is None
+                and codec.kind in served.speaks
+            ):
                 # The backend speaks the client's API: its body goes as it came.
                 req = replace(req, api=view, native=native.body(view))
             else:
