@@ -164,8 +164,9 @@ def test_count_tokens_counts_what_the_message_is_charged(client: anthropic.Anthr
     assert bare.input_tokens < counted.input_tokens  # the system prompt counts
 
 
-def test_cache_control_and_stop_sequences_are_taken(client: anthropic.Anthropic) -> None:
-    """Taken, not acted on: the sim does not stop at a stop sequence (its docstring)."""
+def test_cache_control_on_system_and_message_blocks_is_taken(
+    client: anthropic.Anthropic,
+) -> None:
     ephemeral: Any = {"type": "ephemeral"}
     reply = client.messages.create(
         model="claude-sim",
@@ -177,11 +178,37 @@ def test_cache_control_and_stop_sequences_are_taken(client: anthropic.Anthropic)
                 "content": [{"type": "text", "text": "hello there", "cache_control": ephemeral}],
             }
         ],
-        stop_sequences=["\n\nHuman:"],
         extra_headers={"anthropic-beta": "prompt-caching-2024-07-31"},
     )
     assert reply.stop_reason in ("end_turn", "max_tokens")
     assert reply.content[0].type == "text"
+
+
+def test_a_stop_sequence_ends_the_text_before_it(client: anthropic.Anthropic) -> None:
+    # The sim's words: "the quick brown fox jumps over ...".
+    stops = ["jumps", "k br"]
+    whole = client.messages.create(
+        model="claude-sim", max_tokens=64, messages=HI, stop_sequences=stops
+    )
+    assert whole.content[0].type == "text"
+    assert whole.content[0].text == "the quic"  # the first to occur, cut inside a word
+    assert (whole.stop_reason, whole.stop_sequence) == ("stop_sequence", "k br")
+    assert whole.usage.output_tokens == 2  # "the", " quick" (in part)
+    with client.messages.stream(
+        model="claude-sim", max_tokens=64, messages=HI, stop_sequences=stops
+    ) as stream:
+        texts = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(texts) == "the quic"
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "k br")
+    assert final.content[0].type == "text"
+    assert final.content[0].text == "the quic"
+    # A sequence the reply never reaches changes nothing.
+    far = client.messages.create(
+        model="claude-sim", max_tokens=64, messages=HI, stop_sequences=["zebra"]
+    )
+    assert far.stop_sequence is None
+    assert far.stop_reason == "end_turn"
 
 
 def test_streamed_thinking_is_accumulated_with_its_signature(client: anthropic.Anthropic) -> None:

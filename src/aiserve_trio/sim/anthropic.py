@@ -9,11 +9,16 @@ messages of ``text``, ``image``, ``tool_use`` and ``tool_result`` blocks,
 ``thinking`` block that ends with its ``signature``) are read. A ``system``
 message inside ``messages`` (Claude Code's mid-conversation system beta) is
 read as more system text. Other fields -- ``cache_control`` on any block,
-``context_management``, ``metadata``, ``output_config``, ``stop_sequences``,
-``temperature`` -- and the ``anthropic-beta`` header are accepted and ignored;
+``context_management``, ``metadata``, ``output_config``, ``temperature`` -- and
+the ``anthropic-beta`` header are accepted and ignored;
 the query string (``?beta=true``) too. A ``sim-call: NAME {args}`` line in the
 last user message calls that tool with those arguments (:mod:`.reply`), which
 is how a test makes Claude Code run its ``Read`` tool.
+
+``stop_sequences``: a text reply ends where the first of them would begin (the text
+before it is sent, the sequence is not), with ``stop_reason: "stop_sequence"`` and
+``stop_sequence`` naming it; ``usage.output_tokens`` counts the pieces sent. (The
+stream still ends when the whole reply would have.) A tool call's input does not stop.
 
 ``POST /v1/messages/count_tokens`` (same auth; the body of a message request
 without ``max_tokens``) answers ``{"input_tokens": N}``, counted as a message
@@ -47,6 +52,7 @@ does: ``cache_creation_input_tokens`` and ``cache_read_input_tokens``, with
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -110,6 +116,7 @@ class _Request(msgspec.Struct):
     tool_choice: _ToolChoice | None = None
     stream: bool = False
     thinking: dict[str, Any] | None = None
+    stop_sequences: list[str] | None = None
 
 
 _request = msgspec.json.Decoder(_Request)
@@ -206,6 +213,24 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + _enc.encode({"type": name, **data}) + b"\n\n"
 
 
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    """A stop sequence met in the visible text: at offset ``at``; ``starts[i]`` is where
+    visible piece ``i`` starts (and the last entry where the text ends)."""
+
+    at: int
+    sequence: str
+    starts: tuple[int, ...]
+
+    def part(self, i: int, piece: str) -> str:
+        """What of visible piece ``i`` is sent: the text before the sequence."""
+        return piece[: max(0, self.at - self.starts[i])]
+
+    def sent(self) -> int:
+        """How many visible pieces carry any text before the sequence."""
+        return sum(1 for a in self.starts[:-1] if a < self.at)
+
+
 def _signed_stop() -> bytes:
     """The end of the thinking block: its signature, then its stop, as Anthropic sends them."""
     sig = {"type": "signature_delta", "signature": SIGNATURE}
@@ -218,6 +243,30 @@ class AnthropicDialect:
 
     name = "anthropic"
     stream_type = b"text/event-stream"
+
+    def __init__(self, stop: tuple[str, ...] = ()) -> None:
+        #: The request's ``stop_sequences`` (a dialect made for one request).
+        self.stop = stop
+        self._cuts: dict[int, _Cut | None] = {}
+
+    def _cut(self, ready: Prepared) -> _Cut | None:
+        """Where the reply's visible text meets a stop sequence, if it does."""
+        if not self.stop or ready.script.tool is not None:
+            return None
+        if ready.serial not in self._cuts:
+            script = ready.script
+            shown = max(0, ready.plan.tokens - len(script.reasoning))
+            pieces = [script.piece(i) for i in range(shown)]
+            text = "".join(pieces)
+            found = min(((text.find(s), s) for s in self.stop if s in text), default=None)
+            cut = None
+            if found is not None:
+                starts = [0]
+                for p in pieces:
+                    starts.append(starts[-1] + len(p))
+                cut = _Cut(found[0], found[1], tuple(starts))
+            self._cuts[ready.serial] = cut
+        return self._cuts[ready.serial]
 
     def matches(self, method: str, path: str) -> bool:
         return method == "POST" and path == "/v1/messages"
@@ -267,6 +316,10 @@ class AnthropicDialect:
             tools=tools,
             tool_choice=_choice(req.tool_choice),
             reasoning_effort="medium" if thinking else None,
+            # This request's own dialect renders its reply: it knows where it stops.
+            render=AnthropicDialect(tuple(s for s in req.stop_sequences if s))
+            if req.stop_sequences
+            else None,
         )
 
     def error(self, status: int, message: str) -> bytes:
@@ -316,6 +369,11 @@ class AnthropicDialect:
                 out += _signed_stop()
             out += _event("content_block_start", {"index": index, "content_block": block})
         piece = script.piece(k - r)
+        cut = self._cut(ready)
+        if cut is not None:
+            piece = cut.part(k - r, piece)
+            if not piece:
+                return out  # at or past the stop sequence: nothing more is said
         if script.tool is not None:
             delta = {"type": "input_json_delta", "partial_json": piece}
         else:
@@ -329,15 +387,23 @@ class AnthropicDialect:
             out = _signed_stop()
         else:
             out = _event("content_block_stop", {"index": self._visible_block(ready)[0]})
-        reason = STOP_REASONS.get(script.finish_reason(plan), "end_turn")
+        reason, sequence, tokens = self._end(ready)
         out += _event(
             "message_delta",
             {
-                "delta": {"stop_reason": reason, "stop_sequence": None},
-                "usage": {"output_tokens": plan.tokens},
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": {"output_tokens": tokens},
             },
         )
         return out + _event("message_stop", {})
+
+    def _end(self, ready: Prepared) -> tuple[str, str | None, int]:
+        """The reply's ``stop_reason``, ``stop_sequence`` and output tokens."""
+        plan = ready.plan
+        cut = self._cut(ready)
+        if cut is not None:
+            return "stop_sequence", cut.sequence, len(ready.script.reasoning) + cut.sent()
+        return STOP_REASONS.get(ready.script.finish_reason(plan), "end_turn"), None, plan.tokens
 
     def whole(self, ready: Prepared, model: str) -> bytes:
         plan, script = ready.plan, ready.script
@@ -357,15 +423,18 @@ class AnthropicDialect:
                 {"type": "tool_use", "id": tool_id(script), "name": script.tool.name, "input": args}
             )
         else:
-            content.append({"type": "text", "text": script.visible_text(visible)})
+            text = script.visible_text(visible)
+            cut = self._cut(ready)
+            content.append({"type": "text", "text": text if cut is None else text[: cut.at]})
+        reason, sequence, tokens = self._end(ready)
         body = {
             "id": f"msg_sim_{ready.serial}",
             "type": "message",
             "role": "assistant",
             "model": model,
             "content": content,
-            "stop_reason": STOP_REASONS.get(script.finish_reason(plan), "end_turn"),
-            "stop_sequence": None,
-            "usage": _usage(ready, plan.tokens),
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+            "usage": _usage(ready, tokens),
         }
         return _enc.encode(body)
