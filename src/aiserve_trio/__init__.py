@@ -8,37 +8,60 @@ Serve it with hypercorn's Trio worker::
 default config; a bad config raises :class:`ConfigError` there, so the server
 does not start: under the hypercorn binary it says so in one line on stderr
 and exits non-zero (:mod:`.startup`).
+
+Importing the package is cheap: it imports none of the gateway. ``App``,
+``create_app``, ``Config``, ``load_config`` and ``__version__`` are looked up on
+first use, and ``app`` builds the gateway on its first ASGI call.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .asgi import App, create_app
-from .config import Config, load_config
 from .errors import ConfigError
-from .startup import hypercorn_process, refuse_to_start
 
-try:
-    __version__ = _version("aiserve-trio")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0"
-
-version = __version__
+if TYPE_CHECKING:
+    from .asgi import App, create_app
+    from .config import Config, load_config
 
 __all__ = ["App", "Config", "ConfigError", "__version__", "app", "create_app", "load_config"]
+
+#: What the package names, and the module each comes from (imported on first use).
+_LAZY = {
+    "App": "asgi",
+    "create_app": "asgi",
+    "Config": "config",
+    "load_config": "config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from importlib import import_module
+
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    elif name in ("__version__", "version"):
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as dist_version
+
+        try:
+            value = dist_version("aiserve-trio")
+        except PackageNotFoundError:  # running from a source tree
+            value = "0.0.0"
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 class _DeferredApp:
     """The ASGI app hypercorn imports as ``aiserve_trio:app``.
 
-    The config is loaded on the first ASGI call (lifespan start-up), not at
-    import, so importing the package has no side effects. A bad config fails
-    start-up: in a hypercorn process, with one line on stderr and a non-zero
-    exit status of the hypercorn binary (see :mod:`.startup` for why the ASGI
-    way, ``lifespan.startup.failed``, gives neither there); elsewhere with
+    The config is loaded and the gateway built on the first ASGI call (lifespan
+    start-up), not at import, so importing the package has no side effects. A bad
+    config fails start-up: in a hypercorn process, with one line on stderr and a
+    non-zero exit status of the hypercorn binary (see :mod:`.startup` for why the
+    ASGI way, ``lifespan.startup.failed``, gives neither there); elsewhere with
     ``lifespan.startup.failed`` and the ConfigError's message.
     """
 
@@ -47,6 +70,8 @@ class _DeferredApp:
 
     def get(self) -> App:
         if self._app is None:
+            from .asgi import create_app
+
             self._app = create_app()
         return self._app
 
@@ -55,6 +80,8 @@ class _DeferredApp:
             try:
                 self.get()
             except ConfigError as exc:
+                from .startup import hypercorn_process, refuse_to_start
+
                 role = hypercorn_process()
                 if role is not None:
                     refuse_to_start(str(exc), role)

@@ -1,12 +1,12 @@
 """Building a :class:`~.runtime.Runtime` whole, from one config.
 
 :class:`RuntimeBuilder` holds what the app keeps across configurations (the
-session bus, write-back, the observer, the admin and debug handlers, the chat
-entry) and builds, in order: the gate, the routes with their policies and
+session bus, write-back, the observer, the spend ledger, the admin and debug
+handlers, the chat entry) and builds, in order: the gate, the routes with their policies and
 chains, the session endpoints, the response cache, the pipeline, the
 embeddings; those are a runtime's :class:`~.runtime.Parts`, which the endpoint
 table's handlers are bound to; then the table, CORS, and the runtime, in one
-constructor call. Nothing is opened here (``App.startup`` and a reload's
+constructor call. Nothing is opened here (``gateway.opened`` and a reload's
 ``stage`` open what is new).
 """
 
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from .observability.observer import RequestObserver
     from .sessions.bus import SessionBus
     from .sessions.outbox import WriteBack
+    from .spend.ledger import Ledger
 
 #: A route's handler: the chat entry (or the embeddings'), bound to a runtime's parts.
 RouteHandler = Callable[[Parts, Route, Request], Awaitable[None]]
@@ -63,6 +64,8 @@ class RuntimeBuilder:
     debug: DebugEndpoints
     console: Console
     usage: UsageEndpoints
+    #: The worker's spend ledger (every runtime's gate keeps the spend in it).
+    ledger: Ledger
     chat: RouteHandler
     embed: RouteHandler
 
@@ -76,7 +79,11 @@ class RuntimeBuilder:
             previous: the runtime this one replaces; its gate's worker-wide state
                 and, when ``[cache]`` is the same, its cache backend are carried over.
         """
-        gate = Gate(config) if previous is None else previous.gate.successor(config)
+        gate = (
+            Gate(config, ledger=self.ledger)
+            if previous is None
+            else previous.gate.successor(config)
+        )
         pricing = build_pricing(config)
         routes = {
             rc.path: Route(

@@ -1,6 +1,6 @@
 """A generation: everything the app builds from one :class:`~.config.Config`.
 
-The app (``asgi.App``) is a long-lived shell -- metrics, the observer, tracing,
+The gateway (``gateway.py``) is a long-lived shell -- metrics, the observer, tracing,
 the session bus, write-back, the recorder, the background tasks -- around the
 *current* :class:`Runtime`: the config, the adapters, the routes with their
 policies, the gate's config-dependent parts, the pipeline, the response cache,
@@ -234,9 +234,16 @@ class Held:
 class Generations:
     """The runtimes still alive: the current one and the retired ones still draining."""
 
-    def __init__(self, first: Runtime) -> None:
+    def __init__(self) -> None:
+        #: Set by :meth:`begin` (the gateway's first runtime), then by :meth:`swap`.
+        self.current: Runtime
+        self.live: list[Runtime] = []
+
+    def begin(self, first: Runtime) -> None:
+        """The first runtime: made before it, its handlers can read the current one."""
+        assert not self.live, "a gateway has one first runtime"
         self.current = first
-        self.live: list[Runtime] = [first]
+        self.live.append(first)
 
     def swap(self, new: Runtime) -> Runtime:
         """Make ``new`` current; returns the one it replaces (now retired)."""

@@ -37,7 +37,7 @@ from ..http.endpoints import Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Scope
 from ..sessions.bus import check_session_id
 from ..spend.budget import Budgets, check
-from ..spend.ledger import Ledger
+from ..spend.ledger import Ledger, LedgerMetrics, Seed
 from . import edge
 from .admission import Admission
 from .auth import KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
@@ -78,10 +78,14 @@ class StreamToken(msgspec.Struct, kw_only=True):
 class Gate:
     """Admission, authentication and rate limits for one app."""
 
-    def __init__(self, config: Config, *, previous: Gate | None = None) -> None:
+    def __init__(
+        self, config: Config, *, previous: Gate | None = None, ledger: Ledger | None = None
+    ) -> None:
         """Build the gate of ``config``.
 
         Args:
+            ledger: the worker's spend ledger (default: :func:`build_ledger`'s, uncounted
+                and without a seed); a successor takes ``previous``'s.
             previous: the gate of the config this one replaces (a reload): the
                 worker-wide state is carried over, not rebuilt -- the admission
                 counts (the new caps apply from :meth:`activate`), the rate
@@ -146,7 +150,11 @@ class Gate:
         #: Spend budgets per key and tenant; the ledger (the spend) is worker-wide.
         self.budgets = Budgets.of(config)
         self.currency = config.pricing.currency
-        self.ledger: Ledger = previous.ledger if previous is not None else build_ledger(config)
+        self.ledger: Ledger = (
+            previous.ledger
+            if previous is not None
+            else ledger if ledger is not None else build_ledger(config)
+        )
         self.tokens = StreamTokens(self._secret, ttl)
         console_ttl = auth.console_token_ttl_s if auth is not None else 900
         self.console_tokens = StreamTokens(self._secret, console_ttl, purpose="console")
@@ -545,13 +553,23 @@ class Revoked:
         return None
 
 
-def build_ledger(config: Config) -> Ledger:
+def build_ledger(
+    config: Config, metrics: LedgerMetrics | None = None, seed: Seed | None = None
+) -> Ledger:
     """The spend ledger: in the session bus's Redis when there is one and a budget
-    to keep, else in this worker (a budget added by a reload is then kept per worker)."""
+    to keep, else in this worker (a budget added by a reload is then kept per worker).
+
+    Args:
+        metrics: its gauges and counters.
+        seed: where a lost (Redis) or forgotten (restart) period's spend is read from
+            (the audit log); the budgets it seeds are the config's.
+    """
     sc = config.sessions
-    if sc.backend == "redis" and Budgets.of(config):
-        return Ledger(sc.url, sc.key_prefix)
-    return Ledger()
+    budgets = Budgets.of(config)
+    limits = [*budgets.keys.values(), *budgets.tenants.values()] if seed is not None else None
+    if sc.backend == "redis" and budgets:
+        return Ledger(sc.url, sc.key_prefix, metrics=metrics, seed=seed, limits=limits)
+    return Ledger(metrics=metrics, seed=seed, limits=limits)
 
 
 def _query_token(query: bytes) -> str | None:

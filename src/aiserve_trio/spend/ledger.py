@@ -118,7 +118,14 @@ class Ledger:
     def __init__(
         self, redis_url: str | None = None, prefix: str = "aiserve", *,
         merge_every_s: float = MERGE_EVERY_S,
+        metrics: LedgerMetrics | None = None,
+        seed: Seed | None = None,
+        limits: list[Limit] | None = None,
     ) -> None:
+        """Args:
+        metrics: the ledger's gauges and counters (None: not counted).
+        seed, limits: as :meth:`seed_from` sets them.
+        """
         self._client: Any = None
         if redis_url is not None:
             from ..sessions.redis_streams import client_for_url  # late: coredis is optional
@@ -136,11 +143,11 @@ class Ledger:
         self._kept: dict[str, Limit] = {}
         self._down = False
         self._merge_every = merge_every_s
-        self.metrics: LedgerMetrics | None = None
+        self.metrics = metrics
         #: Where a lost period's spend is read from (the audit log); None: nowhere.
-        self.seed: Seed | None = None
+        self.seed = seed
         #: The budgets the memory ledger seeds at start (the gate's, set with the seed).
-        self.limits: list[Limit] = []
+        self.limits: list[Limit] = limits if limits is not None else []
         #: Periods to re-seed, by slot (Redis), and when each may be tried again.
         self._pending: dict[str, Limit] = {}
         self._retry_at: dict[str, float] = {}
