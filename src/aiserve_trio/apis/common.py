@@ -66,12 +66,11 @@ class NativeFramer(Framer, Protocol):
 @dataclass(frozen=True, slots=True)
 class NativeSpec:
     """Native pass-through (the client speaks the backend's API): the body goes as
-    the client sent it, the events come back as the provider sent them."""
+    the client sent it (the parse stage keeps its bytes), the events come back as the
+    provider sent them."""
 
     #: The client's request headers that reach the provider as sent.
     headers: tuple[str, ...]
-    #: The view -> the body as the client sent it.
-    body: Callable[[object], bytes]
     #: (a body, a session's earlier turns as ``{"role", "content"}``) -> the body
     #: with them before the client's own.
     history: Callable[[bytes, list[dict[str, Any]]], bytes]

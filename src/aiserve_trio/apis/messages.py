@@ -96,8 +96,6 @@ class MessagesView:
     """A Messages request as the pipeline keeps it for the reply (the codec's view)."""
 
     request: MessagesRequest
-    #: The body as the client sent it: what a native route sends on.
-    raw: bytes
     #: What has no Chat Completions equivalent: carried untouched on a native
     #: route, refused or dropped (:data:`HINTS`) by :func:`translated`.
     notes: tuple[tuple[str, BadRequest], ...] = ()
@@ -167,7 +165,7 @@ def decode(body: bytes) -> tuple[bytes, MessagesView]:
         effort = _thinking(req.thinking, notes)
         if effort is not None:
             chat["reasoning_effort"] = effort
-    return encoder.encode(chat), MessagesView(req, body, tuple(notes))
+    return encoder.encode(chat), MessagesView(req, tuple(notes))
 
 
 def translated(view: object) -> MessagesView:
@@ -613,12 +611,6 @@ def error_body(err: GatewayError) -> tuple[int, bytes]:
 NATIVE_HEADERS = ("anthropic-beta", "anthropic-version")
 
 
-def native_body(view: object) -> bytes:
-    """The body a native route sends on: the client's, byte for byte."""
-    assert isinstance(view, MessagesView)
-    return view.raw
-
-
 def with_history(raw: bytes, history: list[dict[str, Any]]) -> bytes:
     """``raw`` with a session's earlier turns (``{"role", "content"}``: system, user,
     assistant text) before the client's own: system turns lead the ``system`` prompt,
@@ -829,7 +821,6 @@ CODEC = Codec(
     translated=translated,
     native=NativeSpec(
         headers=NATIVE_HEADERS,
-        body=native_body,
         history=with_history,
         rewrite=rewrite_steps,
         framer=NativeMessagesFramer,

@@ -415,9 +415,10 @@ class ParseStage:
                 and route.config.native
                 and route.chain is None
                 and codec.kind in served.speaks
+        sent = raw  # the body as the client sent it (a native route's)
             ):
                 # The backend speaks the client's API: its body goes as it came.
-                req = replace(req, api=view, native=native.body(view))
+                req = replace(req, api=view, native=sent)
             else:
                 req = replace(req, api=codec.translated(view))
         if req.native is None:
