@@ -34,14 +34,13 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
-from .adapters.base import Delta, Usage
+from .adapters.base import Delta
 from .apis import CODECS
 from .cache.service import Cache
 from .errors import (
     BodyReadTimeout,
     GatewayError,
     InternalError,
-    ReplyCapExceeded,
     StageDeadlineExceeded,
     UpstreamError,
 )
@@ -53,8 +52,18 @@ from .stages.channel import Inbox, Receiver, Sender, open_channel
 from .stages.context import ContextStage
 from .stages.handoff import hand_on
 from .stages.inference import InferenceStage
-from .stages.outcome import NULL_REQUEST_HOOK, Outcome, RequestHook, status_of
+from .stages.outcome import NULL_REQUEST_HOOK, Outcome, RequestHook
 from .stages.parse import ParseStage
+from .stages.report import (
+    ContextReport,
+    InferenceReport,
+    ParseReport,
+    RequestEnd,
+    SSEReport,
+    StageReport,
+    cache_result,
+    outcome_of,
+)
 from .stages.sse import SSEStage
 from .stages.types import STAGES, ParsedRequest, Prepared, RequestInfo, response_headers
 
@@ -66,7 +75,6 @@ if TYPE_CHECKING:
     from .security.admission import Admission, BodySlot
     from .sessions.bus import SessionBus
     from .sessions.outbox import WriteBack
-    from .stages.assembler import ResponseAssembler
 
 log = logging.getLogger("aiserve_trio.pipeline")
 _ORDER = {name: i for i, name in enumerate(STAGES)}
@@ -85,16 +93,24 @@ class _Stage(Protocol[_In]):
 
     async def expired(self, item: _In, /) -> None: ...
 
+    def report(self) -> StageReport:
+        """What the stage did, as a value (asked once, when it has ended)."""
+        ...
+
 
 class _Run:
     """What the shells and the watcher of one request found out (read after they join)."""
 
     __slots__ = (
         "capped",
+        "context",
         "disconnect_stage",
         "disconnected",
         "error",
         "error_stage",
+        "inference",
+        "parse",
+        "sse",
         "started",
         "times",
     )
@@ -108,6 +124,22 @@ class _Run:
         #: When each stage got its input; (got input, ended) once it ended.
         self.started: dict[str, float] = {}
         self.times: dict[str, tuple[float, float]] = {}
+        #: What each stage reported when it ended (None: it never ran).
+        self.parse: ParseReport | None = None
+        self.context: ContextReport | None = None
+        self.inference: InferenceReport | None = None
+        self.sse: SSEReport | None = None
+
+    def keep(self, report: StageReport) -> None:
+        """File the report a stage handed back when it ended."""
+        if isinstance(report, SSEReport):
+            self.sse = report
+        elif isinstance(report, InferenceReport):
+            self.inference = report
+        elif isinstance(report, ContextReport):
+            self.context = report
+        else:
+            self.parse = report
 
     def fail(self, stage: str, err: GatewayError) -> bool:
         """Record a failure; the earliest stage in pipeline order wins.
@@ -182,14 +214,6 @@ class Pipeline:
         # Typed by annotation: subscripting a generic to call it costs on every request.
         body_send: Sender[bytes]
         body_recv: Receiver[bytes]
-        req_send: Sender[ParsedRequest]
-        req_recv: Receiver[ParsedRequest]
-        inf_send: Sender[Prepared]
-        inf_recv: Receiver[Prepared]
-        plan_send: Sender[Prepared]
-        plan_recv: Receiver[Prepared]
-        delta_send: Sender[Delta]
-        delta_recv: Receiver[Delta]
         declared = _declared_length(info.headers)
         # The body hypercorn queued before the app ran: taken now. When it is the whole
         # body and the server will call on a disconnect, no watcher task is needed.
@@ -202,26 +226,7 @@ class Pipeline:
             body_send.close()
         else:
             body_send, body_recv = open_channel(0)
-        req_send, req_recv = open_channel(0)
-        inf_send, inf_recv = open_channel(0)
-        plan_send, plan_recv = open_channel(1)
-        delta_send, delta_recv = open_channel(1)
-        cfg = self.config
-        sc = cfg.sessions
-        parse = ParseStage(info, body_recv, req_send, cfg.limits, self.admission, slots)
-        context = ContextStage(
-            info,
-            req_recv,
-            inf_send,
-            plan_send,
-            self.bus,
-            sc.system_template,
-            sc.history_turns,
-            self._clear_vars,
-            self.cache,
-        )
-        inference = InferenceStage(info, inf_recv, delta_send, self.cache)
-        sse = SSEStage(info, delta_recv, plan_recv, responder, cfg.limits)
+        stages, inboxes = self._open(info, body_recv, responder, slots)
         run = _Run()
         # Annotations for /debug/trace and the request's I/O counts; the stage
         # tasks inherit both (the counter object itself is shared).
@@ -229,8 +234,6 @@ class Pipeline:
         upstream = UpstreamReads()
         UPSTREAM_IO.set(upstream)
         try:
-            stages = (parse, context, inference, sse)
-            inboxes = (req_recv, inf_recv, delta_recv)
             if whole is not None:
                 # The server calls on a disconnect: the stages' nursery is the request's.
                 assert disconnect is not None
@@ -264,64 +267,75 @@ class Pipeline:
         except Exception as exc:  # a bug in a stage: log it, tell the client nothing of it
             log.exception("request %s failed inside the gateway", info.request_id, exc_info=exc)
             run.fail("sse", InternalError("the gateway failed while serving this request"))
+        return await self._end(info, responder, run, upstream)
+
+    def _open(
+        self, info: RequestInfo, body: Receiver[bytes], responder: Responder, slots: ExitStack
+    ) -> tuple[
+        tuple[ParseStage, ContextStage, InferenceStage, SSEStage],
+        tuple[Inbox[ParsedRequest], Inbox[Prepared], Inbox[Delta]],
+    ]:
+        """The request's four stages joined by their channels, and the inboxes the
+        shells wait on for the last three stages' input."""
+        req_send: Sender[ParsedRequest]
+        req_recv: Receiver[ParsedRequest]
+        inf_send: Sender[Prepared]
+        inf_recv: Receiver[Prepared]
+        plan_send: Sender[Prepared]
+        plan_recv: Receiver[Prepared]
+        delta_send: Sender[Delta]
+        delta_recv: Receiver[Delta]
+        req_send, req_recv = open_channel(0)
+        inf_send, inf_recv = open_channel(0)
+        plan_send, plan_recv = open_channel(1)
+        delta_send, delta_recv = open_channel(1)
+        cfg = self.config
+        sc = cfg.sessions
+        parse = ParseStage(info, body, req_send, cfg.limits, self.admission, slots)
+        context = ContextStage(
+            info,
+            req_recv,
+            inf_send,
+            plan_send,
+            self.bus,
+            sc.system_template,
+            sc.history_turns,
+            self._clear_vars,
+            self.cache,
+        )
+        inference = InferenceStage(info, inf_recv, delta_send, self.cache)
+        sse = SSEStage(info, delta_recv, plan_recv, responder, cfg.limits)
+        return (parse, context, inference, sse), (req_recv, inf_recv, delta_recv)
+
+    async def _end(
+        self, info: RequestInfo, responder: Responder, run: _Run, upstream: UpstreamReads
+    ) -> Outcome:
+        """After the stages joined: the request's first failure written (unless the
+        client left), and its :class:`Outcome` made of what the stages reported."""
+        parse = run.parse or ParseReport()
+        context = run.context or ContextReport()
+        inference = run.inference or InferenceReport()
+        sse = run.sse or SSEReport()
         # The request no longer waits for a shared answer (the last to go ends it).
         Cache.release(context.ticket)
-        ticket = context.ticket
-        cache = inference.cache_result or (ticket.result if ticket is not None else None)
-        if cache == "flight":
-            cache = None  # it never got as far as the cache's answer
-        chain = inference.chain.report() if inference.chain is not None else None
-
         if not run.disconnected:
             if run.error is None and not responder.finished:
                 run.fail("sse", InternalError("the request ended without a response"))
             if run.error is not None:
-                steps = chain.names if chain is not None else None
-                await self._write_error(
-                    info, responder, run.error, context.result, sse, cache, steps
-                )
-        asm = sse.assembler
-        prepared = context.result
-        parsed = parse.result
-        usage = asm.usage if asm is not None else None
-        served_model = asm.model if asm is not None and asm.answered else ""
-        cost, saved, cache_cost = _priced(info, served_model, usage, cache)
-        return Outcome(
-            request_id=info.request_id,
-            route=info.route.label,
-            channel=info.channel,
-            arrival=info.budget.arrival,
-            ended=trio.current_time(),
-            status=status_of(run.error, run.disconnected),
-            info=info,
-            model=parsed.model if parsed is not None else "",
-            served_model=served_model,
-            stream=parsed.stream if parsed is not None else False,
-            error=None if run.disconnected else run.error,
-            error_stage=run.disconnect_stage if run.disconnected else run.error_stage,
-            prepared=prepared,
-            policy=context.policy,
-            stages=run.times,
-            first_token_at=asm.first_token_at if asm is not None else None,
-            usage=usage,
-            finish_reason=asm.finish_reason if asm is not None else None,
-            delivered=asm.delivered if asm is not None else "",
-            tool_calls=asm.tool_calls if asm is not None else [],
-            capped=_cap_of(run.error, asm),
+                await self._write_error(info, responder, run.error, context, inference, sse)
+        end = RequestEnd(
+            at=trio.current_time(),
+            error=run.error,
+            error_stage=run.error_stage,
             disconnected=run.disconnected,
+            disconnect_stage=run.disconnect_stage,
+            stages=run.times,
             client_writes=responder.writes,
             client_bytes=responder.bytes_written,
             upstream_reads=upstream.reads,
             upstream_bytes=upstream.bytes,
-            cache=cache,
-            chain=chain,
-            tenant=info.tenant,
-            key_id=info.key_id,
-            served=sse.served,
-            cost=cost,
-            saved=saved,
-            cache_cost=cache_cost,
         )
+        return outcome_of(info, end, parse, context, inference, sse)
 
     async def _stages(
         self,
@@ -408,6 +422,7 @@ class Pipeline:
             if started is not None:
                 run.times[name] = (started, ended)
             hook.stage_ended(name, None if started is None else ended - started, expired)
+            run.keep(stage.report())
 
     async def _watch(
         self,
@@ -511,21 +526,22 @@ class Pipeline:
         info: RequestInfo,
         responder: Responder,
         err: GatewayError,
-        prepared: Prepared | None,
-        sse: SSEStage,
-        cache: str | None,
-        steps: tuple[str, ...] | None = None,
+        context: ContextReport,
+        inference: InferenceReport,
+        sse: SSEReport,
     ) -> None:
         budget = info.budget
         # The reserve is what is kept back for exactly this write.
         limit = max(budget.deadline, trio.current_time()) + budget.reserve
         with trio.move_on_at(limit):
             if not responder.started:
-                headers = response_headers(info, prepared, cache=cache, steps=steps)
+                cache = cache_result(context, inference)
+                chain = inference.chain
+                steps = chain.names if chain is not None else None
+                headers = response_headers(info, context.prepared, cache=cache, steps=steps)
                 await responder.error(err, headers)
             elif not responder.finished:
-                asm = sse.assembler
-                tail = asm.fail(err) if asm is not None else None
+                tail = sse.fail(err) if sse.fail is not None else None
                 if tail is None:  # the head went out without a framed event
                     codec = CODECS.get(info.route.config.kind)
                     if codec is None:
@@ -533,25 +549,6 @@ class Pipeline:
                     else:
                         tail = codec.framer(info.request_id, "", info.created, None).fail(err)
                 await responder.body(tail, more=False)
-
-
-def _priced(
-    info: RequestInfo, served_model: str, usage: Usage | None, cache: str | None
-) -> tuple[float, float, float]:
-    """(cost, saved, the part of cost paid for prompt-cache reads and writes) of a request
-    that ended (see ``spend/prices.py``)."""
-    pricing = info.route.pricing
-    if pricing is None or not served_model:
-        return 0.0, 0.0, 0.0
-    cost, saved = pricing.charge(served_model, usage, cache)
-    return cost, saved, pricing.cache_cost(served_model, usage) if cost else 0.0
-
-
-def _cap_of(error: GatewayError | None, asm: ResponseAssembler | None) -> str | None:
-    """The cap that ended the reply, if one did."""
-    if isinstance(error, ReplyCapExceeded):
-        return error.code
-    return asm.capped if asm is not None else None
 
 
 def _receive_nowait(receive: Receive) -> Callable[[], Message] | None:

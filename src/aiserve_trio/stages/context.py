@@ -29,6 +29,7 @@ from ..sessions.bus import Session, SessionBusError, Turn, check_vars, is_respon
 from ..slices import run_sliced
 from .channel import Inbox, Outbox
 from .handoff import hand_on
+from .report import ContextReport
 from .types import ParsedRequest, Prepared, RequestInfo
 
 if TYPE_CHECKING:
@@ -267,6 +268,10 @@ class ContextStage:
             await self._hand_on(req, prompt_messages(req), {}, "context")
             return
         raise StageDeadlineExceeded("context")
+
+    def report(self) -> ContextReport:
+        """What the stage prepared and decided (its shell asks when it ends)."""
+        return ContextReport(self.result, self.policy, self.ticket)
 
     async def _hand_on(
         self,

@@ -33,6 +33,7 @@ from ..errors import GatewayError, StageDeadlineExceeded, StepDeadlineExceeded
 from .assembler import ResponseAssembler
 from .channel import Inbox, Outbox
 from .handoff import EagerSink
+from .report import InferenceReport
 from .types import Prepared, RequestInfo
 
 if TYPE_CHECKING:
@@ -168,6 +169,11 @@ class InferenceStage:
         asm.finish(trio.current_time())
         publish(asm.take_recorded())
         return asm.capped
+
+    def report(self) -> InferenceReport:
+        """What the cache and the chain did (the stage's shell asks when it ends)."""
+        chain = self.chain.report() if self.chain is not None else None
+        return InferenceReport(self.cache_result, chain)
 
     async def expired(self, prepared: Prepared) -> None:
         """The inference cut passed: on a chain, it names the step that was running."""

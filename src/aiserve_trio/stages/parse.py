@@ -33,6 +33,7 @@ from ..messages import Message, decode_message, invalid_field
 from ..slices import Steps, finish, run_sliced
 from .channel import Inbox, Outbox
 from .handoff import hand_on
+from .report import ParseReport
 from .types import ParsedRequest, RequestInfo
 
 if TYPE_CHECKING:
@@ -434,3 +435,11 @@ class ParseStage:
         raise StageDeadlineExceeded(
             "parse", "the request body did not arrive within the context budget"
         )
+
+    def report(self) -> ParseReport:
+        """What the stage decoded (its shell asks when it ends)."""
+        req = self.result
+        return _NOTHING_PARSED if req is None else ParseReport(req.model, req.stream)
+
+
+_NOTHING_PARSED = ParseReport()

@@ -32,6 +32,7 @@ from ..http.types import JSON_HEADERS, SSE_HEADERS, Headers
 from ..spend.prices import decimal, free
 from .assembler import ResponseAssembler
 from .channel import Inbox
+from .report import SSEReport
 from .types import Prepared, RequestInfo, response_headers
 
 #: The events one write takes from deltas that queued up (bytes; a delta's own may
@@ -259,6 +260,23 @@ class SSEStage:
 
     async def expired(self, first: Delta) -> None:
         raise StageDeadlineExceeded("sse")
+
+    def report(self) -> SSEReport:
+        """The reply as the client got it (the stage's shell asks when it ends)."""
+        asm = self.assembler
+        if asm is None:
+            return SSEReport(served=self.served)
+        return SSEReport(
+            served_model=asm.model if asm.answered else "",
+            served=self.served,
+            first_token_at=asm.first_token_at,
+            usage=asm.usage,
+            finish_reason=asm.finish_reason,
+            delivered=asm.delivered,
+            tool_calls=asm.tool_calls,
+            capped=asm.capped,
+            fail=asm.fail,
+        )
 
 
 def _free(usage: Usage | None) -> float:

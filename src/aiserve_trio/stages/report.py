@@ -1,0 +1,188 @@
+"""What each stage did, as values, and the :class:`~.outcome.Outcome` made of them.
+
+A stage hands its report to the shell it runs in when it ends (``report()``, called in
+the shell's ``finally``, whatever happened), and the pipeline keeps it; once the
+request's nursery has joined, the pipeline reads nothing of the stages but these.
+:func:`outcome_of` is a pure function of the reports and of what the pipeline itself
+saw (:class:`RequestEnd`: the first failure, a disconnect, the stages' times, the I/O
+counts), so how a request ended is decided in one place, testable without a request.
+
+A stage that never ran (its task never started, or the pipeline failed before its
+stages did) leaves the empty report: nothing parsed, prepared or answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..errors import ReplyCapExceeded
+from .outcome import Outcome, status_of
+
+if TYPE_CHECKING:
+    from ..adapters.base import ServedBy, Usage
+    from ..cache.service import Ticket
+    from ..chains.plan import ChainReport
+    from ..errors import GatewayError
+    from ..messages import ToolCall
+    from ..policies.base import PolicyContext
+    from .types import Prepared, RequestInfo
+
+
+@dataclass(frozen=True, slots=True)
+class ParseReport:
+    """What the parse stage decoded."""
+
+    #: The model the client asked for; "" if the body was never decoded.
+    model: str = ""
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ContextReport:
+    """What the context stage prepared and decided."""
+
+    #: What it handed on, if it got that far.
+    prepared: Prepared | None = None
+    #: The policies' notes and actions (made before they run, so a block is counted).
+    policy: PolicyContext | None = None
+    #: What the request does with the response cache (the pipeline releases it).
+    ticket: Ticket | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceReport:
+    """What the inference stage found out."""
+
+    #: What the response cache did for this request, once known (``hit``, ``miss``,
+    #: ``coalesced``...); None when the stage never got as far.
+    cache: str | None = None
+    #: What the route's chain did, on a route with steps.
+    chain: ChainReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SSEReport:
+    """What the sse stage wrote: the reply as the client got it."""
+
+    #: The model the reply names, "" when nothing answered.
+    served_model: str = ""
+    #: Which deployment of a group answered (from the first delta).
+    served: ServedBy | None = None
+    first_token_at: float | None = None
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    #: The reply text delivered (after the output filters).
+    delivered: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    #: The cap that ended the reply early (``max_tokens``, ``max_reply_bytes``), if one did.
+    capped: str | None = None
+    #: How the reply's own framing ends with an error (the error event and the stream's
+    #: end; None when no event went out): the first failure is known, and written, only
+    #: once every stage has ended. None when the reply never took a shape.
+    fail: Callable[[GatewayError], bytes | None] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+
+#: What any stage may report.
+StageReport = ParseReport | ContextReport | InferenceReport | SSEReport
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEnd:
+    """What the pipeline itself saw of the request, apart from its stages."""
+
+    #: When the request ended (clock seconds), its error written.
+    at: float
+    #: The first failure in pipeline order, and the stage it belongs to.
+    error: GatewayError | None = None
+    error_stage: str | None = None
+    disconnected: bool = False
+    #: The furthest stage that had its input when the client went away.
+    disconnect_stage: str | None = None
+    #: Per stage that got its input: (when it got it, when it ended).
+    stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    client_writes: int = 0
+    client_bytes: int = 0
+    upstream_reads: int = 0
+    upstream_bytes: int = 0
+
+
+def cache_result(context: ContextReport, inference: InferenceReport) -> str | None:
+    """What the response cache did: as the inference stage learned it, else as the
+    context stage admitted the request; None when a shared flight never answered."""
+    ticket = context.ticket
+    cache = inference.cache or (ticket.result if ticket is not None else None)
+    return None if cache == "flight" else cache
+
+
+def outcome_of(
+    info: RequestInfo,
+    end: RequestEnd,
+    parse: ParseReport,
+    context: ContextReport,
+    inference: InferenceReport,
+    sse: SSEReport,
+) -> Outcome:
+    """The request's :class:`Outcome` from its stages' reports (pure).
+
+    A disconnect is no error of the request's (its status is ``client_closed``, and the
+    stage is the one the client left during); a cap that ended the reply is named
+    whichever way it did (a failure, or the assembler stopping the reply).
+    """
+    cache = cache_result(context, inference)
+    served_model = sse.served_model
+    usage = sse.usage
+    cost, saved, cache_cost = _priced(info, served_model, usage, cache)
+    error = end.error
+    gone = end.disconnected
+    return Outcome(
+        request_id=info.request_id,
+        route=info.route.label,
+        channel=info.channel,
+        arrival=info.budget.arrival,
+        ended=end.at,
+        status=status_of(error, gone),
+        info=info,
+        model=parse.model,
+        served_model=served_model,
+        stream=parse.stream,
+        error=None if gone else error,
+        error_stage=end.disconnect_stage if gone else end.error_stage,
+        prepared=context.prepared,
+        policy=context.policy,
+        stages=end.stages,
+        first_token_at=sse.first_token_at,
+        usage=usage,
+        finish_reason=sse.finish_reason,
+        delivered=sse.delivered,
+        tool_calls=sse.tool_calls,
+        capped=error.code if isinstance(error, ReplyCapExceeded) else sse.capped,
+        disconnected=gone,
+        client_writes=end.client_writes,
+        client_bytes=end.client_bytes,
+        upstream_reads=end.upstream_reads,
+        upstream_bytes=end.upstream_bytes,
+        cache=cache,
+        chain=inference.chain,
+        tenant=info.tenant,
+        key_id=info.key_id,
+        served=sse.served,
+        cost=cost,
+        saved=saved,
+        cache_cost=cache_cost,
+    )
+
+
+def _priced(
+    info: RequestInfo, served_model: str, usage: Usage | None, cache: str | None
+) -> tuple[float, float, float]:
+    """(cost, saved, the part of cost paid for prompt-cache reads and writes) of a request
+    that ended (see ``spend/prices.py``)."""
+    pricing = info.route.pricing
+    if pricing is None or not served_model:
+        return 0.0, 0.0, 0.0
+    cost, saved = pricing.charge(served_model, usage, cache)
+    return cost, saved, pricing.cache_cost(served_model, usage) if cost else 0.0
