@@ -39,6 +39,7 @@ pytestmark = [
 ]
 
 ROUTE = "/codex/v1/responses"
+CLAUDE_ROUTE = "/claude/v1/responses"
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +58,30 @@ name = "codex"
 kind = "responses"
 adapter = "up"
 default_model = "sim-model"
+
+# The same client API in front of Anthropic's (the sim's Anthropic dialect)
+[adapters.claude]
+kind = "anthropic"
+base_url = "http://{sim}"
+models = ["claude-sonnet-4-5"]
+api_key_env = "ANTHROPIC_API_KEY"
+
+[[routes]]
+path = "{CLAUDE_ROUTE}"
+name = "codex_claude"
+kind = "responses"
+adapter = "claude"
 """
         cfg: Path = tmp_path_factory.mktemp("conf") / "gateway.toml"
         cfg.write_text(config_text() + extra)
-        with hypercorn_gateway(cfg) as (base, _):
+        with hypercorn_gateway(cfg, env={"ANTHROPIC_API_KEY": "sim-key"}) as (base, _):
             yield base, sim
 
 
-def codex_config(base_url: str) -> str:
+def codex_config(base_url: str, model: str) -> str:
     """``$CODEX_HOME/config.toml``: the gateway as the model provider (docs/coding-agents.md)."""
     return f"""
-model = "sim-model"
+model = "{model}"
 model_provider = "aiserve"
 approval_policy = "never"
 sandbox_mode = "read-only"
@@ -90,12 +104,12 @@ stream_max_retries = 0
 
 
 def run_codex(
-    tmp: Path, base_url: str, prompt: str
+    tmp: Path, base_url: str, prompt: str, model: str = "sim-model"
 ) -> tuple[subprocess.CompletedProcess[str], str]:
     """``codex exec`` in a fresh workspace and ``CODEX_HOME``; (the run, its last message)."""
     home = tmp / "codex-home"
     home.mkdir()
-    (home / "config.toml").write_text(codex_config(base_url))
+    (home / "config.toml").write_text(codex_config(base_url, model))
     last = tmp / "last-message.txt"
     env = {
         "PATH": os.environ["PATH"],
@@ -182,3 +196,27 @@ def test_codex_runs_the_same_task_against_the_sims_responses_api(
     output = second["input"][-1]
     assert output["type"] == "function_call_output"
     assert word in output["output"]
+
+
+def test_codex_runs_the_task_through_the_gateway_on_a_claude_backend(
+    stack: tuple[str, str], tmp_path: Path
+) -> None:
+    """The Responses route in front of the ``anthropic`` adapter: Codex's request is
+    translated to Chat Completions and on to Anthropic's Messages; ``prompt_cache_key``,
+    which that adapter cannot carry, is dropped (``X-Aiserve-Dropped``), not refused."""
+    base, sim = stack
+    word, prompt = note_task(tmp_path)
+    url = base + CLAUDE_ROUTE.removesuffix("/responses")
+    run, answer = run_codex(tmp_path, url, prompt, model="claude-sonnet-4-5")
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert word in answer, (answer, run.stderr[-4000:])
+    asked = [r for r in sim_requests(sim) if r["path"] == "/v1/messages"][-2:]
+    first, second = (json.loads(r["body"]) for r in asked)
+    assert first["tools"][0]["name"] == "exec_command"
+    results = [
+        block
+        for block in second["messages"][-1]["content"]
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    ]
+    assert len(results) == 1
+    assert word in json.dumps(results[0])

@@ -3,7 +3,8 @@ what Chat Completions cannot honour and the answer means the same without -- ``i
 ``reasoning.summary``, ``client_metadata``, tools other than ``function``, a reasoning
 item's ``encrypted_content`` -- is dropped and named in ``X-Aiserve-Dropped``; what would
 change the answer's meaning (a ``tool_choice`` forcing a dropped tool, ``background``, a
-field the codec does not know) is still a 400 naming it."""
+field the codec does not know) is still a 400 naming it. A hint the route's backend cannot
+carry (``prompt_cache_key`` on the mock) is dropped and named too; on chat it is refused."""
 
 from __future__ import annotations
 
@@ -176,16 +177,18 @@ def recording() -> tuple[Client, RecordingAdapter]:
 async def test_the_client_is_told_what_was_dropped(autojump_clock: Any, stream: bool) -> None:
     client, rec = recording()
     body = codex_body(stream=stream)
-    # Fields the mock cannot carry (its capabilities; an OpenAI backend carries them).
-    del body["parallel_tool_calls"], body["prompt_cache_key"]
+    # The mock carries no parallel calls: a constraint, still refused (below).
+    del body["parallel_tool_calls"]
     r = await client.request("POST", "/v1/responses", json_body=body)
     assert r.status == 200
+    # The mock cannot carry a prompt-cache key either: a hint, dropped and named too.
     assert r.headers["x-aiserve-dropped"] == (
-        "include, reasoning.summary, client_metadata, tools[1]:namespace, tools[2]:web_search"
+        "include, reasoning.summary, client_metadata, tools[1]:namespace, tools[2]:web_search, "
+        "prompt_cache_key"
     )
     asked = rec.requests[-1]
     assert asked.tool_names == ["exec_command"]
-    for gone in ("include", "reasoning", "client_metadata"):
+    for gone in ("include", "reasoning", "client_metadata", "prompt_cache_key"):
         assert gone not in asked.extra
     if stream:
         assert json.loads(r.events()[-1])["type"] == "response.completed"
@@ -196,3 +199,17 @@ async def test_the_client_is_told_what_was_dropped(autojump_clock: Any, stream: 
     )
     assert plain.status == 200
     assert "x-aiserve-dropped" not in plain.headers
+
+
+async def test_a_field_the_backend_cannot_carry_that_is_no_hint_is_still_refused(
+    autojump_clock: Any,
+) -> None:
+    client, _ = recording()
+    r = await client.request("POST", "/v1/responses", json_body=codex_body())
+    assert r.status == 400
+    assert r.json()["error"]["param"] == "parallel_tool_calls"
+    # On chat, a hint the backend cannot carry is refused as any other field.
+    chat = {"model": "aiserve-mock", "messages": [{"role": "user", "content": "hi"}]}
+    r = await client.chat({**chat, "prompt_cache_key": "k"})
+    assert r.status == 400
+    assert r.json()["error"]["param"] == "prompt_cache_key"

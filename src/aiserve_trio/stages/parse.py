@@ -354,6 +354,30 @@ def check_capabilities(
                     )
 
 
+#: What a translated request (a Responses or Messages client on a backend that speaks
+#: Chat Completions or another provider's API) goes without when the route's backend
+#: cannot carry it: a prompt-cache key, a safety identifier, a service tier, a reasoning
+#: effort, a verbosity -- the answer means the same. Dropped and named in
+#: ``X-Aiserve-Dropped`` (by the pipeline's name); a chat client's are refused as any
+#: other field the backend cannot carry.
+HINTS = frozenset(
+    {"prompt_cache_key", "safety_identifier", "service_tier", "reasoning_effort", "verbosity"}
+)
+
+
+def drop_hints(req: ParsedRequest, adapter: Adapter) -> ParsedRequest:
+    """``req`` (translated) without the :data:`HINTS` its backend cannot carry, named in
+    ``req.dropped``."""
+    caps = adapter.capabilities
+    if caps.fields is None:
+        return req
+    gone = tuple(k for k in req.extra if k in HINTS and not caps.carries(k))
+    if not gone:
+        return req
+    extra = {k: v for k, v in req.extra.items() if k not in gone}
+    return replace(req, extra=extra, dropped=gone)
+
+
 class ParseStage:
     """Reads and decodes the body; takes a stream slot when the client streams."""
 
@@ -391,6 +415,7 @@ class ParseStage:
         # before a loop visits one of them (issue 51).
         await run_sliced(check_body_steps(raw, limits, codec.kind if codec else "chat"))
         view: object = None
+        sent = raw  # the body as the client sent it (a native route's)
         if codec is not None:
             # Another API's request becomes the pipeline's own (``apis/``).
             raw, view = codec.decode(raw)
@@ -416,12 +441,11 @@ class ParseStage:
                 and route.config.native
                 and route.chain is None
                 and codec.kind in served.speaks
-        sent = raw  # the body as the client sent it (a native route's)
             ):
                 # The backend speaks the client's API: its body goes as it came.
                 req = replace(req, api=view, native=sent)
             else:
-                req = replace(req, api=codec.translated(view))
+                req = drop_hints(replace(req, api=codec.translated(view)), served)
         if req.native is None:
             consumed = route.chain.consumes if route.chain is not None else frozenset()
             check_capabilities(req, served, consumed)

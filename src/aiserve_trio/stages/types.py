@@ -112,6 +112,9 @@ class ParsedRequest:
     #: On a native route (the backend speaks the client's API, ``apis/``): the body
     #: as the client sent it, which goes upstream (after the input policies).
     native: bytes | None = None
+    #: On a translated route: the hints the route's backend cannot carry, left out
+    #: (``stages/parse.py`` ``HINTS``; ``X-Aiserve-Dropped``).
+    dropped: tuple[str, ...] = ()
 
     @property
     def model_label(self) -> str:
@@ -168,9 +171,13 @@ def response_headers(
     ``miss``, ``bypass``, ``coalesced``),
     and on a chain the steps that ran, in order."""
     out = [(b"x-request-id", info.request_id.encode())]
-    view = prepared.parsed.api if prepared is not None else None
-    if view is not None and isinstance(view, Dropping) and view.dropped:  # None on chat: quick
-        out.append((b"x-aiserve-dropped", ", ".join(view.dropped).encode()))
+    if prepared is not None:
+        view = prepared.parsed.api
+        dropped = prepared.parsed.dropped
+        if view is not None and isinstance(view, Dropping):  # None on chat: quick
+            dropped = view.dropped + dropped
+        if dropped:
+            out.append((b"x-aiserve-dropped", ", ".join(dropped).encode()))
     if steps:
         out.append((b"x-aiserve-steps", ",".join(steps).encode()))
     if cache is not None:
