@@ -405,6 +405,10 @@ class OpenAIAdapterConfig(UpstreamTLS, tag="openai", tag_field="kind", kw_only=T
     #: (``adapters/h1.py``) for an ``http://`` or ``https://`` backend without
     #: ``http2``, httpx2 for HTTP/2; ``httpx2``: httpx2 always.
     client: Literal["auto", "httpx2"] = "auto"
+    #: The backend's API: ``chat`` (``POST {base_url}/chat/completions``) or
+    #: ``responses`` (``POST {base_url}/responses``: it serves ``responses`` routes,
+    #: whose clients' requests and its events then pass through natively).
+    wire: Literal["chat", "responses"] = "chat"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -1233,6 +1237,7 @@ def check_config(cfg: Config) -> None:
         seen_paths.add(route.path)
         if route.adapters:
             _check_routing(cfg, i, route, fail)
+        _check_wire(cfg, i, route, fail)
         if route.adapter not in cfg.adapters:
             known = ", ".join(sorted(cfg.adapters)) or "none"
             raise fail(f"{key}.adapter", f"unknown adapter {route.adapter!r} (configured: {known})")
@@ -1340,6 +1345,23 @@ def _check_routing(
             other = owner.setdefault(model, name)
             if other != name:
                 raise fail(where, f"model {model!r} is served by both {other!r} and {name!r}")
+
+
+def _check_wire(
+    cfg: Config, i: int, route: RouteConfig, fail: Callable[[str, str], ConfigError]
+) -> None:
+    """An adapter that speaks only the Responses API (``wire = "responses"``) serves only
+    ``responses`` routes that pass their requests through to it."""
+    for name in [route.adapter, *route.adapters]:
+        adapter = cfg.adapters.get(name)
+        if getattr(adapter, "wire", "chat") != "responses":
+            continue
+        if route.kind != "responses" or not route.native or route.steps:
+            why = (
+                f"adapter {name!r} has wire = \"responses\": it serves only responses "
+                "routes without steps, natively (not native = false)"
+            )
+            raise fail(f"routes[{i}].adapter", why)
 
 
 def chain_policies(route: RouteConfig) -> list[str]:

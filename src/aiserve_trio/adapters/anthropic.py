@@ -58,6 +58,7 @@ from .native import (
     parse_arguments,
     read_tools,
 )
+from .passthrough import native_body
 
 __all__ = ["AnthropicAdapter", "messages_body"]
 
@@ -213,31 +214,6 @@ def _thinking(raw: msgspec.Raw | None, max_tokens: int) -> dict[str, Any] | None
             code="invalid_value",
         )
     return {"type": "enabled", "budget_tokens": budget}
-
-
-class _Head(msgspec.Struct):
-    """What a native body says that the adapter may have to change."""
-
-    model: str = ""
-    stream: bool = False
-
-
-_head = msgspec.json.Decoder(_Head)
-_object = msgspec.json.Decoder(dict[str, Any])
-
-
-def native_body(body: bytes, model: str) -> bytes:
-    """A Messages request as its client sent it, for the provider: the same bytes,
-    but for the provider's name of the model when it has another, and ``stream``
-    (the gateway always streams from the provider; a client that did not stream
-    gets the stream added up)."""
-    head = _head.decode(body)
-    if head.model == model and head.stream:
-        return body
-    fields = _object.decode(body)
-    fields["model"] = model
-    fields["stream"] = True
-    return _enc.encode(fields)
 
 
 class AnthropicAdapter(NativeAdapter):

@@ -55,6 +55,8 @@ from .base import (
     budget_ms,
 )
 from .chat_stream import ChatStreamDecoder
+from .passthrough import native_body
+from .responses_native import ResponsesNativeDecoder
 from .retry import Progress, RetryPolicy
 from .tokens import count_prompt, fit_request
 from .transcription import multipart_body, read_transcript
@@ -105,6 +107,8 @@ class OpenAIAdapter(TransportOwner, Adapter):
         self.config = config
         self._httpx2_transport = transport
         self.transport: Transport | None = None
+        if config.wire == "responses":
+            self.speaks = frozenset({"responses"})
 
     async def aopen(self, nursery: trio.Nursery) -> None:
         """Open the transport with the fixed headers (it runs no tasks: ``nursery`` unused).
@@ -181,8 +185,25 @@ class OpenAIAdapter(TransportOwner, Adapter):
     async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
         """One upstream call (see :meth:`Adapter.attempt`)."""
         transport = self._open()
-        body = chat_body(request, self.config.upstream_model or request.model)
+        model = self.config.upstream_model or request.model
         headers = _headers(request.deadline, request.request_id, request.forward_headers)
+        if self.config.wire == "responses":
+            if request.native is None:
+                raise BadRequest(
+                    f"adapter {self.name} speaks the Responses API only: "
+                    "it serves responses routes",
+                    code="unsupported_route",
+                )
+            body = native_body(request.native, model)
+            with translate_errors(self.name):
+                async with transport.stream(
+                    "POST", "/responses", headers, body, request.deadline
+                ) as reply:
+                    if reply.status != 200:
+                        await self._raise_status(reply)
+                    await self._relay(reply, request, send, ResponsesNativeDecoder(self.name))
+            return
+        body = chat_body(request, model)
         with translate_errors(self.name):
             async with transport.stream(
                 "POST", "/chat/completions", headers, body, request.deadline
@@ -240,9 +261,14 @@ class OpenAIAdapter(TransportOwner, Adapter):
         raise status_error(self.name, reply.status, raw, reply.header(b"retry-after"))
 
     async def _relay(
-        self, body: AsyncIterable[bytes], request: InferenceRequest, send: DeltaSink
+        self,
+        body: AsyncIterable[bytes],
+        request: InferenceRequest,
+        send: DeltaSink,
+        decoder: ChatStreamDecoder | ResponsesNativeDecoder | None = None,
     ) -> None:
-        decoder = ChatStreamDecoder(self.name)
+        if decoder is None:
+            decoder = ChatStreamDecoder(self.name)
         async for raw in body:
             upstream_read(len(raw))
             for delta in decoder.feed(raw):

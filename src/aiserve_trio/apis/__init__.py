@@ -20,13 +20,16 @@ A route of ``kind = "chat"`` has no codec: its path is the pipeline's own.
 
 from __future__ import annotations
 
-from . import messages, responses
+from dataclasses import replace
+
+from . import messages, responses, responses_native
 from .common import Codec, Framer
 
 __all__ = ["CODECS", "Codec", "Framer"]
 
 #: The codec of each route kind that has one.
 CODECS: dict[str, Codec] = {
-    responses.CODEC.kind: responses.CODEC,
+    # Its native mode lives apart: its framer extends the translated one.
+    responses.CODEC.kind: replace(responses.CODEC, native=responses_native.NATIVE),
     messages.CODEC.kind: messages.CODEC,
 }

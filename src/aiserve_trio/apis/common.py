@@ -57,9 +57,11 @@ class Codec:
 class NativeFramer(Framer, Protocol):
     """A framer of a native stream: the provider's events pass as they are."""
 
-    def native(self, events: NativeEvents, released: ChunkDelta | None) -> bytes:
-        """The provider's events (``released`` None), or what the output policies
-        released of their text, written as events of the same block."""
+    def native(self, events: NativeEvents, released: ChunkDelta | None, *, same: bool) -> bytes:
+        """The provider's events as they came (``same``: the output policies released
+        the text they hold, ``released``, unchanged), or what the policies released of
+        it written as events of the same block (``events.raw`` empty: text they held
+        back, released before a boundary)."""
         ...
 
 

@@ -720,9 +720,9 @@ class NativeMessagesFramer(MessagesFramer):
         self._started = True
         return self._message_start()
 
-    def native(self, events: NativeEvents, released: ChunkDelta | None) -> bytes:
-        """The provider's events (``released`` None), or the text released from them
-        in their block (``released``: what the output policies let out)."""
+    def native(self, events: NativeEvents, released: ChunkDelta | None, *, same: bool) -> bytes:
+        """The provider's events (``same``), or the text the output policies released
+        from them, in their block."""
         kind = events.kind
         if kind == "message_start":
             self._started = True
@@ -736,7 +736,7 @@ class NativeMessagesFramer(MessagesFramer):
         elif kind == "content_block_stop":
             self._native_open.discard(events.index)
         out = self._begin()
-        if released is None:
+        if same or released is None:
             return out + events.raw
         index = events.index
         if released.reasoning_content:

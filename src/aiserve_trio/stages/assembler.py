@@ -473,7 +473,7 @@ class ResponseAssembler:
             self._tokens += delta.tokens
         if events is not None and events.boundary:
             out += self._flush_native(events.index, now)
-            out += framer.native(events, None)
+            out += framer.native(events, None, same=True)
         elif produced:
             content = reasoning = refusal = ""
             if delta.text:
@@ -510,9 +510,9 @@ class ResponseAssembler:
                     and refusal == delta.refusal
                     and _arguments(calls) == "".join(f.arguments for f in delta.tool_calls or ())
                 )
-                out += framer.native(events, None if same else released)
+                out += framer.native(events, released, same=same)
         elif events is not None:
-            out += framer.native(events, None)
+            out += framer.native(events, None, same=True)
         if delta.finish_reason is not None and self.capped is None:
             self.finish_reason = delta.finish_reason
             self.usage = delta.usage or self.usage
@@ -549,7 +549,7 @@ class ResponseAssembler:
         )
         self._count_released(released, now)
         events = NativeEvents(raw=b"", kind="content_block_delta", index=index)
-        return self._native.native(events, released)
+        return self._native.native(events, released, same=False)
 
     def _count_released(self, released: ChunkDelta, now: float) -> None:
         """The reply cap and the first-token time, for what a native reply released.

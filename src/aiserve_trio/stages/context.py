@@ -187,6 +187,10 @@ class ContextStage:
             )
         self.metadata = metadata
         bus, sid = self.bus, info.session_id
+        if req.native is not None and sid == info.request_id:
+            # A native Responses request: the provider keeps its stored responses
+            # (previous_response_id, store), the gateway no conversation of its own.
+            sid = None
         if bus is None or sid is None:
             await self._hand_on(req, prompt_messages(req), {}, None)
             return
@@ -194,7 +198,11 @@ class ContextStage:
         if isinstance(req.api, ResponsesRequest) and sid == info.request_id:
             await self._response(req, req.api, bus, ttl)
             return
-        if isinstance(req.api, ResponsesRequest) and req.api.previous_response_id is not None:
+        if (
+            isinstance(req.api, ResponsesRequest)
+            and req.api.previous_response_id is not None
+            and req.native is None
+        ):
             raise BadRequest(
                 "`previous_response_id` continues a stored response; it cannot go with "
                 "X-Session-Id, which names another conversation",

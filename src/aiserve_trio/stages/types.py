@@ -171,7 +171,7 @@ def response_headers(
     ``miss``, ``bypass``, ``coalesced``),
     and on a chain the steps that ran, in order."""
     out = [(b"x-request-id", info.request_id.encode())]
-    if prepared is not None:
+    if prepared is not None and prepared.parsed.native is None:  # native: nothing dropped
         view = prepared.parsed.api
         dropped = prepared.parsed.dropped
         if view is not None and isinstance(view, Dropping):  # None on chat: quick
