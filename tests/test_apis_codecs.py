@@ -545,6 +545,22 @@ def test_hints_a_translation_cannot_honour_are_dropped_and_named() -> None:
     assert [m["role"] for m in out["messages"]] == ["system", "user", "assistant", "user"]
 
 
+def test_a_tools_eager_input_streaming_is_a_hint() -> None:
+    # The Vercel AI SDK's Anthropic provider sets it on every tool: a translated route
+    # offers the tool and names what it left out, rather than refusing the request.
+    tool = {
+        "name": "get_weather",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "eager_input_streaming": True,
+    }
+    c = CODECS["messages"]
+    raw, view = c.decode(json.dumps({**BASE["messages"], "tools": [tool]}).encode())
+    assert getattr(c.translated(view), "dropped", ()) == ("eager_input_streaming",)
+    [offered] = msgspec.json.decode(raw)["tools"]
+    assert offered["function"]["name"] == "get_weather"
+    assert offered["function"]["parameters"] == tool["input_schema"]
+
+
 def test_a_native_route_carries_every_field_untouched() -> None:
     body = json.dumps(
         {

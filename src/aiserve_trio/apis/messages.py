@@ -107,10 +107,19 @@ _request = msgspec.json.Decoder(MessagesRequest)
 _object = msgspec.json.Decoder(dict[str, Any])
 _KNOWN = frozenset(MessagesRequest.__struct_fields__)
 #: What a backend of another API may go without: hints about caching, context
-#: editing, the service tier and the model's private reasoning, dropped on a
-#: translated route and named in ``X-Aiserve-Dropped``. Anything else is refused.
+#: editing, the service tier, the model's private reasoning and how a tool's input is
+#: streamed (a tool's ``eager_input_streaming``, which the Vercel AI SDK's Anthropic
+#: provider sets on every tool), dropped on a translated route and named in
+#: ``X-Aiserve-Dropped``. Anything else is refused.
 HINTS = frozenset(
-    {"cache_control", "context_management", "service_tier", "signature", "redacted_thinking"}
+    {
+        "cache_control",
+        "context_management",
+        "service_tier",
+        "signature",
+        "redacted_thinking",
+        "eager_input_streaming",
+    }
 )
 #: ``thinking.budget_tokens`` below each bound: that ``reasoning_effort``.
 _EFFORT = ((4096, "low"), (16384, "medium"))
