@@ -157,7 +157,7 @@ class Stager:
         rt.gate.activate()
         old = self._generations.swap(rt)
         if self._recorder is not None:
-            self._recorder.routes = recorded_routes(rt.config, rt.routes)
+            self._recorder.routes = recorded_routes(rt.config)
         self._telemetry.baseline.track([r.label for r in rt.routes.values()], trio.current_time())
         if rt.gate.enabled != old.gate.enabled or len(rt.gate.keys) != len(old.gate.keys):
             rt.gate.announce()
@@ -293,8 +293,25 @@ def build_gateway(
     Raises:
         ConfigError: a part cannot be built from the config.
     """
-    t = Telemetry(config, tracer_provider)
-    metrics, observer = t.metrics, t.observer
+    metrics = Metrics()
+    #: ``[audit]``: a row per finished request, through the observer.
+    audit = build_audit(config, metrics.registry)
+    #: ``aiserve_spend_total``, ``aiserve_spend_saved_total``.
+    spend = SpendMetrics(metrics.registry, config.pricing.currency)
+    #: ``[record]``: finished requests go to it through the observer.
+    recorder = build_recorder(config, metrics)
+    #: The current runtime and the retired ones still serving their requests (the first
+    #: is built below; the gauges read at scrape time and the console read the current one).
+    generations = Generations()
+    t = Telemetry(
+        config,
+        tracer_provider,
+        metrics=metrics,
+        current=lambda: generations.current,
+        recorder=recorder,
+        sinks=[spend] if audit is None else [audit, spend],
+    )
+    observer = t.observer
     bus = bus if bus is not None else build_bus(config, metrics)
     sc = config.sessions
     writeback = WriteBack(
@@ -308,12 +325,6 @@ def build_gateway(
     running = Running()
     # Profiles and run traces of this worker (one of each at a time, whatever the config).
     debug = DebugEndpoints()
-    #: ``[audit]``: a row per finished request, through the observer.
-    audit = build_audit(config, metrics.registry)
-    if audit is not None:
-        observer.sinks.append(audit)
-    #: ``aiserve_spend_total``, ``aiserve_spend_saved_total``.
-    observer.sinks.append(SpendMetrics(metrics.registry, config.pricing.currency))
     usage = UsageEndpoints(audit, config.pricing.currency)
     # The spend, worker-wide: a lost (Redis) or forgotten (restart) period's spend is
     # read back from the audit log.
@@ -322,7 +333,6 @@ def build_gateway(
         LedgerMetrics(metrics.registry),
         functools.partial(period_spend, audit) if audit is not None else None,
     )
-    generations = Generations()
     console = Console(_Current(t, generations), static_files(), sla.Window(WINDOW_S), usage=usage)
     admin = Admin(metrics, observer, bus, usage, lambda: running.ready)
     entry = Entry(observer, t.tracing)
@@ -341,10 +351,6 @@ def build_gateway(
     )
     built = build_adapters(config.adapters, observer, adapters)
     generations.begin(builder.build(config, built, None))
-    t.watch(lambda: generations.current)
-    #: ``[record]``: finished requests go to it through the observer.
-    recorder = build_recorder(config, generations.current.routes, metrics)
-    observer.recorder = recorder
     stager = Stager(builder, generations, t, recorder, running)
     reloads = metrics.config_reloads
     reloader = Reloader(stager, lambda result: reloads.labels(result).inc())

@@ -5,7 +5,7 @@ time (deployment states, the response cache's size, flights and server)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -15,7 +15,7 @@ from .adapters.group import GroupAdapter
 from .config import Config, route_label
 from .observability.baseline import BaselineMonitor
 from .observability.metrics import Metrics
-from .observability.observer import RequestObserver
+from .observability.observer import RecordSink, RequestObserver
 from .observability.sched import SchedulerLag
 from .observability.tracing import Tracing, configure_otlp
 
@@ -26,12 +26,24 @@ if TYPE_CHECKING:
 class Telemetry:
     """Built from the first config; reloads only move the baseline's routes."""
 
-    def __init__(self, config: Config, provider: TracerProvider | None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        provider: TracerProvider | None,
+        *,
+        metrics: Metrics,
+        current: Callable[[], Runtime],
+        recorder: RecordSink | None = None,
+        sinks: Sequence[RecordSink] = (),
+    ) -> None:
         """Args:
         provider: an OpenTelemetry provider for the spans; default: the global one,
             or OTLP export when ``[observability]`` names an endpoint.
+        metrics: the worker's registry.
+        current: the current runtime, whose gauges are read at scrape time.
+        recorder, sinks: the observer's takers of every finished request.
         """
-        self.metrics = Metrics()
+        self.metrics = metrics
         ob = config.observability
         if provider is None and ob.otlp_endpoint:
             provider = configure_otlp(ob.otlp_endpoint, ob.service_name)
@@ -45,14 +57,12 @@ class Telemetry:
             min_requests=ob.baseline_min_requests,
         )
         keep = ob.debug_keep  # the console's slow requests; /debug/requests/recent if asked
-        self.observer = RequestObserver(self.metrics, self.baseline, keep_recent=keep)
+        self.observer = RequestObserver(
+            self.metrics, self.baseline, keep_recent=keep, recorder=recorder, sinks=sinks
+        )
         self.sched_lag = SchedulerLag(ob.lag_interval_ms / 1000.0) if ob.scheduler_lag else None
         if self.sched_lag is not None:
             self.metrics.registry.register(self.sched_lag)
-        self._current: Callable[[], Runtime] | None = None
-
-    def watch(self, current: Callable[[], Runtime]) -> None:
-        """Read the gauges of the runtime ``current()`` returns, at scrape time."""
         self._current = current
         self.metrics.watch_deployments(self._deployment_states)
         self.metrics.watch_cache(
@@ -60,7 +70,6 @@ class Telemetry:
         )
 
     def _runtime(self) -> Runtime:
-        assert self._current is not None
         return self._current()
 
     def _cache_held(self) -> tuple[int, int]:

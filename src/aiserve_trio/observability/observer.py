@@ -10,7 +10,7 @@ say what happened.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from types import TracebackType
@@ -102,7 +102,13 @@ class RequestObserver:
         baseline: BaselineMonitor | None,
         *,
         keep_recent: int = 0,
+        recorder: RecordSink | None = None,
+        sinks: Sequence[RecordSink] = (),
     ) -> None:
+        """Args:
+        recorder: the traffic recording, when ``[record]`` is on.
+        sinks: more takers of every finished request: the spend counters, the audit log.
+        """
         self.metrics = metrics
         self.baseline = baseline
         self.keep_recent = keep_recent
@@ -120,10 +126,10 @@ class RequestObserver:
         # Bounded: routes and models come from the config (unknown models are folded).
         self._route_models: dict[tuple[str, str], _RouteModel] = {}
         self._attempts: dict[tuple[str, str], Any] = {}
-        #: The traffic recording, when ``[record]`` is on (set by the app).
-        self.recorder: RecordSink | None = None
+        #: The traffic recording, when ``[record]`` is on.
+        self.recorder = recorder
         #: More takers of every finished request: the spend counters, the audit log.
-        self.sinks: list[RecordSink] = []
+        self.sinks: list[RecordSink] = list(sinks)
 
     def _child(self, metric: Counter | Histogram, *values: str) -> Any:
         key = (metric, *values)

@@ -47,7 +47,7 @@ from typing import IO, TYPE_CHECKING, Protocol, TypeVar
 import trio
 from prometheus_client import Counter, Gauge
 
-from ..config import build_policies
+from ..config import build_policies, route_label
 from ..slices import run_sliced
 from ..stages.outcome import Outcome
 from .labels import LabelRules
@@ -57,7 +57,6 @@ from .schema import REPLAY_HEADER
 if TYPE_CHECKING:
     from ..config import Config
     from ..observability.metrics import Metrics
-    from ..stages.types import Route
     from .settings import RecordConfig
 
 log = logging.getLogger("aiserve_trio.record")
@@ -523,17 +522,14 @@ class Recorder:
             await self._done.wait()
 
 
-def recorded_routes(cfg: Config, routes: Mapping[str, Route]) -> dict[str, str]:
+def recorded_routes(cfg: Config) -> dict[str, str]:
     """The routes ``[record]`` records, label -> path: those it names, else every chat route."""
-    paths = set(cfg.record.routes) or {p for p, r in routes.items() if r.config.kind == "chat"}
-    return {r.label: p for p, r in routes.items() if p in paths}
+    paths = set(cfg.record.routes) or {rc.path for rc in cfg.routes if rc.kind == "chat"}
+    return {route_label(rc): rc.path for rc in cfg.routes if rc.path in paths}
 
 
-def build_recorder(cfg: Config, routes: Mapping[str, Route], metrics: Metrics) -> Recorder | None:
+def build_recorder(cfg: Config, metrics: Metrics) -> Recorder | None:
     """The recorder ``[record]`` asks for (None when it is off).
-
-    Args:
-        routes: the app's routes by path.
 
     Raises:
         ConfigError: the default ``gdpr-redact`` cannot be built.
@@ -541,7 +537,7 @@ def build_recorder(cfg: Config, routes: Mapping[str, Route], metrics: Metrics) -
     rec = cfg.record
     if not rec.enabled:
         return None
-    recorded = recorded_routes(cfg, routes)
+    recorded = recorded_routes(cfg)
     key_text = os.environ.get(rec.session_key_env)
     key = key_text.encode() if key_text else secrets.token_bytes(32)
     keyed = (
