@@ -12,7 +12,7 @@ import pytest
 
 from aiserve_trio.adapters.base import Delta
 from aiserve_trio.adapters.responses_stream import ResponsesStreamDecoder
-from aiserve_trio.errors import UpstreamProtocolError
+from aiserve_trio.errors import UpstreamProtocolError, UpstreamStatusError
 from aiserve_trio.sim.core import Prepared, SimCore
 from aiserve_trio.sim.model import SimSettings
 from aiserve_trio.sim.responses import ResponsesDialect
@@ -208,3 +208,26 @@ def test_what_does_not_join_keeps_its_place_in_the_read() -> None:
     )
     deltas, _ = decode([data])
     assert [(d.text, d.refusal) for d in deltas] == [("ab", ""), ("", "no"), ("cd", "")]
+
+
+@pytest.mark.parametrize(
+    ("failure", "status"),
+    [
+        ({"type": "error", "code": "rate_limit_exceeded", "message": "slow down"}, 429),
+        (
+            {
+                "type": "response.failed",
+                "response": {"error": {"code": "server_error", "message": "oops"}},
+            },
+            500,
+        ),
+    ],
+)
+def test_a_rate_limit_or_server_error_mid_stream_is_a_status(
+    failure: dict[str, Any], status: int
+) -> None:
+    dec = ResponsesStreamDecoder("up")
+    dec.feed(events(failure))
+    with pytest.raises(UpstreamStatusError) as err:
+        dec.check()
+    assert err.value.upstream_status == status

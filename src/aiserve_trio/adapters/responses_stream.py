@@ -21,7 +21,10 @@ says what it is:
 ``response.incomplete``                    the end, cut: ``incomplete_details.reason``
                                            (``max_output_tokens``: ``length``,
                                            ``content_filter``)
-``response.failed``, ``error``             the backend failed mid-stream
+``response.failed``, ``error``             the backend failed mid-stream (``code``
+                                           ``rate_limit_exceeded``: a 429,
+                                           ``server_error``: a 500, retried before the
+                                           first token; else a protocol error)
 =========================================  ================================================
 
 Anything else (``response.created``, ``content_part.*``, ``output_item.done``, ...)
@@ -36,13 +39,15 @@ from typing import Any
 
 import msgspec
 
-from ..errors import UpstreamError, UpstreamProtocolError
+from ..errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError
 from .base import Delta, ToolCallDelta, Usage
 from .pieces import Pieces, malformed
 from .sse_parser import SSEDecodeError, SSEParser
 
 #: ``incomplete_details.reason`` -> OpenAI Chat's finish reason.
 INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
+#: Error codes in the stream that are a status's worth (retried before the first token).
+_STREAM_ERRORS = {"rate_limit_exceeded": 429, "server_error": 500}
 #: Event types whose ``delta`` is text, and which text it is.
 _TEXT = {
     "response.output_text.delta": "text",
@@ -166,7 +171,8 @@ class ResponsesStreamDecoder:
         return out
 
     def check(self) -> None:
-        """Raises: UpstreamProtocolError: a malformed event, or a failure reported mid-stream."""
+        """Raises: UpstreamError: a malformed event (``UpstreamProtocolError``), or a failure
+        reported mid-stream (a rate limit or server error: ``UpstreamStatusError``)."""
         if self._error is not None:
             raise self._error
 
@@ -221,9 +227,12 @@ class ResponsesStreamDecoder:
         elif kind in ("response.failed", "error"):
             err = ev.response.error if ev.response is not None else None
             message = err.message if err is not None else (ev.message or "")
-            raise UpstreamProtocolError(
-                f"{self.name}: the model backend reported a failure mid-stream: {message[:300]}"
-            )
+            code = err.code if err is not None else ev.code
+            said = f"{self.name}: the model backend reported a failure mid-stream: {message[:300]}"
+            status = _STREAM_ERRORS.get(code or "")
+            if status is not None:  # retried if no token has gone out yet
+                raise UpstreamStatusError(said, upstream_status=status)
+            raise UpstreamProtocolError(said)
         return None
 
     def _text(self, which: str, text: str, pieces: Pieces) -> Delta | None:
