@@ -165,6 +165,8 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
     "config.py": (
         "decoding",
         "tenants",
+        "adapters.settings",
+        "adapters.tls",
         "policies.base",
         "policies.registry",
         "record.settings",
@@ -190,6 +192,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
     "observability/": ("http.endpoints:types", "stages.outcome:types"),
     "policies/": ("decoding", "messages", "slices", "adapters.base:types"),
     "adapters/": (
+        "decoding",
         "intents",
         "messages",
         "slices",
@@ -348,7 +351,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "sessions.http:types",
         "stages.types:types",
     ),
-    "reload.py": ("decoding",),
+    "reload.py": ("decoding", "adapters.settings"),
     "console/": ("http", "observability", "reload", "audit.usage", "security.gate:types"),
     "count_tokens.py": (
         "adapters",

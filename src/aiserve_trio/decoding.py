@@ -41,6 +41,28 @@ def field_error(key: str, why: str) -> ValueError:
     return ValueError(f"`{key}`: {why}")
 
 
+class Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base for config tables: an unknown key is an error, not silently ignored.
+
+    ``__post_init__`` methods raise :func:`field_error` (a ValueError); msgspec
+    turns it into a ValidationError at the table's path, and the loader into a
+    ConfigError naming ``table.field``.
+    """
+
+
+def positive(section: msgspec.Struct, *keys: str) -> None:
+    """Each of ``section``'s fields ``keys`` must be above zero."""
+    for key in keys:
+        if getattr(section, key) <= 0:
+            raise field_error(key, "must be positive")
+
+
+def not_above(section: msgspec.Struct, low: str, high: str) -> None:
+    """A default, base or per-step value must not exceed the maximum it pairs with."""
+    if getattr(section, low) > getattr(section, high):
+        raise field_error(low, f"must not exceed `{high}` ({getattr(section, high)})")
+
+
 def join_key(*parts: str) -> str:
     """Join TOML key parts: ``("policies.x", "rules[0]", "[1]")`` -> ``policies.x.rules[0][1]``.
 

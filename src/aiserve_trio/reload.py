@@ -36,11 +36,11 @@ from typing import Protocol
 import msgspec
 import trio
 
+from .adapters.settings import UpstreamTLS
 from .config import (
     DEFAULT_CONFIG_NAME,
     Config,
     ConfigError,
-    UpstreamTLS,
     default_config_text,
     load_config,
     parse_config,

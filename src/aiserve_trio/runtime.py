@@ -32,8 +32,8 @@ import trio
 
 from .adapters import Adapter, build_adapter, build_adapters
 from .adapters.group import GroupAdapter
+from .adapters.settings import AdapterConfig, GroupAdapterConfig
 from .api import Model, ModelList, encoder
-from .config import AdapterConfig, GroupAdapterConfig
 
 if TYPE_CHECKING:
     from .cache.service import Cache

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, cast
 
-from ..config import (
-    AdapterConfig,
-    AnthropicAdapterConfig,
-    AzureOpenAIAdapterConfig,
-    BedrockAdapterConfig,
-    GeminiAdapterConfig,
-    GroupAdapterConfig,
-    MockAdapterConfig,
-    OpenAIAdapterConfig,
-    RouteConfig,
-    VllmWsAdapterConfig,
-    route_adapters,
-)
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .base import Adapter, Delta, DeltaSink, InferenceRequest, Message, Usage
+from .settings import KINDS, AdapterConfig, GroupAdapterConfig, MockAdapterConfig, adapter_kind
+
+if TYPE_CHECKING:
+    from ..config import RouteConfig
 
 __all__ = [
     "Adapter",
@@ -44,36 +37,13 @@ def build_adapter(name: str, config: AdapterConfig, hook: UpstreamHook = NULL_HO
     Raises:
         ValueError: no adapter of that kind is available.
     """
-    # Imported here: a config without an openai or vllm_ws adapter does not
-    # pay for importing httpx2 or trio-websocket.
-    if isinstance(config, MockAdapterConfig):
-        from .mock import MockAdapter
-
-        return MockAdapter(name, config, hook=hook)
-    if isinstance(config, OpenAIAdapterConfig):
-        from .openai import OpenAIAdapter
-
-        return OpenAIAdapter(name, config, hook=hook)
-    if isinstance(config, VllmWsAdapterConfig):
-        from .vllm_ws import VllmWsAdapter
-
-        return VllmWsAdapter(name, config, hook=hook)
-    if isinstance(config, AnthropicAdapterConfig):
-        from .anthropic import AnthropicAdapter
-
-        return AnthropicAdapter(name, config, hook=hook)
-    if isinstance(config, AzureOpenAIAdapterConfig):
-        from .azure_openai import AzureOpenAIAdapter
-
-        return AzureOpenAIAdapter(name, config, hook=hook)
-    if isinstance(config, GeminiAdapterConfig):
-        from .gemini import GeminiAdapter
-
-        return GeminiAdapter(name, config, hook=hook)
-    if isinstance(config, BedrockAdapterConfig):
-        from .bedrock import BedrockAdapter
-
-        return BedrockAdapter(name, config, hook=hook)
+    kind = KINDS.get(adapter_kind(config))
+    if kind is not None and kind.adapter and isinstance(config, kind.settings):
+        # Imported here: a config without an openai or vllm_ws adapter does not
+        # pay for importing httpx2 or trio-websocket.
+        module, _, cls = kind.adapter.partition(":")
+        make = getattr(importlib.import_module(f".{module}", __name__), cls)
+        return cast(Callable[..., Adapter], make)(name, config, hook=hook)
     raise ValueError(f"adapter kind {type(config).__name__} is not available")
 
 
@@ -114,6 +84,7 @@ def route_adapter(route: RouteConfig, label: str, built: Mapping[str, Adapter]) 
     picking one by the request's model (``router.py``)."""
     if not route.adapters:
         return built[route.adapter]
+    from ..config import route_adapters
     from .router import ModelRouter
 
     return ModelRouter(label, [built[n] for n in route_adapters(route)])

@@ -39,7 +39,6 @@ from typing import Any
 
 import msgspec
 
-from ..config import AnthropicAdapterConfig
 from ..errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamStatusError
 from ..messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
@@ -59,6 +58,7 @@ from .native import (
     read_tools,
 )
 from .passthrough import native_body
+from .settings import AnthropicAdapterConfig
 
 __all__ = ["AnthropicAdapter", "messages_body"]
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import random
 from urllib.parse import quote
 
-from ..config import AzureOpenAIAdapterConfig
 from ..errors import BadRequest, GatewayError, UpstreamStatusError
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .base import Capabilities, Delta, InferenceRequest
 from .chat_stream import ChatStreamDecoder
 from .native import Headers, NativeAdapter, StreamDecoder, error_fields
+from .settings import AzureOpenAIAdapterConfig
 from .wire import chat_body
 
 __all__ = ["AzureOpenAIAdapter", "FilteredStreamDecoder"]

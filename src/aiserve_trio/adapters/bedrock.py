@@ -49,7 +49,6 @@ import httpx2
 import msgspec
 import trio
 
-from ..config import BedrockAdapterConfig
 from ..errors import BadRequest, ConfigError, GatewayError, UpstreamStatusError
 from ..messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
@@ -67,6 +66,7 @@ from .native import (
     parse_arguments,
     read_tools,
 )
+from .settings import BedrockAdapterConfig
 
 __all__ = ["BedrockAdapter", "converse_body"]
 

@@ -35,7 +35,6 @@ from urllib.parse import quote
 
 import msgspec
 
-from ..config import GeminiAdapterConfig
 from ..errors import BadRequest, GatewayError, UpstreamStatusError
 from ..messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
@@ -53,6 +52,7 @@ from .native import (
     parse_arguments,
     read_tools,
 )
+from .settings import GeminiAdapterConfig
 
 __all__ = ["GeminiAdapter", "gemini_body"]
 

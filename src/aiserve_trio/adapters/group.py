@@ -67,7 +67,6 @@ from dataclasses import dataclass
 import msgspec
 import trio
 
-from ..config import GroupAdapterConfig
 from ..errors import (
     BadRequest,
     GatewayError,
@@ -82,6 +81,7 @@ from .balance import Candidate, order
 from .base import Adapter, Capabilities, Delta, DeltaSink, InferenceRequest, Message, ServedBy
 from .health import HealthPolicy, Outliers, State
 from .retry import NO_RETRIES, Progress
+from .settings import GroupAdapterConfig
 
 log = logging.getLogger("aiserve_trio.adapters.group")
 #: Rounding room in "does it fit": a try cut to leave the next one exactly its

@@ -40,7 +40,6 @@ from typing import Any
 import msgspec
 import trio
 
-from ..config import MockAdapterConfig, MockToolCall
 from ..errors import BadRequest
 from ..intents import simulated_label
 from ..observability.events import NULL_HOOK, UpstreamHook
@@ -59,6 +58,7 @@ from .base import (
     Usage,
 )
 from .retry import Progress
+from .settings import MockAdapterConfig, MockToolCall
 
 ECHO_PREFIX = "echo:"
 _WORDS_RE = re.compile(r"\s*\S+|\s+$")

@@ -24,7 +24,6 @@ from typing import Any, Protocol
 import msgspec
 import trio
 
-from ..config import NativeAdapterConfig
 from ..errors import BadRequest, ConfigError, GatewayError, UpstreamConnectError
 from ..messages import Message
 from ..observability.annotate import upstream_read
@@ -32,6 +31,7 @@ from ..observability.events import NULL_HOOK, UpstreamHook
 from . import h1
 from .base import Adapter, Capabilities, Delta, DeltaSink, InferenceRequest, budget_ms
 from .retry import Progress, RetryPolicy
+from .settings import NativeAdapterConfig
 from .tokens import fit_request
 from .transport import (
     Transport,

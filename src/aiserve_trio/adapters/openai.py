@@ -34,7 +34,6 @@ import httpx2
 import msgspec
 import trio
 
-from ..config import OpenAIAdapterConfig
 from ..errors import (
     BadRequest,
     ConfigError,
@@ -58,6 +57,7 @@ from .chat_stream import ChatStreamDecoder
 from .passthrough import native_body
 from .responses_native import ResponsesNativeDecoder
 from .retry import Progress, RetryPolicy
+from .settings import OpenAIAdapterConfig
 from .tokens import count_prompt, fit_request
 from .transcription import multipart_body, read_transcript
 from .transport import (

@@ -1,12 +1,14 @@
 """TLS to a backend, as the lean client (``h1.py``) uses it: the context, the name to
 verify, the session to resume, and each handshake reported.
 
-The context comes from the adapter's settings (``config.UpstreamTLS``: ``ca_file``,
+The context comes from the adapter's settings (``settings.UpstreamTLS``: ``ca_file``,
 ``client_cert`` / ``client_key``, ``server_name``, ``tls_min_version``); it always
 verifies the certificate and the name. One :class:`TLSSettings` per backend keeps
 the newest session the backend gave (a TLS 1.3 ticket or a TLS 1.2 session), and a
 new connection offers it: the handshake is then one round trip shorter and skips
 the certificate exchange (``python -m bench.upstream_tls`` measures it).
+:func:`check_tls_files` reads the files once when the config is loaded (their paths
+made absolute, a digest of their bytes, a key others may read refused).
 
 :func:`reason` turns an ``ssl`` failure into the words an operator needs: unknown
 CA, expired certificate, name mismatch, client certificate refused, no protocol
@@ -15,17 +17,105 @@ version in common.
 
 from __future__ import annotations
 
+import hashlib
 import ssl
+import stat
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final, final
 
-from ..config import UpstreamTLS, client_tls_context
+import msgspec
 
-__all__ = ["TLSSettings", "reason"]
+from ..decoding import confined, outside
+from ..errors import ConfigError
+from .settings import UpstreamTLS
+
+__all__ = ["TLSFileError", "TLSSettings", "check_tls_files", "client_tls_context", "reason"]
 
 #: What a handshake was, for ``aiserve_upstream_tls_handshakes_total{kind}``.
 FULL: Final = "full"
 RESUMED: Final = "resumed"
+
+
+_TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
+
+
+class TLSFileError(ValueError):
+    """A TLS file of an adapter cannot be used; ``field`` names its key."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"{field}: {why}")
+        self.field = field
+        self.why = why
+
+
+def client_tls_context(tls: UpstreamTLS) -> ssl.SSLContext:
+    """The verifying client context ``tls`` describes (paths as the loader resolved them).
+
+    Raises:
+        TLSFileError: a file cannot be read or is not what it should be (PEM), or
+            the key does not match the certificate; naming the field.
+    """
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=tls.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TLSFileError("ca_file", _why(exc)) from None
+    ctx.minimum_version = _TLS_VERSIONS[tls.tls_min_version]
+    if tls.client_cert is not None:
+        try:
+            ctx.load_cert_chain(tls.client_cert, tls.client_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise TLSFileError("client_cert", _why(exc)) from None
+    return ctx
+
+
+def _why(exc: OSError) -> str:
+    reason = getattr(exc, "reason", None)
+    return f"not usable ({reason or exc.strerror or exc})"
+
+
+def check_tls_files(
+    tls: UpstreamTLS,
+    key: str,
+    base_dir: str,
+    source: str,
+    roots: tuple[str, ...] | None = None,
+) -> UpstreamTLS:
+    """``tls`` with its paths made absolute and the digest of its files' bytes.
+
+    Args:
+        roots: the folders the files must be in (``decoding.config_roots``); None: any.
+
+    Raises:
+        ConfigError: one line naming ``source`` and ``key.<field>``: a file is
+            outside ``roots``, cannot be read, the key is readable by others, or
+            a file is not valid PEM.
+    """
+    paths: dict[str, str] = {}
+    digest = hashlib.blake2b(digest_size=8)
+    for field in ("ca_file", "client_cert", "client_key"):
+        value = getattr(tls, field)
+        if value is None:
+            continue
+        path = Path(base_dir) / value
+        if not confined(str(path), roots):
+            raise ConfigError(f"{source}: key `{key}.{field}`: {outside('the file', value)}")
+        try:
+            digest.update(path.read_bytes())
+            mode = path.stat().st_mode
+        except OSError as exc:
+            why = f"cannot read {path}: {exc.strerror}"
+            raise ConfigError(f"{source}: key `{key}.{field}`: {why}") from None
+        if field == "client_key" and mode & stat.S_IROTH:
+            why = f"{path} is readable by others (chmod o-r, or 600)"
+            raise ConfigError(f"{source}: key `{key}.{field}`: {why}")
+        paths[field] = str(path)
+    resolved = msgspec.structs.replace(tls, **paths, tls_files_digest=digest.hexdigest())
+    try:
+        client_tls_context(resolved)
+    except TLSFileError as exc:
+        raise ConfigError(f"{source}: key `{key}.{exc.field}`: {exc.why}") from None
+    return resolved
 
 
 @final
@@ -58,7 +148,7 @@ class TLSSettings:
         """The settings of an adapter's TLS fields for a backend at ``host``.
 
         Raises:
-            config.TLSFileError: a file became unreadable or invalid since it was loaded.
+            TLSFileError: a file became unreadable or invalid since it was loaded.
         """
         context = client_tls_context(tls)
         context.set_alpn_protocols(["http/1.1"])

@@ -44,7 +44,6 @@ import httpx2
 import msgspec
 import trio
 
-from ..config import TLSFileError, UpstreamTLS
 from ..errors import (
     ConfigError,
     UpstreamConnectError,
@@ -56,8 +55,9 @@ from ..errors import (
 )
 from . import h1
 from .compat import pool_connections
+from .settings import UpstreamTLS
 from .sse_parser import SSEDecodeError
-from .tls import TLSSettings
+from .tls import TLSFileError, TLSSettings
 
 if TYPE_CHECKING:
     from ..observability.events import UpstreamHook

@@ -42,7 +42,6 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
-from ..config import VllmWsAdapterConfig
 from ..errors import (
     UpstreamConnectError,
     UpstreamError,
@@ -54,6 +53,7 @@ from ..observability.events import NULL_HOOK, UpstreamHook
 from .base import Adapter, Capabilities, DeltaSink, InferenceRequest, budget_ms
 from .compat import close_ws_stream
 from .retry import Progress, RetryPolicy
+from .settings import VllmWsAdapterConfig
 from .tokens import fit_request
 from .ws_reply import WsReplyDecoder
 
