@@ -5,6 +5,7 @@ against this sim only because of these."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -256,3 +257,27 @@ def test_base64_images_are_seen(client: anthropic.Anthropic) -> None:
     )
     assert reply.content[0].type == "text"
     assert reply.content[0].text.startswith("I see 2 images.")
+
+
+def test_structured_outputs_parse_into_the_model(client: anthropic.Anthropic) -> None:
+    # messages.parse sends output_config.format with the model's JSON schema; the reply's
+    # text is an instance of it, whole and streamed.
+    from pydantic import BaseModel
+
+    class Forecast(BaseModel):
+        city: str
+        days: int
+
+    parsed = client.messages.parse(
+        model="claude-sim", max_tokens=256, messages=HI, output_format=Forecast
+    )
+    assert isinstance(parsed.parsed_output, Forecast)
+    schema: Any = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with client.messages.stream(
+        model="claude-sim",
+        max_tokens=256,
+        messages=HI,
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    ) as stream:
+        text = "".join(stream.text_stream)
+    assert isinstance(json.loads(text)["n"], int)

@@ -9,8 +9,10 @@ messages of ``text``, ``image``, ``tool_use`` and ``tool_result`` blocks,
 ``thinking`` block that ends with its ``signature``) are read. A ``system``
 message inside ``messages`` (Claude Code's mid-conversation system beta) is
 read as more system text. Other fields -- ``cache_control`` on any block,
-``context_management``, ``metadata``, ``output_config``, ``temperature`` -- and
+``context_management``, ``metadata``, the rest of ``output_config``, ``temperature`` -- and
 the ``anthropic-beta`` header are accepted and ignored;
+``output_config.format`` (structured outputs: ``{"type": "json_schema", "schema": ...}``, or
+the beta's top-level ``output_format``) makes a text reply a JSON instance of the schema;
 the query string (``?beta=true``) too. A ``sim-call: NAME {args}`` line in the
 last user message calls that tool with those arguments (:mod:`.reply`), which
 is how a test makes Claude Code run its ``Read`` tool.
@@ -60,7 +62,16 @@ import msgspec
 from .core import Prepared
 from .dialect import DialectError, SimAsk
 from .reply import Script
-from .request import ContentPart, FunctionCall, FunctionDef, SimMessage, Tool, ToolCallIn
+from .request import (
+    ContentPart,
+    FunctionCall,
+    FunctionDef,
+    JsonSchemaFormat,
+    ResponseFormat,
+    SimMessage,
+    Tool,
+    ToolCallIn,
+)
 
 _enc = msgspec.json.Encoder()
 
@@ -117,9 +128,24 @@ class _Request(msgspec.Struct):
     stream: bool = False
     thinking: dict[str, Any] | None = None
     stop_sequences: list[str] | None = None
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
 
 
 _request = msgspec.json.Decoder(_Request)
+
+
+def _format(req: _Request) -> ResponseFormat | None:
+    """Structured outputs: the JSON schema a text reply must be an instance of."""
+    fmt = (req.output_config or {}).get("format") or req.output_format
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return None
+    schema = fmt.get("schema")
+    if not isinstance(schema, dict):
+        raise DialectError("output_config.format.schema: a JSON schema object is required")
+    return ResponseFormat(
+        type="json_schema", json_schema=JsonSchemaFormat(schema=schema, strict=True)
+    )
 
 
 def _result_text(content: str | list[dict[str, Any]] | None) -> str:
@@ -316,6 +342,7 @@ class AnthropicDialect:
             tools=tools,
             tool_choice=_choice(req.tool_choice),
             reasoning_effort="medium" if thinking else None,
+            response_format=_format(req),
             # This request's own dialect renders its reply: it knows where it stops.
             render=AnthropicDialect(tuple(s for s in req.stop_sequences if s))
             if req.stop_sequences
