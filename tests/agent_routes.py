@@ -38,6 +38,13 @@ name = "oai_responses"
 kind = "responses"
 adapter = "up"
 
+# Anthropic clients, translated to Chat Completions: base_url = GATEWAY/oai
+[[routes]]
+path = "/oai/v1/messages"
+name = "oai_messages"
+kind = "messages"
+adapter = "up"
+
 # OpenAI clients, Responses passed through natively: base_url = GATEWAY/native/v1
 [adapters.resp]
 kind = "openai"

@@ -215,6 +215,39 @@ def test_langchain_structured_output(lc: Any) -> None:
     assert isinstance(forecast, Forecast)
 
 
+@pytest.mark.parametrize(
+    ("prefix", "model", "path"),
+    [
+        ("/claude", "claude-sonnet-4-5", "/v1/messages"),  # native: output_config as sent
+        ("/oai", "sim-model", "/v1/chat/completions"),  # translated: response_format
+    ],
+    ids=["native", "translated"],
+)
+def test_chat_anthropic_structured_outputs(
+    gateway: str, sim: str, prefix: str, model: str, path: str
+) -> None:
+    chat = ChatAnthropic(
+        model_name=model,
+        base_url=gateway + prefix,
+        api_key=SecretStr("client-key"),
+        max_retries=0,
+        timeout=30,
+        stop=None,
+    )
+    structured = chat.with_structured_output(Forecast, method="json_schema")
+    forecast = structured.invoke("Forecast for somewhere")
+    assert isinstance(forecast, Forecast)
+    up = sim_requests(sim)[-1]
+    assert up["path"] == path
+    body = json.loads(up["body"])
+    schema = (
+        body["output_config"]["format"]
+        if path == "/v1/messages"
+        else body["response_format"]["json_schema"]
+    )
+    assert schema["schema"]["required"] == ["city", "days"]
+
+
 def test_langchain_anthropic_on_the_translated_default_route(gateway: str) -> None:
     """The embedded default's /v1/messages (the built-in mock, translated from Messages):
     the mock calls get_weather when asked about the weather in a city, and answers the

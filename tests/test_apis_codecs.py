@@ -561,6 +561,32 @@ def test_a_tools_eager_input_streaming_is_a_hint() -> None:
     assert offered["function"]["parameters"] == tool["input_schema"]
 
 
+def test_structured_outputs_become_a_json_schema_response_format() -> None:
+    # ChatAnthropic's with_structured_output(method="json_schema") and the SDK's
+    # messages.parse send output_config.format; a Chat backend gets response_format.
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    c = CODECS["messages"]
+    body = {
+        **BASE["messages"],
+        "output_config": {"format": {"type": "json_schema", "schema": schema}},
+    }
+    raw, view = c.decode(json.dumps(body).encode())
+    assert getattr(c.translated(view), "dropped", ()) == ()
+    assert msgspec.json.decode(raw)["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema},
+    }
+    # what has no Chat equivalent is still refused on a translated route
+    for config, param in [
+        ({"effort": "low"}, "output_config.effort"),
+        ({"format": {"type": "xml"}}, "output_config.format"),
+    ]:
+        _, view = c.decode(json.dumps({**BASE["messages"], "output_config": config}).encode())
+        with pytest.raises(BadRequest) as err:
+            c.translated(view)
+        assert err.value.param == param
+
+
 def test_a_native_route_carries_every_field_untouched() -> None:
     body = json.dumps(
         {

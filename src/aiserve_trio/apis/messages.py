@@ -88,6 +88,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     top_k: int | None = None
     metadata: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
     stream: bool = False
 
 
@@ -174,6 +175,8 @@ def decode(body: bytes) -> tuple[bytes, MessagesView]:
         effort = _thinking(req.thinking, notes)
         if effort is not None:
             chat["reasoning_effort"] = effort
+    if req.output_config is not None:
+        chat.update(_output_config(req.output_config, notes))
     return encoder.encode(chat), MessagesView(req, tuple(notes))
 
 
@@ -367,6 +370,25 @@ def _thinking(thinking: dict[str, Any], notes: Notes) -> str | None:
         notes.append(("thinking", refuse("thinking", why)))
         return None
     return next((effort for bound, effort in _EFFORT if budget < bound), "high")
+
+
+def _output_config(config: dict[str, Any], notes: Notes) -> dict[str, Any]:
+    """Structured outputs: ``output_config.format``, a JSON schema the answer's text
+    follows, is Chat's ``response_format`` ``json_schema``; the rest (``effort``) is noted."""
+    _only(config, "output_config", ("format",), notes)
+    fmt = config.get("format")
+    if fmt is None:
+        return {}
+    if (
+        not isinstance(fmt, dict)
+        or fmt.get("type") != "json_schema"
+        or not isinstance(fmt.get("schema"), dict)
+    ):
+        why = "must be `{type: json_schema, schema: {...}}` here"
+        notes.append(("output_config.format", refuse("output_config.format", why)))
+        return {}
+    spec = {"name": "output", "schema": fmt["schema"]}
+    return {"response_format": {"type": "json_schema", "json_schema": spec}}
 
 
 # --- the reply ------------------------------------------------------------------
