@@ -98,6 +98,7 @@ def test_stream_text_runs_the_tool_and_answers(
     assert out["text"].startswith("The tool returned: ")
     assert "sunny in Oslo" in out["text"]
     assert out["parts"].count("text-delta") > 1  # streamed, not one piece
+    assert second["dropped"] is None  # nothing left out
     up = sim_requests(sim)[-1]
     assert up["path"] == path
     assert "sunny in Oslo" in up["body"]  # the second request carried the tool's result
@@ -120,3 +121,4 @@ def test_anthropic_provider_on_the_translated_default_route(gateway: str) -> Non
     assert first["toolCalls"] == [{"name": "get_weather", "input": {"city": "Oslo"}}]
     assert second["toolCalls"] == []
     assert second["text"].startswith("I am the aiserve-trio mock model")
+    assert first["dropped"] == second["dropped"] == "eager_input_streaming"

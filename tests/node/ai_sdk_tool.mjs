@@ -60,6 +60,7 @@ console.log(
       toolCalls: s.toolCalls.map((c) => ({ name: c.toolName, input: c.input })),
       toolResults: s.toolResults.map((r) => r.output),
       text: s.text,
+      dropped: s.response?.headers?.["x-aiserve-dropped"] ?? null,
     })),
   }),
 );
