@@ -179,6 +179,12 @@ def _field_comments(cls: type) -> dict[str, str]:
     (node,) = ast.parse(source).body
     assert isinstance(node, ast.ClassDef)
     out: dict[str, str] = {}
+    # A comment may speak for the fields right below it too (``body_read_timeout_ms``,
+    # then ``body_total_timeout_ms`` and ``body_min_rate``, which it names): a field
+    # without its own comment takes that of the run of fields it is in, when it is
+    # named there.
+    head = ""
+    last_line = -1
     for stmt in node.body:
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             lines: list[str] = []
@@ -186,8 +192,16 @@ def _field_comments(cls: type) -> dict[str, str]:
             while line in comments:
                 lines.insert(0, comments[line])
                 line -= 1
+            name = stmt.target.id
             if lines:
-                out[stmt.target.id] = " ".join(lines)
+                head = out[name] = " ".join(lines)
+            elif head and stmt.lineno == last_line + 1 and re.search(rf"\b{name}\b", head):
+                out[name] = head
+            elif stmt.lineno != last_line + 1:
+                head = ""
+            last_line = stmt.end_lineno or stmt.lineno
+        else:
+            head = ""
     return out
 
 
