@@ -27,7 +27,9 @@ import msgspec
 
 from .adapters.settings import AdapterConfig, UpstreamTLS, adapter_kind
 
-# Names the tests and benches import from here; each lives with its package.
+# Re-exported (`X as X`) for the tests and benches that import them from here: the
+# adapters' Structs, CacheConfig, SessionsConfig. Each lives with its package; code in
+# src/ imports it from there.
 from .adapters.settings import AnthropicAdapterConfig as AnthropicAdapterConfig
 from .adapters.settings import AzureOpenAIAdapterConfig as AzureOpenAIAdapterConfig
 from .adapters.settings import BedrockAdapterConfig as BedrockAdapterConfig
@@ -40,6 +42,8 @@ from .adapters.settings import OpenAIAdapterConfig as OpenAIAdapterConfig
 from .adapters.settings import VllmWsAdapterConfig as VllmWsAdapterConfig
 from .adapters.tls import check_tls_files
 from .audit.settings import AuditConfig as AuditConfig
+from .cache.settings import CacheConfig as CacheConfig
+from .cache.settings import RouteCache
 from .chains.plan import AdapterFacts, check_chain
 from .chains.steps import StepConfig as StepConfig
 from .decoding import Section as _Section
@@ -54,6 +58,7 @@ from .policies.base import BuildContext, Policy, PolicySpec
 from .policies.registry import decode_policies, known_policies
 from .record.settings import RecordConfig, check_record
 from .security.auth import check_hash
+from .sessions.settings import SessionsConfig as SessionsConfig
 from .spend.settings import Period, PricingConfig, TenantConfig, check_budget
 from .tenants import check_tenant
 
@@ -214,183 +219,6 @@ class LimitsConfig(_Section):
                 raise field_error(key, "must not be negative")
         if self.heartbeat_s < 0:
             raise field_error("heartbeat_s", "must not be negative")
-
-
-class SessionsConfig(_Section):
-    backend: Literal["memory", "redis"] = "memory"
-    #: Session variables kept in clear although a route (or the session endpoints)
-    #: redacts what is written to the session: templates that need the value.
-    clear_vars: list[str] = msgspec.field(default_factory=list)
-    #: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://h:p,h:p``,
-    #: ``redis+sentinel://h:p,h:p/service[/db]``.
-    url: str = "redis://127.0.0.1:6379/0"
-    #: Connections for the request path (load, append, set_vars).
-    pool_size: int = 32
-    #: Connections for live followers (each blocks one in ``XREAD BLOCK``).
-    follow_pool_size: int = 64
-    connect_timeout_ms: int = 1_000
-    #: Memory backend: sessions kept at most, and their bytes at most (turns as
-    #: encoded JSON, variables, plus a fixed overhead each: ``sessions/memory.py``).
-    #: When full, the least recently used session of the tenant holding the most goes.
-    max_sessions: int = 10_000
-    max_bytes: int = 268_435_456
-    #: Memory backend: one session's bytes at most; its oldest turns are dropped past it.
-    max_session_bytes: int = 4_194_304
-    #: Turns kept per session (``XADD MAXLEN ~``).
-    max_turns: int = 100
-    #: Turns put into the prompt.
-    history_turns: int = 20
-    #: Turns kept for write-back while the bus is unreachable.
-    outbox_max: int = 10_000
-    #: Outbox retry backoff: first delay, doubling up to the max.
-    outbox_retry_ms: int = 200
-    outbox_retry_max_ms: int = 5_000
-    key_prefix: str = "aiserve"
-    #: System prompt carrying session variables; ``{vars}`` is "name: value" lines.
-    system_template: str = "Known facts about this customer:\n{vars}"
-    #: ``GET /v1/sessions/{id}/events``: events replayed on connect, heartbeat
-    #: comment interval, and the stream's lifetime before the client reconnects.
-    replay_events: int = 100
-    heartbeat_ms: int = 15_000
-    events_max_s: int = 3_600
-    #: Variables one session may hold, and their names' and values' UTF-8 bytes in
-    #: all: they ride along in every prompt, so a write past either is refused (413).
-    max_vars_per_session: int = 128
-    max_var_bytes_per_session: int = 32_768
-
-    def __post_init__(self) -> None:
-        _positive(
-            self,
-            "max_vars_per_session",
-            "max_var_bytes_per_session",
-            "pool_size",
-            "follow_pool_size",
-            "connect_timeout_ms",
-            "max_sessions",
-            "max_bytes",
-            "max_session_bytes",
-            "max_turns",
-            "outbox_max",
-            "outbox_retry_ms",
-            "outbox_retry_max_ms",
-            "replay_events",
-            "heartbeat_ms",
-            "events_max_s",
-        )
-        _not_above(self, "outbox_retry_ms", "outbox_retry_max_ms")
-        _not_above(self, "max_session_bytes", "max_bytes")
-        if not 0 <= self.history_turns <= self.max_turns:
-            raise field_error("history_turns", "must be between 0 and `max_turns`")
-        if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", self.key_prefix):
-            raise field_error("key_prefix", "must be 1-64 letters, digits or '_.-'")
-
-
-class RouteSemantic(_Section):
-    """A route's semantic cache tier (``cache = { ..., semantic = { ... } }``).
-
-    After an exact miss, the last user message is embedded and an answer stored
-    for a question whose wording was near is served -- only when everything else
-    matches exactly, the facts of the question included (``cache/semantic.py``).
-    """
-
-    #: The adapter (``[adapters.NAME]``) that embeds the question.
-    embeddings: str
-    #: The embedding model, as that adapter names it.
-    model: str
-    #: The least cosine similarity served; tune it on your own questions
-    #: (``python -m bench.semantic``).
-    threshold: float = 0.92
-    #: The embedding call is given up after this long (or at the context stage's
-    #: cut, if sooner): the request goes on as an exact miss.
-    timeout_ms: int = 250
-    #: A longer last message is not looked up nor filed (a semantic cache is for
-    #: questions; reading the facts of a long text would hold the worker).
-    max_chars: int = 2_000
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.threshold <= 1.0:
-            raise field_error("threshold", "must be in (0, 1]")
-        _positive(self, "timeout_ms", "max_chars")
-
-
-class RouteCache(_Section):
-    """A route's response cache (``cache = { ... }`` on a route; off without it).
-
-    Exact match on everything that changes the answer (see ``cache/key.py``);
-    what is stored is the reply as the client got it, after the output policies.
-    """
-
-    #: ``cache = { enabled = false, ... }`` keeps the settings and turns it off.
-    enabled: bool = True
-    #: Seconds an entry is served after it was written.
-    ttl_s: float = 300.0
-    #: Models (as the client names them) whose replies are cached; empty: all.
-    models: list[str] = msgspec.field(default_factory=list)
-    #: A reply larger than this (encoded) is served but not stored.
-    max_entry_bytes: int = 1_048_576
-    #: Only requests that ask for a repeatable answer (``temperature`` 0 or a
-    #: ``seed``) are looked up, shared and stored; false: every request.
-    deterministic_only: bool = True
-    #: The semantic tier behind the exact cache; off without it.
-    semantic: RouteSemantic | None = None
-
-    def __post_init__(self) -> None:
-        _positive(self, "ttl_s", "max_entry_bytes")
-
-
-class CacheConfig(_Section):
-    """``[cache]``: where the routes' caches keep their entries."""
-
-    #: ``memory``: per worker, LRU bounded by ``max_bytes``; ``redis``: shared by
-    #: every gateway on the server, and identical requests in flight on different
-    #: gateways share one upstream call.
-    backend: Literal["memory", "redis"] = "memory"
-    #: Redis URL (the schemes of ``[sessions] url``); default: ``[sessions] url``.
-    url: str | None = None
-    #: Memory backend: bytes of entries held at most (least recently used evicted first).
-    max_bytes: int = 67_108_864
-    key_prefix: str = "aiserve"
-    #: Every Redis call is given up after this long (the request goes on uncached).
-    timeout_ms: int = 50
-    #: After a Redis failure the cache is skipped for this long (no waiting on a
-    #: server that is down), then tried again.
-    retry_ms: int = 1_000
-    #: How long a gateway answering a request for others holds its claim without
-    #: renewing it (renewed every third of it): when it dies, another takes over after this.
-    lease_ms: int = 3_000
-    pool_size: int = 32
-    #: Connections for gateways following another's answer (each blocks in ``XREAD BLOCK``).
-    follow_pool_size: int = 64
-    connect_timeout_ms: int = 1_000
-    #: Redis ``INFO stats`` (keyspace hits and misses) is read this often.
-    stats_interval_s: float = 15.0
-    #: Semantic tier: questions (vectors) each worker's index holds at most, least
-    #: recently used out (with Redis, also about how many its shared log keeps).
-    semantic_max_entries: int = 50_000
-    #: Semantic tier: bytes each worker's index holds at most, with either backend --
-    #: vectors (unused rows of a guard's matrix too), questions, keys and overheads;
-    #: least recently used out, across guards (``aiserve_cache_semantic_bytes``).
-    semantic_max_bytes: int = 67_108_864
-    #: Semantic tier with Redis: a starting worker reads the shared index this long at most.
-    semantic_catch_up_ms: int = 2_000
-
-    def __post_init__(self) -> None:
-        _positive(
-            self,
-            "max_bytes",
-            "timeout_ms",
-            "retry_ms",
-            "lease_ms",
-            "pool_size",
-            "follow_pool_size",
-            "connect_timeout_ms",
-            "stats_interval_s",
-            "semantic_max_entries",
-            "semantic_max_bytes",
-            "semantic_catch_up_ms",
-        )
-        if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", self.key_prefix):
-            raise field_error("key_prefix", "must be 1-64 letters, digits or '_.-'")
 
 
 class RouteDeadline(_Section):

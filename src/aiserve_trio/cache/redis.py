@@ -33,13 +33,13 @@ import coredis
 import coredis.exceptions
 from coredis.tokens import PureToken
 
-from ..sessions.redis_streams import client_for_url
+from ..redisconn import client_for_url
 from .backend import CacheBackend, Claim, Record
 from .entry import Entry, decode
 from .errors import CacheUnavailable
 
 if TYPE_CHECKING:
-    from ..config import CacheConfig
+    from .settings import CacheConfig
 
 _ERRORS = (coredis.exceptions.RedisError, OSError, TimeoutError, ValueError)
 

@@ -35,7 +35,7 @@ from .flight import Flight, Producer
 from .semantic import Item, Semantic, item_fields, item_of
 
 if TYPE_CHECKING:
-    from ..config import CacheConfig
+    from .settings import CacheConfig
 
 log = logging.getLogger("aiserve_trio.cache")
 T = TypeVar("T")

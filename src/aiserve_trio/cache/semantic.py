@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from ..adapters.base import Adapter, InferenceRequest
-    from ..config import RouteSemantic
     from .key import RouteScope
+    from .settings import RouteSemantic
 
 T = TypeVar("T")
 #: Rows scored between two checkpoints (~0.3 ms at 512 dimensions).

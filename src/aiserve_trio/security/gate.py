@@ -456,7 +456,7 @@ class Revoked:
     ) -> None:  # fmt: skip
         self._client: Any = None
         if redis_url is not None:
-            from ..sessions.redis_streams import client_for_url  # late: coredis is optional
+            from ..redisconn import client_for_url  # late: coredis is optional
 
             # A pool of at least a Redis Cluster's node count: coredis warns below it.
             self._client = client_for_url(redis_url, 8, REVOKED_REDIS_TIMEOUT_S)

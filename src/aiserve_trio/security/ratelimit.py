@@ -151,7 +151,7 @@ class RedisLimiter:
     """
 
     def __init__(self, url: str, prefix: str, pool_size: int = 8) -> None:
-        from ..sessions.redis_streams import client_for_url  # late: coredis is optional
+        from ..redisconn import client_for_url  # late: coredis is optional
 
         self._client = client_for_url(url, pool_size, 1.0)
         self._script = self._client.register_script(_LUA)

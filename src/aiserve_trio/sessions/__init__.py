@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..config import Config
 from ..errors import ConfigError
 from .bus import Event, Session, SessionBus, SessionBusError, Turn, VarCaps, check_tenant
 from .memory import MemoryBus
 
 if TYPE_CHECKING:
+    from ..config import Config
     from ..observability.metrics import Metrics
 
 __all__ = [

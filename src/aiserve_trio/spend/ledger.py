@@ -128,7 +128,7 @@ class Ledger:
         """
         self._client: Any = None
         if redis_url is not None:
-            from ..sessions.redis_streams import client_for_url  # late: coredis is optional
+            from ..redisconn import client_for_url  # late: coredis is optional
 
             self._client = client_for_url(redis_url, 8, REDIS_TIMEOUT_S)
         self._prefix = prefix
