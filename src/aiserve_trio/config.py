@@ -28,7 +28,7 @@ import msgspec
 from .adapters.settings import AdapterConfig, UpstreamTLS, adapter_kind
 
 # Re-exported (`X as X`) for the tests and benches that import them from here: the
-# adapters' Structs, CacheConfig, SessionsConfig. Each lives with its package; code in
+# adapters' Structs, CacheConfig, SessionsConfig, LimitsConfig. Each lives with its package; code in
 # src/ imports it from there.
 from .adapters.settings import AnthropicAdapterConfig as AnthropicAdapterConfig
 from .adapters.settings import AzureOpenAIAdapterConfig as AzureOpenAIAdapterConfig
@@ -57,16 +57,16 @@ from .policies import registry
 from .policies.base import BuildContext, Policy, PolicySpec
 from .policies.registry import decode_policies, known_policies
 from .record.settings import RecordConfig, check_record
-from .security.auth import check_hash
+from .security.settings import AuthConfig, AuthKey
+from .security.settings import LimitsConfig as LimitsConfig
 from .sessions.settings import SessionsConfig as SessionsConfig
-from .spend.settings import Period, PricingConfig, TenantConfig, check_budget
+from .spend.settings import PricingConfig, TenantConfig
 from .tenants import check_tenant
 
 DEFAULT_CONFIG_NAME = "aiserve.toml"
 ENV_VAR = "AISERVE_CONFIG"
 BUDGET_TOLERANCE = 0.001
 _LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-_KEY_ID_RE = re.compile(r"^[a-z0-9]{1,32}$")
 
 
 def _tenant(key: str, tenant: str) -> None:
@@ -149,78 +149,6 @@ class BudgetsConfig(_Section):
             raise ValueError(f"shares must sum to 1.0 (±{BUDGET_TOLERANCE}), got {total:.4f}")
 
 
-class LimitsConfig(_Section):
-    #: Images and audio travel inside the body as base64: room for a few.
-    max_body_bytes: int = 8_388_608
-    #: One content part (an image, audio, a file) at most.
-    max_part_bytes: int = 5_242_880
-    #: Deeper JSON is refused before any decoder recurses into it.
-    max_json_depth: int = 64
-    #: Values in the body (counted by commas and brackets outside strings, in slices,
-    #: before it is decoded): a decode is one call that cannot yield, 5-12 ms for
-    #: 50,000 values. A real request holds a few thousand.
-    max_json_values: int = 50_000
-    max_messages: int = 256
-    max_content_chars: int = 262_144
-    #: Pieces, counted before any translation (``apis/shape.py``): a request's cost on
-    #: the event loop grows with them, not with its bytes. Content parts (blocks) in
-    #: one message, in the whole request (a Responses ``input`` item counts as one),
-    #: and tools (OpenAI's own limit is 128). Far above what real clients send.
-    max_content_parts: int = 1_000
-    max_request_parts: int = 10_000
-    max_tools: int = 128
-    max_tokens: int = 32_768
-    #: Per worker: requests in flight and open event streams; beyond, a fast 503.
-    max_inflight: int = 4_096
-    max_streams: int = 4_096
-    #: Open streams one tenant may hold in a worker (0: no cap); beyond, 429.
-    tenant_max_streams: int = 0
-    #: A client that accepts no byte of a write for this long is dropped.
-    write_timeout_ms: int = 10_000
-    #: ``: ping`` comments on a stream idle this long (0: none).
-    heartbeat_s: float = 15.0
-    #: The body must keep arriving: at most this long between two of its chunks,
-    #: at most ``body_total_timeout_ms`` in all, and, after its first second, at
-    #: ``body_min_rate`` bytes per second or faster (0: no rate floor); else 408.
-    body_read_timeout_ms: int = 5_000
-    body_total_timeout_ms: int = 30_000
-    body_min_rate: int = 16
-    #: In-flight slots for requests whose body is still arriving (0: a quarter of
-    #: ``max_inflight``): slow uploads cannot take every slot.
-    max_receiving: int = 0
-    #: Requests in flight from one client address (0: no cap); beyond, 429.
-    max_per_client: int = 0
-    #: The header a trusted proxy puts the client's address in (e.g.
-    #: ``x-forwarded-for``, its last entry); empty: the connection's address.
-    client_address_header: str = ""
-
-    def __post_init__(self) -> None:
-        _positive(
-            self,
-            "max_body_bytes",
-            "max_part_bytes",
-            "max_json_depth",
-            "max_json_values",
-            "max_messages",
-            "max_content_chars",
-            "max_content_parts",
-            "max_request_parts",
-            "max_tools",
-            "max_tokens",
-            "max_inflight",
-            "max_streams",
-            "write_timeout_ms",
-            "body_read_timeout_ms",
-            "body_total_timeout_ms",
-        )
-        _not_above(self, "body_read_timeout_ms", "body_total_timeout_ms")
-        for key in ("body_min_rate", "max_receiving", "max_per_client"):
-            if getattr(self, key) < 0:
-                raise field_error(key, "must not be negative")
-        if self.heartbeat_s < 0:
-            raise field_error("heartbeat_s", "must not be negative")
-
-
 class RouteDeadline(_Section):
     default_ms: int | None = None
     max_ms: int | None = None
@@ -284,63 +212,6 @@ class RouteConfig(_Section):
                 raise field_error(key, "must be positive")
         if self.tenant is not None:
             _tenant("tenant", self.tenant)
-
-
-class AuthKey(_Section):
-    #: The ``<id>`` in ``aik_<id>_<secret>``.
-    id: str
-    #: ``sha256$...`` from ``aiserve-keys`` (or a legacy ``scrypt$...``); never the plain key.
-    hash: str
-    tenant: str
-    #: Paths this key may call (``"*"``: every route); see ``sessions`` for session endpoints.
-    routes: list[str] = msgspec.field(default_factory=lambda: ["*"])
-    channels: list[str] = msgspec.field(default_factory=lambda: ["*"])
-    admin: bool = False
-    #: Requests and tokens (prompt + completion) per minute; 0: unlimited.
-    rpm: int = 0
-    tpm: int = 0
-    #: Its tenant's sessions (``/v1/sessions/...``): ``read``, ``write`` (and read) or
-    #: ``none``; unset: read and write when the key may chat (some route and channel).
-    sessions: Literal["", "none", "read", "write"] = ""
-    #: Spend allowed per ``budget_period`` in ``[pricing] currency`` (None: no budget).
-    budget: float | None = None
-    budget_period: Period = "month"
-    budget_alert_at: float = 0.8
-
-    def __post_init__(self) -> None:
-        check_budget(self.budget, self.budget_alert_at)
-        if not _KEY_ID_RE.match(self.id):
-            raise field_error("id", "must be 1-32 lower-case letters/digits")
-        try:
-            check_hash(self.hash)
-        except ValueError as exc:
-            raise field_error("hash", str(exc)) from None
-        _tenant("tenant", self.tenant)
-        if self.rpm < 0 or self.tpm < 0:
-            raise ValueError("`rpm` and `tpm` must not be negative")
-
-
-class AuthConfig(_Section):
-    #: Off only when said so; the server then warns loudly at start-up.
-    enabled: bool = True
-    #: A TOML file (relative to this config) with more ``[[keys]]`` tables.
-    keys_file: str | None = None
-    #: Once loaded: these keys, then those of ``keys_file``.
-    keys: list[AuthKey] = msgspec.field(default_factory=list)
-    #: Environment variable holding the stream-token HMAC secret (>= 16 bytes);
-    #: unset: a random secret per worker (tokens then work on one worker only).
-    token_secret_env: str = "AISERVE_TOKEN_SECRET"
-    stream_token_ttl_s: int = 300
-    #: Seconds a console token (``/admin/``, exchanged for an admin key) stays valid.
-    console_token_ttl_s: int = 900
-    #: ``GET /metrics``: ``open``, or ``admin`` (an admin key is needed).
-    metrics: Literal["open", "admin"] = "open"
-    #: Rate-limit state: ``memory`` (per worker) or ``redis`` (``[sessions] url``).
-    ratelimit_backend: Literal["memory", "redis"] = "memory"
-
-    def __post_init__(self) -> None:
-        _positive(self, "stream_token_ttl_s")
-        _positive(self, "console_token_ttl_s")
 
 
 #: ``[cors] allow_headers`` by default: what the API's browser clients send.

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ..config import LimitsConfig
 from ..errors import BadRequest
+from ..security.settings import LimitsConfig
 
 #: An absent field (``Raw`` takes any JSON value; ``Raw | None`` would take only null).
 _NULL = msgspec.Raw(b"null")

@@ -21,7 +21,6 @@ import trio
 from ..api import request_decoder
 from ..apis import CODECS
 from ..apis.shape import check_shape
-from ..config import LimitsConfig
 from ..errors import (
     BadRequest,
     NotFound,
@@ -30,6 +29,7 @@ from ..errors import (
     UnsupportedMediaType,
 )
 from ..messages import Message, decode_message, invalid_field
+from ..security.settings import LimitsConfig
 from ..slices import Steps, finish, run_sliced
 from .channel import Inbox, Outbox
 from .handoff import hand_on

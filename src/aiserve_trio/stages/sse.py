@@ -24,11 +24,11 @@ import trio
 from ..adapters.base import Delta, ServedBy, Usage
 from ..apis import CODECS
 from ..cache.entry import Replayed
-from ..config import LimitsConfig
 from ..errors import GatewayError, ReplyCapExceeded, StageDeadlineExceeded, WriteTimeout
 from ..http.responder import Responder
 from ..http.sse import PING
 from ..http.types import JSON_HEADERS, SSE_HEADERS, Headers
+from ..security.settings import LimitsConfig
 from ..spend.prices import decimal, free
 from .assembler import ResponseAssembler
 from .channel import Inbox
