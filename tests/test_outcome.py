@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import msgspec
 import pytest
 
 from aiserve_trio.adapters.base import InferenceRequest, ServedBy, Usage
@@ -143,11 +144,11 @@ ENDED = RequestEnd(
 
 def _answered(text: str = "hello there", **kw: Any) -> SSEReport:
     """What the sse stage reports after writing ``text`` (and ``kw`` changed)."""
-    return replace(ANSWERED, delivered=text, **kw)
+    return msgspec.structs.replace(ANSWERED, delivered=text, **kw)
 
 
 def _end(**kw: Any) -> RequestEnd:
-    return replace(ENDED, **kw)
+    return msgspec.structs.replace(ENDED, **kw)
 
 
 def test_a_reply_that_went_out_whole_is_ok_and_priced_at_the_model_that_answered() -> None:
