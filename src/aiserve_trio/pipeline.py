@@ -459,19 +459,12 @@ class Pipeline:
         )
         async with body:
             while True:
-                # A message already there needs no wait, nor a deadline.
-                queued = first if first is not None else _queued(receive)
+                msg = first if first is not None else await _next_message(receive, pace)
                 first = None
-                if queued is not None:
-                    msg = queued
-                else:
-                    limit, why = pace.deadline(trio.current_time())
-                    with trio.move_on_at(limit) as wait:
-                        msg = await receive()
-                    if wait.cancelled_caught:  # a slowloris body: refuse it, free the slot
-                        if run.fail("parse", BodyReadTimeout(why)):
-                            request_scope.cancel(reason="request body too slow")
-                        return
+                if isinstance(msg, BodyReadTimeout):  # a slowloris body: refuse it, free the slot
+                    if run.fail("parse", msg):
+                        request_scope.cancel(reason="request body too slow")
+                    return
                 kind = msg["type"]
                 if kind == "http.disconnect":
                     self._disconnected(run, request_scope)
@@ -574,6 +567,19 @@ def _queued(receive: Receive) -> Message | None:
         return take()
     except trio.WouldBlock:
         return None
+
+
+async def _next_message(receive: Receive, pace: BodyPace) -> Message | BodyReadTimeout:
+    """The next message of a body still arriving: one the server has already queued,
+    taken without a wait or a deadline; else awaited until ``pace`` says the body is
+    too slow, and then the error that refuses it."""
+    queued = _queued(receive)
+    if queued is not None:
+        return queued
+    limit, why = pace.deadline(trio.current_time())
+    with trio.move_on_at(limit):
+        return await receive()
+    return BodyReadTimeout(why)
 
 
 def _whole_body(first: Message | None, declared: int | None) -> bytes | None:
