@@ -28,8 +28,9 @@ import msgspec
 from .adapters.settings import AdapterConfig, UpstreamTLS, adapter_kind
 
 # Re-exported (`X as X`) for the tests and benches that import them from here: the
-# adapters' Structs, CacheConfig, SessionsConfig, LimitsConfig. Each lives with its package; code in
-# src/ imports it from there.
+# adapters' Structs, CacheConfig, SessionsConfig, LimitsConfig, CorsConfig and its
+# default headers.
+# Each lives with its package; code in src/ imports it from there.
 from .adapters.settings import AnthropicAdapterConfig as AnthropicAdapterConfig
 from .adapters.settings import AzureOpenAIAdapterConfig as AzureOpenAIAdapterConfig
 from .adapters.settings import BedrockAdapterConfig as BedrockAdapterConfig
@@ -53,6 +54,10 @@ from .decoding import positive as _positive
 
 # ConfigError lives with the other errors; re-exported for code that imports it from here.
 from .errors import ConfigError as ConfigError
+from .http.settings import CORS_ALLOW_HEADERS as CORS_ALLOW_HEADERS
+from .http.settings import CORS_EXPOSE_HEADERS as CORS_EXPOSE_HEADERS
+from .http.settings import CorsConfig as CorsConfig
+from .observability.settings import MetricsConfig, ObservabilityConfig
 from .policies import registry
 from .policies.base import BuildContext, Policy, PolicySpec
 from .policies.registry import decode_policies, known_policies
@@ -212,119 +217,6 @@ class RouteConfig(_Section):
                 raise field_error(key, "must be positive")
         if self.tenant is not None:
             _tenant("tenant", self.tenant)
-
-
-#: ``[cors] allow_headers`` by default: what the API's browser clients send.
-CORS_ALLOW_HEADERS = (
-    "authorization",
-    "content-type",
-    "x-session-id",
-    "x-channel",
-    "x-request-timeout-ms",
-    "last-event-id",
-)
-#: ``[cors] expose_headers`` by default: the response headers a page may read.
-CORS_EXPOSE_HEADERS = (
-    "x-request-id",
-    "x-aiserve-degraded",
-    "x-aiserve-trimmed-messages",
-    "x-aiserve-cache",
-    "x-aiserve-session-events",
-    "traceresponse",
-    "retry-after",
-    "x-aiserve-deployment",
-    "x-aiserve-fallback",
-    "x-aiserve-steps",
-    "x-aiserve-cost",
-    "x-aiserve-cache-similarity",
-    "x-aiserve-dropped",
-)
-_HEADER_NAME_RE = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
-_ORIGIN_RE = re.compile(
-    r"^(?P<scheme>https?)://(?P<host>[^/:?#\[\]@]+|\[[0-9a-f:.]+\])(?::(?P<port>\d{1,5}))?$"
-)
-
-
-def _origin_problem(origin: str) -> str | None:
-    """Why ``origin`` can never equal a browser's ``Origin`` header, or None."""
-    if origin != origin.lower():
-        return f"write {origin!r} in lower case, as browsers send it"
-    m = _ORIGIN_RE.match(origin.rstrip("/"))
-    if m is None:
-        return f"must be scheme://host[:port] (http or https), got {origin!r}"
-    if origin.endswith("/"):
-        return f"an origin has no path, not even '/': {origin.rstrip('/')!r}"
-    if m["port"] is not None and int(m["port"]) == {"http": 80, "https": 443}[m["scheme"]]:
-        return f"browsers leave out the default port: {origin.rsplit(':', 1)[0]!r}"
-    return None
-
-
-class CorsConfig(_Section):
-    """Pages on other origins (off unless the ``[cors]`` table is there)."""
-
-    #: Exact origins (``https://app.example.com``, ``http://127.0.0.1:3000``); ``["*"]``:
-    #: any origin, refused while auth is on.
-    allow_origins: list[str]
-    #: Request headers a page may send (a preflight asking for others is refused).
-    allow_headers: list[str] = msgspec.field(default_factory=lambda: list(CORS_ALLOW_HEADERS))
-    #: Response headers a page may read (besides the CORS-safelisted ones).
-    expose_headers: list[str] = msgspec.field(default_factory=lambda: list(CORS_EXPOSE_HEADERS))
-    #: How long a browser may reuse a preflight's answer.
-    max_age_s: int = 600
-
-    def __post_init__(self) -> None:
-        if not self.allow_origins:
-            raise field_error("allow_origins", 'must name at least one origin (or "*")')
-        for i, origin in enumerate(self.allow_origins):
-            if origin == "*":
-                if len(self.allow_origins) > 1:
-                    raise field_error(f"allow_origins[{i}]", '"*" must be alone in the list')
-                continue
-            why = _origin_problem(origin)
-            if why is not None:
-                raise field_error(f"allow_origins[{i}]", why)
-        for key in ("allow_headers", "expose_headers"):
-            for i, name in enumerate(getattr(self, key)):
-                if not _HEADER_NAME_RE.match(name):
-                    why = f"not a lower-case header name: {name!r}"
-                    raise field_error(f"{key}[{i}]", why)
-        if self.max_age_s < 0:
-            raise field_error("max_age_s", "must not be negative")
-
-
-class MetricsConfig(_Section):
-    enabled: bool = True
-
-
-class ObservabilityConfig(_Section):
-    #: Spans per request and stage (no-op unless an SDK provider is configured).
-    tracing: bool = True
-    #: OTLP/HTTP endpoint (e.g. ``http://127.0.0.1:4318/v1/traces``); needs the ``otel`` extra.
-    otlp_endpoint: str | None = None
-    service_name: str = "aiserve-trio"
-    #: The Trio scheduler-lag probe, and how often it samples.
-    scheduler_lag: bool = True
-    lag_interval_ms: int = 50
-    #: Dynamic P90 baseline: window length, windows kept for the fit, anomaly factor.
-    baseline_window_s: float = 300.0
-    baseline_history: int = 12
-    baseline_min_requests: int = 20
-    anomaly_factor: float = 1.5
-    #: ``GET /debug/requests/recent``: the slowest recent requests with stage times.
-    debug_requests: bool = False
-    #: How many slowest requests that list and the console's show (of the last ten times as many).
-    debug_keep: int = 50
-
-    def __post_init__(self) -> None:
-        if self.lag_interval_ms < 1:
-            raise field_error("lag_interval_ms", "must be at least 1")
-        _positive(self, "baseline_window_s")
-        if self.baseline_history < 2:
-            raise field_error("baseline_history", "must be at least 2 (the fit needs two windows)")
-        if self.anomaly_factor <= 1.0:
-            raise field_error("anomaly_factor", "must be greater than 1")
-        if self.debug_keep < 1:
-            raise field_error("debug_keep", "must be at least 1")
 
 
 class Config(_Section):

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..config import CorsConfig
 from ..errors import Forbidden
+from .settings import CorsConfig
 from .types import Headers
 
 _ALLOW_ORIGIN = b"access-control-allow-origin"
