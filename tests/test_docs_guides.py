@@ -47,7 +47,7 @@ def gateway() -> Iterator[str]:
 
 
 def run(command: str, address: str) -> str:
-    command = command.replace("localhost:8000", address)
+    command = command.replace("localhost:8000", address).replace("127.0.0.1:8000", address)
     done = subprocess.run(
         ["bash", "-o", "pipefail", "-c", command],
         capture_output=True,
@@ -86,3 +86,15 @@ def test_a_session_goes_from_the_app_to_wechat_as_the_guide_says(gateway: str):
     reply = json.loads(second)["choices"][0]["message"]["content"]
     assert "12000 CNY" in reply
     assert "20 years" in reply
+
+
+def test_the_http2_cleartext_call_is_answered_over_http2(gateway: str):
+    (call,) = commands("tls-http2.md", "--http2-prior-knowledge")
+    # -w: curl says which protocol it spoke, after the body
+    reply = run(call + " -w '\\n%{http_version}'", gateway)
+    body, version = reply.rsplit("\n", 1)
+    assert version == "2"
+    assert (
+        "aiserve-trio is a streaming AI gateway"
+        in json.loads(body)["choices"][0]["message"]["content"]
+    )
