@@ -23,13 +23,14 @@ from .adapters import Adapter, route_adapter
 from .apis import CODECS
 from .cache.service import Cache, build_cache, cache_plans
 from .chains.run import build_chain
-from .config import Config, build_policies, route_label
+from .config import Config, build_policies
 from .count_tokens import SUFFIX, CountTokens
 from .embeddings import Embeddings
 from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
 from .pipeline import Pipeline
 from .policies.base import Policy, PolicyContext, redact_values
+from .routes import route_label
 from .runtime import CacheHold, Held, Lifetime, Models, Parts, Runtime
 from .security.gate import Gate
 from .sessions.http import SessionEndpoints

@@ -21,16 +21,16 @@ import re
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
-from .adapters.settings import AdapterConfig, UpstreamTLS, adapter_kind
+from .adapters.settings import AdapterConfig, UpstreamTLS, adapter_kind, check_groups
 
 # Re-exported (`X as X`) for the tests and benches that import them from here: the
 # adapters' Structs, CacheConfig, SessionsConfig, LimitsConfig, CorsConfig and its
-# default headers.
-# Each lives with its package; code in src/ imports it from there.
+# default headers, RouteConfig. Each lives with its package; code in src/ imports it
+# from there.
 from .adapters.settings import AnthropicAdapterConfig as AnthropicAdapterConfig
 from .adapters.settings import AzureOpenAIAdapterConfig as AzureOpenAIAdapterConfig
 from .adapters.settings import BedrockAdapterConfig as BedrockAdapterConfig
@@ -44,11 +44,10 @@ from .adapters.settings import VllmWsAdapterConfig as VllmWsAdapterConfig
 from .adapters.tls import check_tls_files
 from .audit.settings import AuditConfig as AuditConfig
 from .cache.settings import CacheConfig as CacheConfig
-from .cache.settings import RouteCache
 from .chains.plan import AdapterFacts, check_chain
 from .chains.steps import StepConfig as StepConfig
 from .decoding import Section as _Section
-from .decoding import config_roots, confined, decode_toml, field_error, outside
+from .decoding import as_field, config_roots, confined, decode_toml, field_error, outside
 from .decoding import not_above as _not_above
 from .decoding import positive as _positive
 
@@ -62,6 +61,8 @@ from .policies import registry
 from .policies.base import BuildContext, Policy, PolicySpec
 from .policies.registry import decode_policies, known_policies
 from .record.settings import RecordConfig, check_record
+from .routes import LABEL_RE, chain_policies, check_routing, check_wire, route_adapters, route_label
+from .routes import RouteConfig as RouteConfig
 from .security.settings import AuthConfig, AuthKey
 from .security.settings import LimitsConfig as LimitsConfig
 from .sessions.settings import SessionsConfig as SessionsConfig
@@ -71,14 +72,6 @@ from .tenants import check_tenant
 DEFAULT_CONFIG_NAME = "aiserve.toml"
 ENV_VAR = "AISERVE_CONFIG"
 BUDGET_TOLERANCE = 0.001
-_LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-def _tenant(key: str, tenant: str) -> None:
-    try:
-        check_tenant(tenant)
-    except ValueError as exc:
-        raise field_error(key, str(exc)) from None
 
 
 _HOST_RE = re.compile(r"^(?:[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?|\[[0-9a-f:.]+\])$")
@@ -114,9 +107,9 @@ class ServerConfig(_Section):
         if not self.channels:
             raise field_error("channels", "must name at least one channel")
         for i, ch in enumerate(self.channels):
-            if not _LABEL_RE.match(ch):
-                raise field_error(f"channels[{i}]", f"must match {_LABEL_RE.pattern}, got {ch!r}")
-        _tenant("default_tenant", self.default_tenant)
+            if not LABEL_RE.match(ch):
+                raise field_error(f"channels[{i}]", f"must match {LABEL_RE.pattern}, got {ch!r}")
+        as_field("default_tenant", check_tenant, self.default_tenant)
 
 
 class DeadlineConfig(_Section):
@@ -152,71 +145,6 @@ class BudgetsConfig(_Section):
         total = sum(shares.values())
         if abs(total - 1.0) > BUDGET_TOLERANCE:
             raise ValueError(f"shares must sum to 1.0 (±{BUDGET_TOLERANCE}), got {total:.4f}")
-
-
-class RouteDeadline(_Section):
-    default_ms: int | None = None
-    max_ms: int | None = None
-
-
-class RouteConfig(_Section):
-    path: str
-    #: The adapter that answers (with ``adapters``: the default, for a request naming
-    #: no model; when left out, the first of ``adapters``).
-    adapter: str = ""
-    #: ``chat`` (Chat Completions through the pipeline), ``responses`` (OpenAI's
-    #: Responses API) or ``messages`` (Anthropic's Messages API) through the same
-    #: pipeline with their codecs (``apis/``), or ``embeddings``.
-    kind: Literal["chat", "embeddings", "responses", "messages"] = "chat"
-    #: On a ``messages`` or ``responses`` route whose backend speaks that API: pass
-    #: the client's request and the provider's events through as they are (true),
-    #: or translate them through the pipeline's Chat Completions shape as for any
-    #: other backend (false: the response cache then serves the route too).
-    native: bool = True
-    #: Metric label for the route; default derived from the path.
-    name: str = ""
-    #: Model used when the request names none.
-    default_model: str | None = None
-    #: Seconds a session's context lives after its last use.
-    context_ttl: int = 86_400
-    policies: list[str] = msgspec.field(default_factory=list)
-    deadline: RouteDeadline = msgspec.field(default_factory=RouteDeadline)
-    on_context_timeout: Literal["fail", "degrade"] = "fail"
-    tenant: str | None = None
-    #: Caps on one reply. ``max_tokens``: the most a client may ask for, and what
-    #: is sent upstream when it asks for nothing (the reply then ends with
-    #: ``finish_reason: "length"``); ``max_reply_bytes``: content, reasoning and
-    #: tool-call bytes delivered; ``max_stream_s``: seconds from the first byte.
-    #: Beyond the last two the stream ends with an error event naming the cap.
-    max_tokens: int | None = None
-    max_reply_bytes: int | None = None
-    max_stream_s: float | None = None
-    #: The response cache (off unless the route has this table).
-    cache: RouteCache | None = None
-    #: A chain of capabilities (``[[routes.steps]]``, ``chains/steps.py``); empty:
-    #: the route's adapter answers, as on any route.
-    steps: list[StepConfig] = msgspec.field(default_factory=list)
-    #: Model routing: the request's ``model`` picks the adapter (of these and
-    #: ``adapter``) whose ``models`` has it (``adapters/router.py``).
-    adapters: list[str] = msgspec.field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.path.startswith("/"):
-            raise field_error("path", f"must start with '/', got {self.path!r}")
-        if not self.adapter:
-            if not self.adapters:
-                raise field_error("adapter", "missing: name the route's adapter (or `adapters`)")
-            self.adapter = self.adapters[0]
-        label = route_label(self)
-        if not _LABEL_RE.match(label):
-            raise field_error("name", f"must match {_LABEL_RE.pattern}, got {label!r}")
-        _positive(self, "context_ttl")
-        for key in ("max_tokens", "max_reply_bytes", "max_stream_s"):
-            value = getattr(self, key)
-            if value is not None and value <= 0:
-                raise field_error(key, "must be positive")
-        if self.tenant is not None:
-            _tenant("tenant", self.tenant)
 
 
 class Config(_Section):
@@ -303,14 +231,6 @@ def parse_config(text: str, *, source: str = "<memory>", base_dir: Path | None =
     cfg = _loaded(decoded, source=source, base_dir=str(base_dir) if base_dir is not None else ".")
     check_config(cfg)
     return cfg
-
-
-def route_label(route: RouteConfig) -> str:
-    """The route's metric label: its ``name`` or one derived from its path."""
-    if route.name:
-        return route.name
-    label = re.sub(r"[^a-z0-9]+", "_", route.path.lower()).strip("_")
-    return label if label and label[0].isalpha() else f"r_{label}"
 
 
 def _loaded(decoded: Config, *, source: str, base_dir: str) -> Config:
@@ -421,7 +341,7 @@ def check_config(cfg: Config) -> None:
         except ValueError as exc:
             raise fail(f"tenants.{name}", str(exc)) from None
 
-    _check_groups(cfg, fail)
+    check_groups(cfg.adapters, fail)
     policy_names = known_policies(cfg.policy_specs)
     if not cfg.routes:
         raise fail("routes", "at least one [[routes]] entry is needed")
@@ -434,8 +354,8 @@ def check_config(cfg: Config) -> None:
             raise fail(f"{key}.path", f"{route.path!r} is served by an earlier route")
         seen_paths.add(route.path)
         if route.adapters:
-            _check_routing(cfg, i, route, fail)
-        _check_wire(cfg, i, route, fail)
+            check_routing(i, route, cfg.adapters, fail)
+        check_wire(i, route, cfg.adapters, fail)
         if route.adapter not in cfg.adapters:
             known = ", ".join(sorted(cfg.adapters)) or "none"
             raise fail(f"{key}.adapter", f"unknown adapter {route.adapter!r} (configured: {known})")
@@ -500,11 +420,6 @@ def build_policies(names: list[str], cfg: Config) -> list[Policy]:
     return registry.build_policies(names, cfg.policy_specs, policy_context(cfg))
 
 
-def route_adapters(route: RouteConfig) -> list[str]:
-    """The adapters a route serves from: ``adapter`` first, then ``adapters``, once each."""
-    return list(dict.fromkeys([route.adapter, *route.adapters]))
-
-
 def route_models(cfg: Config, route: RouteConfig) -> dict[str, str]:
     """Each model a (checked) route serves -> the adapter that answers it."""
     out: dict[str, str] = {}
@@ -512,59 +427,6 @@ def route_models(cfg: Config, route: RouteConfig) -> dict[str, str]:
         for model in cfg.adapters[name].models:
             out.setdefault(model, name)
     return out
-
-
-def _check_routing(
-    cfg: Config, i: int, route: RouteConfig, fail: Callable[[str, str], ConfigError]
-) -> None:
-    """A route with ``adapters``: not an embeddings route, without a cache or steps, whose adapters
-    exist and never claim the same model (the request's model must pick one)."""
-    key = f"routes[{i}]"
-    if route.kind == "embeddings":
-        raise fail(f"{key}.adapters", "model routing is for chat, responses and messages routes")
-    if route.cache is not None:
-        why = "a route with `adapters` has no response cache (its key holds one adapter)"
-        raise fail(f"{key}.cache", why)
-    if route.steps:
-        why = "a route with `adapters` has no steps: a chain names its own adapters"
-        raise fail(f"{key}.steps", why)
-    named = [] if route.adapter in route.adapters else [(f"{key}.adapter", route.adapter)]
-    named += [(f"{key}.adapters[{j}]", n) for j, n in enumerate(route.adapters)]
-    owner: dict[str, str] = {}
-    seen: set[str] = set()
-    for where, name in named:
-        if name not in cfg.adapters:
-            known = ", ".join(sorted(cfg.adapters)) or "none"
-            raise fail(where, f"unknown adapter {name!r} (configured: {known})")
-        if name in seen:
-            raise fail(where, f"{name!r} is named more than once")
-        seen.add(name)
-        for model in cfg.adapters[name].models:
-            other = owner.setdefault(model, name)
-            if other != name:
-                raise fail(where, f"model {model!r} is served by both {other!r} and {name!r}")
-
-
-def _check_wire(
-    cfg: Config, i: int, route: RouteConfig, fail: Callable[[str, str], ConfigError]
-) -> None:
-    """An adapter that speaks only the Responses API (``wire = "responses"``) serves only
-    ``responses`` routes that pass their requests through to it."""
-    for name in [route.adapter, *route.adapters]:
-        adapter = cfg.adapters.get(name)
-        if getattr(adapter, "wire", "chat") != "responses":
-            continue
-        if route.kind != "responses" or not route.native or route.steps:
-            why = (
-                f"adapter {name!r} has wire = \"responses\": it serves only responses "
-                "routes without steps, natively (not native = false)"
-            )
-            raise fail(f"routes[{i}].adapter", why)
-
-
-def chain_policies(route: RouteConfig) -> list[str]:
-    """The policies a route's ``rewrite`` steps name."""
-    return [p for s in route.steps if (p := getattr(s, "policy", None)) is not None]
 
 
 def _check_steps(
@@ -596,30 +458,3 @@ def _check_steps(
         (policy,) = build_policies([name], cfg)
         if type(policy).output_filter is Policy.output_filter:
             raise fail(f"{key}.steps[{j}].policy", f"{name!r} does not rewrite output")
-
-
-def _check_groups(cfg: Config, fail: Callable[[str, str], ConfigError]) -> None:
-    """Groups name configured adapters, none twice, and never contain themselves."""
-    groups = {n: a for n, a in cfg.adapters.items() if isinstance(a, GroupAdapterConfig)}
-    for name, group in groups.items():
-        named = [(f"deployments[{i}].adapter", d.adapter) for i, d in enumerate(group.deployments)]
-        named += [(f"fallbacks[{i}]", f) for i, f in enumerate(group.fallbacks)]
-        for where, member in named:
-            key = f"adapters.{name}.{where}"
-            if member not in cfg.adapters:
-                known = ", ".join(sorted(cfg.adapters))
-                raise fail(key, f"unknown adapter {member!r} (configured: {known})")
-            if where.startswith("deployments") and member in groups:
-                raise fail(key, f"{member!r} is a group: groups go in `fallbacks`")
-    # A fallback chain that comes back to a group would loop for ever.
-    for start in groups:
-        path = [start]
-        todo = [(start, path)]
-        while todo:
-            node, trail = todo.pop()
-            for nxt in groups[node].fallbacks:
-                if nxt == start:
-                    cycle = " -> ".join([*trail, nxt])
-                    raise fail(f"adapters.{start}.fallbacks", f"fallbacks loop: {cycle}")
-                if nxt in groups and nxt not in trail:
-                    todo.append((nxt, [*trail, nxt]))

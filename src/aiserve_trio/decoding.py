@@ -41,6 +41,14 @@ def field_error(key: str, why: str) -> ValueError:
     return ValueError(f"`{key}`: {why}")
 
 
+def as_field(key: str, check: typing.Callable[[str], object], value: str) -> None:
+    """``check(value)``, its ValueError said as one about the Struct's field ``key``."""
+    try:
+        check(value)
+    except ValueError as exc:
+        raise field_error(key, str(exc)) from None
+
+
 class Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Base for config tables: an unknown key is an error, not silently ignored.
 

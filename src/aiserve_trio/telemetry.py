@@ -12,12 +12,13 @@ import trio
 from opentelemetry.trace import TracerProvider
 
 from .adapters.group import GroupAdapter
-from .config import Config, route_label
+from .config import Config
 from .observability.baseline import BaselineMonitor
 from .observability.metrics import Metrics
 from .observability.observer import RecordSink, RequestObserver
 from .observability.sched import SchedulerLag
 from .observability.tracing import Tracing, configure_otlp
+from .routes import route_label
 
 if TYPE_CHECKING:
     from .runtime import Runtime

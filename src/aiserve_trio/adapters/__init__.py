@@ -11,7 +11,7 @@ from .base import Adapter, Delta, DeltaSink, InferenceRequest, Message, Usage
 from .settings import KINDS, AdapterConfig, GroupAdapterConfig, MockAdapterConfig, adapter_kind
 
 if TYPE_CHECKING:
-    from ..config import RouteConfig
+    from ..routes import RouteConfig
 
 __all__ = [
     "Adapter",
@@ -84,7 +84,7 @@ def route_adapter(route: RouteConfig, label: str, built: Mapping[str, Adapter]) 
     picking one by the request's model (``router.py``)."""
     if not route.adapters:
         return built[route.adapter]
-    from ..config import route_adapters
+    from ..routes import route_adapters
     from .router import ModelRouter
 
     return ModelRouter(label, [built[n] for n in route_adapters(route)])

@@ -11,6 +11,7 @@ A leaf module (msgspec and the decoding helpers): the config imports it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from typing import Literal, NamedTuple
 
 import msgspec
@@ -349,3 +350,34 @@ KINDS: dict[str, Kind] = {
 def adapter_kind(adapter: AdapterConfig) -> str:
     """The ``kind`` of an adapter's table (``"openai"``, ``"group"``...)."""
     return str(type(adapter).__struct_config__.tag)
+
+
+#: How a check names a problem: the TOML key and why (``config.check_config`` adds the file).
+Fail = Callable[[str, str], Exception]
+
+
+def check_groups(adapters: Mapping[str, AdapterConfig], fail: Fail) -> None:
+    """Groups name configured adapters, none twice, and never contain themselves."""
+    groups = {n: a for n, a in adapters.items() if isinstance(a, GroupAdapterConfig)}
+    for name, group in groups.items():
+        named = [(f"deployments[{i}].adapter", d.adapter) for i, d in enumerate(group.deployments)]
+        named += [(f"fallbacks[{i}]", f) for i, f in enumerate(group.fallbacks)]
+        for where, member in named:
+            key = f"adapters.{name}.{where}"
+            if member not in adapters:
+                known = ", ".join(sorted(adapters))
+                raise fail(key, f"unknown adapter {member!r} (configured: {known})")
+            if where.startswith("deployments") and member in groups:
+                raise fail(key, f"{member!r} is a group: groups go in `fallbacks`")
+    # A fallback chain that comes back to a group would loop for ever.
+    for start in groups:
+        path = [start]
+        todo = [(start, path)]
+        while todo:
+            node, trail = todo.pop()
+            for nxt in groups[node].fallbacks:
+                if nxt == start:
+                    cycle = " -> ".join([*trail, nxt])
+                    raise fail(f"adapters.{start}.fallbacks", f"fallbacks loop: {cycle}")
+                if nxt in groups and nxt not in trail:
+                    todo.append((nxt, [*trail, nxt]))

@@ -73,7 +73,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from ..adapters.base import Adapter, DeltaSink, InferenceRequest
-    from ..config import Config, RouteConfig
+    from ..config import Config
+    from ..routes import RouteConfig
     from .settings import CacheConfig, RouteCache
 
 log = logging.getLogger("aiserve_trio.cache")

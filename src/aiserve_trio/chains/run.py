@@ -68,8 +68,9 @@ from .steps import ClassifyStep, GenerateStep, RewriteStep, RouteStep, StepBase,
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
-    from ..config import Config, RouteConfig
+    from ..config import Config
     from ..policies.base import Policy, PolicyContext
+    from ..routes import RouteConfig
     from ..stages.types import Prepared, RequestInfo
 
 _encoder = msgspec.json.Encoder()

@@ -33,7 +33,7 @@ import msgspec
 import trio
 
 from ..budgets import STAGES
-from ..config import ConfigError, parse_config, route_adapters, route_label, route_models
+from ..config import ConfigError, parse_config, route_models
 from ..errors import (
     BadRequest,
     BodyReadTimeout,
@@ -47,6 +47,7 @@ from ..http.endpoints import Admission, Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Headers
 from ..observability.metrics import label_value
 from ..reload import config_version
+from ..routes import route_adapters, route_label
 from . import cacheview, sla
 from .edit import EditError, StepState, set_steps
 from .spend import spend_view

@@ -47,7 +47,8 @@ from typing import IO, TYPE_CHECKING, Protocol, TypeVar
 import trio
 from prometheus_client import Counter, Gauge
 
-from ..config import build_policies, route_label
+from ..config import build_policies
+from ..routes import route_label
 from ..slices import run_sliced
 from ..stages.outcome import Outcome
 from .labels import LabelRules

@@ -12,19 +12,12 @@ from typing import Literal
 
 import msgspec
 
-from ..decoding import Section, field_error, not_above, positive
+from ..decoding import Section, as_field, field_error, not_above, positive
 from ..spend.settings import Period, check_budget
 from ..tenants import check_tenant
 from .auth import check_hash
 
 _KEY_ID_RE = re.compile(r"^[a-z0-9]{1,32}$")
-
-
-def _tenant(key: str, tenant: str) -> None:
-    try:
-        check_tenant(tenant)
-    except ValueError as exc:
-        raise field_error(key, str(exc)) from None
 
 
 class LimitsConfig(Section):
@@ -128,7 +121,7 @@ class AuthKey(Section):
             check_hash(self.hash)
         except ValueError as exc:
             raise field_error("hash", str(exc)) from None
-        _tenant("tenant", self.tenant)
+        as_field("tenant", check_tenant, self.tenant)
         if self.rpm < 0 or self.tpm < 0:
             raise ValueError("`rpm` and `tpm` must not be negative")
 

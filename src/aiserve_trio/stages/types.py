@@ -27,11 +27,11 @@ if TYPE_CHECKING:
     from ..budgets import Budget
     from ..cache.service import Ticket
     from ..chains.state import ChainRun
-    from ..config import RouteConfig
     from ..http.types import Headers
     from ..messages import Message
     from ..observability.tracing import RequestTrace
     from ..policies.base import OutputFilter, Policy, PolicyContext
+    from ..routes import RouteConfig
     from ..spend.prices import Pricing
 
 __all__ = ["STAGES", "ParsedRequest", "Prepared", "RequestInfo", "Route", "response_headers"]
