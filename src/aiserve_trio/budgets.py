@@ -10,15 +10,21 @@ done by ``arrival + T * context``, the last upstream token must arrive by
 ``arrival + T * (context + inference)``, and the stream must be closed by the
 deadline. Time a stage does not use rolls over to the next, because each cut
 point is absolute rather than a per-stage duration.
+
+``[deadline]`` and ``[budgets]`` (:class:`DeadlineConfig`, :class:`BudgetsConfig`)
+are the settings these are computed from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .decoding import Section, field_error, not_above, positive
 from .errors import BadRequest
 
 TIMEOUT_HEADER = "x-request-timeout-ms"
+#: How far ``[budgets]`` shares may sum from 1.
+BUDGET_TOLERANCE = 0.001
 #: The pipeline's stages in order: the cut points below are theirs.
 STAGES = ("parse", "context", "inference", "sse")
 
@@ -106,3 +112,41 @@ def effective_timeout_ms(
             code="invalid_timeout",
         )
     return min(ms, max_ms)
+
+
+# --- settings: [deadline] and [budgets] --------------------------------------------
+
+
+class DeadlineConfig(Section):
+    #: Request time when the client sends no ``X-Request-Timeout-Ms``.
+    default_ms: int = 30_000
+    #: Upper bound on any client-requested timeout.
+    max_ms: int = 120_000
+    #: Kept back from the deadline for scheduling and framing the final event.
+    reserve_ms: int = 100
+    #: Fail fast instead of starting an upstream call with less time than this.
+    min_inference_ms: int = 50
+
+    def __post_init__(self) -> None:
+        positive(self, "default_ms", "max_ms")
+        for key in ("reserve_ms", "min_inference_ms"):
+            if getattr(self, key) < 0:
+                raise field_error(key, "must not be negative")
+        not_above(self, "default_ms", "max_ms")
+        if self.reserve_ms >= self.default_ms:
+            raise field_error("reserve_ms", "must be smaller than deadline.default_ms")
+
+
+class BudgetsConfig(Section):
+    context: float = 0.40
+    inference: float = 0.35
+    sse: float = 0.25
+
+    def __post_init__(self) -> None:
+        shares = {"context": self.context, "inference": self.inference, "sse": self.sse}
+        for key, share in shares.items():
+            if not 0.0 < share <= 1.0:
+                raise field_error(key, f"must be in (0, 1], got {share}")
+        total = sum(shares.values())
+        if abs(total - 1.0) > BUDGET_TOLERANCE:
+            raise ValueError(f"shares must sum to 1.0 (±{BUDGET_TOLERANCE}), got {total:.4f}")

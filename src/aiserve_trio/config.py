@@ -43,13 +43,12 @@ from .adapters.settings import OpenAIAdapterConfig as OpenAIAdapterConfig
 from .adapters.settings import VllmWsAdapterConfig as VllmWsAdapterConfig
 from .adapters.tls import check_tls_files
 from .audit.settings import AuditConfig as AuditConfig
+from .budgets import BudgetsConfig, DeadlineConfig
 from .cache.settings import CacheConfig as CacheConfig
 from .chains.plan import AdapterFacts, check_chain
 from .chains.steps import StepConfig as StepConfig
 from .decoding import Section as _Section
 from .decoding import as_field, config_roots, confined, decode_toml, field_error, outside
-from .decoding import not_above as _not_above
-from .decoding import positive as _positive
 
 # ConfigError lives with the other errors; re-exported for code that imports it from here.
 from .errors import ConfigError as ConfigError
@@ -61,17 +60,19 @@ from .policies import registry
 from .policies.base import BuildContext, Policy, PolicySpec
 from .policies.registry import decode_policies, known_policies
 from .record.settings import RecordConfig, check_record
-from .routes import LABEL_RE, chain_policies, check_routing, check_wire, route_adapters, route_label
+from .routes import LABEL_RE, chain_policies, check_routing, check_wire, route_label
 from .routes import RouteConfig as RouteConfig
-from .security.settings import AuthConfig, AuthKey
+from .security.settings import AuthConfig, KeysFile, read_keys_file
 from .security.settings import LimitsConfig as LimitsConfig
 from .sessions.settings import SessionsConfig as SessionsConfig
 from .spend.settings import PricingConfig, TenantConfig
 from .tenants import check_tenant
 
+#: The keys file's table (``[auth] keys_file``), as the tests and docs tools name it.
+_KeysFile = KeysFile
+
 DEFAULT_CONFIG_NAME = "aiserve.toml"
 ENV_VAR = "AISERVE_CONFIG"
-BUDGET_TOLERANCE = 0.001
 
 
 _HOST_RE = re.compile(r"^(?:[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?|\[[0-9a-f:.]+\])$")
@@ -110,41 +111,6 @@ class ServerConfig(_Section):
             if not LABEL_RE.match(ch):
                 raise field_error(f"channels[{i}]", f"must match {LABEL_RE.pattern}, got {ch!r}")
         as_field("default_tenant", check_tenant, self.default_tenant)
-
-
-class DeadlineConfig(_Section):
-    #: Request time when the client sends no ``X-Request-Timeout-Ms``.
-    default_ms: int = 30_000
-    #: Upper bound on any client-requested timeout.
-    max_ms: int = 120_000
-    #: Kept back from the deadline for scheduling and framing the final event.
-    reserve_ms: int = 100
-    #: Fail fast instead of starting an upstream call with less time than this.
-    min_inference_ms: int = 50
-
-    def __post_init__(self) -> None:
-        _positive(self, "default_ms", "max_ms")
-        for key in ("reserve_ms", "min_inference_ms"):
-            if getattr(self, key) < 0:
-                raise field_error(key, "must not be negative")
-        _not_above(self, "default_ms", "max_ms")
-        if self.reserve_ms >= self.default_ms:
-            raise field_error("reserve_ms", "must be smaller than deadline.default_ms")
-
-
-class BudgetsConfig(_Section):
-    context: float = 0.40
-    inference: float = 0.35
-    sse: float = 0.25
-
-    def __post_init__(self) -> None:
-        shares = {"context": self.context, "inference": self.inference, "sse": self.sse}
-        for key, share in shares.items():
-            if not 0.0 < share <= 1.0:
-                raise field_error(key, f"must be in (0, 1], got {share}")
-        total = sum(shares.values())
-        if abs(total - 1.0) > BUDGET_TOLERANCE:
-            raise ValueError(f"shares must sum to 1.0 (±{BUDGET_TOLERANCE}), got {total:.4f}")
 
 
 class Config(_Section):
@@ -250,7 +216,7 @@ def _loaded(decoded: Config, *, source: str, base_dir: str) -> Config:
         if not confined(str(file), roots):
             why = outside("the keys file", auth.keys_file)
             raise ConfigError(f"{source}: key `auth.keys_file`: {why}")
-        extra = _read_keys_file(file, source)
+        extra = read_keys_file(file, source)
         auth = msgspec.structs.replace(auth, keys=[*auth.keys, *extra])
     adapters = {
         name: check_tls_files(cfg, f"adapters.{name}", base_dir, source, roots)
@@ -269,25 +235,6 @@ def _loaded(decoded: Config, *, source: str, base_dir: str) -> Config:
         policy_specs=specs,
         adapters=adapters,
     )
-
-
-class _KeysFile(_Section):
-    keys: list[AuthKey] = msgspec.field(default_factory=list)
-
-
-def _read_keys_file(file: Path, source: str) -> list[AuthKey]:
-    """The ``[[keys]]`` of an ``[auth] keys_file``.
-
-    Raises:
-        ConfigError: the file cannot be read (naming ``auth.keys_file`` in
-            ``source``), or a key in it is not valid (naming the file and key).
-    """
-    try:
-        data = file.read_bytes()
-    except OSError as exc:
-        why = f"cannot read {file}: {exc.strerror}"
-        raise ConfigError(f"{source}: key `auth.keys_file`: {why}") from None
-    return decode_toml(data, _KeysFile, source=str(file)).keys
 
 
 def check_config(cfg: Config) -> None:
@@ -418,15 +365,6 @@ def build_policies(names: list[str], cfg: Config) -> list[Policy]:
         ConfigError: an unknown name, or settings or a rule pack that are not valid.
     """
     return registry.build_policies(names, cfg.policy_specs, policy_context(cfg))
-
-
-def route_models(cfg: Config, route: RouteConfig) -> dict[str, str]:
-    """Each model a (checked) route serves -> the adapter that answers it."""
-    out: dict[str, str] = {}
-    for name in route_adapters(route):
-        for model in cfg.adapters[name].models:
-            out.setdefault(model, name)
-    return out
 
 
 def _check_steps(

@@ -106,6 +106,15 @@ def route_adapters(route: RouteConfig) -> list[str]:
     return list(dict.fromkeys([route.adapter, *route.adapters]))
 
 
+def route_models(adapters: Mapping[str, AdapterConfig], route: RouteConfig) -> dict[str, str]:
+    """Each model a (checked) route serves -> the adapter that answers it."""
+    out: dict[str, str] = {}
+    for name in route_adapters(route):
+        for model in adapters[name].models:
+            out.setdefault(model, name)
+    return out
+
+
 def chain_policies(route: RouteConfig) -> list[str]:
     """The policies a route's ``rewrite`` steps name."""
     return [p for s in route.steps if (p := getattr(s, "policy", None)) is not None]

@@ -33,7 +33,7 @@ import msgspec
 import trio
 
 from ..budgets import STAGES
-from ..config import ConfigError, parse_config, route_models
+from ..config import ConfigError, parse_config
 from ..errors import (
     BadRequest,
     BodyReadTimeout,
@@ -47,7 +47,7 @@ from ..http.endpoints import Admission, Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Headers
 from ..observability.metrics import label_value
 from ..reload import config_version
-from ..routes import route_adapters, route_label
+from ..routes import route_adapters, route_label, route_models
 from . import cacheview, sla
 from .edit import EditError, StepState, set_steps
 from .spend import spend_view
@@ -388,7 +388,7 @@ class Console:
                     name=route_label(rc),
                     steps=[StepOut(name=s.name, kind=s.KIND, enabled=s.enabled) for s in rc.steps],
                     adapters=route_adapters(rc),
-                    models=route_models(self.host.config, rc),
+                    models=route_models(self.host.config.adapters, rc),
                 )
                 for rc in self.host.config.routes
             ],

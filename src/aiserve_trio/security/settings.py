@@ -8,11 +8,13 @@ imports it.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal
 
 import msgspec
 
-from ..decoding import Section, as_field, field_error, not_above, positive
+from ..decoding import Section, as_field, decode_toml, field_error, not_above, positive
+from ..errors import ConfigError
 from ..spend.settings import Period, check_budget
 from ..tenants import check_tenant
 from .auth import check_hash
@@ -147,3 +149,22 @@ class AuthConfig(Section):
     def __post_init__(self) -> None:
         positive(self, "stream_token_ttl_s")
         positive(self, "console_token_ttl_s")
+
+
+class KeysFile(Section):
+    keys: list[AuthKey] = msgspec.field(default_factory=list)
+
+
+def read_keys_file(file: Path, source: str) -> list[AuthKey]:
+    """The ``[[keys]]`` of an ``[auth] keys_file``.
+
+    Raises:
+        ConfigError: the file cannot be read (naming ``auth.keys_file`` in
+            ``source``), or a key in it is not valid (naming the file and key).
+    """
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        why = f"cannot read {file}: {exc.strerror}"
+        raise ConfigError(f"{source}: key `auth.keys_file`: {why}") from None
+    return decode_toml(data, KeysFile, source=str(file)).keys
