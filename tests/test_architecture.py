@@ -166,9 +166,11 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
     "routes.py": (
         "decoding",
         "tenants",
+        "adapters.settings",
         "cache.settings",
+        "chains.plan",
         "chains.steps",
-        "adapters.settings:types",
+        "policies.base",
     ),
     "config.py": (
         "decoding",
@@ -176,13 +178,11 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "adapters.settings",
         "adapters.tls",
         "cache.settings",
-        "redisconn",
         "sessions.settings",
         "policies.base",
         "policies.registry",
         "record.settings",
         "chains.steps",
-        "chains.plan",
         "audit.settings",
         "spend.settings",
         "security.settings",
@@ -515,6 +515,44 @@ def test_the_map_checker_refuses_what_the_map_does_not_allow() -> None:
 
 def test_every_import_is_one_the_package_map_allows() -> None:
     assert map_refusals(typed_import_graph(), PACKAGE_MAP) == []
+
+
+def row_graph(graph: dict[str, dict[str, bool]]) -> dict[str, set[str]]:
+    """The package map's rows as a graph: each row -> the rows its modules import at run
+    time (an import under ``if TYPE_CHECKING:`` makes no floor: nothing runs it)."""
+    rows: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        if module == "aiserve_trio":
+            continue
+        row = rows.setdefault(unit_of(module), set())
+        row.update(unit_of(d) for d, runtime in deps.items() if runtime and d != "aiserve_trio")
+        row.discard(unit_of(module))
+    return rows
+
+
+def test_the_floor_checker_finds_an_upward_import() -> None:
+    graph = {
+        "aiserve_trio.config": {"aiserve_trio.http.settings": True},
+        "aiserve_trio.http.cors": {"aiserve_trio.config": True},
+        "aiserve_trio.http.types": {"aiserve_trio.stages.outcome": False},
+        "aiserve_trio.stages.outcome": {"aiserve_trio.http.types": True},
+    }
+    rows = row_graph(graph)
+    assert rows == {"config.py": {"http/"}, "http/": {"config.py"}, "stages/": {"http/"}}
+    assert find_cycle(rows) == ["config.py", "http/", "config.py"]
+    del graph["aiserve_trio.http.cors"]
+    assert find_cycle(row_graph(graph)) is None  # a type-level import is no floor
+
+
+def test_the_packages_stand_in_floors() -> None:
+    """No row imports, at run time, a row that imports it back, directly or through
+    others: the rows stand in floors with every import pointing down -- the config
+    above the settings modules it assembles, never imported by the packages that own
+    them (issue 45: ``http/cors.py`` imported the config, ``spend/ledger.py`` the
+    session bus's Redis module, ``record/``, ``audit/`` and ``chains/`` the config's
+    ``build_policies``)."""
+    cycle = find_cycle(row_graph(typed_import_graph()))
+    assert cycle is None, "an upward import: " + " -> ".join(cycle or [])
 
 
 def documented_map() -> dict[str, str]:

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from .adapters.settings import AdapterConfig, UpstreamTLS, adapter_kind, check_groups
+from .adapters.settings import AdapterConfig, UpstreamTLS, check_groups
 
 # Re-exported (`X as X`) for the tests and benches that import them from here: the
 # adapters' Structs, CacheConfig, SessionsConfig, LimitsConfig, CorsConfig and its
@@ -45,7 +44,6 @@ from .adapters.tls import check_tls_files
 from .audit.settings import AuditConfig as AuditConfig
 from .budgets import BudgetsConfig, DeadlineConfig
 from .cache.settings import CacheConfig as CacheConfig
-from .chains.plan import AdapterFacts, check_chain
 from .chains.steps import StepConfig as StepConfig
 from .decoding import Section as _Section
 from .decoding import as_field, config_roots, confined, decode_toml, field_error, outside
@@ -60,7 +58,7 @@ from .policies import registry
 from .policies.base import BuildContext, Policy, PolicySpec
 from .policies.registry import decode_policies, known_policies
 from .record.settings import RecordConfig, check_record
-from .routes import LABEL_RE, chain_policies, check_routing, check_wire, route_label
+from .routes import LABEL_RE, chain_policies, check_routing, check_steps, check_wire, route_label
 from .routes import RouteConfig as RouteConfig
 from .security.settings import AuthConfig, KeysFile, read_keys_file
 from .security.settings import LimitsConfig as LimitsConfig
@@ -149,6 +147,11 @@ class Config(_Section):
     #: ``[policies.NAME]`` table and every policy a route names, with its
     #: kind's settings Struct.
     policy_specs: dict[str, PolicySpec] = msgspec.field(default_factory=dict)
+
+    def build_policies(self, names: list[str]) -> list[Policy]:
+        """:func:`build_policies` with this config: for the packages whose settings the
+        config assembles, which use it without importing it."""
+        return build_policies(names, self)
 
 
 # --- loading --------------------------------------------------------------------
@@ -341,7 +344,7 @@ def check_config(cfg: Config) -> None:
             why = f"the default ({default_ms} ms) must not exceed the maximum ({max_ms} ms)"
             raise fail(f"{key}.deadline.{field}", why)
         if route.steps:
-            _check_steps(cfg, i, route, policy_names, fail)
+            check_steps(i, route, cfg.adapters, policy_names, cfg.build_policies, fail)
     chat = [r.path for r in cfg.routes if r.kind == "chat"]
     if (problem := check_record(chat, cfg.record)) is not None:
         raise fail(*problem)
@@ -365,34 +368,3 @@ def build_policies(names: list[str], cfg: Config) -> list[Policy]:
         ConfigError: an unknown name, or settings or a rule pack that are not valid.
     """
     return registry.build_policies(names, cfg.policy_specs, policy_context(cfg))
-
-
-def _check_steps(
-    cfg: Config,
-    i: int,
-    route: RouteConfig,
-    policy_names: set[str],
-    fail: Callable[[str, str], ConfigError],
-) -> None:
-    """A chain (``routes[i].steps``): on a chat route without a cache, and sound
-    (``chains/plan.py``)."""
-    key = f"routes[{i}]"
-    if route.kind == "embeddings":
-        raise fail(f"{key}.steps", "steps are for chat routes")
-    if route.cache is not None:
-        why = "a route with steps has no response cache: its answer depends on every step's call"
-        raise fail(f"{key}.cache", why)
-    facts = {
-        name: AdapterFacts(kind=adapter_kind(a), models=tuple(a.models))
-        for name, a in cfg.adapters.items()
-    }
-    problem = check_chain(route.steps, route.adapter, facts, policy_names)
-    if problem is not None:
-        raise fail(f"{key}.{problem[0]}", problem[1])
-    for j, step in enumerate(route.steps):
-        name = getattr(step, "policy", None)
-        if name is None:
-            continue
-        (policy,) = build_policies([name], cfg)
-        if type(policy).output_filter is Policy.output_filter:
-            raise fail(f"{key}.steps[{j}].policy", f"{name!r} does not rewrite output")

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import msgspec
 
+from .adapters.settings import AdapterConfig, adapter_kind
 from .cache.settings import RouteCache
+from .chains.plan import AdapterFacts, check_chain
 from .chains.steps import StepConfig
 from .decoding import Section, as_field, field_error, positive
+from .policies.base import Policy
 from .tenants import check_tenant
-
-if TYPE_CHECKING:
-    from .adapters.settings import AdapterConfig
 
 #: Metric labels: route names and channels.
 LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -166,3 +166,36 @@ def check_wire(
                 "routes without steps, natively (not native = false)"
             )
             raise fail(f"routes[{i}].adapter", why)
+
+
+def check_steps(
+    i: int,
+    route: RouteConfig,
+    adapters: Mapping[str, AdapterConfig],
+    policy_names: set[str],
+    build: Callable[[list[str]], list[Policy]],
+    fail: Fail,
+) -> None:
+    """A chain (``routes[i].steps``): on a chat route without a cache, and sound
+    (``chains/plan.py``); each ``rewrite`` step's policy, built by ``build``, rewrites
+    output."""
+    key = f"routes[{i}]"
+    if route.kind == "embeddings":
+        raise fail(f"{key}.steps", "steps are for chat routes")
+    if route.cache is not None:
+        why = "a route with steps has no response cache: its answer depends on every step's call"
+        raise fail(f"{key}.cache", why)
+    facts = {
+        name: AdapterFacts(kind=adapter_kind(a), models=tuple(a.models))
+        for name, a in adapters.items()
+    }
+    problem = check_chain(route.steps, route.adapter, facts, policy_names)
+    if problem is not None:
+        raise fail(f"{key}.{problem[0]}", problem[1])
+    for j, step in enumerate(route.steps):
+        name = getattr(step, "policy", None)
+        if name is None:
+            continue
+        (policy,) = build([name])
+        if type(policy).output_filter is Policy.output_filter:
+            raise fail(f"{key}.steps[{j}].policy", f"{name!r} does not rewrite output")

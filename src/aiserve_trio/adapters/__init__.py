@@ -84,10 +84,10 @@ def route_adapter(route: RouteConfig, label: str, built: Mapping[str, Adapter]) 
     picking one by the request's model (``router.py``)."""
     if not route.adapters:
         return built[route.adapter]
-    from ..routes import route_adapters
     from .router import ModelRouter
 
-    return ModelRouter(label, [built[n] for n in route_adapters(route)])
+    # ``adapter`` first, then ``adapters``, once each (as ``routes.route_adapters``).
+    return ModelRouter(label, [built[n] for n in dict.fromkeys([route.adapter, *route.adapters])])
 
 
 def _group(

@@ -787,9 +787,8 @@ def _default_redactor(config: Config) -> Rewriter:
     Raises:
         ConfigError: ``[policies.gdpr-redact]`` is not valid.
     """
-    from ..config import build_policies  # late: the config imports this package
 
-    policy = build_policies(["gdpr-redact"], config)[0]
+    policy = config.build_policies(["gdpr-redact"])[0]
     if isinstance(policy, GdprRedact):
         return policy.rewriter
     return Rewriter(build_rules())  # a policy of another kind took the name

@@ -56,7 +56,6 @@ from ..adapters.base import (
     TranscriptionRequest,
     Usage,
 )
-from ..config import build_policies
 from ..errors import BadRequest, GatewayError, StepDeadlineExceeded, UpstreamTimeout
 from ..intents import parse_label, prompt
 from ..messages import Message, Part
@@ -659,5 +658,5 @@ def build_chain(
         return None
     rewrites = [s for s in route.steps if isinstance(s, RewriteStep)]
     names = list(dict.fromkeys(s.policy for s in rewrites if s.policy is not None))
-    policies = dict(zip(names, build_policies(names, config), strict=True))
+    policies = dict(zip(names, config.build_policies(names), strict=True))
     return Chain(label, build_plan(route.steps), adapters[route.adapter], adapters, policies)

@@ -47,7 +47,6 @@ from typing import IO, TYPE_CHECKING, Protocol, TypeVar
 import trio
 from prometheus_client import Counter, Gauge
 
-from ..config import build_policies
 from ..routes import route_label
 from ..slices import run_sliced
 from ..stages.outcome import Outcome
@@ -548,7 +547,7 @@ def build_recorder(cfg: Config, metrics: Metrics) -> Recorder | None:
     )
     builder = LineBuilder(
         LabelRules(rec.labels, rec.metadata_labels),
-        redactor=build_policies(["gdpr-redact"], cfg)[0] if rec.redact else None,
+        redactor=cfg.build_policies(["gdpr-redact"])[0] if rec.redact else None,
         session_key=key,
         started=0.0,  # both set when the writer starts
         clock_start=0.0,
