@@ -2,8 +2,7 @@
 
 The config checks the tenants it names (auth keys, routes, the default tenant)
 and the session bus checks the tenant it keys a session by against the same
-rule. A leaf module (standard library only), so that both can import it: the
-``sessions`` package imports the config, so the config cannot import it.
+rule. A leaf module (standard library only), so that both can import it.
 """
 
 from __future__ import annotations

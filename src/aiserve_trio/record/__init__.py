@@ -9,5 +9,5 @@ format of a line is ``schema.py``; ``aiserve-replay`` (``aiserve_trio.replay``)
 reads it.
 
 This ``__init__`` imports nothing, so that the config can import
-``record.settings`` without pulling in the recorder (which imports the config).
+``record.settings`` without pulling in the recorder.
 """
