@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from aiserve_trio import hypercorn_seam
+from aiserve_trio.adapters import tokens
 from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, default_config_text, parse_config
 
@@ -31,6 +32,15 @@ def config_text(**mock: str) -> str:
 def make_config(extra: str = "", **mock: str) -> Config:
     """The default config (fast mock), with ``extra`` TOML appended."""
     return parse_config(config_text(**mock) + "\n" + extra, source="<test>")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _tokenizer_loaded() -> None:
+    """The mock's models' tokenizer table, loaded once. A reply that ends without the
+    backend's usage (a client that left, a cap, a drop) is billed for its prompt as
+    the gateway counts it (``stages/billing.py``), and the table's first load runs in a
+    thread, which a test's virtual clock (``autojump_clock``) sees as time passing."""
+    tokens._loaded["cl100k_base"] = tokens.get_encoding("cl100k_base")
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,7 @@ from aiserve_trio.config import MockAdapterConfig
 from aiserve_trio.errors import (
     PolicyViolation,
     ReplyCapExceeded,
+    StageDeadlineExceeded,
     UpstreamProtocolError,
     UpstreamTimeout,
     WriteTimeout,
@@ -130,6 +131,9 @@ ANSWERED = SSEReport(
     usage=USAGE,
     finish_reason="stop",
     delivered="hello there",
+    # What the backend generated, as the assembler counted it (its 200 tokens' text).
+    generated=200,
+    generated_chars=900,
 )
 #: What the pipeline saw of a request that ran its four stages.
 ENDED = RequestEnd(
@@ -224,7 +228,6 @@ def test_a_failed_stage_is_the_error_and_the_others_reports_still_count() -> Non
     assert out.delivered == "one two three"
     assert out.finish_reason is None
     assert out.prepared is prepared  # the session write-back still sees the turn
-    assert out.cost == 0.0  # no usage came back
     assert out.capped is None
 
 
@@ -424,3 +427,124 @@ def test_an_unpriced_route_costs_nothing() -> None:
     )
     assert out.ok
     assert (out.cost, out.saved, out.cache_cost) == (0.0, 0.0, 0.0)
+
+
+# --- billing on every ending (issue 50, items 1 and 5) ----------------------------------
+
+#: 1,000 prompt tokens as the gateway counted them; 30 tokens generated before the end.
+COUNTED_PROMPT = 1000
+CUT = {"finish_reason": None, "usage": None, "generated": 30, "generated_chars": 120}
+CUT_COST = 1000 * 3.0 / 1e6 + 30 * 15.0 / 1e6
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        pytest.param({"disconnected": True, "disconnect_stage": "sse"}, id="client-left"),
+        pytest.param(
+            {"error": StageDeadlineExceeded("inference"), "error_stage": "inference"},
+            id="deadline",
+        ),
+        pytest.param(
+            {
+                "error": ReplyCapExceeded("too long", param="x", code="max_reply_bytes"),
+                "error_stage": "sse",
+            },
+            id="max-reply-bytes",
+        ),
+        pytest.param(
+            {"error": UpstreamProtocolError("dropped"), "error_stage": "inference"},
+            id="upstream-drop",
+        ),
+    ],
+)
+def test_a_reply_that_never_finished_is_billed_for_what_was_generated(
+    end: dict[str, Any],
+) -> None:
+    parsed = _parsed()
+    prepared = _prepared(parsed)
+    out = outcome_of(
+        INFO,
+        _end(prompt_tokens=COUNTED_PROMPT, **end),
+        ParseReport(parsed.model, parsed.stream),
+        ContextReport(prepared, prepared.policy, None),
+        InferenceReport(),
+        _answered("some words", **CUT),
+    )
+    assert out.usage == Usage(prompt_tokens=COUNTED_PROMPT, completion_tokens=30)
+    assert out.usage_source == "counted"
+    assert out.distrusted is None
+    assert out.cost == pytest.approx(CUT_COST)
+
+
+def test_a_reply_nothing_answered_is_not_billed() -> None:
+    parsed = _parsed()
+    prepared = _prepared(parsed)
+    out = outcome_of(
+        INFO,
+        _end(error=StageDeadlineExceeded("inference"), error_stage="inference"),
+        ParseReport(parsed.model, parsed.stream),
+        ContextReport(prepared, prepared.policy, None),
+        InferenceReport(),
+        SSEReport(),
+    )
+    assert (out.usage, out.usage_source, out.cost) == (None, None, 0.0)
+
+
+def test_a_backends_negative_usage_is_replaced_by_the_local_count_and_never_costs_less_than_0() -> (
+    None
+):
+    parsed = _parsed()
+    prepared = _prepared(parsed)
+    bad = Usage(prompt_tokens=-5000, completion_tokens=-200)
+    out = outcome_of(
+        INFO,
+        _end(prompt_tokens=COUNTED_PROMPT),
+        ParseReport(parsed.model, parsed.stream),
+        ContextReport(prepared, prepared.policy, None),
+        InferenceReport(),
+        _answered(usage=bad, generated=30, generated_chars=120),
+    )
+    assert out.ok
+    assert out.usage == Usage(prompt_tokens=COUNTED_PROMPT, completion_tokens=30)
+    assert (out.usage_source, out.distrusted) == ("counted", "negative")
+    assert out.cost == pytest.approx(CUT_COST)
+
+
+def test_more_completion_tokens_than_the_text_holds_is_not_believed() -> None:
+    # 20 characters cannot hold 5,000 tokens (at most 4 a character, and some slack);
+    # the prompt's count is the provider's, which is believable.
+    out = outcome_of(
+        INFO,
+        _end(),
+        ParseReport("aiserve-mock", True),
+        ContextReport(),
+        InferenceReport(),
+        _answered(
+            usage=Usage(prompt_tokens=1000, completion_tokens=5000),
+            generated=7,
+            generated_chars=20,
+        ),
+    )
+    assert out.usage == Usage(prompt_tokens=1000, completion_tokens=7)
+    assert (out.usage_source, out.distrusted) == ("counted", "absurd")
+
+
+def test_a_pricing_that_fails_keeps_the_usage_and_costs_nothing() -> None:
+    class Broken(Pricing):
+        def charge(self, model: str, usage: Usage | None, cache: str | None) -> tuple[float, float]:
+            raise ZeroDivisionError("a bug in pricing")
+
+    broken = Broken(make_config(PRICES).pricing)
+    info = replace(INFO, route=replace(INFO.route, pricing=broken))
+    out = outcome_of(
+        info,
+        _end(),
+        ParseReport("aiserve-mock", True),
+        ContextReport(),
+        InferenceReport(),
+        _answered(),
+    )
+    assert out.usage == USAGE
+    assert out.usage_source == "provider"
+    assert out.cost == 0.0

@@ -48,6 +48,7 @@ from .http.disconnect import Disconnect, ReceiveWatcher
 from .http.sse import DONE, ChatFramer
 from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
 from .security.admission import BodyPace
+from .stages.billing import local_prompt
 from .stages.channel import Inbox, Receiver, Sender, open_channel
 from .stages.context import ContextStage
 from .stages.handoff import hand_on
@@ -62,6 +63,7 @@ from .stages.report import (
     SSEReport,
     StageReport,
     cache_result,
+    needs_local_prompt,
     outcome_of,
 )
 from .stages.sse import SSEStage
@@ -323,8 +325,15 @@ class Pipeline:
                 run.fail("sse", InternalError("the request ended without a response"))
             if run.error is not None:
                 await self._write_error(info, responder, run.error, context, inference, sse)
+        at = trio.current_time()
+        prompt = None
+        if needs_local_prompt(sse) and context.prepared is not None:
+            # The backend answered but its count never came (the client left, a
+            # deadline, a cap, a drop): the request is billed for its prompt as counted
+            # here (shielded: the client may be gone).
+            prompt = await local_prompt(context.prepared.inference, info.route)
         end = RequestEnd(
-            at=trio.current_time(),
+            at=at,
             error=run.error,
             error_stage=run.error_stage,
             disconnected=run.disconnected,
@@ -334,6 +343,7 @@ class Pipeline:
             client_bytes=responder.bytes_written,
             upstream_reads=upstream.reads,
             upstream_bytes=upstream.bytes,
+            prompt_tokens=prompt,
         )
         return outcome_of(info, end, parse, context, inference, sse)
 

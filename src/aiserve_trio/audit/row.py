@@ -163,6 +163,7 @@ class RowBuilder:
             0 if usage is None else usage.cache_read_tokens,
             0 if usage is None else usage.cache_write_tokens,
             o.cache_cost,
+            o.usage_source,
         )
 
 

@@ -44,6 +44,7 @@ COLUMNS = (
     "cache_read_tokens",
     "cache_write_tokens",
     "cache_cost",
+    "usage_source",
 )
 
 #: (version, statements): applied in order to a database below that version.
@@ -112,6 +113,17 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE audit_requests ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0",
             "ALTER TABLE audit_requests ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0",
             "ALTER TABLE audit_requests ADD COLUMN cache_cost DOUBLE PRECISION NOT NULL DEFAULT 0",
+        ),
+    ),
+    (
+        5,
+        (
+            # Issue 50, item 1 (bill on every ending): where the row's token counts came
+            # from -- ``provider`` (the backend's own usage) or ``counted`` (the gateway's:
+            # the reply never finished, or the backend's count was missing or not
+            # believable); NULL on a row nothing was billed for (no answer), and on rows
+            # written before this version.
+            "ALTER TABLE audit_requests ADD COLUMN usage_source TEXT",
         ),
     ),
 )

@@ -9,6 +9,7 @@ say what happened.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 
     from ..errors import UpstreamError
     from ..stages.outcome import Outcome
+
+log = logging.getLogger("aiserve_trio.observer")
 
 
 class RecordSink(Protocol):
@@ -187,6 +190,20 @@ class RequestObserver:
     # --- the end of a request -------------------------------------------------
 
     def request_complete(self, outcome: Outcome) -> None:
+        """Count and keep what a request did, then offer it to the sinks (the audit log,
+        the spend counters): a failure in one never keeps the others from it -- a row and
+        a charge are never lost to a metric that refused a value."""
+        try:
+            self._measure(outcome)
+        except Exception:
+            log.exception("request %s could not be measured", outcome.request_id)
+        for sink in self.sinks:
+            try:
+                sink.offer(outcome)
+            except Exception:
+                log.exception("a sink refused request %s", outcome.request_id)
+
+    def _measure(self, outcome: Outcome) -> None:
         m = self.metrics
         route = outcome.route
         model = outcome.model_label
@@ -236,8 +253,6 @@ class RequestObserver:
             self._remember(outcome)
         if self.recorder is not None:
             self.recorder.offer(outcome)
-        for sink in self.sinks:
-            sink.offer(outcome)
 
     def request_refused(self, outcome: Outcome) -> None:
         """A chat request the gate refused before its handler ran (bad key, rate,

@@ -1,7 +1,13 @@
-"""The spend counters, fed with every finished request (a sink of the observer)."""
+"""The spend counters, fed with every finished request (a sink of the observer).
+
+It also counts the replies whose backend-reported usage the gateway did not believe
+(``stages/metering.py``: negative, or more completion tokens than the text holds) and
+logs the first of each route and reason.
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
@@ -12,6 +18,8 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from ..stages.outcome import Outcome
+
+log = logging.getLogger("aiserve_trio.spend")
 
 
 class SpendMetrics:
@@ -30,10 +38,22 @@ class SpendMetrics:
             ["tenant", "key", "route", "model"],
             registry=registry,
         )
+        self.distrusted = Counter(
+            "aiserve_usage_distrusted",
+            "Replies billed with the gateway's own token count because the usage the "
+            "backend reported was negative or more than its text holds (reason: negative, "
+            "absurd).",
+            ["route", "reason"],
+            registry=registry,
+        )
         # Bounded: tenants, keys, routes and priced models come from the config.
         self._children: dict[tuple[Any, ...], Any] = {}
+        #: (route, reason) already logged: a backend that miscounts is named once.
+        self._logged: set[tuple[str, str]] = set()
 
     def offer(self, outcome: Outcome) -> None:
+        if outcome.distrusted is not None:
+            self._distrust(outcome, outcome.distrusted)
         if not (outcome.cost or outcome.saved):
             return
         metric = self.spend if outcome.cost else self.saved
@@ -47,3 +67,17 @@ class SpendMetrics:
         if child is None:
             child = self._children[(metric, *labels)] = metric.labels(*labels)
         child.inc(outcome.cost or outcome.saved)
+
+    def _distrust(self, outcome: Outcome, reason: str) -> None:
+        route = outcome.route
+        self.distrusted.labels(route, reason).inc()
+        if (route, reason) not in self._logged:
+            self._logged.add((route, reason))
+            log.warning(
+                "route %s: the backend reported a %s usage (model %s, request %s); billed "
+                "with the gateway's own count (logged once per route and reason)",
+                route,
+                reason,
+                outcome.served_model,
+                outcome.request_id,
+            )

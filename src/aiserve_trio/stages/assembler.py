@@ -152,6 +152,7 @@ class ResponseAssembler:
     __slots__ = (
         "_bytes",
         "_calls",
+        "_chars",
         "_codec",
         "_collected",
         "_delivered",
@@ -206,7 +207,8 @@ class ResponseAssembler:
         side_filters: makes a fresh chain of the filters that apply to
             reasoning, refusals and tool-call arguments (one chain per text).
         max_tokens: the reply ends (``finish_reason: "length"``, :attr:`capped`)
-            before a delta would take it past this many upstream tokens.
+            before a delta would take it past this many upstream tokens (counted
+            either way: :attr:`generated`).
         max_bytes: :meth:`feed` raises once more bytes than this were released.
         record: keep the released pieces (see :meth:`take_recorded`).
         price: the reply's cost from its usage; with it, the usage the client
@@ -222,6 +224,7 @@ class ResponseAssembler:
         self._max_tokens = max_tokens
         self._max_bytes = max_bytes
         self._tokens = 0
+        self._chars = 0
         self._bytes = 0
         #: The cap that ended the reply early, if one did (``max_tokens``).
         self.capped: str | None = None
@@ -381,14 +384,14 @@ class ResponseAssembler:
             if framer is not None:
                 framer.model = delta.model
         produced = delta.text or delta.reasoning or delta.refusal or delta.tool_calls
-        if produced and self._max_tokens is not None:
-            if self._tokens + delta.tokens > self._max_tokens:
-                # The backend did not stop at the limit it was sent: stop here.
+        if produced:
+            if self._max_tokens is not None and self._tokens + delta.tokens > self._max_tokens:
+                # The backend did not stop at the limit it was sent: stop here (billed
+                # for what it generated: the sse stage settles the usage).
                 self.capped = "max_tokens"
                 self.finish_reason = "length"
-                self.usage = Usage(prompt_tokens=0, completion_tokens=self._tokens)
                 return framer.role() if framer is not None and before is State.IDLE else b""
-            self._tokens += delta.tokens
+            self._generated(delta)
         out = framer.role() if framer is not None and before is State.IDLE else b""
         content = reasoning = refusal = ""
         if delta.reasoning:
@@ -464,13 +467,12 @@ class ResponseAssembler:
         out = framer.role() if before is State.IDLE else b""
         events = delta.native
         produced = delta.text or delta.reasoning or delta.refusal or delta.tool_calls
-        if produced and self._max_tokens is not None:
-            if self._tokens + delta.tokens > self._max_tokens:
+        if produced:
+            if self._max_tokens is not None and self._tokens + delta.tokens > self._max_tokens:
                 self.capped = "max_tokens"
                 self.finish_reason = "length"
-                self.usage = Usage(prompt_tokens=0, completion_tokens=self._tokens)
                 return out
-            self._tokens += delta.tokens
+            self._generated(delta)
         if events is not None and events.boundary:
             out += self._flush_native(events.index, now)
             out += framer.native(events, None, same=True)
@@ -517,6 +519,27 @@ class ResponseAssembler:
             self.finish_reason = delta.finish_reason
             self.usage = delta.usage or self.usage
         return out
+
+    def _generated(self, delta: Delta) -> None:
+        """Count what the backend generated: its upstream tokens and their characters
+        (what the request is billed for when no usage of the provider's comes, and the
+        bound a reported count must keep to: ``stages/metering.py``)."""
+        self._tokens += delta.tokens
+        chars = len(delta.text) + len(delta.reasoning) + len(delta.refusal)
+        if delta.tool_calls:
+            for f in delta.tool_calls:
+                chars += len(f.arguments) + len(f.name or "")
+        self._chars += chars
+
+    @property
+    def generated(self) -> tuple[int, int]:
+        """(upstream tokens, their characters) the backend generated so far."""
+        return self._tokens, self._chars
+
+    def bill(self, usage: Usage) -> None:
+        """The usage the reply is billed for (settled by the sse stage before
+        :meth:`finish`): the one the client's usage and cost show."""
+        self.usage = usage
 
     def _flush_native(self, index: int, now: float) -> bytes:
         """What the output policies hold back, released before a native boundary."""

@@ -82,13 +82,20 @@ class Outcome:
     #: Which deployment of a group answered (None: not a group, or no answer).
     served: ServedBy | None = None
     #: What the request cost in ``[pricing] currency``, at ``served_model``'s price (0 for
-    #: a cache hit or an unpriced model).
+    #: a cache hit or an unpriced model), for ``usage`` whatever ended the reply; never
+    #: negative.
     cost: float = 0.0
     #: What a cache hit would have cost had the model answered.
     saved: float = 0.0
     #: The part of ``cost`` paid for the backend's prompt-cache reads and writes
     #: (``usage.cache_read_tokens`` / ``cache_write_tokens`` at their own rates).
     cache_cost: float = 0.0
+    #: Where ``usage`` came from: ``provider`` (its own count, believed) or ``counted``
+    #: (the gateway's count, in part or whole: none came, the reply never finished, or
+    #: the provider's was not believable); None when nothing was billed (no answer).
+    usage_source: str | None = None
+    #: Why the provider's usage was replaced (``negative``, ``absurd``), if it was.
+    distrusted: str | None = None
     #: The client's address, set only on a request the gate refused for its key: the
     #: audit log counts those per address and interval instead of a row each.
     client: str | None = None

@@ -18,12 +18,14 @@ took 0.3 us -- five of them a request were a cost ``bench/app_cost.py`` could se
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from ..errors import ReplyCapExceeded
+from .metering import needs_prompt_count, settle
 from .outcome import Outcome, status_of
 
 if TYPE_CHECKING:
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
     from ..messages import ToolCall
     from ..policies.base import PolicyContext
     from .types import Prepared, RequestInfo
+
+log = logging.getLogger("aiserve_trio.spend")
 
 
 class ParseReport(msgspec.Struct, frozen=True):
@@ -84,6 +88,15 @@ class SSEReport(msgspec.Struct, frozen=True):
     #: end; None when no event went out): the first failure is known, and written, only
     #: once every stage has ended. None when the reply never took a shape.
     fail: Callable[[GatewayError], bytes | None] | None = None
+    #: Upstream tokens the backend generated (counted by the assembler) and their
+    #: characters: what a reply that never finished is billed for.
+    generated: int = 0
+    generated_chars: int = 0
+    #: ``provider`` or ``counted``: where ``usage`` came from, once the finished reply
+    #: was settled (``stages/metering.py``); None when it was not (no finish).
+    usage_source: str | None = None
+    #: Why the provider's usage was not believed (``negative``, ``absurd``), if it was not.
+    distrusted: str | None = None
 
 
 #: What any stage may report.
@@ -107,6 +120,16 @@ class RequestEnd(msgspec.Struct, frozen=True):
     client_bytes: int = 0
     upstream_reads: int = 0
     upstream_bytes: int = 0
+    #: The prompt as the gateway counted it, for a reply that must be billed without
+    #: the provider's count (see :func:`needs_local_prompt`); None: not counted.
+    prompt_tokens: int | None = None
+
+
+def needs_local_prompt(sse: SSEReport) -> bool:
+    """Whether billing the reply ``sse`` reports needs the prompt counted locally: the
+    backend answered, the reply was not settled when it finished, and no believable
+    prompt count came with it."""
+    return bool(sse.served_model) and sse.usage_source is None and needs_prompt_count(sse.usage)
 
 
 def cache_result(context: ContextReport, inference: InferenceReport) -> str | None:
@@ -130,10 +153,24 @@ def outcome_of(
     A disconnect is no error of the request's (its status is ``client_closed``, and the
     stage is the one the client left during); a cap that ended the reply is named
     whichever way it did (a failure, or the assembler stopping the reply).
+
+    Whatever ended it, a reply the backend answered is billed (``stages/metering.py``):
+    as the sse stage settled it when it finished, else settled here from what the
+    backend generated so far and the prompt's count in ``end``.
     """
     cache = cache_result(context, inference)
     served_model = sse.served_model
     usage = sse.usage
+    source = sse.usage_source
+    distrusted = sse.distrusted
+    if served_model and source is None:
+        settled = settle(
+            usage,
+            generated=sse.generated,
+            generated_chars=sse.generated_chars,
+            prompt=end.prompt_tokens,
+        )
+        usage, source, distrusted = settled.usage, settled.source, settled.distrusted
     cost, saved, cache_cost = _priced(info, served_model, usage, cache)
     error = end.error
     gone = end.disconnected
@@ -172,6 +209,8 @@ def outcome_of(
         cost=cost,
         saved=saved,
         cache_cost=cache_cost,
+        usage_source=source,
+        distrusted=distrusted,
     )
 
 
@@ -179,9 +218,15 @@ def _priced(
     info: RequestInfo, served_model: str, usage: Usage | None, cache: str | None
 ) -> tuple[float, float, float]:
     """(cost, saved, the part of cost paid for prompt-cache reads and writes) of a request
-    that ended (see ``spend/prices.py``)."""
+    that ended (see ``spend/prices.py``): never negative, and a pricing that fails is
+    logged and costs 0 -- the request still gets its audit row and its token charge."""
     pricing = info.route.pricing
     if pricing is None or not served_model:
         return 0.0, 0.0, 0.0
-    cost, saved = pricing.charge(served_model, usage, cache)
-    return cost, saved, pricing.cache_cost(served_model, usage) if cost else 0.0
+    try:
+        cost, saved = pricing.charge(served_model, usage, cache)
+        cache_cost = pricing.cache_cost(served_model, usage) if cost else 0.0
+    except Exception:
+        log.exception("request %s could not be priced", info.request_id)
+        return 0.0, 0.0, 0.0
+    return max(0.0, cost), max(0.0, saved), max(0.0, cache_cost)

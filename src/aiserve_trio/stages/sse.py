@@ -21,7 +21,7 @@ from functools import partial
 
 import trio
 
-from ..adapters.base import Delta, ServedBy, Usage
+from ..adapters.base import Delta, InferenceRequest, ServedBy, Usage
 from ..apis import CODECS
 from ..cache.entry import Replayed
 from ..errors import GatewayError, ReplyCapExceeded, StageDeadlineExceeded, WriteTimeout
@@ -31,7 +31,9 @@ from ..http.types import JSON_HEADERS, SSE_HEADERS, Headers
 from ..security.settings import LimitsConfig
 from ..spend.prices import decimal, free
 from .assembler import ResponseAssembler
+from .billing import local_prompt
 from .channel import Inbox
+from .metering import needs_prompt_count, settle
 from .report import SSEReport
 from .types import Prepared, RequestInfo, response_headers
 
@@ -65,6 +67,12 @@ class SSEStage:
         self._stalled = False
         #: Who answered (from the first delta), once the reply has begun.
         self.served: ServedBy | None = None
+        #: The request the backend was sent (its prompt is counted when no usage comes).
+        self._request: InferenceRequest | None = None
+        #: Where the usage billed came from, and why the provider's was not believed,
+        #: once the reply finished (``stages/metering.py``).
+        self.usage_source: str | None = None
+        self.distrusted: str | None = None
 
     async def run(self, first: Delta) -> bool:
         """Write the reply; True when it ended before the upstream did (a cap).
@@ -77,6 +85,7 @@ class SSEStage:
         # The context stage sent this before the inference stage had its input.
         prepared = self.plan.receive_nowait()
         parsed = prepared.parsed
+        self._request = prepared.inference
         route = self.info.route.config
         replayed = isinstance(first, Replayed)
         self.served = first.served
@@ -152,6 +161,7 @@ class SSEStage:
             asm.feed(delta, trio.current_time())
         if asm.finish_reason is None:
             return  # the inference stage failed and says why
+        await self._settle(asm)
         body = asm.finish(trio.current_time())
         if asm.cost is not None:
             headers = [*headers, (b"x-aiserve-cost", decimal(asm.cost).encode())]
@@ -228,7 +238,22 @@ class SSEStage:
                 break
         if asm.finish_reason is None:
             return  # the inference stage failed and says why
+        await self._settle(asm)
         await self.responder.body(out + asm.finish(trio.current_time()), more=False)
+
+    async def _settle(self, asm: ResponseAssembler) -> None:
+        """The usage the finished reply is billed for, before its usage and cost go out:
+        the provider's when it can be believed, else counted here (``stages/metering.py``)."""
+        usage = asm.usage
+        prompt = None
+        if needs_prompt_count(usage):
+            assert self._request is not None
+            prompt = await local_prompt(self._request, self.info.route)
+        tokens, chars = asm.generated
+        settled = settle(usage, generated=tokens, generated_chars=chars, prompt=prompt)
+        asm.bill(settled.usage)
+        self.usage_source = settled.source
+        self.distrusted = settled.distrusted
 
     async def _keepalive(self, stream_scope: trio.CancelScope) -> None:
         """Heartbeats and the write deadline of the stream, in one task.
@@ -276,6 +301,10 @@ class SSEStage:
             tool_calls=asm.tool_calls,
             capped=asm.capped,
             fail=asm.fail,
+            generated=asm.generated[0],
+            generated_chars=asm.generated[1],
+            usage_source=self.usage_source,
+            distrusted=self.distrusted,
         )
 
 
