@@ -42,7 +42,7 @@ class LimitsConfig(Section):
     max_content_parts: int = 1_000
     max_request_parts: int = 10_000
     max_tools: int = 128
-    max_tokens: int = 32_768
+    max_tokens: int = 131_072
     #: Per worker: requests in flight and open event streams; beyond, a fast 503.
     max_inflight: int = 4_096
     max_streams: int = 4_096
