@@ -2,11 +2,15 @@
 (the caller's own key), totals of requests, tokens and cost from the audit log.
 
 ``from`` and ``to`` are ``YYYY-MM-DD`` (UTC days; ``to`` is inclusive) or Unix
-seconds; the default is the last 30 days. ``group_by`` is ``tenant``, ``key``,
-``model`` (the model that answered), ``route`` or ``day``. :func:`parse_query`
+seconds, from 1970-01-01 up to the end of 9999-12-30 (a value outside, or not a date,
+is a 400 in the error envelope); the default is the last 30 days. ``group_by`` is
+``tenant``, ``key``, ``model`` (the model that answered), ``route`` or ``day``. :func:`parse_query`
 and :func:`usage_sql` are pure; the handlers run the query in a thread of the
 audit log's readers (:meth:`AuditLog.query`: a 503 with ``Retry-After`` in the
 error envelope when they are all busy or the database is away).
+
+``/v1/usage`` reads the rows of the caller's key *in the caller's tenant*: a key id
+given again in another tenant never reads the rows of the key that had it before.
 
 ``requests`` is the sum of the rows' ``requests`` column: a row is one request, or an
 interval's wrong-key requests from one address (``log.py``).
@@ -46,6 +50,9 @@ GROUPS = {
 }
 DEFAULT_DAYS = 30
 DAY_S = 86_400.0
+#: The last instant a query may name (the end of 9999-12-30, UTC): past it, the day
+#: after ``to`` is not a date Python can write.
+MAX_TS = dt.datetime(9999, 12, 31, tzinfo=dt.UTC).timestamp()
 #: Groups returned at most (a day per row for ten years, or every key of a big bank).
 MAX_GROUPS = 5_000
 
@@ -57,6 +64,8 @@ class UsageQuery:
     group_by: str
     #: Only this key's rows (``/v1/usage``); "" means rows without a key (auth off).
     key_id: str | None = None
+    #: Only this tenant's rows (``/v1/usage``: the key's own tenant).
+    tenant: str | None = None
 
 
 class Totals(msgspec.Struct, kw_only=True):
@@ -91,18 +100,26 @@ class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 def _time(value: str, name: str, *, end: bool) -> float:
+    bad = BadRequest(
+        f"`{name}` must be a date (YYYY-MM-DD) or Unix seconds between 1970-01-01 and "
+        f"9999-12-30; got {value[:40]!r}",
+        param=name,
+        code="invalid_time",
+    )
     try:
         if value.replace(".", "", 1).isdigit():
-            return float(value)
-        day = dt.date.fromisoformat(value)
-    except ValueError:
-        raise BadRequest(
-            f"`{name}` must be a date (YYYY-MM-DD) or Unix seconds; got {value[:40]!r}",
-            param=name,
-            code="invalid_time",
-        ) from None
-    start = dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp()
-    return start + DAY_S if end else start  # `to` is the whole day
+            ts = float(value)
+        else:
+            day = dt.date.fromisoformat(value)
+            ts = dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp()
+            if ts < 0.0:
+                raise bad
+            ts = ts + DAY_S if end else ts  # `to` is the whole day
+    except (ValueError, OverflowError):
+        raise bad from None
+    if not 0.0 <= ts <= MAX_TS:  # inf from a long string of digits too
+        raise bad
+    return ts
 
 
 def parse_query(q: Mapping[str, str], now: float) -> UsageQuery:
@@ -136,6 +153,9 @@ def usage_sql(query: UsageQuery, placeholder: str, day_sql: str) -> tuple[str, l
             params.append(query.key_id)
         else:
             where += " AND key_id IS NULL"
+    if query.tenant is not None:
+        where += f" AND tenant = {placeholder}"
+        params.append(query.tenant)
     sql = (
         f"SELECT {group} AS g, coalesce(sum(requests), 0), coalesce(sum(prompt_tokens), 0), "
         f"coalesce(sum(completion_tokens), 0), coalesce(sum(cost), 0), "
@@ -222,10 +242,17 @@ class UsageEndpoints:
         await _answer(request, await self.read(query))
 
     async def own(self, request: Request) -> None:
-        """``GET /v1/usage``: the calling key's usage (with auth off: requests without a key)."""
+        """``GET /v1/usage``: the calling key's usage in its tenant (with auth off: requests
+        without a key)."""
         query = parse_query(query_params(request), time.time())
         p = request.principal
-        query = UsageQuery(query.start, query.end, query.group_by, p.key_id if p else "")
+        query = UsageQuery(
+            query.start,
+            query.end,
+            query.group_by,
+            p.key_id if p else "",
+            tenant=p.tenant if p else None,
+        )
         await _answer(request, await self.read(query))
 
 
