@@ -42,10 +42,13 @@ PROMPT = "tell me a long story about " + "the sea and " * 20
 
 class Scripted(Adapter):
     """A backend that writes ``WORDS`` words, one every 2 ms, then finishes with
-    ``usage`` -- or breaks off after ``drop_after`` words."""
+    ``usage`` -- or breaks off after ``drop_after`` words (``gap``: seconds a word)."""
 
-    def __init__(self, usage: Usage | None = None, drop_after: int | None = None) -> None:
+    def __init__(
+        self, usage: Usage | None = None, drop_after: int | None = None, gap: float = 0.002
+    ) -> None:
         super().__init__("mock", ["aiserve-mock"])
+        self.gap = gap
         self.usage = usage
         self.drop_after = drop_after
         self.requests: list[InferenceRequest] = []
@@ -56,7 +59,7 @@ class Scripted(Adapter):
         for i in range(WORDS):
             if i == self.drop_after:
                 raise UpstreamProtocolError("the upstream closed the connection")
-            await trio.sleep(0.002)
+            await trio.sleep(self.gap)
             await send.send(Delta(text=f" w{i}"))
             self.sent += 1
         usage = self.usage or Usage(prompt_tokens=77, completion_tokens=WORDS)
@@ -274,3 +277,46 @@ async def test_a_backends_own_believable_usage_is_billed_as_it_sent_it(
         row = await check_one_figure(app, client, tmp_path, charges)
     assert (row["prompt_tokens"], row["completion_tokens"]) == (77, WORDS)
     assert row["usage_source"] == "provider"
+
+
+def tokens_metric(app: App, direction: str) -> float:
+    value = app.metrics.registry.get_sample_value(
+        "aiserve_tokens_total", {"route": "chat", "direction": direction}
+    )
+    return value or 0.0
+
+
+async def test_the_clients_own_deadline_bills_what_came_before_it(
+    autojump_clock: Any, tmp_path: Path
+) -> None:
+    # On the virtual clock (no audit log: its writer's thread would see time jump): a
+    # 100-word reply at a word every 10 ms, and a client that gives the request 500 ms.
+    backend = Scripted(gap=0.01)
+    app = App(
+        parse_config(
+            config_text().replace(
+                OFF,
+                spend_toml(tenant='[tenants.shop]\nbudget = 100.0\nbudget_period = "day"\n')
+                .replace('id = "dan"\n', 'id = "dan"\ntpm = 100000000\n', 1),
+            ),
+            source="<test>",
+        ),
+        adapters={"mock": backend},
+    )
+    charges = Charges(app)
+    path, body = APIS["chat"]
+    headers = {**auth(KEY_DAN), "x-request-timeout-ms": "500"}
+    async with running(app) as client:
+        r = await client.request("POST", path, json_body=body, headers=headers)
+        spent = await ledger_spent(app)
+    assert r.status == 200  # the stream had begun: it ends with the deadline's error event
+    assert b'"code":"stage_deadline_exceeded"' in r.body
+    prompt = await expected_prompt(backend.requests[0])
+    completion = tokens_metric(app, "completion")
+    # What came before the deadline (the words the client got), not the whole reply.
+    assert completion == len(r.text().split()) > 10
+    assert tokens_metric(app, "prompt") == prompt
+    cost = prompt * IN + completion * OUT
+    assert spent == pytest.approx(cost)
+    assert spend_metric(app) == pytest.approx(cost)
+    assert charges.tokens == [prompt + completion]
