@@ -97,11 +97,13 @@ def test_the_schema_is_migrated_once_and_rows_go_in(database: str):
     row.update(request_id="r1", ts=time.time(), tenant="t", route="chat", api="chat",
                channel="api", model="m", served_model="m", status="ok", prompt_tokens=3,
                completion_tokens=4, cost=0.5, saved=0.0, total_ms=12.5, requests=1,
-               cache_read_tokens=2, cache_write_tokens=1, cache_cost=0.25)
+               cache_read_tokens=2, cache_write_tokens=1, cache_cost=0.25,
+               usage_source="counted")
     db.insert([tuple(row[c] for c in COLUMNS)])
     db.close()
     assert count(database, "request_id = 'r1' AND cost = 0.5") == 1
     assert count(database, "request_id = 'r1' AND cache_read_tokens = 2 AND cache_cost = 0.25") == 1
+    assert count(database, "request_id = 'r1' AND usage_source = 'counted'") == 1
 
 
 async def test_a_100_kb_prompt_is_stored_cut_to_the_cap_in_postgres(

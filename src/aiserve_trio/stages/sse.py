@@ -291,8 +291,11 @@ class SSEStage:
         asm = self.assembler
         if asm is None:
             return SSEReport(served=self.served)
+        tokens, chars = asm.generated
         return SSEReport(
-            served_model=asm.model if asm.answered else "",
+            # The backend answered when it generated anything, even what the output
+            # filters still hold back (it is billed for it).
+            served_model=asm.model if asm.answered or tokens else "",
             served=self.served,
             first_token_at=asm.first_token_at,
             usage=asm.usage,
@@ -301,8 +304,8 @@ class SSEStage:
             tool_calls=asm.tool_calls,
             capped=asm.capped,
             fail=asm.fail,
-            generated=asm.generated[0],
-            generated_chars=asm.generated[1],
+            generated=tokens,
+            generated_chars=chars,
             usage_source=self.usage_source,
             distrusted=self.distrusted,
         )
