@@ -38,7 +38,7 @@ import msgspec
 
 from ..api import ChatCompletion, ChunkDelta, error_json
 from ..api import Usage as WireUsage
-from ..errors import GatewayError, UpstreamProtocolError
+from ..errors import BadRequest, GatewayError, UpstreamProtocolError
 from .common import (
     Codec,
     Stream,
@@ -50,7 +50,6 @@ from .common import (
     event,
     image_url,
     invalid,
-    only,
     refuse,
     string,
 )
@@ -79,8 +78,11 @@ class _Reasoning(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     summary: str | None = None
 
 
-class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, dict=True):
-    """The fields of a Responses request this gateway understands; any other is refused."""
+class ResponsesRequest(msgspec.Struct, kw_only=True, dict=True):
+    """The fields of a Responses request this gateway understands. What has no Chat
+    Completions equivalent (another field, item, part or tool key) is noted by
+    :func:`decode` (:func:`notes`): carried untouched on a native route, refused by
+    :func:`translated` on a translated one."""
 
     input: str | list[dict[str, Any]]
     model: str | None = None
@@ -145,6 +147,38 @@ def _function(tool: dict[str, Any]) -> bool:
 
 
 _request = msgspec.json.Decoder(ResponsesRequest)
+_object = msgspec.json.Decoder(dict[str, Any])
+_KNOWN = frozenset(ResponsesRequest.__struct_fields__)
+Notes = list[BadRequest]
+
+
+def notes(view: object) -> tuple[BadRequest, ...]:
+    """What :func:`decode` found without a Chat Completions equivalent in ``view``."""
+    return tuple(getattr(view, "_notes", ()))
+
+
+def translated(view: object) -> object:
+    """On a route whose backend speaks Chat Completions (or another provider's API):
+    the view, or the first 400 for what it cannot carry.
+
+    Raises:
+        BadRequest: ``unsupported_field``, naming it.
+    """
+    for refusal in notes(view):
+        raise refusal
+    return view
+
+
+def _note(found: Notes, param: str, why: str) -> None:
+    found.append(refuse(param, why))
+
+
+def _only(obj: dict[str, Any], where: str, allowed: tuple[str, ...], found: Notes) -> None:
+    for key, value in obj.items():
+        if key not in allowed and value is not None:
+            _note(found, f"{where}.{key}", "has no equivalent; it is not sent anywhere")
+
+
 #: Relayed under the same name.
 _SAME = (
     "temperature",
@@ -167,11 +201,16 @@ def decode(body: bytes) -> tuple[bytes, ResponsesRequest]:
     """
     try:
         req = _request.decode(body)
+        top = _object.decode(body)
     except msgspec.MsgspecError as exc:
         raise decode_error(exc) from None
+    found: Notes = []
+    for key, value in top.items():
+        if key not in _KNOWN and value is not None:
+            _note(found, key, "has no equivalent on this gateway; it is not sent anywhere")
     if req.background:
-        raise refuse("background", "has no equivalent: responses are served while the client waits")
-    chat: dict[str, Any] = {"messages": _messages(req)}
+        _note(found, "background", "has no equivalent: responses are served while the client waits")
+    chat: dict[str, Any] = {"messages": _messages(req, found)}
     if req.model is not None:
         chat["model"] = req.model
     if req.stream:
@@ -186,15 +225,15 @@ def decode(body: bytes) -> tuple[bytes, ResponsesRequest]:
     if req.top_logprobs is not None:
         chat["logprobs"] = True
         chat["top_logprobs"] = req.top_logprobs
-    tools = [_tool(t, i) for i, t in _tools(req) if _function(t)]
+    tools = [_tool(t, i, found) for i, t in _tools(req) if _function(t)]
     if tools:
         chat["tools"] = tools
     if req.tool_choice is not None:
-        choice = _tool_choice(req.tool_choice)
+        choice = _tool_choice(req.tool_choice, found)
         if tools or not req.tools:
             chat["tool_choice"] = choice
         elif choice not in ("auto", "none"):  # every tool offered was dropped
-            raise refuse("tool_choice", "asks for a tool call, and no `function` tool is offered")
+            _note(found, "tool_choice", "asks for a tool call, and no `function` tool is offered")
     if req.text is not None:
         if req.text.format is not None and req.text.format.type != "text":
             chat["response_format"] = _format(req.text.format)
@@ -202,6 +241,7 @@ def decode(body: bytes) -> tuple[bytes, ResponsesRequest]:
             chat["verbosity"] = req.text.verbosity
     if req.reasoning is not None and req.reasoning.effort is not None:
         chat["reasoning_effort"] = req.reasoning.effort
+    req._notes = found  # type: ignore[attr-defined]  # a dict=True Struct: not a field
     return encoder.encode(chat), req
 
 
@@ -218,11 +258,12 @@ def _format(f: _Format) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": spec}
 
 
-def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+def _tool(tool: dict[str, Any], i: int, found: Notes) -> dict[str, Any]:
     fn: dict[str, Any] = {}
     for key in tool:
         if key not in ("type", "name", "description", "parameters", "strict"):
-            raise refuse(f"tools[{i}].{key}", "has no equivalent; it is not sent anywhere")
+            _note(found, f"tools[{i}].{key}", "has no equivalent; it is not sent anywhere")
+            continue
         if key != "type" and tool[key] is not None:
             fn[key] = tool[key]
     if not isinstance(fn.get("name"), str):
@@ -230,17 +271,18 @@ def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+def _tool_choice(choice: str | dict[str, Any], found: Notes) -> str | dict[str, Any]:
     if isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
             raise invalid("tool_choice", "must be `none`, `auto`, `required` or a function")
         return choice
     if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-        raise refuse("tool_choice", "may name a function only (`{type: function, name}`)")
+        _note(found, "tool_choice", "may name a function only (`{type: function, name}`)")
+        return "auto"
     return {"type": "function", "function": {"name": choice["name"]}}
 
 
-def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+def _messages(req: ResponsesRequest, found: Notes) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if req.instructions:
         out.append({"role": "system", "content": req.instructions})
@@ -255,15 +297,15 @@ def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         where = f"input[{i}]"
         if kind == "reasoning":
-            thought.append(_reasoning_text(item, where))
+            thought.append(_reasoning_text(item, where, found))
             continue
         if kind == "function_call":
             if turn is None:
                 turn = {"role": "assistant", "content": None}
                 out.append(turn)
-            turn.setdefault("tool_calls", []).append(_call(item, where))
+            turn.setdefault("tool_calls", []).append(_call(item, where, found))
         elif kind == "message" and item.get("role") == "assistant":
-            turn = {"role": "assistant", **_content(item, where, assistant=True)}
+            turn = {"role": "assistant", **_content(item, where, found, assistant=True)}
             out.append(turn)
         elif kind == "message":
             turn = None
@@ -272,12 +314,13 @@ def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                 raise invalid(
                     f"{where}.role", "must be `user`, `assistant`, `system` or `developer`"
                 )
-            out.append({"role": role, **_content(item, where, assistant=False)})
+            out.append({"role": role, **_content(item, where, found, assistant=False)})
         elif kind == "function_call_output":
             turn = None
-            out.append(_output(item, where))
+            out.append(_output(item, where, found))
         else:
-            raise refuse(f"{where}.type", f"`{kind}` items have no equivalent")
+            _note(found, f"{where}.type", f"`{kind}` items have no equivalent")
+            continue
         if thought and turn is not None:
             turn["reasoning_content"] = "".join(thought)
             thought = []
@@ -288,8 +331,8 @@ def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _reasoning_text(item: dict[str, Any], where: str) -> str:
-    only(item, where, ("type", "id", "summary", "content", "status", "encrypted_content"))
+def _reasoning_text(item: dict[str, Any], where: str, found: Notes) -> str:
+    _only(item, where, ("type", "id", "summary", "content", "status", "encrypted_content"), found)
     parts = item.get("content") or item.get("summary") or []
     if not isinstance(parts, list):
         raise invalid(f"{where}.content", "must be a list")
@@ -299,8 +342,8 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     )
 
 
-def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
-    only(item, where, ("type", "id", "call_id", "name", "arguments", "status"))
+def _call(item: dict[str, Any], where: str, found: Notes) -> dict[str, Any]:
+    _only(item, where, ("type", "id", "call_id", "name", "arguments", "status"), found)
     for key in ("call_id", "name", "arguments"):
         if not isinstance(item.get(key), str):
             raise invalid(f"{where}.{key}", "must be a string")
@@ -308,8 +351,8 @@ def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
     return {"id": item["call_id"], "type": "function", "function": fn}
 
 
-def _output(item: dict[str, Any], where: str) -> dict[str, Any]:
-    only(item, where, ("type", "id", "call_id", "output", "status"))
+def _output(item: dict[str, Any], where: str, found: Notes) -> dict[str, Any]:
+    _only(item, where, ("type", "id", "call_id", "output", "status"), found)
     if not isinstance(item.get("call_id"), str):
         raise invalid(f"{where}.call_id", "must be a string")
     output = item.get("output")
@@ -317,7 +360,8 @@ def _output(item: dict[str, Any], where: str) -> dict[str, Any]:
         texts = []
         for j, part in enumerate(output):
             if not isinstance(part, dict) or part.get("type") != "input_text":
-                raise refuse(f"{where}.output[{j}]", "a tool's output may hold text only")
+                _note(found, f"{where}.output[{j}]", "a tool's output may hold text only")
+                continue
             texts.append(string(part, "text", f"{where}.output[{j}]"))
         output = "".join(texts)
     if not isinstance(output, str):
@@ -325,8 +369,8 @@ def _output(item: dict[str, Any], where: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
 
 
-def _content(item: dict[str, Any], where: str, *, assistant: bool) -> dict[str, Any]:
-    only(item, where, ("type", "id", "role", "content", "status"))
+def _content(item: dict[str, Any], where: str, found: Notes, *, assistant: bool) -> dict[str, Any]:
+    _only(item, where, ("type", "id", "role", "content", "status"), found)
     content = item.get("content")
     if isinstance(content, str):
         return {"content": content}
@@ -338,23 +382,23 @@ def _content(item: dict[str, Any], where: str, *, assistant: bool) -> dict[str, 
         at = f"{where}.content[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text"):
-            only(part, at, ("type", "text", "annotations", "logprobs"))
+            _only(part, at, ("type", "text", "annotations", "logprobs"), found)
             if part.get("annotations"):
-                raise refuse(f"{at}.annotations", "have no equivalent")
+                _note(found, f"{at}.annotations", "have no equivalent")
             parts.append({"type": "text", "text": string(part, "text", at)})
         elif kind == "refusal" and assistant:
             refusal.append(string(part, "refusal", at))
         elif kind == "input_image" and not assistant:
-            only(part, at, ("type", "image_url", "detail"))
+            _only(part, at, ("type", "image_url", "detail"), found)
             if not isinstance(part.get("image_url"), str):
                 raise invalid(f"{at}.image_url", "must be a URL or a data URL")
             parts.append(image_url(part["image_url"], part.get("detail")))
         elif kind == "input_file" and not assistant:
-            only(part, at, ("type", "file_data", "filename", "file_id"))
+            _only(part, at, ("type", "file_data", "filename", "file_id"), found)
             file = {k: part[k] for k in ("file_data", "filename", "file_id") if part.get(k)}
             parts.append({"type": "file", "file": file})
         else:
-            raise refuse(f"{at}.type", f"`{kind}` parts have no equivalent here")
+            _note(found, f"{at}.type", f"`{kind}` parts have no equivalent here")
     out: dict[str, Any] = {}
     if assistant:
         # An assistant's text is one string: every backend reads that.
@@ -801,4 +845,5 @@ CODEC = Codec(
     framer=ResponsesFramer,
     body=body,
     error=error_body,
+    translated=translated,
 )
