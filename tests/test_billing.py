@@ -264,6 +264,51 @@ async def test_a_backends_negative_usage_is_replaced_by_the_gateways_count(
     assert len(logged) == 1
 
 
+@pytest.mark.parametrize("api", ["messages", "responses"])
+async def test_negative_usage_on_a_whole_messages_or_responses_reply_is_counted_here(
+    tmp_path: Path, api: str
+) -> None:
+    backend = Scripted(usage=Usage(prompt_tokens=-120_000, completion_tokens=-5))
+    app = billing_app(tmp_path, backend)
+    charges = Charges(app)
+    path, body = APIS[api]
+    async with running(app) as client:
+        r = await client.request(
+            "POST", path, json_body={**body, "stream": False}, headers=auth(KEY_DAN)
+        )
+        assert r.status == 200, r.body
+        row = await check_one_figure(app, client, tmp_path, charges)
+    prompt = await expected_prompt(backend.requests[0])
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (prompt, WORDS)
+    assert row["usage_source"] == "counted"
+    # The client's own API's usage, and the header, say the same.
+    usage = r.json()["usage"]
+    assert (usage["input_tokens"], usage["output_tokens"]) == (prompt, WORDS)
+    assert float(r.headers["x-aiserve-cost"]) == pytest.approx(row["cost"])
+
+
+async def test_a_client_that_leaves_a_whole_reply_before_it_is_written_is_billed_too(
+    tmp_path: Path,
+) -> None:
+    backend = Scripted(gap=0.005)
+    app = billing_app(tmp_path, backend)
+    charges = Charges(app)
+    path, body = APIS["chat"]
+    async with running(app) as client:
+        async with client.open(
+            "POST", path, json_body={**body, "stream": False}, headers=auth(KEY_DAN)
+        ) as ex:
+            while backend.sent < 10:
+                await trio.sleep(0.001)
+            ex.disconnect()
+        row = await check_one_figure(app, client, tmp_path, charges)
+    assert not ex.response.status  # nothing was written
+    assert row["status"] == "client_closed"
+    assert row["usage_source"] == "counted"
+    assert 10 <= row["completion_tokens"] <= backend.sent < WORDS
+    assert row["prompt_tokens"] == await expected_prompt(backend.requests[0])
+
+
 async def test_a_backends_own_believable_usage_is_billed_as_it_sent_it(
     tmp_path: Path,
 ) -> None:
