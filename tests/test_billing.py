@@ -53,6 +53,8 @@ class Scripted(Adapter):
         self.drop_after = drop_after
         self.requests: list[InferenceRequest] = []
         self.sent = 0
+        #: Set once ten words were sent.
+        self.ten = trio.Event()
 
     async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
         self.requests.append(request)
@@ -62,6 +64,8 @@ class Scripted(Adapter):
             await trio.sleep(self.gap)
             await send.send(Delta(text=f" w{i}"))
             self.sent += 1
+            if self.sent == 10:
+                self.ten.set()
         usage = self.usage or Usage(prompt_tokens=77, completion_tokens=WORDS)
         await send.send(Delta(finish_reason="stop", usage=usage))
 
@@ -298,8 +302,7 @@ async def test_a_client_that_leaves_a_whole_reply_before_it_is_written_is_billed
         async with client.open(
             "POST", path, json_body={**body, "stream": False}, headers=auth(KEY_DAN)
         ) as ex:
-            while backend.sent < 10:
-                await trio.sleep(0.001)
+            await backend.ten.wait()
             ex.disconnect()
         row = await check_one_figure(app, client, tmp_path, charges)
     assert not ex.response.status  # nothing was written
