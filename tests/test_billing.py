@@ -268,6 +268,30 @@ async def test_a_backends_negative_usage_is_replaced_by_the_gateways_count(
     assert len(logged) == 1
 
 
+async def test_a_backend_that_ignores_max_tokens_is_cut_and_billed_for_the_prompt_too(
+    tmp_path: Path,
+) -> None:
+    # The scripted backend writes its 100 words whatever max_tokens says; the gateway
+    # stops the reply at 5 (the token cap), and the prompt is billed as counted here
+    # (it was prompt_tokens = 0).
+    backend = Scripted()
+    app = billing_app(tmp_path, backend)
+    charges = Charges(app)
+    path, body = APIS["chat"]
+    body = {**body, "max_tokens": 5, "stream_options": {"include_usage": True}}
+    async with running(app) as client:
+        r = await client.request("POST", path, json_body=body, headers=auth(KEY_DAN))
+        assert r.status == 200
+        row = await check_one_figure(app, client, tmp_path, charges)
+    prompt = await expected_prompt(backend.requests[0])
+    assert prompt > 0
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (prompt, 5)
+    assert row["usage_source"] == "counted"
+    usage = final_usage(r)
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt, 5)
+    assert usage["cost"] == pytest.approx(row["cost"])
+
+
 @pytest.mark.parametrize("api", ["messages", "responses"])
 async def test_negative_usage_on_a_whole_messages_or_responses_reply_is_counted_here(
     tmp_path: Path, api: str
