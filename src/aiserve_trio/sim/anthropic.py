@@ -220,11 +220,6 @@ def tool_id(script: Script) -> str:
     return "toolu_" + script.tool.call_id.removeprefix("call_")
 
 
-def _tool_block(script: Script, args: Any) -> dict[str, Any]:
-    assert script.tool is not None
-    return {"type": "tool_use", "id": tool_id(script), "name": script.tool.name, "input": args}
-
-
 def _usage(ready: Prepared, output: int) -> dict[str, int]:
     """Anthropic's ``usage``: the prompt cache's reads and writes apart from ``input_tokens``."""
     return {

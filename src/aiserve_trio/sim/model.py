@@ -7,7 +7,7 @@ and writes.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 #: Words the simulated model "generates"; each is one output token.
 _WORDS = (
@@ -209,9 +209,6 @@ class SimSettings:
     seed: int | None = None
     #: The provider dialects served (``sim/dialect.py``), each under its own paths.
     dialects: tuple[str, ...] = ("anthropic", "azure", "gemini", "bedrock", "responses")
-
-    def with_timing(self, **changes: float) -> SimSettings:
-        return replace(self, timing=replace(self.timing, **changes))
 
 
 def choose_fault(
