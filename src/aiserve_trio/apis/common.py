@@ -86,6 +86,8 @@ class NativeSpec:
 
 
 class State(enum.Enum):
+    """Where one reply is: the API framers' streams and the response assembler share it."""
+
     IDLE = "idle"
     OPEN = "open"
     DONE = "done"

@@ -37,7 +37,6 @@ through an assembler without filters.
 from __future__ import annotations
 
 import contextlib
-import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -58,6 +57,7 @@ from ..api import (
     encoder,
 )
 from ..api import Usage as WireUsage
+from ..apis.common import State  # one reply's states, framers and the assembler alike
 from ..cache.entry import Replayed
 from ..errors import GatewayError, ReplyCapExceeded, UpstreamProtocolError
 from ..http.sse import DONE, ChatFramer
@@ -72,13 +72,6 @@ if TYPE_CHECKING:
     from ..policies.base import OutputFilter
 
 FilterFactory = Callable[[], "list[OutputFilter]"]
-
-
-class State(enum.Enum):
-    IDLE = "idle"
-    OPEN = "open"
-    DONE = "done"
-    FAILED = "failed"
 
 
 _NEXT: dict[tuple[State, str], State] = {
