@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import msgspec
 
-from ..api import NativeEvents
 from ..errors import UpstreamError
 from .anthropic_stream import AnthropicStreamDecoder, _event_decoder
 from .base import Delta
-from .pieces import Pieces, malformed
+from .pieces import NativeText, encoded, malformed, one_event
 from .sse_parser import SSEDecodeError
 
 __all__ = ["AnthropicNativeDecoder"]
@@ -42,49 +41,26 @@ class AnthropicNativeDecoder(AnthropicStreamDecoder):
         out: list[Delta] = []
         if self.done:
             return out
-        # The text events of one block, joined until another event comes.
-        raw: list[bytes] = []
-        pieces = Pieces()
-        index = -1
+        text = NativeText()
         try:
             for event in self._parser.feed(data):
                 ev = _event_decoder.decode(event.data)
-                kind = ev.type
-                if kind == "ping":
+                if ev.type == "ping":
                     continue
-                encoded = b"event: %s\ndata: %s\n\n" % (event.event.encode(), event.data.encode())
-                text = kind == "content_block_delta" and ev.delta is not None and ev.delta.type
-                if text in _TEXT:
-                    if raw and index != ev.index:
-                        _flush(out, raw, pieces, index)
-                    index = ev.index
-                    self._event(ev, pieces)
-                    raw.append(encoded)
+                raw = encoded(event)
+                kind = ev.delta.type if ev.type == "content_block_delta" and ev.delta else ""
+                if kind in _TEXT:
+                    self._event(ev, text.add((ev.index, ev.type), raw, out))
                     continue
-                if raw:
-                    _flush(out, raw, pieces, index)
-                call = self._event(ev, pieces)
-                events = NativeEvents(raw=encoded, kind=kind, index=ev.index, boundary=call is None)
-                out.append(Delta(tool_calls=[call] if call else None, native=events))
+                text.flush(out)
+                call = self._event(ev, text.pieces)
+                held = Delta(tool_calls=[call]) if call is not None else None
+                out.append(one_event(held, raw, ev.type, ev.index))
                 if self.done:
                     break
         except UpstreamError as reported:
             self._error = reported
         except (SSEDecodeError, msgspec.DecodeError) as exc:
             self._error = malformed(self.name, exc)
-        if raw:
-            _flush(out, raw, pieces, index)
+        text.flush(out)
         return out
-
-
-def _flush(out: list[Delta], raw: list[bytes], pieces: Pieces, index: int) -> None:
-    """The text events so far as one delta (``raw`` and ``pieces`` emptied)."""
-    joined: list[Delta] = []
-    pieces.flush(joined)
-    events = NativeEvents(raw=b"".join(raw), kind="content_block_delta", index=index)
-    if joined:
-        d = joined[0]
-        out.append(Delta(text=d.text, reasoning=d.reasoning, tokens=d.tokens, native=events))
-    else:  # empty pieces: still the provider's events
-        out.append(Delta(native=events, tokens=0))
-    raw.clear()

@@ -7,10 +7,14 @@ tool-call fragment does not join: what came before it goes first, in order.
 
 from __future__ import annotations
 
+import msgspec
+
+from ..api import NativeEvents
 from ..errors import UpstreamProtocolError
 from .base import Delta
+from .sse_parser import Event
 
-__all__ = ["Pieces", "malformed"]
+__all__ = ["NativeText", "Pieces", "encoded", "malformed", "one_event"]
 
 
 def malformed(name: str, exc: Exception) -> UpstreamProtocolError:
@@ -44,3 +48,50 @@ class Pieces:
             )
             self.text = []
             self.thought = []
+
+
+def encoded(event: Event) -> bytes:
+    """An event as the provider sent it (its ``event:`` and ``data:`` lines)."""
+    return b"event: %s\ndata: %s\n\n" % (event.event.encode(), event.data.encode())
+
+
+class NativeText:
+    """A native stream's consecutive text events of one block and kind (``at``: the
+    block's index and the event's kind), joined into one delta with their bytes."""
+
+    __slots__ = ("at", "pieces", "raw")
+
+    def __init__(self) -> None:
+        self.at: tuple[int, str] = (-1, "")
+        self.raw: list[bytes] = []
+        #: Where the decoder puts the events' text.
+        self.pieces = Pieces()
+
+    def add(self, at: tuple[int, str], raw: bytes, out: list[Delta]) -> Pieces:
+        """Take one text event's bytes (another block's first sends what came before)."""
+        if self.raw and at != self.at:
+            self.flush(out)
+        self.at = at
+        self.raw.append(raw)
+        return self.pieces
+
+    def flush(self, out: list[Delta]) -> None:
+        """Append the events so far as one delta carrying their bytes (none if none)."""
+        if not self.raw:
+            return
+        joined: list[Delta] = []
+        self.pieces.flush(joined)
+        index, kind = self.at
+        events = NativeEvents(raw=b"".join(self.raw), kind=kind, index=index)
+        d = joined[0] if joined else Delta(tokens=0)
+        out.append(msgspec.structs.replace(d, native=events))
+        self.raw = []
+
+
+def one_event(delta: Delta | None, raw: bytes, kind: str, index: int) -> Delta:
+    """A native stream's event that is not joined: ``delta`` (what it holds, if anything)
+    carrying its bytes; a boundary when it holds nothing (held-back text goes first)."""
+    d = delta if delta is not None else Delta(tokens=0)
+    holds = bool(d.text or d.reasoning or d.refusal or d.tool_calls)
+    events = NativeEvents(raw=raw, kind=kind, index=index, boundary=not holds)
+    return msgspec.structs.replace(d, native=events)

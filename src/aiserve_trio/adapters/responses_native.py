@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import msgspec
 
-from ..api import NativeEvents
 from ..errors import UpstreamError
 from .base import Delta
-from .pieces import Pieces, malformed
+from .pieces import NativeText, encoded, malformed, one_event
 from .responses_stream import _TEXT, ResponsesStreamDecoder, _event_decoder
 from .sse_parser import SSEDecodeError
 
@@ -42,47 +41,25 @@ class ResponsesNativeDecoder(ResponsesStreamDecoder):
         out: list[Delta] = []
         if self.done:
             return out
-        raw: list[bytes] = []
-        pieces = Pieces()
-        at: tuple[int, str] = (-1, "")
+        text = NativeText()
         try:
             for event in self._parser.feed(data):
                 ev = _event_decoder.decode(event.data)
-                encoded = b"event: %s\ndata: %s\n\n" % (event.event.encode(), event.data.encode())
+                raw = encoded(event)
                 if ev.type in _JOINED and ev.delta:
-                    if raw and at != (ev.output_index, ev.type):
-                        _flush(out, raw, pieces, at)
-                    at = (ev.output_index, ev.type)
-                    self._event(ev, pieces)
-                    raw.append(encoded)
+                    self._event(ev, text.add((ev.output_index, ev.type), raw, out))
                     continue
-                if raw:
-                    _flush(out, raw, pieces, at)
-                alone = self._event(ev, pieces)
+                text.flush(out)
+                alone = self._event(ev, text.pieces)
                 whole: list[Delta] = []
-                pieces.flush(whole)  # a text a server sent whole (a .done with no delta before)
-                delta = alone or (whole[0] if whole else Delta(tokens=0))
-                carries = bool(delta.text or delta.reasoning or delta.refusal or delta.tool_calls)
-                events = NativeEvents(
-                    raw=encoded, kind=ev.type, index=ev.output_index, boundary=not carries
-                )
-                out.append(msgspec.structs.replace(delta, native=events))
+                text.pieces.flush(whole)  # a text a server sent whole (a .done, no delta)
+                held = alone or (whole[0] if whole else None)
+                out.append(one_event(held, raw, ev.type, ev.output_index))
                 if self.done:
                     break
         except UpstreamError as reported:
             self._error = reported
         except (SSEDecodeError, msgspec.DecodeError) as exc:
             self._error = malformed(self.name, exc)
-        if raw:
-            _flush(out, raw, pieces, at)
+        text.flush(out)
         return out
-
-
-def _flush(out: list[Delta], raw: list[bytes], pieces: Pieces, at: tuple[int, str]) -> None:
-    """The text events so far as one delta (``raw`` and ``pieces`` emptied)."""
-    joined: list[Delta] = []
-    pieces.flush(joined)
-    events = NativeEvents(raw=b"".join(raw), kind=at[1], index=at[0])
-    d = joined[0] if joined else Delta(tokens=0)
-    out.append(msgspec.structs.replace(d, native=events))
-    raw.clear()

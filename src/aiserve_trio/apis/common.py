@@ -134,6 +134,17 @@ _MISSING = re.compile(
 _AT = re.compile(r"^(?P<msg>.*) - at `\$\.?(?P<at>[^`]*)`$")
 
 
+def rewrite_strings(value: Any, rewrite: Callable[[str], str]) -> Any:
+    """Every string inside a JSON value (a tool's input or arguments) through ``rewrite``."""
+    if isinstance(value, str):
+        return rewrite(value)
+    if isinstance(value, list):
+        return [rewrite_strings(v, rewrite) for v in value]
+    if isinstance(value, dict):
+        return {k: rewrite_strings(v, rewrite) for k, v in value.items()}
+    return value
+
+
 def event(name: bytes, payload: bytes) -> bytes:
     """One named Server-Sent Event."""
     return b"event: %s\ndata: %s\n\n" % (name, payload)

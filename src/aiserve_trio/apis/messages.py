@@ -50,6 +50,7 @@ from .common import (
     image_url,
     invalid,
     refuse,
+    rewrite_strings,
     string,
 )
 
@@ -668,17 +669,6 @@ def with_history(raw: bytes, history: list[dict[str, Any]]) -> bytes:
     return encoder.encode(body)
 
 
-def _rewrite_value(value: Any, rewrite: Callable[[str], str]) -> Any:
-    """Every string inside a JSON value (a tool's input) through ``rewrite``."""
-    if isinstance(value, str):
-        return rewrite(value)
-    if isinstance(value, list):
-        return [_rewrite_value(v, rewrite) for v in value]
-    if isinstance(value, dict):
-        return {k: _rewrite_value(v, rewrite) for k, v in value.items()}
-    return value
-
-
 def _rewrite_blocks(content: Any, rewrite: Callable[[str], str]) -> Any:
     """A message's content with the text a person or a tool wrote rewritten; thinking
     blocks stay as they are (their signature vouches for them), so do images."""
@@ -695,7 +685,7 @@ def _rewrite_blocks(content: Any, rewrite: Callable[[str], str]) -> Any:
             elif kind == "tool_result":
                 block = {**block, "content": _rewrite_blocks(block.get("content"), rewrite)}
             elif kind == "tool_use" and "input" in block:
-                block = {**block, "input": _rewrite_value(block["input"], rewrite)}
+                block = {**block, "input": rewrite_strings(block["input"], rewrite)}
         out.append(block)
     return out
 

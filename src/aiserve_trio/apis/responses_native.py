@@ -21,7 +21,7 @@ import msgspec
 
 from ..api import ChunkDelta, NativeEvents
 from ..api import Usage as WireUsage
-from .common import NativeSpec, State, encoder
+from .common import NativeSpec, State, encoder, rewrite_strings
 from .responses import ResponsesFramer
 
 __all__ = ["NATIVE", "NativeResponsesFramer", "collect", "rewrite_steps", "with_history"]
@@ -55,16 +55,6 @@ def with_history(raw: bytes, history: list[dict[str, Any]]) -> bytes:
     return encoder.encode(body)
 
 
-def _rewrite_value(value: Any, rewrite: Callable[[str], str]) -> Any:
-    if isinstance(value, str):
-        return rewrite(value)
-    if isinstance(value, list):
-        return [_rewrite_value(v, rewrite) for v in value]
-    if isinstance(value, dict):
-        return {k: _rewrite_value(v, rewrite) for k, v in value.items()}
-    return value
-
-
 def _rewrite_item(item: Any, rewrite: Callable[[str], str]) -> Any:
     """One input item with the text a person or a tool wrote rewritten; reasoning items
     (their ``encrypted_content`` vouches for them) and images stay as they are."""
@@ -92,7 +82,7 @@ def _rewrite_item(item: Any, rewrite: Callable[[str], str]) -> Any:
             args = json.loads(item["arguments"])
         except ValueError:
             return {**item, "arguments": rewrite(item["arguments"])}
-        new = _rewrite_value(args, rewrite)
+        new = rewrite_strings(args, rewrite)
         if new != args:
             return {**item, "arguments": json.dumps(new, ensure_ascii=False)}
     return item
