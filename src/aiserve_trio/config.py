@@ -63,7 +63,7 @@ from .routes import RouteConfig as RouteConfig
 from .security.settings import AuthConfig, KeysFile, read_keys_file
 from .security.settings import LimitsConfig as LimitsConfig
 from .sessions.settings import SessionsConfig as SessionsConfig
-from .spend.settings import PricingConfig, TenantConfig
+from .spend.settings import PricingConfig, TenantConfig, unkept
 from .tenants import check_tenant
 
 #: The keys file's table (``[auth] keys_file``), as the tests and docs tools name it.
@@ -290,6 +290,13 @@ def check_config(cfg: Config) -> None:
             check_tenant(name)
         except ValueError as exc:
             raise fail(f"tenants.{name}", str(exc)) from None
+    if cfg.sessions.backend != "redis" and cfg.audit is not None and cfg.audit.backend != "off":
+        budgets = [("key", k.id, k.budget_period) for k in auth.keys if k.budget is not None]
+        budgets += [
+            ("tenant", n, t.budget_period) for n, t in cfg.tenants.items() if t.budget is not None
+        ]
+        if (forgets := unkept(budgets, cfg.audit.retention_days)) is not None:
+            raise fail("audit.retention_days", forgets)
 
     check_groups(cfg.adapters, fail)
     policy_names = known_policies(cfg.policy_specs)

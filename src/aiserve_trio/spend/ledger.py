@@ -30,6 +30,17 @@ after; one whose audit row the sum already holds is then counted twice -- the sp
 reads high by the requests of those milliseconds, never low. The memory ledger (no
 Redis) seeds every budget's period from the audit log when the worker starts, so a
 restart does not forget budgets either.
+
+Workers without Redis share spend through the audit database (issue 50, item 3): the
+memory ledger re-reads every budget's period from it every :data:`SYNC_EVERY_S` (one
+grouped query per scope and period, this worker's queued rows written first), and
+keeps on top of the sum only the charges it made while the query ran. So a worker sees
+another worker's spend at most ``[audit] flush_ms`` (the other's rows wait that long to
+be written) + ``SYNC_EVERY_S`` + one query late -- 2 s and a query with the defaults;
+meanwhile it admits as if the other had not charged. A charge made during the query
+whose row the sum already holds is counted twice until the next read (high, never low);
+a row this worker's flush could not write in time (a slow database) is missing from the
+sum until the next read. Workers of several hosts share it the same way on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -63,6 +74,9 @@ MERGE_EVERY_S = 5.0
 #: Seconds before a period whose re-seed failed (the audit database away or busy) is
 #: tried again.
 SEED_RETRY_S = 5.0
+#: Seconds between two reads of every budget's spend from the audit log (the memory
+#: ledger with a seed: how workers without Redis see each other's spend).
+SYNC_EVERY_S = 1.0
 #: Periods waiting for a re-seed at most (more are noticed again on a later read).
 MAX_SEEDS_PENDING = 1024
 
@@ -121,6 +135,7 @@ class Ledger:
         metrics: LedgerMetrics | None = None,
         seed: Seed | None = None,
         limits: list[Limit] | None = None,
+        sync_every_s: float = SYNC_EVERY_S,
     ) -> None:
         """Args:
         metrics: the ledger's gauges and counters (None: not counted).
@@ -154,6 +169,10 @@ class Ledger:
         self._wake = trio.Event()
         #: Set once the memory ledger's start-up seed is done (or there is none).
         self.seeded = trio.Event()
+        #: The memory ledger: seconds between two reads of the audit log's sums.
+        self.sync_every_s = sync_every_s
+        #: Set (and replaced) each time a read of the audit log's sums is done.
+        self._synced = trio.Event()
         self._script: Any = None
         if self._client is not None:
             self._script = self._client.register_script(_ADD_LUA)
@@ -201,10 +220,15 @@ class Ledger:
         """The memory ledger's start-up seed, then (Redis) each lost period in turn."""
         if self._client is None:
             while True:  # the audit database may not be reached yet
-                if await self._seed_all(seed):
+                if await self._seed_all(seed, first=True):
                     break
                 await trio.sleep(SEED_RETRY_S)
             self.seeded.set()
+            while self.limits:  # the other workers' spend, as they write it
+                await trio.sleep(self.sync_every_s)
+                await self._seed_all(seed)  # a failed read: the next one
+                self._synced.set()
+                self._synced = trio.Event()
             return
         self.seeded.set()
         while True:
@@ -275,9 +299,14 @@ class Ledger:
             await self._merge()
         return True
 
-    async def _seed_all(self, seed: Seed) -> bool:
-        """The memory ledger's start: every budget's current period from the audit log,
-        one grouped query per scope and period; False when the audit log did not answer."""
+    async def synced(self) -> None:
+        """Wait for the memory ledger's next read of the audit log's sums to be done."""
+        await self._synced.wait()
+
+    async def _seed_all(self, seed: Seed, *, first: bool = False) -> bool:
+        """The memory ledger's start (``first``) and each read after it: every budget's
+        current period from the audit log, one grouped query per scope and period, plus
+        what this worker charged while it ran; False when the audit log did not answer."""
         now = time.time()
         groups: dict[tuple[str, str], list[Limit]] = {}
         for limit in self.limits:
@@ -293,8 +322,9 @@ class Ledger:
                 kept = self._local.get(slot, 0.0) - before.get(slot, 0.0)
                 if (total := found.get(limit.name, 0.0) + kept) > 0:
                     self._local[slot] = total
-            log.info("spend: %d %s budgets (%s) seeded from the audit log", len(limits),
-                     scope, period)  # fmt: skip
+            if first:
+                log.info("spend: %d %s budgets (%s) seeded from the audit log", len(limits),
+                         scope, period)  # fmt: skip
         return True
 
     def _key(self, slot: str) -> str:

@@ -94,6 +94,37 @@ class TenantConfig(BudgetFields):
     pass
 
 
+#: Days of audit rows a budget period's re-seed reads at most (a month: 31).
+PERIOD_DAYS: dict[str, int] = {"day": 1, "week": 7, "month": 31}
+
+
+def unkept(budgets: list[tuple[str, str, Period]], retention_days: int) -> str | None:
+    """Why one of ``budgets`` (scope, key id or tenant, period) could not be kept by a
+    memory ledger whose audit log keeps ``retention_days`` (0: every row), or None.
+
+    Without Redis, the audit rows are the only record of a period's spend that outlives
+    a worker (each worker seeds its ledger from them at start and reads them to see the
+    others' spend): a retention shorter than a budget's period deletes rows the budget
+    still counts, so a restart would give that spend back. A ``total`` budget needs
+    every row.
+    """
+    if retention_days == 0:
+        return None
+    for scope, name, period in budgets:
+        need = PERIOD_DAYS.get(period)
+        if need is not None and retention_days >= need:
+            continue
+        whose = f"API key {name!r}" if scope == "key" else f"tenant {name!r}"
+        wanted = "0 (every row kept)" if need is None else f"at least {need} (or 0)"
+        return (
+            f"{retention_days} deletes audit rows the {period} budget of {whose} still "
+            "counts: without Redis a worker reads a budget's spend back from the audit log "
+            f"at start, so a restart would forget it; set retention_days = {wanted}, or "
+            'keep spend in Redis ([sessions] backend = "redis")'
+        )
+    return None
+
+
 def check_budget(budget: float | None, alert_at: float) -> None:
     if budget is not None and budget < 0:
         raise field_error("budget", "must not be negative")

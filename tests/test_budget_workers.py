@@ -1,0 +1,120 @@
+"""Budgets hold across workers without Redis (issue 50, item 3): two workers on one SQLite
+audit database see each other's spend through it -- each reads every budget's period back
+every ``sync_every_s`` -- and a config whose audit log would delete rows a budget still
+counts is refused at start, saying why."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from aiserve_trio.asgi import App
+from aiserve_trio.errors import ConfigError
+from aiserve_trio.spend.ledger import SYNC_EVERY_S
+
+from .asgi_client import chat_body
+from .spendcfg import KEY_CAROL, KEY_DAN, auth, running, spend_config
+
+
+async def test_a_budget_spent_on_one_worker_is_refused_on_the_other(tmp_path: Path) -> None:
+    one, two = App(spend_config(tmp_path)), App(spend_config(tmp_path))  # one audit file
+    two.gate.ledger.sync_every_s = 0.05  # the bound under test, shortened
+    async with running(one) as first, running(two) as second:
+        with trio.fail_after(5):
+            await one.gate.ledger.seeded.wait()
+            await two.gate.ledger.seeded.wait()
+        ok = await first.chat(chat_body("echo: spend it"), headers=auth(KEY_CAROL))
+        assert ok.status == 200
+        assert (await first.chat(chat_body("echo: more"), headers=auth(KEY_CAROL))).status == 429
+        assert one.audit is not None
+        await one.audit.flush()  # the other worker's rows: written within its flush_ms
+        with trio.fail_after(5):
+            await two.gate.ledger.synced()  # one read may have begun before the flush
+            await two.gate.ledger.synced()
+        refused = await second.chat(chat_body("echo: there"), headers=auth(KEY_CAROL))
+        assert refused.status == 429
+        assert refused.json()["error"]["param"] == "key:carol"
+        # The tenant has no budget: another key of it is still served on both.
+        assert (await second.chat(chat_body("echo: hi"), headers=auth(KEY_DAN))).status == 200
+
+
+async def test_each_worker_counts_the_others_spend_once(tmp_path: Path) -> None:
+    # carol spends on both workers; each one's ledger ends at the sum of the audit rows,
+    # neither missing the other's charges nor counting its own twice.
+    budget = "1.0"
+    one = App(spend_config(tmp_path, carol_budget=budget))
+    two = App(spend_config(tmp_path, carol_budget=budget))
+    for app in (one, two):
+        app.gate.ledger.sync_every_s = 0.05
+    async with running(one) as first, running(two) as second:
+        with trio.fail_after(5):
+            await one.gate.ledger.seeded.wait()
+            await two.gate.ledger.seeded.wait()
+        costs = []
+        for i in range(3):
+            for client in (first, second, second):
+                r = await client.chat(chat_body(f"echo: word {i}"), headers=auth(KEY_CAROL))
+                assert r.status == 200
+                costs.append(float(r.headers["x-aiserve-cost"]))
+        for app in (one, two):
+            assert app.audit is not None
+            await app.audit.flush()
+        with trio.fail_after(5):
+            for app in (one, two):
+                await app.gate.ledger.synced()
+                await app.gate.ledger.synced()
+        limits = one.gate.budgets.limits("carol", "shop")
+        for app in (one, two):
+            [spent] = await app.gate.ledger.spent(limits, time.time())
+            assert spent == pytest.approx(sum(costs), rel=1e-9)
+
+
+def test_the_stated_bound_is_a_second() -> None:
+    # docs/guides/spend.md states flush_ms + SYNC_EVERY_S + a query.
+    assert SYNC_EVERY_S == 1.0
+
+
+_TENANT = '[tenants.shop]\nbudget = 1.0\nbudget_period = "{}"\n'
+
+
+@pytest.mark.parametrize(
+    ("tenant", "retention", "named"),
+    [
+        (_TENANT.format("month"), 30, "month budget of tenant 'shop'"),
+        (_TENANT.format("week"), 6, "week budget of tenant 'shop'"),
+        (_TENANT.format("total"), 3650, "total budget of tenant 'shop'"),
+    ],
+)
+def test_an_audit_log_that_forgets_a_budgets_rows_is_refused(
+    tmp_path: Path, tenant: str, retention: int, named: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        _config(tmp_path, tenant, f"retention_days = {retention}\n")
+    text = str(refused.value)
+    assert "audit.retention_days" in text
+    assert named in text
+    assert "a restart would forget it" in text
+
+
+def test_a_retention_as_long_as_the_period_or_redis_is_accepted(tmp_path: Path) -> None:
+    month = _TENANT.format("month")
+    _config(tmp_path, month, "retention_days = 31\n")
+    _config(tmp_path, month, "retention_days = 0\n")
+    total = _TENANT.format("total")
+    _config(tmp_path, total, "retention_days = 0\n")
+    spend_config(tmp_path, tenant=total, redis="redis://127.0.0.1:1")  # Redis keeps it
+
+
+def _config(tmp: Path, tenant: str, retention: str) -> None:
+    """spend_config with the audit log's retention replaced."""
+    from aiserve_trio.config import parse_config
+
+    from .authcfg import OFF
+    from .conftest import config_text
+    from .spendcfg import spend_toml
+
+    audit = f'[audit]\npath = "{tmp / "audit.db"}"\n{retention}'
+    parse_config(config_text().replace(OFF, spend_toml(audit=audit, tenant=tenant)))
