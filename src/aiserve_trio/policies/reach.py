@@ -4,6 +4,9 @@
 must see every string that goes upstream, not only the message text:
 
 - every string value at any depth, and every object key (``{"jane@x.org": 1}``);
+- the text parts of one content list (``[{"type": "text", "text": ...}, ...]``)
+  read as one text, so that a value split across two parts is found (its
+  replacement goes to the part it starts in), when the walker has a parts rewrite;
 - every number, by its decimal text (``"card": 4111111111111111``): one that the
   rewrite changes becomes the rewritten *string*;
 - a JSON text inside a string (a tool call's ``arguments``) decoded first, so
@@ -36,6 +39,8 @@ from ..slices import ITEM_UNITS, Meter, Steps
 
 #: Rewrites one text in steps (the policy's rewriter).
 StepRewrite = Callable[[str], Steps[str]]
+#: Rewrites texts read as one, in steps: one result per text.
+PartsRewrite = Callable[[list[str]], Steps[list[str]]]
 #: Fields holding binary data as base64, per content part type.
 OPAQUE_FIELDS = {"input_audio": ("data",), "file": ("file_data",)}
 _decode = msgspec.json.Decoder().decode
@@ -117,12 +122,20 @@ class Walker:
         refuse_opaque: raise :class:`Opaque` on an opaque payload instead of passing it.
         meter: what the walk charges its work to (shared with the caller's other
             walks of the same request, so their steps are bounded together).
+        rewrite_parts: rewrites the text parts of a content list as one text
+            (without it, each part is rewritten alone).
     """
 
     def __init__(
-        self, rewrite: StepRewrite, *, refuse_opaque: bool = False, meter: Meter | None = None
+        self,
+        rewrite: StepRewrite,
+        *,
+        refuse_opaque: bool = False,
+        meter: Meter | None = None,
+        rewrite_parts: PartsRewrite | None = None,
     ) -> None:
         self._rewrite = rewrite
+        self._rewrite_parts = rewrite_parts
         self.refuse_opaque = refuse_opaque
         self.meter = meter if meter is not None else Meter()
 
@@ -151,10 +164,14 @@ class Walker:
             new = yield from self.rewrite(text)
             return v if new == text else new
         if isinstance(v, list):
+            joint = yield from self.text_parts(v)
             items = []
             changed = False
             for i, x in enumerate(v):
-                y = yield from self.value(x, f"{where}[{i}]")
+                if i in joint:
+                    y = yield from self.text_part(x, joint[i], f"{where}[{i}]")
+                else:
+                    y = yield from self.value(x, f"{where}[{i}]")
                 changed = changed or y is not x
                 items.append(y)
             return items if changed else v
@@ -162,6 +179,37 @@ class Walker:
             return (yield from self.object(v, where))
         yield from self.visit()
         return v
+
+    def text_parts(self, v: list[Any]) -> Steps[dict[int, str]]:
+        """The text parts of ``v`` (two or more) rewritten as one: index -> new text."""
+        if self._rewrite_parts is None:
+            return {}
+        at = [
+            i
+            for i, x in enumerate(v)
+            if isinstance(x, dict) and x.get("type") == "text" and isinstance(x.get("text"), str)
+        ]
+        if len(at) < 2:
+            return {}
+        texts = [v[i]["text"] for i in at]
+        new = yield from self._rewrite_parts(texts)
+        if self.meter.charge(ITEM_UNITS * len(at) + sum(map(len, texts))):
+            yield
+        return dict(zip(at, new, strict=True))
+
+    def text_part(self, part: dict[str, Any], text: str, where: str) -> Steps[dict[str, Any]]:
+        """A text part whose text is rewritten already: its other fields walked."""
+        rest = {k: x for k, x in part.items() if k != "text"}
+        new = yield from self.object(rest, where)
+        if new is rest and text == part["text"]:
+            return part
+        out: dict[str, Any] = {}
+        for k, x in new.items():
+            out[k] = x
+            if k == "type":
+                out["text"] = text
+        out.setdefault("text", text)
+        return out
 
     def object(self, obj: dict[str, Any], where: str) -> Steps[dict[str, Any]]:
         kind = obj.get("type")

@@ -55,18 +55,26 @@ if TYPE_CHECKING:
 
 # Each pattern is bounded (so the held-back tail is) and anchored with
 # lookarounds on ASCII classes, so that it starts only at the beginning of a run
-# (linear scanning) and works next to CJK text ("电话13800138000").
+# (linear scanning) and works next to CJK text ("电话13800138000"). They match
+# the normalised text (:func:`.stream.normalize`): no ignorable characters, ASCII
+# digits, folded widths, one space and one hyphen for every space and dash.
+#: A character of an internationalised domain name: any but ASCII and the general
+#: and CJK punctuation blocks (U+2000-206F, U+3000-303F).
+_IDN = r"\u0080-\u1fff\u2070-\u2fff\u3040-\ufeff"
 EMAIL = (
-    r"(?<![A-Za-z0-9._%+\-])[A-Za-z0-9._%+\-]{1,64}@"
-    r"(?:[A-Za-z0-9\-]{1,63}\.){1,4}[A-Za-z]{2,24}(?![A-Za-z0-9\-])"
+    r"(?<![A-Za-z0-9._%+\-])[A-Za-z0-9._%+\-]{1,256}@"
+    rf"(?:[A-Za-z0-9\-{_IDN}]{{1,63}}\.){{1,4}}"
+    rf"(?:[A-Za-z]{{2,24}}(?![A-Za-z0-9\-])|[A-Za-z0-9\-{_IDN}]{{2,24}}(?![A-Za-z0-9\-{_IDN}]))"
 )
 CN_ID = (
     r"(?<![0-9A-Za-z])[1-9][0-9]{5}(?:18|19|20)[0-9]{2}(?:0[1-9]|1[0-2])"
     r"(?:0[1-9]|[12][0-9]|3[01])[0-9]{3}[0-9Xx](?![0-9A-Za-z])"
 )
+#: What may separate the groups of a card number.
+_SEP = r"(?:\r\n|[ \t\n\-./])"
 CARD = (
-    r"(?<![0-9])(?:[0-9]{4}[ \-]?[0-9]{6}[ \-]?[0-9]{5}"
-    r"|[0-9]{4}(?:[ \-]?[0-9]{4}){2}[ \-]?[0-9]{1,4}(?:[ \-]?[0-9]{1,3})?)(?![0-9])"
+    rf"(?<![0-9])(?:[0-9]{{4}}{_SEP}?[0-9]{{6}}{_SEP}?[0-9]{{5}}"
+    rf"|[0-9]{{4}}(?:{_SEP}?[0-9]{{4}}){{2}}{_SEP}?[0-9]{{1,4}}(?:{_SEP}?[0-9]{{1,3}})?)(?![0-9])"
 )
 IBAN = (
     r"(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?:[ ]?[A-Za-z0-9]{4}){2,7}"
@@ -75,7 +83,7 @@ IBAN = (
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 IPV4 = rf"(?<![0-9.]){_OCTET}(?:\.{_OCTET}){{3}}(?![0-9]|\.[0-9])"
 IPV6 = r"(?<![0-9A-Za-z:])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![0-9A-Za-z:])"
-PHONE = r"(?<![0-9A-Za-z+])(?:\+|00)?[0-9(][0-9 ()\-]{5,20}[0-9](?![0-9])"
+PHONE = r"(?<![0-9A-Za-z+])(?:\+|00)?[0-9(][0-9 ()\-./\t\r\n]{5,20}[0-9](?![0-9])"
 
 DEFAULT_TOKENS = {
     "email": "[EMAIL]",
@@ -107,7 +115,7 @@ PARAMETERS = frozenset(
     }
 )
 _encoder = msgspec.json.Encoder()
-_SEPARATORS = regex.compile(r"[ \-]+")
+_SEPARATORS = regex.compile(r"[ \t\r\n\-./]+")
 _NON_DIGITS = regex.compile(r"[^0-9]")
 #: A CN number dialled without a country code: a mobile, or a trunk 0 + area code.
 _CN_LOCAL = regex.compile(r"1[3-9][0-9]{9}$|0[1-9][0-9]{8,10}$")
@@ -210,11 +218,15 @@ def build_rules(
     for kind in detect:
         t = tok.get(kind, "")
         if kind == "email":
-            rules.append(make_rule("email", EMAIL, literal(t), alphabet=r"[A-Za-z0-9._%+\-@]"))
+            rules.append(
+                make_rule("email", EMAIL, literal(t), alphabet=rf"[A-Za-z0-9._%+\-@{_IDN}]")
+            )
         elif kind == "cn_id":
             rules.append(make_rule("cn_id", CN_ID, _checked(t, cn_id_valid), alphabet="[0-9Xx]"))
         elif kind == "card":
-            rules.append(make_rule("card", CARD, _checked(t, card_valid), alphabet=r"[0-9 \-]"))
+            rules.append(
+                make_rule("card", CARD, _checked(t, card_valid), alphabet=r"[0-9 \t\r\n\-./]")
+            )
         elif kind == "iban":
             rules.append(make_rule("iban", IBAN, _checked(t, iban_valid), alphabet="[A-Za-z0-9 ]"))
         elif kind == "ip":
@@ -226,7 +238,7 @@ def build_rules(
                     "phone",
                     PHONE,
                     _phone(t, region),
-                    alphabet=r"[0-9 ()\-+]",
+                    alphabet=r"[0-9 ()\-+./\t\r\n]",
                     skip_rejected=True,
                 )
             )
@@ -241,6 +253,8 @@ class GdprRedact(Policy):
     On input it reaches every string that goes upstream (:mod:`.reach`): each
     message's every field, key and number, URLs in their path and query, and
     the request's other top-level fields (``user``, ``metadata``, ``tools``...).
+    A message's text parts are read as one text (a value split across two is
+    found; its replacement goes to the part it starts in).
     """
 
     def __init__(
@@ -262,7 +276,9 @@ class GdprRedact(Policy):
     def _walker(self, ctx: PolicyContext) -> Walker:
         hit = lambda _kind: ctx.record(self.name, "redacted")  # noqa: E731
         return Walker(
-            lambda text: self.rewriter.rewrite_steps(text, hit), refuse_opaque=self.refuse_opaque
+            lambda text: self.rewriter.rewrite_steps(text, hit),
+            refuse_opaque=self.refuse_opaque,
+            rewrite_parts=lambda parts: self.rewriter.rewrite_parts_steps(parts, hit),
         )
 
     @staticmethod

@@ -24,13 +24,27 @@ Patterns have no nested unbounded quantifiers, so matching is linear in the
 text (the bench checks 1 MB adversarial inputs).
 
 Text is normalised before matching, character by character (so chunking cannot
-change it): zero-width characters are dropped (they are a known way to split a
-number past a filter) and full-width digits and ``+ @ % - .`` become ASCII.
+change it; :func:`normalize`): every default-ignorable and format character is
+dropped (zero-width spaces and joiners, LRM/RLM, bidi embeddings and isolates,
+invisible operators such as U+2062, the combining grapheme joiner, variation
+selectors, tag characters -- known ways to split a number past a filter), every
+decimal digit of any script becomes its ASCII digit (Arabic-Indic,
+mathematical bold...), full-width forms and mathematical letters fold to ASCII,
+every space separator becomes a space and every dash a hyphen. Matching runs on
+the normalised text, but what is emitted is mapped back to the original: text
+outside a match keeps its own spelling, ignorable characters included (an emoji
+keeps its joiners), and a match is replaced whole, its ignorable characters
+with it. The map from normalised to original positions is kept only for the
+held-back tail, and at most :data:`MAX_DROPPED_RUN` dropped characters are kept
+in a row (more are dropped from the output too), so it stays bounded.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import importlib
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,13 +53,82 @@ import regex
 
 from ..slices import CHARS_PER_STEP, Steps, text_slices
 
-#: Dropped: invisible characters used to split numbers past filters.
+#: Dropped: invisible characters used to split numbers past filters (the first
+#: list; :data:`IGNORABLE` has them all).
 ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"
-_TABLE: dict[int, int | None] = {ord(c): None for c in ZERO_WIDTH}
-_TABLE.update({0xFF10 + i: 0x30 + i for i in range(10)})  # full-width digits
-_TABLE.update({0xFF0B: ord("+"), 0xFF20: ord("@"), 0xFF05: ord("%"), 0xFF0D: ord("-")})
-_TABLE.update({0xFF0E: ord("."), 0x2011: ord("-"), 0x00A0: ord(" "), 0x202F: ord(" ")})
-_TABLE.update({0x2007: ord(" ")})
+#: Default-ignorable code points that are not format characters (Unicode's
+#: DerivedCoreProperties), and unassigned ranges reserved as ignorable.
+_IGNORABLE_RANGES = (
+    (0x034F, 0x034F),  # combining grapheme joiner
+    (0x115F, 0x1160),  # Hangul fillers
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),  # Mongolian variation selectors
+    (0x2060, 0x206F),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),  # variation selectors (VS16...)
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0x1BCA0, 0x1BCA3),
+    (0xE0000, 0xE0FFF),  # tags, variation selectors supplement
+)
+#: Where the table looks for format characters, digits and separators.
+_SCAN_TO = 0x20000
+
+
+def _build_table() -> dict[int, int | None]:
+    table: dict[int, int | None] = {}
+    for lo, hi in _IGNORABLE_RANGES:
+        table.update(dict.fromkeys(range(lo, hi + 1)))
+    for cp in range(0x80, _SCAN_TO):
+        c = chr(cp)
+        cat = unicodedata.category(c)
+        if cat == "Cf":
+            table[cp] = None
+        elif cat == "Nd":
+            table[cp] = 0x30 + unicodedata.decimal(c)
+        elif cat == "Zs":
+            table[cp] = 0x20
+        elif cat == "Pd":
+            table[cp] = 0x2D
+    for cp in range(0xFF01, 0xFF5F):  # full-width ASCII
+        if cp not in table:
+            table[cp] = cp - 0xFF01 + 0x21
+    for cp in range(0x1D400, 0x1D800):  # mathematical letters
+        if cp in table:
+            continue
+        folded = unicodedata.normalize("NFKC", chr(cp))
+        if len(folded) == 1 and folded.isascii():
+            table[cp] = ord(folded)
+    table.update({0x2212: 0x2D, 0xFE63: 0x2D})  # minus signs
+    table.update({0x2215: 0x2F, 0x2044: 0x2F})  # division and fraction slashes
+    return table
+
+
+_TABLE = _build_table()
+#: Every character :func:`normalize` drops.
+IGNORABLE = frozenset(chr(cp) for cp, to in _TABLE.items() if to is None)
+#: The longest run of dropped characters kept for the output (more are dropped).
+MAX_DROPPED_RUN = 32
+
+
+def _class(chars: set[str] | frozenset[str]) -> str:
+    """A character class of ``chars``, as ranges."""
+    cps = sorted(ord(c) for c in chars)
+    out, i = [], 0
+    while i < len(cps):
+        j = i
+        while j + 1 < len(cps) and cps[j + 1] == cps[j] + 1:
+            j += 1
+        out.append(f"\\U{cps[i]:08x}" + (f"-\\U{cps[j]:08x}" if j > i else ""))
+        i = j + 1
+    return "[" + "".join(out) + "]+"
+
+
+@functools.lru_cache(maxsize=64)
+def _drops(boundary: str) -> regex.Pattern[str]:
+    """Runs of the characters dropped before matching (and ``boundary``, if any)."""
+    return regex.compile(_class(IGNORABLE | set(boundary)))
+
 
 #: Patterns wider than this are refused: they would hold back too much text.
 MAX_REACH = 1024
@@ -170,18 +253,23 @@ class Rewriter:
         self.max_holdback = max(r.reach for r in rules)
         self.context = max(r.behind for r in rules)
 
-    def stream(self, on_hit: Callable[[str], None] | None = None) -> RewriteStream:
-        """A fresh streaming state machine; ``on_hit(rule name)`` is called per rewrite."""
-        return RewriteStream(self, on_hit)
+    def stream(
+        self, on_hit: Callable[[str], None] | None = None, *, boundary: str = ""
+    ) -> RewriteStream:
+        """A fresh streaming state machine; ``on_hit(rule name)`` is called per rewrite.
+
+        ``boundary``: a character that joins separate texts -- dropped before
+        matching, so a match may span it, and always emitted, after the
+        replacement of a match that spans it.
+        """
+        return RewriteStream(self, on_hit, boundary)
 
     def rewrite(self, text: str, on_hit: Callable[[str], None] | None = None) -> str:
         """Rewrite a whole text (the same result as streaming it in any chunks)."""
         s = self.stream(on_hit)
         return s.feed(text) + s.finish()
 
-    def rewrite_steps(
-        self, text: str, on_hit: Callable[[str], None] | None = None
-    ) -> Steps[str]:
+    def rewrite_steps(self, text: str, on_hit: Callable[[str], None] | None = None) -> Steps[str]:
         """:meth:`rewrite` in steps of :data:`~aiserve_trio.slices.CHARS_PER_STEP` characters.
 
         Each step is bounded: the stream is fed one slice at a time, so every
@@ -197,19 +285,74 @@ class Rewriter:
         out.append(s.finish())
         return "".join(out)
 
+    def rewrite_parts_steps(
+        self, parts: Sequence[str], on_hit: Callable[[str], None] | None = None
+    ) -> Steps[list[str]]:
+        """Rewrite texts that are read as one (a message's text blocks): a match
+        may span from one part into the next. Its replacement goes to the part it
+        starts in; the rest of it is gone from the parts after. In steps.
+        """
+        joined_chars = set().union(*parts) if sum(map(len, parts)) < CHARS_PER_STEP else None
+        boundary = next(
+            (
+                chr(cp)
+                for cp in range(0xFDD0, 0xFDF0)  # noncharacters: not text
+                if joined_chars is None or chr(cp) not in joined_chars
+            ),
+        )
+        if joined_chars is None and any(boundary in p for p in parts):
+            out = []
+            for p in parts:  # no free joiner (absurd): each part alone
+                out.append((yield from self.rewrite_steps(p, on_hit)))
+            return out
+        s = self.stream(on_hit, boundary=boundary)
+        pieces = []
+        for i, p in enumerate(parts):
+            for piece in text_slices(boundary + p if i else p):
+                pieces.append(s.feed(piece))
+                yield
+        pieces.append(s.finish())
+        return "".join(pieces).split(boundary)
+
 
 class RewriteStream:
     """Sans-IO streaming rewriter: ``feed(text) -> safe text``, ``finish() -> rest``."""
 
-    __slots__ = ("_base", "_buf", "_ctx", "_on_hit", "_rw", "_skip", "max_holdback")
+    __slots__ = (
+        "_base",
+        "_boundary",
+        "_buf",
+        "_ctx",
+        "_drop",
+        "_mk",
+        "_mo",
+        "_oemit",
+        "_on_hit",
+        "_orig",
+        "_run_len",
+        "_rw",
+        "_skip",
+        "max_holdback",
+    )
 
-    def __init__(self, rw: Rewriter, on_hit: Callable[[str], None] | None) -> None:
+    def __init__(
+        self, rw: Rewriter, on_hit: Callable[[str], None] | None, boundary: str = ""
+    ) -> None:
         self._rw = rw
         self._on_hit = on_hit
-        self._buf = ""  # context chars (already emitted) + held-back text
+        self._boundary = boundary
+        self._drop = _drops(boundary)
+        self._buf = ""  # context chars (already emitted) + held-back text, normalised
         self._ctx = 0  # how many leading chars of _buf are context only
         self._base = 0  # absolute offset of _buf[0] in the normalised stream
         self._skip: dict[int, int] = {}  # rule index -> absolute end of its last rejection
+        # The original text of _buf (with the characters dropped from it), and
+        # where they differ: _buf[_mk[j] + d] is _orig[_mo[j] + d] (until the next mark).
+        self._orig = ""
+        self._mk = [0]
+        self._mo = [0]
+        self._oemit = 0  # how much of _orig is emitted
+        self._run_len = 0  # dropped characters at the end of _orig
         self.max_holdback = rw.max_holdback
 
     @property
@@ -221,21 +364,80 @@ class RewriteStream:
         """Take more reply text; return what is safe to emit now."""
         if not text:
             return ""
-        self._buf += normalize(text)
+        norm = text.translate(_TABLE)
+        if self._boundary:
+            norm = norm.replace(self._boundary, "")
+        if len(norm) != len(text):
+            text = self._mark_drops(text)
+        else:
+            self._run_len = 0
+        self._buf += norm
+        self._orig += text
         return self._run(final=False)
+
+    def _mark_drops(self, text: str) -> str:
+        """Record where ``text``'s dropped characters are; ``text`` with runs of
+        more than :data:`MAX_DROPPED_RUN` of them cut to that."""
+        k, o = len(self._buf), len(self._orig)
+        kept: list[str] = []
+        at = 0
+        for m in self._drop.finditer(text):
+            a, b = m.span()
+            k += a - at
+            o += a - at
+            kept.append(text[at:a])
+            run = text[a:b]
+            before = self._run_len if a == 0 else 0  # a run that goes on from the last feed
+            room = max(MAX_DROPPED_RUN - before, 0)
+            if len(run) > room:
+                joins = run.count(self._boundary) * self._boundary if self._boundary else ""
+                run = run[: max(room - len(joins), 0)] + joins
+            kept.append(run)
+            self._run_len = before + len(run)
+            o += len(run)
+            at = b
+            if self._mk[-1] == k:
+                self._mo[-1] = o
+            else:
+                self._mk.append(k)
+                self._mo.append(o)
+        kept.append(text[at:])
+        if at < len(text):
+            self._run_len = 0
+        return "".join(kept)
+
+    def _o(self, k: int) -> int:
+        """The position in ``_orig`` of normalised ``_buf[k]`` (``len(_orig)`` at the end)."""
+        j = bisect.bisect_right(self._mk, k) - 1
+        return self._mo[j] + k - self._mk[j]
 
     def finish(self) -> str:
         """The end of the reply: decide and return everything still held."""
         out = self._run(final=True)
-        self._buf, self._ctx = "", 0
+        self._buf, self._ctx, self._orig, self._oemit, self._run_len = "", 0, "", 0, 0
+        self._mk, self._mo = [0], [0]
         return out
+
+    def _replaced(self, s: int, e: int, match: str, repl: str) -> str:
+        """The output for the match ``_buf[s:e]``: ``repl``, any boundary it
+        spans, and a tail of ``repl`` equal to the match's in its original spelling."""
+        common = 0
+        limit = min(len(match) - 1, len(repl))
+        while common < limit and repl[-1 - common] == match[-1 - common]:
+            common += 1
+        cut = self._o(e - common)
+        spanned = self._orig[self._o(s) : cut]
+        kept = spanned.count(self._boundary) * self._boundary if self._boundary else ""
+        tail = self._orig[cut : self._o(e - 1) + 1] if common else ""
+        return repl[: len(repl) - common] + kept + tail
 
     def _run(self, *, final: bool) -> str:
         buf = self._buf
         n = len(buf)
         rules = self._rw.rules
         out: list[str] = []
-        emit = pos = self._ctx
+        oemit = self._oemit
+        pos = self._ctx
         hold = n
         # Per rule, its leftmost candidate at or after the scan point. A rule
         # scans the text once: positions it was cleared of stay cleared while
@@ -259,15 +461,25 @@ class RewriteStream:
             assert isinstance(verdict, tuple)
             end: int = verdict[0]
             repl: str = verdict[1]
-            out.append(buf[emit:s])
-            out.append(repl)
-            emit = pos = end
-        if emit < hold:
-            out.append(buf[emit:hold])
+            os = self._o(s)
+            out.append(self._orig[oemit:os])
+            out.append(self._replaced(s, end, buf[s:end], repl))
+            oemit = self._o(end - 1) + 1
+            pos = end
+        ohold = self._o(hold)
+        if oemit < ohold:
+            out.append(self._orig[oemit:ohold])
+            oemit = ohold
         # Keep what lookbehinds may need before the held tail: the original text.
         keep = max(hold - self._rw.context, 0)
+        okeep = self._o(keep)
+        j = bisect.bisect_right(self._mk, keep) - 1
+        self._mk = [0] + [k - keep for k in self._mk[j + 1 :]]
+        self._mo = [0] + [o - okeep for o in self._mo[j + 1 :]]
         self._base += keep
         self._buf = buf[keep:]
+        self._orig = self._orig[okeep:]
+        self._oemit = oemit - okeep
         self._ctx = hold - keep
         return "".join(out)
 
