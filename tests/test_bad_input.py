@@ -4,13 +4,21 @@ and the server goes on serving."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Literal
 
+import httpx2
 import pytest
+import trio
 
+from aiserve_trio.adapters.openai import OpenAIAdapter
+from aiserve_trio.adapters.settings import OpenAIAdapterConfig
+from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
 
-from .asgi_client import Client, chat_body
-from .conftest import config_text
+from .asgi_client import Client, Response, chat_body
+from .conftest import config_text, make_config
 
 CT = {"content-type": "application/json"}
 OK_MSG = [{"role": "user", "content": "hi"}]
@@ -444,3 +452,226 @@ async def test_fields_the_backend_cannot_carry_are_refused_not_dropped(client, a
     assert r.status == 400
     err = r.json()["error"]
     assert (err["param"], err["code"]) == ("frequency_penalty", "unsupported_field")
+
+
+# --- values every provider refuses (issue 51, item 4) --------------------------------
+# Each went to the backend, whose 400 came back as a 502 api_error (retried by the SDKs);
+# now the gateway refuses it first, in the client's own API envelope.
+
+MSG = {"model": "aiserve-mock", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+TOOL_USE_AS_STRING = [
+    {"role": "user", "content": "weather?"},
+    {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": '{"city": "Oslo"}'}],
+    },
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sun"}]},
+]
+
+
+def image(source: dict[str, object]) -> list[dict[str, object]]:
+    return [{"role": "user", "content": [{"type": "image", "source": source}]}]
+
+
+def b64(media_type: object, data: str = "aGVsbG8=") -> dict[str, object]:
+    return {"type": "base64", "media_type": media_type, "data": data}
+
+
+def user_part(part: dict[str, object]) -> list[dict[str, object]]:
+    return [{"role": "user", "content": [{"type": "input_text", "text": "look"}, part]}]
+
+
+RESP = {"model": "aiserve-mock", "input": "hi"}
+CRLF_NAME = "get_weather\r\nX-Injected: 1"
+LONG_NAME = "f" * 10_000
+
+# (case id, path, body, param)
+INVALID_VALUES = [
+    ("messages: schema a string", "/v1/messages",
+     {**MSG, "tools": [{"name": "f", "input_schema": '{"type": "object"}'}]},
+     "tools[0].input_schema"),
+    ("messages: schema a list", "/v1/messages",
+     {**MSG, "tools": [{"name": "f", "input_schema": [{"type": "object"}]}]},
+     "tools[0].input_schema"),
+    ("messages: tool_use.input a string", "/v1/messages",
+     {**MSG, "messages": TOOL_USE_AS_STRING}, "messages[1].content[0].input"),
+    ("messages: image data not base64", "/v1/messages",
+     {**MSG, "messages": image(b64("image/png", "<script>not base64</script>"))},
+     "messages[0].content[0].source.data"),
+    ("messages: media_type an object", "/v1/messages",
+     {**MSG, "messages": image(b64({"type": "image/png"}))},
+     "messages[0].content[0].source.media_type"),
+    ("messages: media_type text/html", "/v1/messages",
+     {**MSG, "messages": image(b64("text/html"))},
+     "messages[0].content[0].source.media_type"),
+    ("messages: javascript document url", "/v1/messages",
+     {**MSG, "messages": [{"role": "user", "content": [
+         {"type": "document", "source": {"type": "url", "url": "javascript:alert(1)"}}]}]},
+     "messages[0].content[0].source.url"),
+    ("messages: top_k -5", "/v1/messages", {**MSG, "top_k": -5}, "top_k"),
+    ("messages: budget_tokens true", "/v1/messages",
+     {**MSG, "thinking": {"type": "enabled", "budget_tokens": True}},
+     "thinking.budget_tokens"),
+    ("messages: tool name with CRLF", "/v1/messages",
+     {**MSG, "tools": [{"name": CRLF_NAME, "input_schema": {"type": "object"}}]},
+     "tools[0].name"),
+    ("messages: tool name of 10,000 characters", "/v1/messages",
+     {**MSG, "tools": [{"name": LONG_NAME, "input_schema": {"type": "object"}}]},
+     "tools[0].name"),
+    ("responses: schema a string", "/v1/responses",
+     {**RESP, "tools": [{"type": "function", "name": "f", "parameters": "{}"}]},
+     "tools[0].parameters"),
+    ("responses: schema a list", "/v1/responses",
+     {**RESP, "tools": [{"type": "function", "name": "f", "parameters": []}]},
+     "tools[0].parameters"),
+    ("responses: image data not base64", "/v1/responses",
+     {**RESP, "input": user_part(
+         {"type": "input_image", "image_url": "data:image/png;base64,%%%not base64%%%"})},
+     "input[0].content[1].image_url"),
+    ("responses: image of type text/html", "/v1/responses",
+     {**RESP, "input": user_part(
+         {"type": "input_image", "image_url": "data:text/html;base64,PGI+aGk8L2I+"})},
+     "input[0].content[1].image_url"),
+    ("responses: javascript image url", "/v1/responses",
+     {**RESP, "input": user_part({"type": "input_image", "image_url": "javascript:alert(1)"})},
+     "input[0].content[1].image_url"),
+    ("responses: top_logprobs 1000", "/v1/responses", {**RESP, "top_logprobs": 1000},
+     "top_logprobs"),
+    ("responses: reasoning.effort ludicrous", "/v1/responses",
+     {**RESP, "reasoning": {"effort": "ludicrous"}}, "reasoning.effort"),
+    ("responses: tool name with CRLF", "/v1/responses",
+     {**RESP, "tools": [{"type": "function", "name": CRLF_NAME, "parameters": {}}]},
+     "tools[0].name"),
+    ("responses: tool name of 10,000 characters", "/v1/responses",
+     {**RESP, "tools": [{"type": "function", "name": LONG_NAME, "parameters": {}}]},
+     "tools[0].name"),
+    ("chat: schema a string", "/v1/chat/completions",
+     chat_body("hi", tools=[{"type": "function", "function": {"name": "f", "parameters": "{}"}}]),
+     "tools[0].function.parameters"),
+    ("chat: schema a list", "/v1/chat/completions",
+     chat_body("hi", tools=[{"type": "function", "function": {"name": "f", "parameters": []}}]),
+     "tools[0].function.parameters"),
+    ("chat: top_logprobs 1000", "/v1/chat/completions",
+     chat_body("hi", logprobs=True, top_logprobs=1000), "top_logprobs"),
+    ("chat: reasoning_effort ludicrous", "/v1/chat/completions",
+     chat_body("hi", reasoning_effort="ludicrous"), "reasoning_effort"),
+    ("chat: tool name with CRLF", "/v1/chat/completions",
+     chat_body("hi", tools=[{"type": "function", "function": {"name": CRLF_NAME}}]),
+     "tools[0].function.name"),
+    ("chat: tool name of 10,000 characters", "/v1/chat/completions",
+     chat_body("hi", tools=[{"type": "function", "function": {"name": LONG_NAME}}]),
+     "tools[0].function.name"),
+]  # fmt: skip
+
+
+def error_of(path: str, r: Response) -> tuple[str, str | None, str | None]:
+    """(message, param, code) of an error in the envelope of ``path``'s API, after
+    checking it is that envelope."""
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    if path == "/v1/messages":  # Anthropic's: no param or code fields, both in the message
+        assert set(body) == {"type", "error"}
+        assert body["type"] == "error"
+        assert set(body["error"]) == {"type", "message"}
+        assert body["error"]["type"] == "invalid_request_error"
+        return body["error"]["message"], None, None
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "invalid_request_error"
+    return err["message"], err["param"], err["code"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [c[1:] for c in INVALID_VALUES],
+    ids=[c[0] for c in INVALID_VALUES],
+)
+async def test_a_value_the_providers_refuse_is_a_400_in_the_apis_envelope(
+    client, path, body, param, autojump_clock
+):
+    r = await client.request("POST", path, json_body=body)
+    assert r.status == 400, r.body
+    message, got_param, code = error_of(path, r)
+    if path == "/v1/messages":
+        assert param in message, message
+        assert "[invalid_value]" in message, message
+    else:
+        assert (got_param, code) == (param, "invalid_value"), message
+    assert "Traceback" not in message
+    assert "\r\n" not in message
+    ok = await client.chat(chat_body("echo: still here"))
+    assert ok.status == 200
+
+
+# --- a backend's refusal is the client's 400 (issue 51, item 4) ----------------------
+
+#: What OpenAI answers a tool name with a dot (the gateway lets dots through: other
+#: backends take them).
+REFUSAL = {
+    "error": {
+        "message": "Invalid 'tools[0].function.name': string does not match pattern. "
+        "Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.",
+        "type": "invalid_request_error",
+        "param": "tools[0].function.name",
+        "code": "invalid_value",
+    }
+}
+DOTTED = {"name": "get.weather", "parameters": {"type": "object"}}
+
+
+def refusing_app(wire: Literal["chat", "responses"]) -> tuple[App, list[httpx2.Request]]:
+    """The default config, its ``mock`` adapter an OpenAI-compatible backend (speaking
+    ``wire``) that refuses every request with OpenAI's 400; and the requests it got."""
+    seen: list[httpx2.Request] = []
+
+    def handler(req: httpx2.Request) -> httpx2.Response:
+        seen.append(req)
+        return httpx2.Response(400, json=REFUSAL)
+
+    cfg = OpenAIAdapterConfig(
+        base_url="http://upstream.test/v1", models=["aiserve-mock"], wire=wire
+    )
+    adapter = OpenAIAdapter("mock", cfg, transport=httpx2.MockTransport(handler))
+    return App(make_config(), adapters={"mock": adapter}), seen
+
+
+@asynccontextmanager
+async def serving(app: App) -> AsyncIterator[Client]:
+    async with trio.open_nursery() as nursery:
+        await app.startup(nursery)
+        try:
+            yield Client(app)
+        finally:
+            await app.shutdown()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_backends_400_is_the_clients_400_in_its_apis_envelope(autojump_clock):
+    app, seen = refusing_app("chat")
+    requests = [
+        ("/v1/chat/completions", chat_body("hi", tools=[{"type": "function", "function": DOTTED}])),
+        ("/v1/responses", {**RESP, "tools": [{"type": "function", **DOTTED}]}),
+        ("/v1/messages", {**MSG, "tools": [{"name": "get.weather", "input_schema": {}}]}),
+    ]
+    async with serving(app) as client:
+        for path, body in requests:
+            before = len(seen)
+            r = await client.request("POST", path, json_body=body)
+            # A 502 api_error was retried twice by the SDKs and counted against the backend.
+            assert r.status == 400, (path, r.body)
+            assert len(seen) == before + 1, "a refusal is not retried"
+            message, _, _ = error_of(path, r)
+            assert REFUSAL["error"]["message"] in message
+            if path != "/v1/messages":
+                assert r.json() == REFUSAL  # the provider's own error, field for field
+
+
+async def test_on_a_native_route_the_providers_400_passes_as_it_sent_it(autojump_clock):
+    app, seen = refusing_app("responses")
+    async with serving(app) as client:
+        body = {**RESP, "tools": [{"type": "function", **DOTTED}]}
+        r = await client.request("POST", "/v1/responses", json_body=body)
+    assert len(seen) == 1
+    assert seen[0].url.path == "/v1/responses"  # natively
+    assert r.status == 400, r.body
+    assert r.json() == REFUSAL

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from aiserve_trio.config import build_policies
@@ -99,6 +99,7 @@ SCALARS = (
     st.none()
     | st.booleans()
     | st.integers()
+    | st.sampled_from([13800138000, 4111111111111111, 8613800138000])
     | st.floats(allow_nan=False, allow_infinity=False)
     | STRINGS
 )
@@ -188,13 +189,18 @@ def as_json(value: Any) -> Any:
 
 
 def redact_values(value: Any) -> Any:
-    """The expected result: every string value redacted whole, keys as they were."""
+    """The expected result: every string value and key redacted whole, and every
+    number by its text (one that changes becomes a string)."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, list):
         return [redact_values(v) for v in value]
     if isinstance(value, dict):
-        return {k: redact_values(v) for k, v in value.items()}
+        return {redact(k): redact_values(v) for k, v in value.items()}
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        text = json.dumps(value)
+        new = redact(text)
+        return value if new == text else new
     return value
 
 
@@ -282,17 +288,25 @@ def test_filters_run_in_order_and_their_output_is_re_escaped(text: str, cuts: li
             Held(4, lambda c: second.get(c, c)),
         ]
 
+    def mapped(text: str) -> str:
+        return "".join(second.get(c, c) for c in text.replace("a", "b"))
+
     def expected(value: Any) -> Any:
         if isinstance(value, str):
-            return "".join(second.get(c, c) for c in value.replace("a", "b"))
+            return mapped(value)
         if isinstance(value, list):
             return [expected(v) for v in value]
         if isinstance(value, dict):
-            return {k: expected(v) for k, v in value.items()}
+            return {mapped(k): expected(v) for k, v in value.items()}
+        if value is None or isinstance(value, bool | int | float):  # numbers, literals
+            text = json.dumps(value)
+            assume(len(text) <= 6 + MAX_ESCAPE)  # longer: not JSON, plain text
+            return value if mapped(text) == text else mapped(text)
         return value
 
+    want = as_json(expected(json.loads(text)))
     out = run(JsonStringFilter(chain), split(text, cuts))
-    assert json.loads(out) == as_json(expected(json.loads(text)))
+    assert json.loads(out) == want
     out.encode()  # a changed string's lone surrogates are escaped, not left raw
 
 
@@ -322,7 +336,13 @@ def test_broken_json_never_raises_and_passes_through(text: str, cuts: list[int])
     ("pieces", "expected"),
     [
         (['{"card": "4111 1111', ' 1111 1111", "n": 3}'], '{"card": "[CARD]", "n": 3}'),
-        (['{"4111 1111 1111 1111": "x@example.com"}'], '{"4111 1111 1111 1111": "[EMAIL]"}'),
+        # keys too (issue 51)
+        (['{"4111 1111 1111 1111": "x@example.com"}'], '{"[CARD]": "[EMAIL]"}'),
+        (['{"x@exam', 'ple.com": 1}'], '{"[EMAIL]": 1}'),
+        # numbers: one that is personal data becomes a string of its redaction
+        (['{"phone": 138', "00138000}"], '{"phone": "[PHONE]"}'),
+        (["[4111111111111111, 12.5, -3e8, true, null]"], '["[CARD]", 12.5, -3e8, true, null]'),
+        (["13800138000"], '"[PHONE]"'),
         (
             ['[["4111 1111 1111 1111"], {"a": ["x@', 'example.com"]}]'],
             '[["[CARD]"], {"a": ["[EMAIL]"]}]',
@@ -352,22 +372,33 @@ def test_examples(pieces: list[str], expected: str) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        # a bad escape: the string's chain is flushed, the rest passes through
+        # a bad escape: the string's chain is flushed, the rest is plain text (issue 51:
+        # it passed through unredacted)
         (
             '{"a": "4111 1111 1111 1111 \\x", "b": "4111 1111 1111 1111"}',
-            '{"a": "[CARD] \\x", "b": "4111 1111 1111 1111"}',
+            '{"a": "[CARD] \\x", "b": "[CARD]"}',
         ),
         # junk after a value
-        ('{"a": "x@example.com" oops "x@example.com"}', '{"a": "[EMAIL]" oops "x@example.com"}'),
+        ('{"a": "x@example.com" oops "x@example.com"}', '{"a": "[EMAIL]" oops "[EMAIL]"}'),
         # a closer that does not match
-        ('["x@example.com"} "x@example.com"', '["[EMAIL]"} "x@example.com"'),
+        ('["x@example.com"} "x@example.com"', '["[EMAIL]"} "[EMAIL]"'),
         # cut short inside a string and inside an escape
         ('{"a": "x@example.com', '{"a": "[EMAIL]'),
         ('{"a": "x@example.com\\u00', '{"a": "[EMAIL]\\u00'),
-        # a second top-level value
-        ('"x@example.com" "x@example.com"', '"[EMAIL]" "x@example.com"'),
+        # a second top-level value, two objects back to back
+        ('"x@example.com" "x@example.com"', '"[EMAIL]" "[EMAIL]"'),
+        ('{"a": 1}{"phone": "13800138000"}', '{"a": 1}{"phone": "[PHONE]"}'),
+        # a Python-style dict, key=value
+        (
+            "{'phone': 13800138000, 'mail': 'x@example.com'}",
+            "{'phone': [PHONE], 'mail': '[EMAIL]'}",
+        ),
+        ("{'4111 1111 1111 1111': 1}", "{'[CARD]': 1}"),
+        ("phone=13800138000&card=4111-1111-1111-1111", "phone=[PHONE]&card=[CARD]"),
+        # a literal longer than the chain holds is text, not a number
+        ("[" + "a" * 600 + " 13800138000]", "[" + "a" * 600 + " [PHONE]]"),
     ],
 )
-def test_broken_json_degrades_to_pass_through(text: str, expected: str) -> None:
+def test_broken_json_falls_back_to_plain_text(text: str, expected: str) -> None:
     assert run(JsonStringFilter(redact_chain), [text]) == expected
     assert run(JsonStringFilter(redact_chain), list(text)) == expected

@@ -37,6 +37,9 @@ import trio
 from ..errors import (
     BadRequest,
     ConfigError,
+    GatewayError,
+    PayloadTooLarge,
+    Unprocessable,
     UpstreamConnectError,
     UpstreamError,
     UpstreamStatusError,
@@ -247,7 +250,7 @@ class OpenAIAdapter(TransportOwner, Adapter):
         ) as reply:
             if reply.status in (400, 415, 422):
                 try:
-                    await self._raise_status(reply)
+                    await self._raise_status(reply, refuse=False)
                 except UpstreamStatusError as err:
                     raise BadRequest(
                         f"the audio cannot be transcribed: {err.message}", code="invalid_audio"
@@ -256,8 +259,11 @@ class OpenAIAdapter(TransportOwner, Adapter):
                 await self._raise_status(reply)
             return read_transcript(await reply.read(1 << 62))
 
-    async def _raise_status(self, reply: Reply) -> NoReturn:
+    async def _raise_status(self, reply: Reply, *, refuse: bool = True) -> NoReturn:
         raw = await reply.read(_ERROR_BODY_LIMIT)
+        refused = refusal(reply.status, raw) if refuse else None
+        if refused is not None:
+            raise refused
         raise status_error(self.name, reply.status, raw, reply.header(b"retry-after"))
 
     async def _relay(
@@ -282,6 +288,50 @@ class OpenAIAdapter(TransportOwner, Adapter):
             usage = Usage(prompt_tokens=prompt, completion_tokens=decoder.pieces)
             final = msgspec.structs.replace(final, usage=usage)
         await send.send(final)
+
+
+class _ErrorBody(msgspec.Struct):
+    message: str = ""
+    param: str | None = None
+    code: str | int | None = None
+
+
+class _ErrorEnvelope(msgspec.Struct):
+    error: _ErrorBody | None = None
+
+
+_error_envelope = msgspec.json.Decoder(_ErrorEnvelope)
+#: A backend's statuses that say the request itself is wrong: the client's to fix, so
+#: the client's 4xx (not a 502 that SDKs retry and alerts count against the backend).
+_REFUSALS: dict[int, type[GatewayError]] = {
+    400: BadRequest,
+    413: PayloadTooLarge,
+    422: Unprocessable,
+}
+
+
+def refusal(status: int, raw: bytes) -> GatewayError | None:
+    """The client error a backend's refusal of the request is (400, 413, 422), with the
+    backend's own message, ``param`` and ``code`` from its OpenAI error envelope (on a
+    native Responses route the client reads the provider's error as the provider wrote
+    it); None for any other status (401/403/404 are the gateway's setup, 429 and 5xx the
+    backend's state: those stay upstream errors)."""
+    kind = _REFUSALS.get(status)
+    if kind is None:
+        return None
+    try:
+        err = _error_envelope.decode(raw).error
+    except msgspec.DecodeError:
+        err = None
+    if err is None:
+        text = raw[:300].decode("utf-8", "replace").strip()
+        return kind(f"the model backend refused the request ({status}): {text}")
+    code = str(err.code) if err.code is not None else None
+    return kind(
+        err.message or f"the model backend refused the request ({status})",
+        param=err.param,
+        code=code,
+    )
 
 
 def _headers(

@@ -240,3 +240,75 @@ def image_url(url: str, detail_: str | None = None) -> dict[str, Any]:
     if detail_ is not None:
         inner["detail"] = detail_
     return {"type": "image_url", "image_url": inner}
+
+
+# --- values every provider refuses (issue 51, item 4) ---------------------------------
+# Checked at decode, on native routes too: each is as invalid to the provider that speaks
+# the client's API, which would answer 400 after a round trip.
+
+#: A tool's name: 1 to 128 characters, none of them a space or a control character.
+_TOOL_NAME = re.compile(r"[^\s\x00-\x1f\x7f]{1,128}")
+#: Base64 (standard alphabet, padding optional: only what no decoder reads is refused).
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+#: The image types the providers read.
+IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+
+
+def tool_name(value: Any, at: str) -> str:
+    """A tool's name.
+
+    Raises:
+        BadRequest: not a string, empty, over 128 characters, or with a space or a
+            control character (a CRLF in a name is no name any provider takes).
+    """
+    if not isinstance(value, str):
+        raise invalid(at, "must be a string")
+    if not _TOOL_NAME.fullmatch(value):
+        raise invalid(at, "must be 1 to 128 characters, without spaces or control characters")
+    return value
+
+
+def json_schema(value: Any, at: str) -> dict[str, Any]:
+    """A tool's parameters: a JSON Schema, which is an object.
+
+    Raises:
+        BadRequest: it is a string, a list, a number...
+    """
+    if not isinstance(value, dict):
+        raise invalid(at, "must be a JSON Schema object")
+    return value
+
+
+def base64_data(value: Any, at: str) -> str:
+    """Base64-encoded data (an image's, a document's).
+
+    Raises:
+        BadRequest: not a string of base64.
+    """
+    if not isinstance(value, str) or not value or not _BASE64.fullmatch(value):
+        raise invalid(at, "must be base64-encoded data")
+    return value
+
+
+def web_url(value: Any, at: str, *, data: bool = False) -> str:
+    """A URL a provider fetches: ``http(s)://``, or (``data``) a base64 ``data:`` URL of
+    an image.
+
+    Raises:
+        BadRequest: another scheme (``javascript:``, ``file:``...), a data URL of another
+            type or whose data is not base64.
+    """
+    if not isinstance(value, str):
+        raise invalid(at, "must be a string")
+    scheme = value[:8].lower()
+    if scheme.startswith(("http://", "https://")):
+        return value
+    if data and scheme.startswith("data:"):
+        head, sep, payload = value.partition(",")
+        kind = head[5:].lower()
+        if not sep or not kind.endswith(";base64") or kind[:-7] not in IMAGE_TYPES:
+            why = f"must be a base64 data URL of an image ({', '.join(sorted(IMAGE_TYPES))})"
+            raise invalid(at, why)
+        base64_data(payload, at)
+        return value
+    raise invalid(at, "must be an http or https URL" + (" or a data URL" if data else ""))

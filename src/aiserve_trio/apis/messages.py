@@ -38,9 +38,11 @@ from ..api import ChatCompletion, ChunkDelta, NativeEvents
 from ..api import Usage as WireUsage
 from ..errors import BadRequest, GatewayError, UpstreamProtocolError
 from .common import (
+    IMAGE_TYPES,
     Codec,
     NativeSpec,
     Stream,
+    base64_data,
     counts,
     decode_error,
     described,
@@ -49,9 +51,12 @@ from .common import (
     event,
     image_url,
     invalid,
+    json_schema,
     refuse,
     rewrite_strings,
     string,
+    tool_name,
+    web_url,
 )
 
 #: (the name of what has no equivalent, the 400 that refuses it) -- see :data:`HINTS`.
@@ -156,6 +161,8 @@ def decode(body: bytes) -> tuple[bytes, MessagesView]:
     if req.stream:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
+    if req.top_k is not None and req.top_k < 0:
+        raise invalid("top_k", "must be 0 or more")
     for key in ("temperature", "top_p", "top_k"):
         value = getattr(req, key)
         if value is not None:
@@ -237,10 +244,10 @@ def _message(m: dict[str, Any], where: str, notes: Notes) -> list[dict[str, Any]
             parts.append({"type": "text", "text": string(block, "text", at)})
         elif kind == "image":
             _only(block, at, ("type", "source"), notes)
-            parts.append(image_url(_source(block.get("source"), at, notes)))
+            parts.append(image_url(_source(block.get("source"), at, notes, IMAGE_TYPES)))
         elif kind == "document":
             _only(block, at, ("type", "source", "title"), notes)
-            url = _source(block.get("source"), at, notes)
+            url = _source(block.get("source"), at, notes, _DOCUMENT_TYPES)
             name = block.get("title") or "document.pdf"
             parts.append({"type": "file", "file": {"file_data": url, "filename": name}})
         elif kind == "tool_result":
@@ -253,16 +260,29 @@ def _message(m: dict[str, Any], where: str, notes: Notes) -> list[dict[str, Any]
     return out
 
 
-def _source(source: Any, at: str, notes: Notes) -> str:
-    """An image's or document's source as a URL (a data URL for base64 data)."""
+#: A base64 document's media types (Anthropic's PDF support).
+_DOCUMENT_TYPES = frozenset({"application/pdf"})
+
+
+def _source(source: Any, at: str, notes: Notes, types: frozenset[str]) -> str:
+    """An image's or document's source as a URL (a data URL for base64 data).
+
+    Raises:
+        BadRequest: a ``media_type`` not of ``types`` (an object, ``text/html``), data
+            that is not base64, a URL that is not ``http(s)://`` (``javascript:``).
+    """
     if not isinstance(source, dict):
         raise invalid(f"{at}.source", "must be an object")
     if source.get("type") == "base64":
         _only(source, f"{at}.source", ("type", "media_type", "data"), notes)
-        return f"data:{source.get('media_type', '')};base64,{source.get('data', '')}"
+        media = source.get("media_type")
+        if not isinstance(media, str) or media not in types:
+            raise invalid(f"{at}.source.media_type", f"must be one of {', '.join(sorted(types))}")
+        data = base64_data(source.get("data"), f"{at}.source.data")
+        return f"data:{media};base64,{data}"
     if source.get("type") == "url":
         _only(source, f"{at}.source", ("type", "url"), notes)
-        return string(source, "url", f"{at}.source")
+        return web_url(source.get("url"), f"{at}.source.url")
     notes.append(
         (f"{source.get('type')} source", refuse(f"{at}.source.type", "must be `base64` or `url`"))
     )
@@ -313,7 +333,12 @@ def _assistant(content: list[Any], where: str, notes: Notes) -> dict[str, Any]:
             _only(block, at, ("type", "id", "name", "input"), notes)
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise invalid(at, "a tool_use block needs `id` and `name`")
-            args = json.dumps(block.get("input") or {}, separators=(",", ":"), ensure_ascii=False)
+            tool_input = block.get("input")
+            if tool_input is None:
+                tool_input = {}
+            if not isinstance(tool_input, dict):
+                raise invalid(f"{at}.input", "must be an object (the tool's arguments)")
+            args = json.dumps(tool_input, separators=(",", ":"), ensure_ascii=False)
             fn = {"name": block["name"], "arguments": args}
             calls.append({"id": block["id"], "type": "function", "function": fn})
         else:
@@ -333,9 +358,12 @@ def _tool(tool: dict[str, Any], i: int, notes: Notes) -> dict[str, Any] | None:
             (str(tool.get("type")), refuse(f"tools[{i}].type", "server tools have no equivalent"))
         )
         return None
-    if not isinstance(tool.get("name"), str):
+    if tool.get("name") is None:
         raise invalid(f"tools[{i}].name", "is required")
-    fn: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("input_schema") or {}}
+    name = tool_name(tool["name"], f"tools[{i}].name")
+    schema = tool.get("input_schema")
+    schema = {} if schema is None else json_schema(schema, f"tools[{i}].input_schema")
+    fn: dict[str, Any] = {"name": name, "parameters": schema}
     if tool.get("description") is not None:
         fn["description"] = tool["description"]
     return {"type": "function", "function": fn}
@@ -366,6 +394,9 @@ def _thinking(thinking: dict[str, Any], notes: Notes) -> str | None:
     if kind == "disabled":
         return None
     budget = thinking.get("budget_tokens")
+    if kind == "enabled" and (isinstance(budget, bool) or not isinstance(budget, int)):
+        # ``true`` is no number of tokens (Python's bool is an int: asked apart).
+        raise invalid("thinking.budget_tokens", "must be an integer")
     if kind != "enabled" or not isinstance(budget, int) or budget < 1:
         why = "must be `{type: enabled, budget_tokens: N}` or `{type: disabled}` here"
         notes.append(("thinking", refuse("thinking", why)))

@@ -32,6 +32,7 @@ of the reply belongs to (``_ITEM``: a piece of another item closes the open ones
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Generator
 from typing import Any, Literal
 
 import msgspec
@@ -50,8 +51,12 @@ from .common import (
     event,
     image_url,
     invalid,
+    json_schema,
     refuse,
+    rewrite_strings,
     string,
+    tool_name,
+    web_url,
 )
 
 __all__ = ["CODEC", "ResponsesFramer", "ResponsesRequest", "decode"]
@@ -146,6 +151,9 @@ def _function(tool: dict[str, Any]) -> bool:
     return tool.get("type") == "function"
 
 
+#: ``reasoning.effort``'s values (OpenAI's).
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
 _request = msgspec.json.Decoder(ResponsesRequest)
 _object = msgspec.json.Decoder(dict[str, Any])
 _KNOWN = frozenset(ResponsesRequest.__struct_fields__)
@@ -223,6 +231,8 @@ def decode(body: bytes) -> tuple[bytes, ResponsesRequest]:
     if req.max_output_tokens is not None:
         chat["max_completion_tokens"] = req.max_output_tokens
     if req.top_logprobs is not None:
+        if not 0 <= req.top_logprobs <= 20:
+            raise invalid("top_logprobs", "must be between 0 and 20")
         chat["logprobs"] = True
         chat["top_logprobs"] = req.top_logprobs
     tools = [_tool(t, i, found) for i, t in _tools(req) if _function(t)]
@@ -240,9 +250,51 @@ def decode(body: bytes) -> tuple[bytes, ResponsesRequest]:
         if req.text.verbosity is not None:
             chat["verbosity"] = req.text.verbosity
     if req.reasoning is not None and req.reasoning.effort is not None:
+        if req.reasoning.effort not in EFFORTS:
+            raise invalid("reasoning.effort", f"must be one of {', '.join(EFFORTS)}")
         chat["reasoning_effort"] = req.reasoning.effort
     req._notes = found  # type: ignore[attr-defined]  # a dict=True Struct: not a field
     return encoder.encode(chat), req
+
+
+def redacted_steps(
+    view: ResponsesRequest, rewrite: Callable[[str], str], metadata: dict[str, str] | None
+) -> Generator[None, None, ResponsesRequest]:
+    """The request as the reply echoes it on a route whose input policies take something
+    out of text (issue 51, item 2): ``instructions``, ``user``, the tools' and
+    ``text.format``'s strings through ``rewrite``, ``metadata`` as the route stored it --
+    what was sent, not what the client wrote. One field (one tool) a step."""
+    changes: dict[str, Any] = {"metadata": metadata}
+    if view.instructions is not None:
+        changes["instructions"] = rewrite(view.instructions)
+        yield
+    if view.user is not None:
+        changes["user"] = rewrite(view.user)
+    if view.tools:
+        tools = []
+        for tool in view.tools:
+            tools.append(rewrite_strings(tool, rewrite))
+            yield
+        changes["tools"] = tools
+    fmt = view.text.format if view.text is not None else None
+    if view.text is not None and fmt is not None:
+        schema = fmt.schema
+        if schema != msgspec.Raw(b"null"):
+            schema = msgspec.Raw(encoder.encode(rewrite_strings(_any.decode(schema), rewrite)))
+        fmt = msgspec.structs.replace(
+            fmt,
+            name=rewrite(fmt.name) if fmt.name is not None else None,
+            description=rewrite(fmt.description) if fmt.description is not None else None,
+            schema=schema,
+        )
+        changes["text"] = msgspec.structs.replace(view.text, format=fmt)
+        yield
+    out = msgspec.structs.replace(view, **changes)
+    out._notes = notes(view)  # type: ignore[attr-defined]  # see decode
+    return out
+
+
+_any = msgspec.json.Decoder()
 
 
 def _format(f: _Format) -> dict[str, Any]:
@@ -266,8 +318,11 @@ def _tool(tool: dict[str, Any], i: int, found: Notes) -> dict[str, Any]:
             continue
         if key != "type" and tool[key] is not None:
             fn[key] = tool[key]
-    if not isinstance(fn.get("name"), str):
+    if fn.get("name") is None:
         raise invalid(f"tools[{i}].name", "is required")
+    tool_name(fn["name"], f"tools[{i}].name")
+    if fn.get("parameters") is not None:
+        json_schema(fn["parameters"], f"tools[{i}].parameters")
     return {"type": "function", "function": fn}
 
 
@@ -390,9 +445,8 @@ def _content(item: dict[str, Any], where: str, found: Notes, *, assistant: bool)
             refusal.append(string(part, "refusal", at))
         elif kind == "input_image" and not assistant:
             _only(part, at, ("type", "image_url", "detail"), found)
-            if not isinstance(part.get("image_url"), str):
-                raise invalid(f"{at}.image_url", "must be a URL or a data URL")
-            parts.append(image_url(part["image_url"], part.get("detail")))
+            url = web_url(part.get("image_url"), f"{at}.image_url", data=True)
+            parts.append(image_url(url, part.get("detail")))
         elif kind == "input_file" and not assistant:
             _only(part, at, ("type", "file_data", "filename", "file_id"), found)
             file = {k: part[k] for k in ("file_data", "filename", "file_id") if part.get(k)}

@@ -1,11 +1,15 @@
 """Output policies over streamed JSON: rewrite string values, keep the JSON valid.
 
 Tool-call arguments arrive as JSON text in arbitrary fragments. A
-:class:`JsonStringFilter` runs the decoded contents of every string *value*
-(not object keys) through a fresh chain of :class:`~.base.OutputFilter` and
-re-escapes what the chain releases; everything else (structure, numbers,
-literals, whitespace, keys) passes through byte for byte, as soon as it is
-read. Sans-IO; the same result for any fragmentation.
+:class:`JsonStringFilter` runs the decoded contents of every string -- values
+and object keys -- through a fresh chain of :class:`~.base.OutputFilter` and
+re-escapes what the chain releases; every number or literal is held until it
+ends and run through a fresh chain whole, and one the chain changes becomes a
+JSON string of the result (``{"phone": 13800138000}`` gives
+``{"phone": "[PHONE]"}``, as the input side does); structure and whitespace
+pass through byte for byte, as soon as they are read. Sans-IO; the same result
+for any fragmentation. (An empty chain changes nothing: then numbers are not
+held either.)
 
 The structure is a small state machine, a table from ``(state, character
 class)`` to the next state, plus a stack of open containers. The class of
@@ -35,14 +39,17 @@ except that a lone high surrogate right before a lone low one can only be
 spelled as the pair: JSON has no other spelling for them.
 
 Leniency and broken input: numbers and literals are not checked (a run of
-``[0-9A-Za-z+-.]`` passes as it is) and raw control characters inside strings
-are accepted as content (like ``json.loads(strict=False)``). A character that
-makes no sense where it stands (a bad escape, a stray ``"``, a mismatched
-closer, a second top-level value) switches to pass-through: the current
-string's chain is flushed and everything from that character on is emitted
-unchanged. :meth:`JsonStringFilter.finish` on a truncated text flushes the
-open string's chain and its pending escape (no closing quote is invented).
-Nothing raises.
+``[0-9A-Za-z+-.]`` is one, up to :attr:`max_holdback` in length) and raw
+control characters inside strings are accepted as content (like
+``json.loads(strict=False)``). A character that makes no sense where it stands
+(a bad escape, a stray ``"`` or ``'``, a mismatched closer, a second top-level
+value, ``=``, a literal longer than the holdback) switches to plain text: the
+current string's chain is flushed and everything from that character on goes
+through one more fresh chain as text (a Python-style dict, two objects back to
+back or ``key=value`` are redacted like any text, as the input side does when
+arguments are not JSON). :meth:`JsonStringFilter.finish` on a truncated text
+flushes the open string's chain and its pending escape (no closing quote is
+invented). Nothing raises.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ class _S(enum.Enum):
     SCALAR = "in a number or literal"
     KSTRING = "in a key"
     VSTRING = "in a string value"
-    BROKEN = "not JSON: passing through"
+    BROKEN = "not JSON: plain text"
 
 
 _NEXT: dict[tuple[_S, str], _S] = {
@@ -165,7 +172,12 @@ class JsonStringFilter:
 
     def __init__(self, make_filters: Callable[[], list[OutputFilter]]) -> None:
         self._make = make_filters
-        self.max_holdback = sum(f.max_holdback for f in make_filters()) + MAX_ESCAPE
+        chain = make_filters()
+        self._holds = bool(chain)  # an empty chain: numbers pass at once, nothing changes
+        self.max_holdback = sum(f.max_holdback for f in chain) + MAX_ESCAPE
+        self._scalar_max = self.max_holdback
+        self._scalar = ""  # a number or literal being read (when the chain holds)
+        self._plain: list[OutputFilter] = []  # the chain after the JSON broke
         self._state = _S.VALUE
         self._stack: list[str] = []
         self._chain: list[OutputFilter] = []
@@ -188,7 +200,7 @@ class JsonStringFilter:
         while i < len(text):
             state = self._state
             if state is _S.BROKEN:
-                out.append(text[i:])
+                out.append(apply_filters(self._plain, text[i:]))
                 break
             if state in _CLOSED:
                 i = self._string(text, i, out)
@@ -196,21 +208,47 @@ class JsonStringFilter:
             c = text[i]
             key = _cls(c, self._stack[-1] if self._stack else "")
             if state is _S.SCALAR and key != "0":
+                self._end_scalar(out)
                 state = _S.AFTER
             nxt = _NEXT.get((state, key))
             if nxt is None:
-                self._state = _S.BROKEN
+                self._break(out, "")
                 continue
             if c in "{[":
                 self._stack.append(c)
             elif c in "}]":
                 self._stack.pop()
-            elif nxt is _S.VSTRING:
+            elif nxt in _CLOSED:
                 self._chain, self._same = self._make(), True
                 self._pending.clear()
+            elif nxt is _S.SCALAR and self._holds:
+                if len(self._scalar) >= self._scalar_max:
+                    scalar, self._scalar = self._scalar, ""
+                    self._break(out, scalar)
+                    continue
+                self._scalar += c
+                self._state = nxt
+                i += 1
+                continue
             self._state = nxt
             out.append(c)
             i += 1
+
+    def _break(self, out: list[str], text: str) -> None:
+        """Not JSON from here: the rest (from ``text``) is plain text through a fresh chain."""
+        self._state = _S.BROKEN
+        self._plain = self._make()
+        if text:
+            out.append(apply_filters(self._plain, text))
+
+    def _end_scalar(self, out: list[str]) -> None:
+        """A number or literal ended: as it was, or the chain's output as a JSON string."""
+        text, self._scalar = self._scalar, ""
+        if not text:
+            return
+        chain = self._make()
+        new = apply_filters(chain, text) + finish_filters(chain)
+        out.append(text if new == text else '"' + _escape(new) + '"')
 
     def finish(self) -> str:
         """The end of the text: what is still held (only a truncated string holds text)."""
@@ -218,7 +256,11 @@ class JsonStringFilter:
         if self._state in _CLOSED:
             self._close(out)
             out.append(self._esc)
-        self._state, self._esc = _S.BROKEN, ""
+        elif self._state is _S.SCALAR:
+            self._end_scalar(out)
+        elif self._state is _S.BROKEN:
+            out.append(finish_filters(self._plain))
+        self._state, self._esc, self._plain = _S.BROKEN, "", []
         return "".join(out)
 
     def _string(self, text: str, i: int, out: list[str]) -> int:
@@ -230,8 +272,8 @@ class JsonStringFilter:
                 got = _unescape(self._esc)
             except ValueError:
                 self._close(out)
-                out.append(self._esc)
-                self._esc, self._state = "", _S.BROKEN
+                esc, self._esc = self._esc, ""
+                self._break(out, esc)
                 return i + 1
             if got is None:
                 return i + 1
@@ -260,11 +302,9 @@ class JsonStringFilter:
         return m.end()
 
     def _flush(self, out: list[str]) -> None:
-        """Send the pieces read so far: a key's as they are, a value's through the chain."""
+        """Send the pieces read so far through the string's chain."""
         pieces, self._pieces = self._pieces, []
-        if self._state is _S.KSTRING:
-            out.extend(raw for _, raw in pieces)
-        elif pieces:
+        if pieces:
             if self._same:
                 self._pending.extend(pieces)
             self._emit(apply_filters(self._chain, "".join(d for d, _ in pieces)), out)
@@ -272,9 +312,8 @@ class JsonStringFilter:
     def _close(self, out: list[str]) -> None:
         """The string ends (or breaks off): flush it and finish its chain."""
         self._flush(out)
-        if self._state is _S.VSTRING:
-            self._emit(finish_filters(self._chain), out)
-            self._chain, self._pending = [], deque()
+        self._emit(finish_filters(self._chain), out)
+        self._chain, self._pending = [], deque()
 
     def _emit(self, text: str, out: list[str]) -> None:
         """Emit chain output: the original spelling while it matches its input, else escaped."""

@@ -13,6 +13,7 @@ on without session context; the response says so in ``X-Aiserve-Degraded``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ import trio
 from ..adapters.base import InferenceRequest, Message
 from ..apis import CODECS
 from ..apis.common import NativeSpec
-from ..apis.responses import ResponsesRequest
+from ..apis.responses import ResponsesRequest, redacted_steps
 from ..cache.service import Cache, Ticket
 from ..errors import BadRequest, NotFound, StageDeadlineExceeded
 from ..policies.base import OutputFilter, Policy, PolicyContext, redact_values
@@ -92,16 +93,24 @@ async def _native_body(
     turns = [{"role": m.role, "content": m.text()} for m in history]
     if turns:
         body = spec.history(body, turns)
-    redacting = [p for p in policies if type(p).redact_text is not Policy.redact_text]
-    if redacting:
-
-        def rewrite(text: str) -> str:
-            for p in redacting:
-                text = p.redact_text(text, ctx)
-            return text
-
+    rewrite = _redactor(policies, ctx)
+    if rewrite is not None:
         body = await run_sliced(spec.rewrite(body, rewrite))
     return body
+
+
+def _redactor(policies: list[Policy], ctx: PolicyContext) -> Callable[[str], str] | None:
+    """A text through the policies that take something out of text; None: none does."""
+    redacting = [p for p in policies if type(p).redact_text is not Policy.redact_text]
+    if not redacting:
+        return None
+
+    def rewrite(text: str) -> str:
+        for p in redacting:
+            text = p.redact_text(text, ctx)
+        return text
+
+    return rewrite
 
 
 def _side_filters(policies: list[Policy], ctx: PolicyContext) -> list[OutputFilter]:
@@ -344,6 +353,12 @@ class ContextStage:
                 deadline=info.budget.cut("context"),
                 request_id=info.request_id,
             )
+        view: object = None
+        rewrite = _redactor(route.policies, ctx)
+        if isinstance(req.api, ResponsesRequest) and rewrite is not None:
+            # The reply echoes the request: what was sent upstream, not what the client
+            # wrote (issue 51, item 2), on a route that promises PII never comes back.
+            view = await run_sliced(redacted_steps(req.api, rewrite, self.metadata))
         prepared = Prepared(
             parsed=req,
             inference=request,
@@ -359,6 +374,7 @@ class ContextStage:
             ),
             cache=self.ticket,
             store=store,
+            view=view,
         )
         self.result = prepared
         # The sse stage's copy first: it must be there when the first delta is.

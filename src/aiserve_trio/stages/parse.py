@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
-from ..api import request_decoder
+from ..api import ChatCompletionRequest, request_decoder
 from ..apis import CODECS
+from ..apis.common import json_schema, tool_name
+from ..apis.responses import EFFORTS
 from ..apis.shape import check_shape
 from ..errors import (
     BadRequest,
@@ -273,6 +275,7 @@ def decode_request(
         raise BadRequest(
             "`stop` may hold at most 4 sequences", param="stop", code="array_above_max_length"
         )
+    _check_values(req, top)
     return ParsedRequest(
         body=req,
         messages=messages,
@@ -283,6 +286,43 @@ def decode_request(
         max_tokens=max_tokens,
         stop=stop,
     )
+
+
+def _check_values(req: ChatCompletionRequest, top: dict[str, msgspec.Raw]) -> None:
+    """What every provider refuses with a 400 (issue 51, item 4): refused here, before
+    the round trip, on every route (a native one's provider would refuse it too).
+
+    Raises:
+        BadRequest: a tool's name with a space or a control character or over 128
+            characters, its ``parameters`` not an object, ``top_logprobs`` outside
+            0-20, an unknown ``reasoning_effort``.
+    """
+    for i, tool in enumerate(req.tools or ()):
+        if tool.function is not None:
+            at = f"tools[{i}].function"
+            tool_name(tool.function.name, f"{at}.name")
+            schema = bytes(tool.function.parameters).lstrip()[:1]
+            if schema not in (b"{", b"n"):  # an object, or null (none)
+                json_schema(schema, f"{at}.parameters")
+    if "top_logprobs" in top:
+        value = _any.decode(top["top_logprobs"])
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20
+        ):
+            raise BadRequest(
+                "`top_logprobs` must be an integer between 0 and 20",
+                param="top_logprobs",
+                code="invalid_value",
+            )
+    if req.reasoning_effort is not None and req.reasoning_effort not in EFFORTS:
+        raise BadRequest(
+            f"`reasoning_effort` must be one of {', '.join(EFFORTS)}",
+            param="reasoning_effort",
+            code="invalid_value",
+        )
+
+
+_any = msgspec.json.Decoder()
 
 
 def _check_message(m: Message, i: int, limits: LimitsConfig) -> None:

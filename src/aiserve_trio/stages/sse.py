@@ -114,7 +114,7 @@ class SSEStage:
             max_bytes=route.max_reply_bytes,
             price=price,
             codec=CODECS.get(route.kind),
-            view=parsed.api,
+            view=parsed.api if prepared.view is None else prepared.view,
             native=parsed.native is not None,
         )
         headers = response_headers(

@@ -144,6 +144,10 @@ class Prepared:
     cache: Ticket | None = None
     #: False: the turns are not stored (a Responses request's ``store: false``).
     store: bool = True
+    #: The client API's request as the reply echoes it (``ParsedRequest.api`` after the
+    #: input policies: a Responses object's ``instructions``, ``metadata``... as sent
+    #: upstream); None: ``parsed.api`` as the client sent it.
+    view: object = None
 
 
 @runtime_checkable
