@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -98,10 +99,14 @@ class Entry:
             )
             # The key first: a request without a valid one takes no slot.
             request.principal = principal = p = await rt.gate.authenticate(endpoint, request)
+            # A chat request holds its maximum cost against its budgets while it runs.
+            hold: AbstractContextManager[object] = nullcontext()
             if chat:  # a spent budget takes no slot either
-                await rt.gate.within_budget(p, _tenant_of(rt, path, p))
+                length = hdrs.get("content-length", "")
+                size = int(length) if length.isdigit() else None
+                hold = await rt.gate.within_budget(p, _tenant_of(rt, path, p), path, size)
             # A fast 503 (429) before any body is read.
-            with rt.gate.admit(endpoint, scope, hdrs), rt.gate.stream_slot(endpoint, p):
+            with hold, rt.gate.admit(endpoint, scope, hdrs), rt.gate.stream_slot(endpoint, p):
                 handled = True  # from here the handler reports how the request ended
                 await endpoint.handler(request)
         except GatewayError as err:

@@ -65,6 +65,9 @@ class RouteConfig(Section):
     max_tokens: int | None = None
     max_reply_bytes: int | None = None
     max_stream_s: float | None = None
+    #: The most one request reserves against its key's and tenant's budgets while it
+    #: runs, in ``[pricing] currency`` (default: its maximum cost; ``spend/budget.py``).
+    budget_reserve: float | None = None
     #: The response cache (off unless the route has this table).
     cache: RouteCache | None = None
     #: A chain of capabilities (``[[routes.steps]]``, ``chains/steps.py``); empty:
@@ -89,6 +92,8 @@ class RouteConfig(Section):
             value = getattr(self, key)
             if value is not None and value <= 0:
                 raise field_error(key, "must be positive")
+        if self.budget_reserve is not None and self.budget_reserve < 0:
+            raise field_error("budget_reserve", "must not be negative")
         if self.tenant is not None:
             as_field("tenant", check_tenant, self.tenant)
 

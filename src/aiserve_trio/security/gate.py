@@ -36,8 +36,8 @@ from ..http.endpoints import Admission as Admit
 from ..http.endpoints import Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, Scope
 from ..sessions.bus import check_session_id
-from ..spend.budget import Budgets, check
-from ..spend.ledger import Ledger, LedgerMetrics, Seed
+from ..spend.budget import Budgets, check, route_reserves
+from ..spend.ledger import NO_HOLD, Hold, Ledger, LedgerMetrics, Seed
 from . import edge
 from .admission import Admission
 from .auth import KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
@@ -150,6 +150,8 @@ class Gate:
         #: Spend budgets per key and tenant; the ledger (the spend) is worker-wide.
         self.budgets = Budgets.of(config)
         self.currency = config.pricing.currency
+        #: What a request of each route (by path) holds against its budgets.
+        self.reserves = route_reserves(config) if self.budgets else {}
         self.ledger: Ledger = (
             previous.ledger
             if previous is not None
@@ -383,21 +385,33 @@ class Gate:
         expiry = int(plain.partition(".")[0])
         return expiry, await self.revoked.add(plain, principal.key_id, expiry, time.time())
 
-    async def within_budget(self, principal: Principal | None, tenant: str) -> None:
-        """Refuse a chat request whose key's or tenant's budget is spent.
+    async def within_budget(
+        self, principal: Principal | None, tenant: str, path: str = "",
+        body_bytes: int | None = None,
+    ) -> Hold:
+        """Refuse a chat request whose key's or tenant's budget is spent or held by the
+        requests in flight; else hold its maximum cost against them (``spend/budget.py``)
+        until the returned hold is let go, after its real cost is charged.
 
         Args:
             tenant: the tenant the request acts for (with auth off, its route's).
+            path: the route's path (what its requests hold); body_bytes: the body's
+                declared length (None: not declared).
 
         Raises:
             BudgetExceeded: naming the budget and when it resets (``Retry-After``).
         """
         if not self.budgets:
-            return
+            return NO_HOLD
         limits = self.budgets.limits(principal.key_id if principal else None, tenant)
-        if limits:
-            now = time.time()
-            check(limits, await self.ledger.spent(limits, now), now, self.currency)
+        if not limits:
+            return NO_HOLD
+        now = time.time()
+        spent = await self.ledger.spent(limits, now)
+        # No checkpoint from here to the hold: two requests never both take the rest.
+        check(limits, spent, now, self.currency, self.ledger.held(limits, now))
+        reserve = self.reserves.get(path)
+        return self.ledger.hold(limits, reserve.amount(body_bytes) if reserve else 0.0, now)
 
     async def after_chat(self, principal: Principal | None, outcome: Outcome) -> None:
         """Charge a finished chat request's tokens to its key, and its cost to its budgets."""

@@ -6,11 +6,14 @@ A budget is an amount in ``[pricing] currency`` per ``budget_period``: ``day``,
 then), and a request is admitted while its key's and its tenant's spend for
 the current period are below their budgets.
 
-Overshoot: every request admitted while the spend was below the budget is
-served and charged, so the spend can pass the budget by at most what the
-requests in flight at the moment it crossed cost (each at most its
-``max_tokens`` at the served model's price). Nothing is reserved up front: a
-reservation would refuse requests on estimates the gateway cannot make.
+Reservations (issue 50, item 4): an admitted request holds its maximum cost
+(:class:`Reserve`) against its budgets until it ends, when its real cost is charged
+and the hold let go; a request is admitted while spend + holds is below the budget.
+So however many streams a client opens at once, only one is admitted on the last
+part of a budget, and the spend ends below the budget plus the cost of the last
+request admitted -- plus, where a route's ``budget_reserve`` held less than a request
+cost, the difference for each request then in flight. The holds are this worker's:
+other workers' requests in flight add to the bound what they cost.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import BudgetExceeded
+from .prices import dearest, served_models
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -79,6 +83,42 @@ class Limit:
         return f"{self.scope}:{self.name}:{w.name}", w
 
 
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """What one request of a route holds against its budgets while it runs: its maximum
+    cost, known before its body is read -- every byte of the body a prompt token (a
+    token is at least one byte) at the dearest prompt rate of the route's models, plus
+    the route's ``max_tokens`` cap at the dearest completion rate -- at most ``cap``
+    (the route's ``budget_reserve``)."""
+
+    prompt_rate: float
+    completion_rate: float
+    max_tokens: int
+    max_body_bytes: int
+    cap: float | None = None
+
+    def amount(self, body_bytes: int | None) -> float:
+        """The hold of a request whose body declares ``body_bytes`` (None: not declared,
+        at most ``max_body_bytes``)."""
+        size = self.max_body_bytes if body_bytes is None else min(body_bytes, self.max_body_bytes)
+        most = size * self.prompt_rate + self.max_tokens * self.completion_rate
+        return most if self.cap is None else min(most, self.cap)
+
+
+def route_reserves(config: Config) -> dict[str, Reserve]:
+    """What one request of each route (by path) holds against its budgets: its maximum
+    cost at the dearest rates of the models its adapters (and steps') may answer with."""
+    lim = config.limits
+    out = {}
+    for route in config.routes:
+        steps = [a for step in route.steps if (a := getattr(step, "adapter", None))]
+        names = [route.adapter, *route.adapters, *steps]
+        rates = dearest(config, served_models(config, names))
+        most = 0 if route.kind == "embeddings" else route.max_tokens or lim.max_tokens
+        out[route.path] = Reserve(*rates, most, lim.max_body_bytes, route.budget_reserve)
+    return out
+
+
 class Budgets:
     """The budgets of one config, by key id and by tenant."""
 
@@ -113,21 +153,39 @@ class Budgets:
         return out
 
 
-def check(limits: list[Limit], spent: list[float], now: float, currency: str) -> None:
-    """Refuse a request once one of its budgets is spent.
+def _text(amount: float) -> str:
+    return f"{amount:.6f}".rstrip("0").rstrip(".")
+
+
+def check(
+    limits: list[Limit], spent: list[float], now: float, currency: str,
+    held: list[float] | None = None,
+) -> None:
+    """Refuse a request once one of its budgets is spent, or held by requests in flight.
 
     Args:
         spent: the spend of each limit's current period, in the same order.
+        held: what the requests in flight hold against each (their maximum cost).
 
     Raises:
-        BudgetExceeded: naming the first budget that is spent and when it resets.
+        BudgetExceeded: naming the first budget that is spent and when it resets, or
+            that requests in flight hold the rest of it.
     """
-    for limit, used in zip(limits, spent, strict=True):
-        if used < limit.amount:
+    holds = held if held is not None else [0.0] * len(limits)
+    for limit, used, hold in zip(limits, spent, holds, strict=True):
+        if used + hold < limit.amount:
             continue
-        w = window(limit.period, now)
         whose = f"API key {limit.name!r}" if limit.scope == "key" else f"tenant {limit.name!r}"
-        spent_text = f"{used:.6f}".rstrip("0").rstrip(".")
+        if used < limit.amount:
+            raise BudgetExceeded(
+                f"the {limit.period} budget of {whose} ({limit.amount:g} {currency}) is held "
+                f"by its requests in flight ({_text(used)} {currency} spent, {_text(hold)} "
+                f"{currency} reserved for their maximum cost); retry when they end",
+                param=limit.label,
+                headers={"Retry-After": "1"},
+            )
+        w = window(limit.period, now)
+        spent_text = _text(used)
         if math.isinf(w.resets_at):
             when = "it does not reset (budget_period = total)"
             headers = {}

@@ -169,6 +169,10 @@ class Ledger:
         self._wake = trio.Event()
         #: Set once the memory ledger's start-up seed is done (or there is none).
         self.seeded = trio.Event()
+        #: What the requests in flight in this worker hold against each slot (their
+        #: maximum cost), and how many hold it.
+        self._held: dict[str, float] = {}
+        self._holders: dict[str, int] = {}
         #: The memory ledger: seconds between two reads of the audit log's sums.
         self.sync_every_s = sync_every_s
         #: Set (and replaced) each time a read of the audit log's sums is done.
@@ -351,6 +355,29 @@ class Ledger:
                 self.metrics.seen(limit, used)
         return out
 
+    def held(self, limits: list[Limit], now: float) -> list[float]:
+        """What this worker's requests in flight hold against each limit's period."""
+        return [self._held.get(limit.slot(now)[0], 0.0) for limit in limits]
+
+    def hold(self, limits: list[Limit], amount: float, now: float) -> Hold:
+        """Hold ``amount`` against each limit's current period until the returned
+        :class:`Hold` is let go (the request's real cost is charged meanwhile)."""
+        slots = [limit.slot(now)[0] for limit in limits] if amount > 0 else []
+        for slot in slots:
+            self._held[slot] = self._held.get(slot, 0.0) + amount
+            self._holders[slot] = self._holders.get(slot, 0) + 1
+        return Hold(self, slots, amount)
+
+    def _let_go(self, slots: list[str], amount: float) -> None:
+        for slot in slots:
+            left = self._holders.get(slot, 0) - 1
+            if left > 0:
+                self._holders[slot] = left
+                self._held[slot] = max(0.0, self._held.get(slot, 0.0) - amount)
+            else:  # the last one: no float dust left behind
+                self._holders.pop(slot, None)
+                self._held.pop(slot, None)
+
     async def charge(self, limits: list[Limit], amount: float, now: float) -> None:
         """Add ``amount`` to each limit's current period."""
         if amount <= 0 or not limits:
@@ -432,3 +459,30 @@ class Ledger:
             return None
         self._down = True
         return None
+
+
+class Hold:
+    """A request's reservation against its budgets (:meth:`Ledger.hold`), let go once
+    when the request ends: ``with hold: ...`` or :meth:`release`."""
+
+    __slots__ = ("_amount", "_ledger", "_slots")
+
+    def __init__(self, ledger: Ledger | None, slots: list[str], amount: float) -> None:
+        self._ledger = ledger
+        self._slots = slots
+        self._amount = amount
+
+    def release(self) -> None:
+        ledger, self._ledger = self._ledger, None
+        if ledger is not None and self._slots:
+            ledger._let_go(self._slots, self._amount)
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+#: The hold of a request that holds nothing (no budget, or not a chat request).
+NO_HOLD = Hold(None, [], 0.0)

@@ -134,11 +134,11 @@ def build_pricing(config: Config) -> Pricing | None:
     return Pricing(config.pricing) if config.pricing.models else None
 
 
-def unpriced_models(config: Config) -> list[str]:
-    """The models ``config``'s routes may answer with that ``[pricing]`` has no price for:
-    their adapters' models and, for a group, its members' and fallbacks'."""
+def served_models(config: Config, adapters: Iterable[str]) -> set[str]:
+    """The models ``adapters`` may answer with: their own and, for a group, its members'
+    and fallbacks'."""
     seen: set[str] = set()
-    todo = [route.adapter for route in config.routes]
+    todo = list(adapters)
     models: set[str] = set()
     while todo:
         name = todo.pop()
@@ -149,4 +149,20 @@ def unpriced_models(config: Config) -> list[str]:
         models.update(getattr(adapter, "models", None) or [])
         todo += [d.adapter for d in getattr(adapter, "deployments", [])]
         todo += list(getattr(adapter, "fallbacks", []))
+    return models
+
+
+def dearest(config: Config, models: Iterable[str]) -> tuple[float, float]:
+    """The highest price per prompt token and per completion token of ``models`` (the
+    cache and reasoning rates included), 0 for models without a price."""
+    rates = [Rate.of(p) for m, p in config.pricing.models.items() if m in set(models)]
+    prompt = max((max(r.input, r.cache_read, r.cache_write) for r in rates), default=0.0)
+    completion = max((max(r.output, r.reasoning) for r in rates), default=0.0)
+    return prompt, completion
+
+
+def unpriced_models(config: Config) -> list[str]:
+    """The models ``config``'s routes may answer with that ``[pricing]`` has no price for:
+    their adapters' models and, for a group, its members' and fallbacks'."""
+    models = served_models(config, [route.adapter for route in config.routes])
     return Pricing(config.pricing).unpriced(models)
