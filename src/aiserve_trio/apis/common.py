@@ -39,10 +39,14 @@ class Codec:
     kind: str
     #: The stream's keep-alive event.
     ping: bytes
-    #: A request body -> the pipeline's Chat Completions body, and the request as sent.
+    #: A request body -> the pipeline's Chat Completions body, and the request as sent;
+    #: the very same bytes when the body is the pipeline's own already (Chat
+    #: Completions): nothing was translated.
     decode: Callable[[bytes], tuple[bytes, object]]
-    #: (reply id, model, created, the request as sent) -> the stream's framer.
-    framer: Callable[[str, str, int, object], Framer]
+    #: (reply id, model, created, the request as sent, whether the client asked for
+    #: the usage in the stream) -> the stream's framer. An API whose stream always
+    #: reports the usage (Responses, Messages) ignores the last.
+    framer: Callable[[str, str, int, object, bool], Framer]
     #: The whole reply, for a client that did not stream.
     body: Callable[[ChatCompletion, object], bytes]
     #: Any gateway error as the API's status and body, before the response head.
@@ -52,6 +56,21 @@ class Codec:
     translated: Callable[[object], object] = lambda view: view
     #: How the API passes through to a backend that speaks it; None: never.
     native: NativeSpec | None = None
+    #: The API stores each reply under its own id and continues a stored one
+    #: (Responses): the request as sent -> what it asks of that; None: it does not.
+    stored: Callable[[object], Stored] | None = None
+    #: How a reply's id (and the request's ``X-Request-Id``) begins.
+    id_prefix: str = "chatcmpl-"
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What a request of an API that stores its replies asks of the gateway's store."""
+
+    #: Its turns and the reply are stored under the reply's id (Responses' ``store``).
+    store: bool
+    #: The stored reply it continues (``previous_response_id``), if any.
+    previous: str | None
 
 
 class NativeFramer(Framer, Protocol):

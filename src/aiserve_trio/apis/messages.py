@@ -867,7 +867,8 @@ CODEC = Codec(
     kind="messages",
     ping=b'event: ping\ndata: {"type": "ping"}\n\n',
     decode=decode,
-    framer=MessagesFramer,
+    # Its stream always reports the usage: the client need not ask.
+    framer=lambda rid, model, created, view, _usage: MessagesFramer(rid, model, created, view),
     body=body,
     error=error_body,
     translated=translated,

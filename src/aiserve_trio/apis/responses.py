@@ -896,7 +896,8 @@ CODEC = Codec(
     kind="responses",
     ping=b": ping\n\n",
     decode=decode,
-    framer=ResponsesFramer,
+    # Its stream always reports the usage: the client need not ask.
+    framer=lambda rid, model, created, view, _usage: ResponsesFramer(rid, model, created, view),
     body=body,
     error=error_body,
     translated=translated,

@@ -54,13 +54,12 @@ from ..api import (
     ResponseMessage,
     ToolCallChunk,
     ToolCallOut,
-    encoder,
 )
 from ..api import Usage as WireUsage
+from ..apis import chat
 from ..apis.common import State  # one reply's states, framers and the assembler alike
 from ..cache.entry import Replayed
 from ..errors import GatewayError, ReplyCapExceeded, UpstreamProtocolError
-from ..http.sse import DONE, ChatFramer
 from ..messages import FunctionCall, ToolCall
 from ..policies.base import apply_filters, finish_filters
 from ..policies.jsonstream import JsonStringFilter
@@ -151,7 +150,6 @@ class ResponseAssembler:
         "_delivered",
         "_filters",
         "_framer",
-        "_include_usage",
         "_logprobs",
         "_max_bytes",
         "_max_tokens",
@@ -191,7 +189,7 @@ class ResponseAssembler:
         max_bytes: int | None = None,
         record: bool = False,
         price: Callable[[Usage | None], float] | None = None,
-        codec: Codec | None = None,
+        codec: Codec = chat.CODEC,
         view: object = None,
         native: bool = False,
     ) -> None:
@@ -206,7 +204,9 @@ class ResponseAssembler:
         record: keep the released pieces (see :meth:`take_recorded`).
         price: the reply's cost from its usage; with it, the usage the client
             gets carries ``cost`` (kept in :attr:`cost`).
-        codec: the client API's codec (``apis/``) when it is not Chat Completions:
+        include_usage: the client asked for the usage in the stream (Chat
+            Completions' ``stream_options``); the codec's framer is told.
+        codec: the client API's codec (``apis/``; Chat Completions' by default):
             its framer makes the stream's events, its ``body`` the whole reply;
             ``view`` is the request as that client sent it.
         native: the backend speaks the codec's API (``codec.native``): deltas
@@ -226,14 +226,14 @@ class ResponseAssembler:
         self.created = created
         self._codec = codec
         self._view = view
-        self._framer: ChatFramer | Framer | None = None
+        self._framer: Framer | None = None
         #: A native route's framer (the same object as ``_framer`` when streaming).
         self._native: NativeFramer | None = None
         #: A native reply the client did not stream: its events, added up at the end.
         self._collected: list[bytes] | None = None
         #: A native reply's tool calls whose block has not ended.
         self._native_calls: set[int] = set()
-        spec = codec.native if codec is not None and native else None
+        spec = codec.native if native else None
         if spec is not None:
             self._native = spec.framer(request_id, model, created, view)
             if stream:
@@ -241,13 +241,8 @@ class ResponseAssembler:
             else:
                 self._collected = []
         elif stream:
-            self._framer = (
-                ChatFramer(request_id, model, created)
-                if codec is None
-                else codec.framer(request_id, model, created, view)
-            )
+            self._framer = codec.framer(request_id, model, created, view, include_usage)
         self._model_recorded = False
-        self._include_usage = include_usage
         self._filters = filters or []
         self._side = side_filters or _no_filters
         self._state = State.IDLE
@@ -664,7 +659,6 @@ class ResponseAssembler:
         usage = self._wire_usage()
         if self._collected is not None:
             assert self._native is not None
-            assert self._codec is not None
             assert self._codec.native is not None
             released = ChunkDelta(
                 content=tail or None,
@@ -681,9 +675,7 @@ class ResponseAssembler:
         if self._framer is None:
             if self.first_token_at is None:
                 self.first_token_at = now
-            if self._codec is not None:
-                return self._codec.body(self._completion(usage), self._view)
-            return encoder.encode(self._completion(usage))
+            return self._codec.body(self._completion(usage), self._view)
         out = b""
         if tail or reasoning or refusal or calls:
             out = self._framer.delta(
@@ -694,19 +686,14 @@ class ResponseAssembler:
                     tool_calls=calls or None,
                 )
             )
-        if not isinstance(self._framer, ChatFramer):
-            try:
-                return out + self._framer.close(self.finish_reason, usage)
-            except GatewayError:
-                # The framer refused to close (a Messages tool input that is not an
-                # object): the reply did not finish after all, so it may still fail,
-                # and :meth:`fail` gives the API's error event, not a clean end.
-                self._state = State.OPEN
-                raise
-        out += self._framer.finish(self.finish_reason)
-        if self._include_usage:
-            out += self._framer.usage(usage)
-        return out + DONE
+        try:
+            return out + self._framer.close(self.finish_reason, usage)
+        except GatewayError:
+            # The framer refused to close (a Messages tool input that is not an
+            # object): the reply did not finish after all, so it may still fail,
+            # and :meth:`fail` gives the API's error event, not a clean end.
+            self._state = State.OPEN
+            raise
 
     def _completion(self, usage: WireUsage) -> ChatCompletion:
         assert self.finish_reason is not None
@@ -744,9 +731,7 @@ class ResponseAssembler:
         before = self._go("fail")
         if self._framer is None or before is State.IDLE:
             return None
-        if not isinstance(self._framer, ChatFramer):
-            return self._framer.fail(err)
-        return self._framer.error(err) + DONE
+        return self._framer.fail(err)
 
     def _wire_usage(self) -> WireUsage:
         u = self.usage

@@ -19,7 +19,6 @@ import msgspec
 import trio
 
 from ..api import ChatCompletionRequest, request_decoder
-from ..apis import CODECS
 from ..apis.common import json_schema, tool_name
 from ..apis.responses import EFFORTS
 from ..apis.shape import check_shape
@@ -450,15 +449,16 @@ class ParseStage:
         check_content_type(self.info.headers.get("content-type"))
         raw = await read_body(self.body, self.limits.max_body_bytes)
         limits = self.limits
-        codec = CODECS.get(route.config.kind)
+        codec = route.codec
         # In slices (8 MB of brackets take ~0.4 s to scan), and the pieces counted
         # before a loop visits one of them (issue 51).
-        await run_sliced(check_body_steps(raw, limits, codec.kind if codec else "chat"))
-        view: object = None
+        await run_sliced(check_body_steps(raw, limits, codec.kind))
         sent = raw  # the body as the client sent it (a native route's)
-        if codec is not None:
-            # Another API's request becomes the pipeline's own (``apis/``).
-            raw, view = codec.decode(raw)
+        # Another API's request becomes the pipeline's own (``apis/``); the pipeline's
+        # own comes back as it was.
+        raw, view = codec.decode(raw)
+        translated = raw is not sent
+        if translated:
             # Each of these is one call of up to ~10 ms (bounded by the limits above):
             # a checkpoint between them, so that they are not one step together.
             await trio.lowlevel.checkpoint()
@@ -474,18 +474,16 @@ class ParseStage:
                 code="model_not_found",
             )
         served = route.adapter.serving(req.model)
-        if codec is not None:
-            native = codec.native
-            if (
-                native is not None
-                and route.config.native
-                and route.chain is None
-                and codec.kind in served.speaks
-            ):
-                # The backend speaks the client's API: its body goes as it came.
-                req = replace(req, api=view, native=sent)
-            else:
-                req = drop_hints(replace(req, api=codec.translated(view)), served)
+        if (
+            codec.native is not None
+            and route.config.native
+            and route.chain is None
+            and codec.kind in served.speaks
+        ):
+            # The backend speaks the client's API: its body goes as it came.
+            req = replace(req, api=view, native=sent)
+        elif translated:
+            req = drop_hints(replace(req, api=codec.translated(view)), served)
         if req.native is None:
             consumed = route.chain.consumes if route.chain is not None else frozenset()
             check_capabilities(req, served, consumed)

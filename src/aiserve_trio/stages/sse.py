@@ -22,11 +22,9 @@ from functools import partial
 import trio
 
 from ..adapters.base import Delta, InferenceRequest, ServedBy, Usage
-from ..apis import CODECS
 from ..cache.entry import Replayed
 from ..errors import GatewayError, ReplyCapExceeded, StageDeadlineExceeded, WriteTimeout
 from ..http.responder import Responder
-from ..http.sse import PING
 from ..http.types import JSON_HEADERS, SSE_HEADERS, Headers
 from ..security.settings import LimitsConfig
 from ..spend.prices import decimal, free
@@ -113,7 +111,7 @@ class SSEStage:
             max_tokens=None if replayed else prepared.inference.max_tokens,
             max_bytes=route.max_reply_bytes,
             price=price,
-            codec=CODECS.get(route.kind),
+            codec=self.info.route.codec,
             view=parsed.api if prepared.view is None else prepared.view,
             native=parsed.native is not None,
         )
@@ -262,8 +260,7 @@ class SSEStage:
         """
         responder = self.responder
         every = self.limits.heartbeat_s or math.inf
-        codec = CODECS.get(self.info.route.config.kind)
-        ping = PING if codec is None else codec.ping
+        ping = self.info.route.codec.ping
         stall = self.limits.write_timeout_ms / 1000.0
         while not responder.finished:
             now = trio.current_time()

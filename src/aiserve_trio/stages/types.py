@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import msgspec
 
+from ..apis import chat
+from ..apis.common import Codec
 from ..budgets import STAGES
 from ..observability.metrics import label_value
 
@@ -71,6 +73,9 @@ class Route:
     chain: StepChain | None = None
     #: ``[pricing]``, when it prices any model (None: every request costs 0).
     pricing: Pricing | None = None
+    #: Its client API (``apis/``): how a body is decoded and a reply framed, its
+    #: errors' shape, what the API asks of the stages besides (``apis.codec_of``).
+    codec: Codec = chat.CODEC
 
 
 @dataclass(frozen=True, slots=True)
