@@ -586,6 +586,11 @@ class ResponseAssembler:
                     code="max_reply_bytes",
                 )
 
+    def _side_text(self, text: str) -> str:
+        """``text`` through a fresh chain of the side filters, whole."""
+        chain = self._side()
+        return apply_filters(chain, text) + finish_filters(chain) if chain else text
+
     def _feed_calls(self, fragments: list[ToolCallDelta]) -> list[ToolCallChunk] | None:
         chunks: list[ToolCallChunk] = []
         for frag in fragments:
@@ -597,21 +602,24 @@ class ResponseAssembler:
                 # backend's bytes, even when they are not valid JSON).
                 args = JsonStringFilter(self._side) if side else None
                 call = self._calls[frag.index] = _Call(args)
-            if frag.id:
-                call.id = frag.id
+            # The name and id are model output too: each fragment redacted whole.
+            ident = self._side_text(frag.id) if frag.id else frag.id
+            name = self._side_text(frag.name) if frag.name else frag.name
+            if ident:
+                call.id = ident
             if frag.type:
                 call.type = frag.type
-            if frag.name:
-                call.name += frag.name
+            if name:
+                call.name += name
             released = call.feed(frag.arguments) if frag.arguments else ""
-            if first or frag.id or frag.name or released:
+            if first or ident or name or released:
                 chunks.append(
                     ToolCallChunk(
                         index=frag.index,
-                        id=frag.id,
+                        id=ident,
                         type=frag.type,
                         function=FunctionDelta(
-                            name=frag.name, arguments=released if (released or first) else None
+                            name=name, arguments=released if (released or first) else None
                         ),
                     )
                 )
