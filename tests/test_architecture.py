@@ -248,7 +248,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "slices",
         "routes:types",
     ),
-    "apis/": ("security.settings",),
+    "apis/": ("http.sse", "security.settings"),
     "stages/": (
         "adapters",
         "apis",
@@ -636,3 +636,75 @@ def test_the_server_log_says_whether_the_seam_is_installed() -> None:
     else:
         assert "hypercorn seam: installed: hypercorn.trio.run.TCPServer" in log
     assert "aiserve-trio ready" in log
+
+
+# --- the core never asks which API it serves (issue 45, item 2) ---------------------
+
+#: The pipeline's core: it reads ``info.route.codec`` and asks the codec what it can do.
+CORE = ("stages", "pipeline.py", "entry.py")
+
+
+def api_types() -> set[str]:
+    """The classes of the client APIs (requests, views, framers: ``apis/``), and the
+    chat framer the chat codec wraps."""
+    names = {"ChatFramer"}
+    for path in (PKG / "apis").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names.update(n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef))
+    return names - {"Codec", "NativeSpec", "Stored", "State", "Stream", "FramerStateError"}
+
+
+def api_questions(source: str, types: set[str]) -> list[str]:
+    """Where ``source`` asks which API it serves: ``CODECS`` looked up (a kind without a
+    codec: None), or ``isinstance`` against an API's class."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and node.id == "CODECS":
+            found.append(f"line {node.lineno}: CODECS")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance"
+            and len(node.args) == 2
+        ):
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            for kind in kinds:
+                name = kind.attr if isinstance(kind, ast.Attribute) else getattr(kind, "id", "")
+                if name in types:
+                    found.append(f"line {node.lineno}: isinstance(..., {name})")
+    return sorted(found, key=lambda f: int(f.split(":")[0].removeprefix("line ")))
+
+
+def test_the_api_question_finder_finds_both_kinds() -> None:
+    source = (
+        "codec = CODECS.get(kind)\n"
+        "if isinstance(req.api, (int, ResponsesRequest)):\n"
+        "    pass\n"
+        "if isinstance(framer, sse.ChatFramer):\n"
+        "    pass\n"
+        "if isinstance(first, Replayed):\n"
+        "    pass\n"
+    )
+    assert api_questions(source, api_types()) == [
+        "line 1: CODECS",
+        "line 2: isinstance(..., ResponsesRequest)",
+        "line 4: isinstance(..., ChatFramer)",
+    ]
+
+
+def test_the_core_never_asks_which_api_it_serves() -> None:
+    """Every route carries its API's codec (``Route.codec``; chat's is the identity one):
+    no ``CODECS`` lookup that may find none, no ``isinstance`` on an API's request, view
+    or framer in the stages, the pipeline or the entry -- what an API needs of them is a
+    capability of its codec (``native``, ``stored``, ``id_prefix``)."""
+    types = api_types()
+    assert {"ResponsesRequest", "MessagesView", "ChatStreamFramer", "ChatFramer"} <= types
+    offenders = []
+    for entry in CORE:
+        paths = sorted((PKG / entry).glob("*.py")) if entry == "stages" else [PKG / entry]
+        for path in paths:
+            offenders += [
+                f"{path.relative_to(PKG)} {where}"
+                for where in api_questions(path.read_text(), types)
+            ]
+    assert offenders == []

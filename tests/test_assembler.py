@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Delta, Usage
 from aiserve_trio.apis import CODECS
+from aiserve_trio.apis.common import State
 from aiserve_trio.apis.responses import ResponsesRequest
 from aiserve_trio.config import build_policies
 from aiserve_trio.errors import StageDeadlineExceeded, UpstreamProtocolError
 from aiserve_trio.policies.base import OutputFilter, PolicyContext
-from aiserve_trio.stages.assembler import AssemblerStateError, ResponseAssembler, State
+from aiserve_trio.stages.assembler import AssemblerStateError, ResponseAssembler
 
 from .conftest import make_config
 
@@ -166,7 +167,7 @@ def test_a_phone_number_split_where_the_reasoning_ends_in_a_read_is_redacted(
         stream=stream,
         filters=side(),
         side_filters=side,
-        codec=CODECS.get(kind),
+        codec=CODECS[kind],
         view=ResponsesRequest(input="hi") if kind == "responses" else None,
     )
     out = asm.feed(Delta(reasoning="User phone 138001"), 0.0)

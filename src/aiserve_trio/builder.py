@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .adapters import Adapter, route_adapter
-from .apis import CODECS
+from .apis import CODECS, codec_of
 from .cache.service import Cache, build_cache, cache_plans
 from .chains.run import build_chain
 from .config import Config, build_policies
@@ -95,6 +95,7 @@ class RuntimeBuilder:
                 tenant=rc.tenant or config.server.default_tenant,
                 chain=build_chain(rc, route_label(rc), adapters, config),
                 pricing=pricing,
+                codec=codec_of(rc.kind),
             )
             for rc in config.routes
         }
@@ -148,7 +149,7 @@ class RuntimeBuilder:
                 req,
                 partial(self.embed if r.config.kind == "embeddings" else self.chat, parts, r),
                 r.label,
-                codec.error if (codec := CODECS.get(r.config.kind)) is not None else None,
+                r.codec.error,
             )
             for r in parts.routes.values()
         ]

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .apis import CODECS
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .errors import BadRequest, GatewayError, PayloadTooLarge
 from .http.disconnect import server_call
@@ -43,9 +42,6 @@ if TYPE_CHECKING:
     from .runtime import Generations, Parts, Runtime
     from .security.auth import Principal
     from .stages.types import Route
-
-#: A reply's id (and the request's ``X-Request-Id``) as each client API spells it.
-_ID_PREFIX = {"responses": "resp_", "messages": "msg_"}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -122,9 +118,8 @@ class Entry:
             if responder.started and not responder.finished:
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                     route = rt.routes.get(path)
-                    codec = CODECS.get(route.config.kind) if route is not None else None
-                    if codec is not None:  # the API's own failure event
-                        last = codec.framer("", "", 0, None).fail(SHUTTING_DOWN)
+                    if route is not None:  # the API's own failure event
+                        last = route.codec.framer("", "", 0, None, False).fail(SHUTTING_DOWN)
                     else:
                         last = shutdown_event(session_stream=endpoint.admission is Admission.STREAM)
                     await responder.body(last, more=False)
@@ -165,7 +160,8 @@ class Entry:
         d = cfg.deadline
         rd = route.config.deadline
         headers = request.headers
-        request_id = _ID_PREFIX.get(route.config.kind, "chatcmpl-") + secrets.token_hex(12)
+        # A reply's id (and the request's ``X-Request-Id``) as the client's API spells it.
+        request_id = route.codec.id_prefix + secrets.token_hex(12)
         try:
             timeout_ms = effective_timeout_ms(
                 headers.get(TIMEOUT_HEADER),
@@ -176,7 +172,7 @@ class Entry:
             channel = _channel(cfg, headers.get("x-channel"))
             sid = headers.get("x-session-id")
             session_id = check_session_id(sid) if sid is not None else None
-            if session_id is None and route.config.kind == "responses":
+            if session_id is None and route.codec.stored is not None:
                 # A response's turns are stored under its id, for `previous_response_id`.
                 session_id = request_id
             declared = headers.get("content-length")

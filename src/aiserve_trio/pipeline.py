@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import trio
 
 from .adapters.base import Delta
-from .apis import CODECS
 from .cache.service import Cache
 from .errors import (
     BodyReadTimeout,
@@ -45,7 +44,6 @@ from .errors import (
     UpstreamError,
 )
 from .http.disconnect import Disconnect, ReceiveWatcher
-from .http.sse import DONE, ChatFramer
 from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
 from .security.admission import BodyPace
 from .stages.billing import local_prompt
@@ -325,9 +323,11 @@ class Pipeline:
                 run.fail("sse", InternalError("the request ended without a response"))
             if run.error is not None:
                 await self._write_error(info, responder, run.error, context, inference, sse)
+        # The one that launched the upstream call pays for all of it (its error written).
+        flown = await Cache.paid(context.ticket)
         at = trio.current_time()
         prompt = None
-        if needs_local_prompt(sse) and context.prepared is not None:
+        if needs_local_prompt(sse, flown) and context.prepared is not None:
             # The backend answered but its count never came (the client left, a
             # deadline, a cap, a drop): the request is billed for its prompt as counted
             # here (shielded: the client may be gone).
@@ -344,6 +344,7 @@ class Pipeline:
             upstream_reads=upstream.reads,
             upstream_bytes=upstream.bytes,
             prompt_tokens=prompt,
+            flown=flown,
         )
         return outcome_of(info, end, parse, context, inference, sse)
 
@@ -546,11 +547,8 @@ class Pipeline:
             elif not responder.finished:
                 tail = sse.fail(err) if sse.fail is not None else None
                 if tail is None:  # the head went out without a framed event
-                    codec = CODECS.get(info.route.config.kind)
-                    if codec is None:
-                        tail = ChatFramer(info.request_id, "", info.created).error(err) + DONE
-                    else:
-                        tail = codec.framer(info.request_id, "", info.created, None).fail(err)
+                    framer = info.route.codec.framer(info.request_id, "", info.created, None, False)
+                    tail = framer.fail(err)
                 await responder.body(tail, more=False)
 
 

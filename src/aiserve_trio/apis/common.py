@@ -61,6 +61,16 @@ class Codec:
     stored: Callable[[object], Stored] | None = None
     #: How a reply's id (and the request's ``X-Request-Id``) begins.
     id_prefix: str = "chatcmpl-"
+    #: The reply echoes the request (Responses): (the request as sent, the input
+    #: policies' text rewrite, the metadata as stored) -> in steps, the request as the
+    #: reply echoes it; None: the reply echoes nothing the policies rewrite.
+    echo: (
+        Callable[
+            [object, Callable[[str], str], dict[str, str] | None],
+            Generator[None, None, object],
+        ]
+        | None
+    ) = None
 
 
 @dataclass(frozen=True, slots=True)

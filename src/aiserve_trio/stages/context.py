@@ -20,9 +20,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..adapters.base import InferenceRequest, Message
-from ..apis import CODECS
-from ..apis.common import NativeSpec
-from ..apis.responses import ResponsesRequest, redacted_steps
+from ..apis.common import NativeSpec, Stored
 from ..cache.service import Cache, Ticket
 from ..errors import BadRequest, NotFound, StageDeadlineExceeded
 from ..policies.base import OutputFilter, Policy, PolicyContext, redact_values
@@ -204,14 +202,13 @@ class ContextStage:
             await self._hand_on(req, prompt_messages(req), {}, None)
             return
         ttl = info.route.config.context_ttl
-        if isinstance(req.api, ResponsesRequest) and sid == info.request_id:
-            await self._response(req, req.api, bus, ttl)
+        # An API that stores its replies under their ids (Responses) says what the
+        # request asks of that.
+        stored = route.codec.stored(req.api) if route.codec.stored is not None else None
+        if stored is not None and sid == info.request_id:
+            await self._response(req, stored, bus, ttl)
             return
-        if (
-            isinstance(req.api, ResponsesRequest)
-            and req.api.previous_response_id is not None
-            and req.native is None
-        ):
+        if stored is not None and stored.previous is not None and req.native is None:
             raise BadRequest(
                 "`previous_response_id` continues a stored response; it cannot go with "
                 "X-Session-Id, which names another conversation",
@@ -230,7 +227,7 @@ class ContextStage:
         await self._hand_on(req, messages, variables, None)
 
     async def _response(
-        self, req: ParsedRequest, view: ResponsesRequest, bus: SessionBus, ttl: int
+        self, req: ParsedRequest, stored: Stored, bus: SessionBus, ttl: int
     ) -> None:
         """A Responses request, stored under its response id: it continues the
         conversation of ``previous_response_id``, if it names one.
@@ -242,9 +239,9 @@ class ContextStage:
             SessionBusError: the bus failed (a continuation never goes on without its past).
         """
         info = self.info
-        store = view.store is not False
+        store = stored.store
         turns: list[Turn] = []
-        previous = view.previous_response_id
+        previous = stored.previous
         if previous is not None:
             # Only a response's own id: another session (a chat's, under a client's
             # id) is not a conversation this request may read as its past.
@@ -314,7 +311,7 @@ class ContextStage:
             extra = await run_sliced(policy.fields_steps(extra, ctx))
         forward = {k: info.headers[k] for k in _FORWARDED if k in info.headers}
         native: bytes | None = None
-        spec = codec.native if (codec := CODECS.get(route.config.kind)) is not None else None
+        spec = route.codec.native
         if req.native is not None and spec is not None:
             native = await _native_body(
                 req.native, spec, messages[: len(messages) - own], route.policies, ctx
@@ -355,10 +352,11 @@ class ContextStage:
             )
         view: object = None
         rewrite = _redactor(route.policies, ctx)
-        if isinstance(req.api, ResponsesRequest) and rewrite is not None:
+        echo = route.codec.echo
+        if echo is not None and rewrite is not None:
             # The reply echoes the request: what was sent upstream, not what the client
             # wrote (issue 51, item 2), on a route that promises PII never comes back.
-            view = await run_sliced(redacted_steps(req.api, rewrite, self.metadata))
+            view = await run_sliced(echo(req.api, rewrite, self.metadata))
         prepared = Prepared(
             parsed=req,
             inference=request,
@@ -369,7 +367,7 @@ class ContextStage:
             # A Responses request's whole input is new: it is stored under its id.
             new_turns=(
                 new_turns(messages[-own:])
-                if not isinstance(req.api, ResponsesRequest)
+                if route.codec.stored is None
                 else [m for m in messages[-own:] if m.role not in ("system", "developer")]
             ),
             cache=self.ticket,
