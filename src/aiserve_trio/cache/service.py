@@ -52,6 +52,7 @@ from ..slices import run_sliced
 from .backend import CacheBackend, MemoryBackend
 from .entry import (
     Entry,
+    Replayed,
     encode,
     new_entry,
     why_not_stored,
@@ -99,12 +100,14 @@ class RouteCachePlan:
 class Member:
     """One request's share of a flight; :meth:`leave` when the request ends."""
 
-    __slots__ = ("_cache", "flight", "left")
+    __slots__ = ("_cache", "flight", "launcher", "left")
 
     def __init__(self, cache: Cache, flight: Flight) -> None:
         self._cache = cache
         self.flight = flight
         self.left = False
+        #: It launched :attr:`flight` (the upstream call): the call is billed to it.
+        self.launcher = False
 
     def leave(self) -> None:
         if self.left:
@@ -412,7 +415,7 @@ class Cache:
         cursor = 0
         while True:
             flight = member.flight
-            launcher = not flight.launched
+            launcher = member.launcher = not flight.launched
             if launcher:
                 flight.launched = True
                 flight.limit = trio.current_time() + ticket.plan.longest
@@ -471,6 +474,27 @@ class Cache:
     def release(ticket: Ticket | None) -> None:
         if ticket is not None and ticket.member is not None:
             ticket.member.leave()
+
+    @staticmethod
+    async def paid(ticket: Ticket | None) -> list[Replayed] | None:
+        """Leave the ticket's flight (as :meth:`release`, if not yet); for the request that
+        launched it, what the upstream call produced, the call being billed to it (issue 50,
+        item 2): a launcher that leaves while the flight goes on for other members
+        waits for its end (shielded, at most until the time the backend was given),
+        so that one upstream call is paid once, in full, by the request that asked for
+        it. None for any other request (a member that joined pays nothing)."""
+        if ticket is None or (member := ticket.member) is None:
+            return None
+        flight = member.flight
+        member.leave()
+        if not member.launcher:
+            return None
+        with trio.CancelScope(shield=True), trio.move_on_at(flight.limit):
+            while not flight.log.ended and flight.members > 0:
+                await flight.wait(len(flight.log.pieces))
+        if flight.log.source != "model":
+            return None  # answered from the store or by another gateway: no call made
+        return flight.log.pieces
 
     # --- a flight -----------------------------------------------------------------
 

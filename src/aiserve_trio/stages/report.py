@@ -19,17 +19,17 @@ took 0.3 us -- five of them a request were a cost ``bench/app_cost.py`` could se
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from ..errors import ReplyCapExceeded
-from .metering import needs_prompt_count, settle
+from .metering import Settled, needs_prompt_count, settle
 from .outcome import Outcome, status_of
 
 if TYPE_CHECKING:
-    from ..adapters.base import ServedBy, Usage
+    from ..adapters.base import Delta, ServedBy, Usage
     from ..cache.service import Ticket
     from ..chains.plan import ChainReport
     from ..errors import GatewayError
@@ -123,13 +123,36 @@ class RequestEnd(msgspec.Struct, frozen=True):
     #: The prompt as the gateway counted it, for a reply that must be billed without
     #: the provider's count (see :func:`needs_local_prompt`); None: not counted.
     prompt_tokens: int | None = None
+    #: For the request that launched a cache flight (the upstream call), what the call
+    #: produced -- billed to it even when it left before the end (``Cache.paid``).
+    flown: Sequence[Delta] | None = None
 
 
-def needs_local_prompt(sse: SSEReport) -> bool:
+def needs_local_prompt(sse: SSEReport, flown: Sequence[Delta] | None = None) -> bool:
     """Whether billing the reply ``sse`` reports needs the prompt counted locally: the
     backend answered, the reply was not settled when it finished, and no believable
-    prompt count came with it."""
-    return bool(sse.served_model) and sse.usage_source is None and needs_prompt_count(sse.usage)
+    prompt count came with it (nor with the flight it launched, ``flown``)."""
+    if sse.usage_source is not None:
+        return False
+    if flown:
+        return needs_prompt_count(flown[-1].usage)
+    return bool(sse.served_model) and needs_prompt_count(sse.usage)
+
+
+def _flown(
+    flown: Sequence[Delta], served_model: str, prompt: int | None
+) -> tuple[str, Settled]:
+    """The model and the settled usage of the upstream call a launcher paid for."""
+    model = served_model or next((p.model for p in flown if p.model), "")
+    last = flown[-1]
+    chars = sum(
+        len(p.text) + len(p.reasoning) + len(p.refusal)
+        + sum(len(c.arguments or "") for c in p.tool_calls or ())
+        for p in flown
+    )  # fmt: skip
+    usage = last.usage if last.finish_reason is not None else None
+    generated = sum(p.tokens for p in flown)
+    return model, settle(usage, generated=generated, generated_chars=chars, prompt=prompt)
 
 
 def cache_result(context: ContextReport, inference: InferenceReport) -> str | None:
@@ -163,7 +186,11 @@ def outcome_of(
     usage = sse.usage
     source = sse.usage_source
     distrusted = sse.distrusted
-    if served_model and source is None:
+    if end.flown and source is None:
+        # It launched a flight and did not see its end: the whole call is its bill.
+        served_model, settled = _flown(end.flown, served_model, end.prompt_tokens)
+        usage, source, distrusted = settled.usage, settled.source, settled.distrusted
+    elif served_model and source is None:
         settled = settle(
             usage,
             generated=sse.generated,
