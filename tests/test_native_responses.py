@@ -136,6 +136,8 @@ def test_the_sdk_streams_and_gets_a_whole_native_response(gateway: str) -> None:
 def test_a_redacting_route_redacts_the_native_body(gateway: str, sim: str) -> None:
     body = {
         "model": "sim-model",
+        "user": f"card {CARD}",
+        "metadata": {"note": f"card {CARD}"},
         "input": [
             {"role": "user", "content": f"my card is {CARD}"},
             {"type": "function_call", "call_id": "c1", "name": "pay", "arguments": json.dumps({"card": CARD})},

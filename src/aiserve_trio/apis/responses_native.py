@@ -2,8 +2,9 @@
 the provider's events as sent (issue 44; ``apis/common.py``'s :class:`NativeSpec`).
 
 For a ``responses`` route whose backend speaks Responses (``wire = "responses"``). The
-input policies rewrite the text of ``instructions``, message items' text parts, function
-call outputs and the string values of function call arguments (:func:`rewrite_steps`); a
+input policies rewrite the text of ``instructions``, ``user``, ``metadata``'s values,
+message items' text parts, function call outputs and the string values of function call
+arguments (:func:`rewrite_steps`); a
 session's earlier turns go before the client's input (:func:`with_history`). The framer
 passes the provider's events through; when the output policies change an item's text
 it writes that item's deltas from the event they came in, and the events that repeat the
@@ -93,12 +94,17 @@ def rewrite_steps(raw: bytes, rewrite: Callable[[str], str]) -> Generator[None, 
     item a step; the same bytes when nothing changed."""
     body = _object.decode(raw)
     changed = False
-    for key in ("instructions", "input"):
+    for key in ("instructions", "input", "user"):
         value = body.get(key)
         if isinstance(value, str):
             new = rewrite(value)
             changed |= new != value
             body[key] = new
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict):
+        new_metadata = rewrite_strings(metadata, rewrite)
+        changed |= new_metadata != metadata
+        body["metadata"] = new_metadata
     items = body.get("input")
     if isinstance(items, list):
         for i, item in enumerate(items):
