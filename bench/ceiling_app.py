@@ -60,7 +60,7 @@ async def patched(
 ) -> None:
     """:func:`app` on a hypercorn with the gateway's seam in (``bench.floor_patches``)."""
     if scope["type"] == "lifespan":
-        from aiserve_trio import server
+        from aiserve_trio import hypercorn_seam
 
-        server.install()
+        hypercorn_seam.install()
     await app(scope, receive, send)
