@@ -119,6 +119,7 @@ _SEPARATORS = regex.compile(r"[ \t\r\n\-./]+")
 _NON_DIGITS = regex.compile(r"[^0-9]")
 #: A CN number dialled without a country code: a mobile, or a trunk 0 + area code.
 _CN_LOCAL = regex.compile(r"1[3-9][0-9]{9}$|0[1-9][0-9]{8,10}$")
+_CN_START = regex.compile(r"1[3-9][0-9]{9}|0[1-9][0-9]{8}")
 
 
 def _prefixes(text: str) -> list[str]:
@@ -178,6 +179,10 @@ def _ip6(token: str) -> Callable[[regex.Match[str]], str | None]:
 def _phone(token: str, region: str) -> Callable[[regex.Match[str]], str | None]:
     def replace(m: regex.Match[str]) -> str | None:
         text = m.group()
+        # Every prefix's digits start as the whole's: one cheap check for all.
+        local = region == "CN" and not text.startswith(("+", "00"))
+        if local and not _CN_START.match(_NON_DIGITS.sub("", text)):
+            return None
         # Two trailing groups at most: numbers are written in few groups, and
         # parsing is the slow part (bounded work per candidate keeps it linear).
         for prefix in _prefixes(text)[:3]:
