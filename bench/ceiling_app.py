@@ -60,7 +60,7 @@ async def patched(
 ) -> None:
     """:func:`app` on a hypercorn with the gateway's seam in (``bench.floor_patches``)."""
     if scope["type"] == "lifespan":
-        from aiserve_trio import hypercorn_seam
+        from aiserve_trio import server
 
-        hypercorn_seam.install()
+        server.install()
     await app(scope, receive, send)

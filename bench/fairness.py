@@ -32,8 +32,8 @@ from hypercorn.events import Event, RawData
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
-from aiserve_trio.hypercorn_seam import GatewayH2
 from aiserve_trio.security.edge import FloodMeter, ResetMeter
+from aiserve_trio.server.tcp import GatewayH2
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEAD = [(":method", "POST"), (":path", "/v1/x"), (":scheme", "http"), (":authority", "x")]

@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from aiserve_trio.adapters.chat_stream import ChatStreamDecoder
-from aiserve_trio.http.idle import IdleTimer, LeanSingleTask
+from aiserve_trio.server.idle import IdleTimer, LeanSingleTask
 from aiserve_trio.stages.channel import open_channel
 
 

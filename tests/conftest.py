@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from aiserve_trio import hypercorn_seam
+from aiserve_trio import server
 from aiserve_trio.adapters import tokens
 from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, default_config_text, parse_config
@@ -47,18 +47,18 @@ def _tokenizer_loaded() -> None:
 def _hypercorn_as_shipped() -> Iterator[None]:
     """Each test starts and ends with hypercorn as shipped (an app's start-up installs the
     seam: taken out again here, so no test runs on a seam it did not ask for)."""
-    hypercorn_seam.uninstall()
+    server.uninstall()
     yield
-    hypercorn_seam.uninstall()
+    server.uninstall()
 
 
 def seam_on() -> None:
     """Install the hypercorn seam for this test, whatever ``AISERVE_HYPERCORN_PATCHES`` says
     (tests of the seam itself; the autouse fixture above takes it out again)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.delenv(hypercorn_seam.SWITCH, raising=False)
-        hypercorn_seam.install()
-    assert hypercorn_seam.installed()
+        mp.delenv(server.SWITCH, raising=False)
+        server.install()
+    assert server.installed()
 
 
 @pytest.fixture

@@ -238,7 +238,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "tenants",
         "stages.outcome:types",
     ),
-    "hypercorn_seam.py": ("http", "security.edge"),
+    "server/": ("http.types", "security.edge"),
     "cache/": (
         "decoding",
         "adapters.base",
@@ -269,6 +269,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
     "pipeline.py": (
         "stages",
         "http",
+        "server",
         "adapters.base",
         "apis",
         "cache.service",
@@ -307,7 +308,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "entry",
         "fdlimit",
         "gctune",
-        "hypercorn_seam",
+        "server",
         "observability",
         "record.recorder",
         "reload",
@@ -324,6 +325,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
     "entry.py": (
         "apis",
         "http",
+        "server",
         "observability",
         "sessions.bus",
         "stages.outcome",
@@ -584,10 +586,10 @@ def test_importing_the_package_leaves_hypercorn_alone() -> None:
     probe = (
         "from hypercorn.trio import run\n"
         "before = run.TCPServer\n"
-        "import aiserve_trio, aiserve_trio.asgi, aiserve_trio.hypercorn_seam\n"
+        "import aiserve_trio, aiserve_trio.asgi, aiserve_trio.server\n"
         "aiserve_trio.app.get()\n"
         "assert run.TCPServer is before, 'importing aiserve_trio patched hypercorn'\n"
-        "print(aiserve_trio.hypercorn_seam.install())\n"
+        "print(aiserve_trio.server.install())\n"
         "assert run.TCPServer is not before, 'install() did nothing'\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "AISERVE_HYPERCORN_PATCHES"}
@@ -600,7 +602,7 @@ def test_importing_the_package_leaves_hypercorn_alone() -> None:
 
 
 def test_the_seam_refuses_a_hypercorn_it_does_not_know() -> None:
-    from aiserve_trio.http.hypercorn_version import supported
+    from aiserve_trio.server.fingerprints import supported
 
     assert supported("0.18.0")
     assert not supported("0.19.1")

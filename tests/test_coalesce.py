@@ -15,8 +15,8 @@ from hypercorn.config import Config
 from hypercorn.events import RawData
 from hypercorn.trio import serve
 
-from aiserve_trio.http import coalesce
-from aiserve_trio.hypercorn_seam import GatewayTCPServer
+from aiserve_trio.http.types import DEFER
+from aiserve_trio.server.tcp import GatewayTCPServer
 
 from .conftest import seam_on
 from .servers import free_port
@@ -106,7 +106,7 @@ async def test_a_promised_body_goes_out_with_its_head_and_its_end(
     writes = Writes(monkeypatch)
 
     async def app(scope: Scope, receive: Any, send: Any) -> None:
-        await send({**HEAD, coalesce.DEFER: True})
+        await send({**HEAD, DEFER: True})
         await send(body(b"hello", more=True))
         await send(body(b" world"))
 
@@ -125,7 +125,7 @@ async def test_a_whole_response_is_one_write(monkeypatch: pytest.MonkeyPatch) ->
     writes = Writes(monkeypatch)
 
     async def app(scope: Scope, receive: Any, send: Any) -> None:
-        await send({**HEAD, coalesce.DEFER: True, "headers": [(b"content-length", b"2")]})
+        await send({**HEAD, DEFER: True, "headers": [(b"content-length", b"2")]})
         await send(body(b"ok"))
 
     async with server(app) as port:
@@ -160,7 +160,7 @@ async def test_an_app_that_breaks_its_promise_still_sends_the_head(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async def app(scope: Scope, receive: Any, send: Any) -> None:
-        await send({**HEAD, coalesce.DEFER: True})
+        await send({**HEAD, DEFER: True})
         raise RuntimeError("the app failed before its body")
 
     async with server(app) as port:

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from aiserve_trio.asgi import App
-from aiserve_trio.http.disconnect import EXTENSION, ServerCall
+from aiserve_trio.server.disconnect import EXTENSION, ServerCall
 from aiserve_trio.sessions.bus import Session
 
 from .asgi_client import chat_body, make_scope

@@ -37,9 +37,9 @@ from hypercorn.protocol.h2 import BUFFER_HIGH_WATER, BUFFER_LOW_WATER
 from hypercorn.trio.worker_context import EventWrapper
 from hyperframe.frame import GoAwayFrame
 
-from aiserve_trio.hypercorn_seam import WindowedBuffer
 from aiserve_trio.security import edge
 from aiserve_trio.security.edge import EdgeSettings, PenaltyBox
+from aiserve_trio.server.tcp import WindowedBuffer
 
 from .test_hostile import HEAD, h2_client, h2_server
 

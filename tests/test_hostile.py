@@ -30,7 +30,6 @@ from hypercorn.typing import ConnectionState
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiserve_trio.hypercorn_seam import GatewayH2, GatewayTCPServer
 from aiserve_trio.security import edge
 from aiserve_trio.security.edge import (
     EdgeSettings,
@@ -43,6 +42,7 @@ from aiserve_trio.security.edge import (
     edge_settings,
     peer_key,
 )
+from aiserve_trio.server.tcp import GatewayH2, GatewayTCPServer
 
 pytestmark = pytest.mark.slow
 
@@ -434,7 +434,7 @@ async def test_the_http2_protocol_lets_others_run_between_slices_of_one_read() -
 
 
 async def test_the_read_loop_yields_to_others_while_a_client_keeps_it_busy() -> None:
-    from aiserve_trio.http import directio
+    from aiserve_trio.server import directio
 
     a, b = trio.socket.socketpair()
     handled: list[int] = []

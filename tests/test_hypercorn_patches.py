@@ -25,10 +25,10 @@ from hypercorn.config import Config
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from aiserve_trio import hypercorn_seam
 from aiserve_trio.asgi import App
-from aiserve_trio.http import datecache
-from aiserve_trio.http.hypercorn_version import PINNED, SUPPORTED, fingerprint, problems
+from aiserve_trio.server import datecache
+from aiserve_trio.server import tcp as hypercorn_seam
+from aiserve_trio.server.fingerprints import PINNED, SUPPORTED, fingerprint, problems
 
 from .servers import BIN, ROOT, free_port
 

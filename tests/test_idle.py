@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from aiserve_trio.http.idle import IdleTimer, LeanSingleTask
+from aiserve_trio.server.idle import IdleTimer, LeanSingleTask
 
 
 class Group:

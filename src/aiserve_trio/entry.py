@@ -23,12 +23,12 @@ import trio
 
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
 from .errors import BadRequest, GatewayError, PayloadTooLarge
-from .http.disconnect import server_call
 from .http.endpoints import Admission, Auth, Request
 from .http.responder import Responder
 from .http.sse import SHUTTING_DOWN, shutdown_event
 from .observability.annotate import TASK_LABEL, TaskLabel
 from .observability.metrics import status_label
+from .server import server_call
 from .sessions.bus import check_session_id
 from .stages.outcome import Outcome
 from .stages.types import RequestInfo

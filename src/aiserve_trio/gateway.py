@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import trio
 from opentelemetry.trace import TracerProvider
 
-from . import fdlimit, gctune, hypercorn_seam
+from . import fdlimit, gctune, server
 from .adapters import Adapter, build_adapters
 from .admin import Admin
 from .audit.log import AuditLog, build_audit
@@ -487,15 +487,15 @@ async def start(
 
 
 def _install_seam(server_config: object | None) -> None:
-    """The hypercorn seam (``hypercorn_seam.py``); a hypercorn it does not know refuses
+    """The hypercorn seam (``server/``); a hypercorn it does not know refuses
     the start, as a bad config does (unless hypercorn's TOML allows it), and so do TLS
     files hypercorn could not load."""
     role = hypercorn_process()
     if role is not None and (why := unusable_tls_files(server_config)) is not None:
         refuse_to_start(why, role)
     try:
-        log.info("hypercorn seam: %s", hypercorn_seam.install(server_config))
-    except hypercorn_seam.SeamRefused as exc:
+        log.info("hypercorn seam: %s", server.install(server_config))
+    except server.SeamRefused as exc:
         if role is None:
             raise
         refuse_to_start(str(exc), role)

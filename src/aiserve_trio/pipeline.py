@@ -43,9 +43,9 @@ from .errors import (
     StageDeadlineExceeded,
     UpstreamError,
 )
-from .http.disconnect import Disconnect, ReceiveWatcher
 from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
 from .security.admission import BodyPace
+from .server import Disconnect, ReceiveWatcher
 from .stages.billing import local_prompt
 from .stages.channel import Inbox, Receiver, Sender, open_channel
 from .stages.context import ContextStage
@@ -69,10 +69,10 @@ from .stages.types import STAGES, ParsedRequest, Prepared, RequestInfo, response
 
 if TYPE_CHECKING:
     from .config import Config
-    from .http.disconnect import ServerCall
     from .http.responder import Responder
     from .http.types import Message, Receive
     from .security.admission import Admission, BodySlot
+    from .server import ServerCall
     from .sessions.bus import SessionBus
     from .sessions.outbox import WriteBack
 

@@ -9,8 +9,7 @@ import trio
 
 from ..api import error_json
 from ..errors import GatewayError, WriteTimeout
-from .coalesce import DEFER
-from .types import JSON_HEADERS, Headers, Send
+from .types import DEFER, JSON_HEADERS, Headers, Send
 
 #: An error as an API's status and body (``apis/``).
 ErrorShape = Callable[[GatewayError], tuple[int, bytes]]

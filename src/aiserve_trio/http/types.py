@@ -1,15 +1,20 @@
-"""ASGI types and the header lists every response reuses."""
+"""ASGI types, the keys the gateway adds to ASGI's, and the header lists every response
+reuses."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Final
 
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
 Receive = Callable[[], Awaitable[Message]]
 Headers = list[tuple[bytes, bytes]]
+
+#: Key of an ``http.response.start`` message: a body follows at once, the server may hold
+#: the head for it (the seam's HTTP/1.1 does, ``server/coalesce.py``; others ignore it).
+DEFER: Final = "aiserve.body_follows"
 
 JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
 SSE_HEADERS: Headers = [

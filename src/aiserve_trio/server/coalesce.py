@@ -11,7 +11,7 @@ streams (``python -m bench.ab``, ``bench/results/2026-12-01``).
 :class:`HeldWrites` is the rule, used by the seam's HTTP/1.1 protocol
 (``hypercorn_seam.py``):
 
-- an ``http.response.start`` message carrying :data:`DEFER` -- the app's promise
+- an ``http.response.start`` message carrying ``DEFER`` (``http/types.py``) -- the app's promise
   that a body follows at once -- has its head held, not written;
 - the events of one ``http.response.body`` message (the body, and when it is the
   last one, the end of the message) are held while hypercorn makes them;
@@ -20,17 +20,16 @@ streams (``python -m bench.ab``, ``bench/results/2026-12-01``).
   is reordered and nothing is held past the app's send that made it. Empty writes
   are skipped.
 
-On hypercorn as shipped (``AISERVE_HYPERCORN_PATCHES=off``), :data:`DEFER` is an
+On hypercorn as shipped (``AISERVE_HYPERCORN_PATCHES=off``), ``DEFER`` is an
 unknown key the server ignores.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any
 
-#: Key of an ``http.response.start`` message: a body follows at once, the head may wait for it.
-DEFER: Final = "aiserve.body_follows"
+from ..http.types import DEFER
 
 
 class HeldWrites:

@@ -69,13 +69,13 @@ from hypercorn.trio.task_group import TaskGroup, _handle
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.utils import parse_socket_addr
 
-from .http import datecache, directio
-from .http.coalesce import HeldWrites, send_coalesced
-from .http.disconnect import EXTENSION, ServerCall
-from .http.hypercorn_version import problems
-from .http.idle import IdleTimer
-from .security import edge
-from .security.edge import FloodMeter, FrameCounter, ResetMeter
+from ..security import edge
+from ..security.edge import FloodMeter, FrameCounter, ResetMeter
+from . import datecache, directio
+from .coalesce import HeldWrites, send_coalesced
+from .disconnect import EXTENSION, ServerCall
+from .fingerprints import problems
+from .idle import IdleTimer
 
 log = logging.getLogger("aiserve_trio.seam")
 
