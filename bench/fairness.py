@@ -33,7 +33,8 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
 from aiserve_trio.security.edge import FloodMeter, ResetMeter
-from aiserve_trio.server.tcp import GatewayH2
+from aiserve_trio.server.h2 import GatewayH2
+from aiserve_trio.server.worker import Worker
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEAD = [(":method", "POST"), (":path", "/v1/x"), (":scheme", "http"), (":authority", "x")]
@@ -56,7 +57,7 @@ async def _protocol() -> GatewayH2:
 
     proto = GatewayH2(
         None, Config(), WorkerContext(None), _Tasks(), ConnectionState({}), False,
-        ("127.0.0.2", 1), ("127.0.0.1", 2), send,
+        ("127.0.0.2", 1), ("127.0.0.1", 2), send, worker=Worker(),
     )  # fmt: skip
     await proto.initiate()
     now = trio.current_time()

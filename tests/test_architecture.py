@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import subprocess
@@ -333,7 +334,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "runtime:types",
         "security.auth:types",
     ),
-    "lifespan.py": ("gateway", "startup", "http.types:types"),
+    "lifespan.py": ("gateway", "server", "startup", "http.types:types"),
     "builder.py": (
         "adapters",
         "apis",
@@ -580,6 +581,279 @@ def test_the_documented_map_is_the_enforced_one() -> None:
         if column != render_allowed(PACKAGE_MAP[name])
     }
     assert wrong == {}, "docs/architecture.md's package map says otherwise; write these"
+
+
+# --- the hypercorn seam: one folder, no module state ------------------------------------
+
+#: The package of the seam: the only place that may know hypercorn's internals.
+SEAM_PACKAGE = "aiserve_trio.server"
+#: What of hypercorn a module outside the seam may import: its documented API.
+HYPERCORN_PUBLIC = {("hypercorn.config", "Config"), ("hypercorn.trio", "serve")}
+#: The libraries whose private names are the seam's alone (hypercorn and its HTTP/2 one).
+SEAM_LIBRARIES = ("hypercorn", "h2")
+#: Methods that change a list, dict, set or bytearray in place.
+MUTATORS = frozenset(
+    {
+        "append", "extend", "insert", "pop", "popitem", "remove", "clear", "update",
+        "setdefault", "add", "discard", "sort", "reverse", "__setitem__", "__delitem__",
+    }
+)  # fmt: skip
+#: Module-level values a seam module may make with a call: they hold no state of ours.
+STATELESS_CALLS = frozenset({"logging.getLogger"})
+
+
+def private_names(library: str) -> set[str]:
+    """The ``_``-prefixed names (not dunders) ``library`` defines anywhere in its source:
+    functions, classes, module names and attributes it assigns."""
+    spec = importlib.util.find_spec(library)
+    assert spec is not None, library
+    assert spec.submodule_search_locations, library
+    names: set[str] = set()
+    for root in spec.submodule_search_locations:
+        for path in Path(root).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    names.add(node.name)
+                elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                    names.add(node.attr)
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    names.add(node.id)
+    return {n for n in names if n.startswith("_") and not n.startswith("__") and n != "_"}
+
+
+def _line(sentence: str) -> int:
+    """The line a checker's sentence (``module:line ...``) is about."""
+    return int(sentence.split(" ", 1)[0].rpartition(":")[2])
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return ""
+
+
+def seam_reach(
+    tree: ast.AST, module: str, is_package: bool, private: set[str], exported: set[str]
+) -> list[str]:
+    """What a module outside the seam reaches of hypercorn's internals or of the seam's,
+    as sentences: a hypercorn import beyond :data:`HYPERCORN_PUBLIC`, a ``private`` name
+    of another object (not ``self``'s or ``cls``'s, and not one the module defines
+    itself), in an attribute or a ``getattr`` string, ``__self__`` (a bound method's
+    object: how hypercorn's objects are reached from the callables it hands the app), an
+    import of a seam module, or of a name the seam does not export (``exported``)."""
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+        elif isinstance(node, ast.Assign) and [_dotted(t) for t in node.targets] == ["__slots__"]:
+            own.update(str(c.value) for c in ast.walk(node.value) if isinstance(c, ast.Constant))
+    foreign = (private - own) | {"__self__"}
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        at = f"{module}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "hypercorn":
+                    found.append(f"{at} imports {alias.name}")
+                elif alias.name.startswith(SEAM_PACKAGE + "."):
+                    found.append(f"{at} imports {alias.name}, inside the seam")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                if source.split(".")[0] == "hypercorn":
+                    if (source, alias.name) not in HYPERCORN_PUBLIC:
+                        found.append(f"{at} imports {alias.name} from {source}")
+                elif source == "aiserve_trio" and alias.name == "server":
+                    continue  # the package itself: its exported names
+                elif source == SEAM_PACKAGE:
+                    if alias.name not in exported:
+                        found.append(f"{at} imports {alias.name}, which the seam does not export")
+                elif source.startswith(SEAM_PACKAGE + "."):
+                    found.append(f"{at} imports {alias.name} from {source}, inside the seam")
+        elif isinstance(node, ast.Attribute) and node.attr in foreign:
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append(f"{at} names {node.attr} of {_dotted(node.value) or 'an object'}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in foreign
+        ):
+            found.append(f"{at} names {node.args[1].value} through {node.func.id}")
+    return sorted(found, key=_line)
+
+
+def module_state(tree: ast.Module, module: str) -> list[str]:
+    """The state ``tree`` (a seam module) keeps at module level, as sentences: a ``global``
+    statement, a module-level value made by a call other than :data:`STATELESS_CALLS`, and
+    a module-level or class-level list, dict, set or bytearray that the module changes."""
+    found = []
+    containers: dict[str, set[str]] = {"": set()}  # "" : module level; else a class's
+    display = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
+    makers = {"list", "dict", "set", "bytearray", "OrderedDict", "defaultdict", "deque"}
+
+    def bindings(body: list[ast.stmt]) -> list[tuple[str, ast.expr, int]]:
+        out = []
+        for stmt in body:
+            if isinstance(stmt, ast.Assign):
+                targets = [t for t in stmt.targets if isinstance(t, ast.Name)]
+                out += [(t.id, stmt.value, stmt.lineno) for t in targets]
+            elif (
+                isinstance(stmt, ast.AnnAssign)
+                and stmt.value is not None
+                and isinstance(stmt.target, ast.Name)
+            ):
+                out.append((stmt.target.id, stmt.value, stmt.lineno))
+        return out
+
+    def mutable(value: ast.expr) -> bool:
+        if isinstance(value, display):
+            return True
+        return isinstance(value, ast.Call) and _dotted(value.func).split(".")[-1] in makers
+
+    for name, value, line in bindings(tree.body):
+        if mutable(value):
+            containers[""].add(name)
+        elif isinstance(value, ast.Call) and _dotted(value.func) not in STATELESS_CALLS:
+            found.append(f"{module}:{line} keeps {name} = {_dotted(value.func)}(...)")
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ClassDef):
+            containers[stmt.name] = {n for n, v, _ in bindings(stmt.body) if mutable(v)}
+
+    def changed(target: ast.expr) -> str | None:
+        """The container ``target`` (what is changed) is, if it is a kept one."""
+        if isinstance(target, ast.Name) and target.id in containers[""]:
+            return target.id
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+            owner = target.value.id
+            for cls, names in containers.items():
+                if cls and target.attr in names and owner in ("self", "cls", cls):
+                    return f"{cls}.{target.attr}"
+        return None
+
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Global):
+            found.append(f"{module}:{line} has a global statement ({', '.join(node.names)})")
+        what = None
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store | ast.Del):
+            what = changed(node.value)
+        elif isinstance(node, ast.AugAssign):
+            what = changed(node.target)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in MUTATORS
+        ):
+            what = changed(node.func.value)
+        if what is not None:
+            found.append(f"{module}:{line} changes {what}, kept at module level")
+    return sorted(found, key=_line)
+
+
+def _package_sources() -> dict[str, tuple[ast.Module, bool]]:
+    return {
+        _module_name(p): (ast.parse(p.read_text()), p.name == "__init__.py")
+        for p in PKG.rglob("*.py")
+    }
+
+
+def _in_seam(module: str) -> bool:
+    return module == SEAM_PACKAGE or module.startswith(SEAM_PACKAGE + ".")
+
+
+def test_the_seam_checkers_refuse_what_they_should() -> None:
+    reach = ast.parse(
+        "import hypercorn.protocol.h2\n"
+        "from hypercorn.config import Config\n"
+        "from hypercorn.trio.task_group import _handle\n"
+        "from .server import install, Worker\n"
+        "from .server.tcp import GatewayH2\n"
+        "from . import server\n"
+        "class Mine:\n"
+        "    __slots__ = ('_own',)\n"
+        "    def __init__(self, group):\n"
+        "        self._own = group._nursery\n"
+        "        self._nursery = None\n"
+        "def f(receive, tg, other):\n"
+        "    other._own\n"
+        "    tg._flush()\n"
+        "    return getattr(receive, '__self__', None), receive.__self__\n"
+        "def g(tg):\n"
+        "    return getattr(tg, '_flush')()\n"
+    )
+    private = {"_nursery", "_flush", "_handle", "_own"}
+    assert seam_reach(reach, "aiserve_trio.x", False, private, {"install"}) == [
+        "aiserve_trio.x:1 imports hypercorn.protocol.h2",
+        "aiserve_trio.x:3 imports _handle from hypercorn.trio.task_group",
+        "aiserve_trio.x:4 imports Worker, which the seam does not export",
+        "aiserve_trio.x:5 imports GatewayH2 from aiserve_trio.server.tcp, inside the seam",
+        "aiserve_trio.x:14 names _flush of tg",
+        "aiserve_trio.x:15 names __self__ through getattr",
+        "aiserve_trio.x:15 names __self__ of receive",
+        "aiserve_trio.x:17 names _flush through getattr",
+    ]  # _nursery and _own: this module's own names
+    state = ast.parse(
+        "import logging\n"
+        "log = logging.getLogger('x')\n"
+        "TABLE = {1: 2}\n"
+        "_views = {}\n"
+        "_seen: list[int] = []\n"
+        "_date = cached(format)\n"
+        "class Box:\n"
+        "    shared = {}\n"
+        "    fine = []\n"
+        "    def put(self, k):\n"
+        "        self.shared[k] = 1\n"
+        "def f(k):\n"
+        "    global _box\n"
+        "    _views[k] = 1\n"
+        "    _seen.append(k)\n"
+        "    return TABLE[k]\n"
+    )
+    assert module_state(state, "m") == [
+        "m:6 keeps _date = cached(...)",
+        "m:11 changes Box.shared, kept at module level",
+        "m:13 has a global statement (_box)",
+        "m:14 changes _views, kept at module level",
+        "m:15 changes _seen, kept at module level",
+    ]
+
+
+def test_nothing_outside_the_seam_knows_hypercorns_internals_or_the_seams() -> None:
+    import aiserve_trio.server
+
+    private = set().union(*(private_names(lib) for lib in SEAM_LIBRARIES))
+    exported = set(aiserve_trio.server.__all__)
+    found = [
+        line
+        for module, (tree, is_package) in sorted(_package_sources().items())
+        if not _in_seam(module)
+        for line in seam_reach(tree, module, is_package, private, exported)
+    ]
+    assert found == []
+
+
+def test_the_seam_keeps_no_state_in_its_modules() -> None:
+    sources = _package_sources()
+    seam = [m for m in sources if _in_seam(m)]
+    assert len(seam) >= 10  # the checker sees the seam
+    found = [line for m in sorted(seam) for line in module_state(sources[m][0], m)]
+    assert found == []
 
 
 def test_importing_the_package_leaves_hypercorn_alone() -> None:

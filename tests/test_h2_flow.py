@@ -37,9 +37,9 @@ from hypercorn.protocol.h2 import BUFFER_HIGH_WATER, BUFFER_LOW_WATER
 from hypercorn.trio.worker_context import EventWrapper
 from hyperframe.frame import GoAwayFrame
 
-from aiserve_trio.security import edge
-from aiserve_trio.security.edge import EdgeSettings, PenaltyBox
-from aiserve_trio.server.tcp import WindowedBuffer
+from aiserve_trio.security.edge import PenaltyBox
+from aiserve_trio.server.h2 import WindowedBuffer
+from aiserve_trio.server.worker import Worker
 
 from .test_hostile import HEAD, h2_client, h2_server
 
@@ -93,24 +93,28 @@ async def test_a_closed_stream_releases_its_blocked_writer() -> None:
 
 
 @pytest.fixture
-def guard(monkeypatch: pytest.MonkeyPatch) -> PenaltyBox:
-    """This process's edge settings and penalty box, put back after the test."""
-    box = PenaltyBox(first=1.0, longest=60.0, capacity=16)
-    monkeypatch.setattr(edge, "_settings", EdgeSettings())
-    monkeypatch.setattr(edge, "_box", box)
-    return box
+def worker() -> Worker:
+    """A worker's seam state: the guard's default settings and its penalty box."""
+    return Worker()
 
 
-async def limited_server() -> tuple[Any, Any, bytearray]:
-    proto, tasks, out = await h2_server()
+@pytest.fixture
+def guard(worker: Worker) -> PenaltyBox:
+    """``worker``'s penalty box."""
+    assert worker.box is not None
+    return worker.box
+
+
+async def limited_server(worker: Worker | None = None) -> tuple[Any, Any, bytearray]:
+    proto, tasks, out = await h2_server(worker)
     proto.config.h2_max_concurrent_streams = LIMIT
     return proto, tasks, out
 
 
 async def test_streams_over_the_limit_in_one_read_are_refused_and_nobody_is_punished(
-    guard: PenaltyBox,
+    worker: Worker, guard: PenaltyBox
 ) -> None:
-    proto, tasks, out = await limited_server()
+    proto, tasks, out = await limited_server(worker)
     c = h2_client()
     for _ in range(LIMIT + 6):
         c.send_headers(c.get_next_available_stream_id(), HEAD, end_stream=True)
@@ -124,12 +128,14 @@ async def test_streams_over_the_limit_in_one_read_are_refused_and_nobody_is_puni
     assert not guard.refuses("127.0.0.9", trio.current_time())
 
 
-async def test_rapid_reset_past_the_stream_limit_is_still_caught(guard: PenaltyBox) -> None:
+async def test_rapid_reset_past_the_stream_limit_is_still_caught(
+    worker: Worker, guard: PenaltyBox
+) -> None:
     # Streams opened and reset in one read hold no slot: none is refused, so every one
     # of them reaches the rapid-reset rule (found on the real server: counted as open,
     # those past the 64th were refused, reset a second time by h2, and the rule never
     # saw them).
-    proto, tasks, _ = await limited_server()
+    proto, tasks, _ = await limited_server(worker)
     c = h2_client()
     await proto.handle(RawData(data=c.data_to_send()))
     sent = 0

@@ -9,6 +9,7 @@ hypercorn in-process, with hypercorn's own protocol objects and no network.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import struct
@@ -42,7 +43,9 @@ from aiserve_trio.security.edge import (
     edge_settings,
     peer_key,
 )
-from aiserve_trio.server.tcp import GatewayH2, GatewayTCPServer
+from aiserve_trio.server.h2 import GatewayH2
+from aiserve_trio.server.tcp import GatewayTCPServer
+from aiserve_trio.server.worker import Worker
 
 pytestmark = pytest.mark.slow
 
@@ -221,8 +224,9 @@ class FakeTasks:
         pass  # hypercorn's send task: nothing to send in these tests
 
 
-async def h2_server() -> tuple[GatewayH2, FakeTasks, bytearray]:
-    """The seam's HTTP/2 protocol (hypercorn's, guarded), as a TCPServer would drive it."""
+async def h2_server(worker: Worker | None = None) -> tuple[GatewayH2, FakeTasks, bytearray]:
+    """The seam's HTTP/2 protocol (hypercorn's, guarded), as a TCPServer would drive it,
+    with ``worker``'s settings and penalty box (default: a worker of its own)."""
     tasks = FakeTasks()
     out = bytearray()
     proto: GatewayH2
@@ -243,6 +247,7 @@ async def h2_server() -> tuple[GatewayH2, FakeTasks, bytearray]:
         ("127.0.0.9", 1),
         ("127.0.0.1", 2),
         send,
+        worker=worker if worker is not None else Worker(),
     )
     await proto.initiate()
     return proto, tasks, out
@@ -472,32 +477,42 @@ async def test_the_read_loop_yields_to_others_while_a_client_keeps_it_busy() -> 
     assert other.n - before >= big_reads - 1
 
 
-@pytest.fixture(autouse=True)
-def box(monkeypatch: pytest.MonkeyPatch) -> PenaltyBox:
-    """This worker's (this process's) settings and penalty box, put back after each test."""
-    box = PenaltyBox(first=1.0, longest=60.0, capacity=16)
-    monkeypatch.setattr(edge, "_settings", EdgeSettings())
-    monkeypatch.setattr(edge, "_box", box)
-    return box
+@pytest.fixture
+def worker() -> Worker:
+    """A worker's seam state: the guard's default settings, a penalty box of 16 addresses."""
+    return Worker(HypercornConfig(aiserve_penalty_peers=16))
 
 
-def test_the_worker_reads_its_settings_once_and_may_go_without_a_box(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.fixture
+def box(worker: Worker) -> PenaltyBox:
+    """``worker``'s penalty box."""
+    assert worker.box is not None
+    return worker.box
+
+
+def test_the_worker_reads_its_settings_from_hypercorns_config_and_may_go_without_a_box(
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(edge, "_settings", None)
-    monkeypatch.setattr(edge, "_box", None)
-    assert edge.configure(HypercornConfig(aiserve_penalty_first_s=0)) == EdgeSettings(0.0)
-    assert edge._box is None  # off: behind a proxy, every client has its address
-    # Read once per worker: a later config changes nothing.
-    assert edge.configure(HypercornConfig(aiserve_penalty_first_s=5)).penalty_first_s == 0.0
-    monkeypatch.setattr(edge, "_settings", None)
-    edge.configure(HypercornConfig(aiserve_penalty_max_s=30, aiserve_penalty_peers=7))
-    assert edge._box is not None
-    assert (edge._box.first, edge._box.longest, edge._box.capacity) == (1.0, 30.0, 7)
+    off = Worker(HypercornConfig(aiserve_penalty_first_s=0))
+    assert off.settings == EdgeSettings(0.0)
+    assert off.box is None  # off: behind a proxy, every client has its address
+    assert off.strike("127.0.0.9") == 0.0
+    on = Worker(HypercornConfig(aiserve_penalty_max_s=30, aiserve_penalty_peers=7))
+    assert on.box is not None
+    assert (on.box.first, on.box.longest, on.box.capacity) == (1.0, 30.0, 7)
+    assert Worker().settings == EdgeSettings()  # outside hypercorn: the defaults
+    # What is wrong in the config is said once, as the worker is made.
+    with caplog.at_level(logging.ERROR):
+        assert Worker(HypercornConfig(aiserve_penalty_peers=0)).settings == EdgeSettings()
+    assert [r.getMessage() for r in caplog.records] == [
+        "hypercorn config: aiserve_penalty_peers = 0: must be an integer >= 1; using the default"
+    ]
 
 
-async def test_the_verdict_puts_the_address_in_the_penalty_box(box: PenaltyBox) -> None:
-    proto, _, _ = await h2_server()
+async def test_the_verdict_puts_the_address_in_the_penalty_box(
+    worker: Worker, box: PenaltyBox
+) -> None:
+    proto, _, _ = await h2_server(worker)
     c = h2_client()
     for sid in range(1, 203, 2):
         c.send_headers(sid, HEAD, end_stream=True)
@@ -509,9 +524,9 @@ async def test_the_verdict_puts_the_address_in_the_penalty_box(box: PenaltyBox) 
 
 
 async def test_a_client_that_breaks_the_protocol_goes_into_the_penalty_box(
-    box: PenaltyBox,
+    worker: Worker, box: PenaltyBox
 ) -> None:
-    proto, _, out = await h2_server()
+    proto, _, out = await h2_server(worker)
     c = h2_client()
     await proto.handle(RawData(data=c.data_to_send()))
     await proto.handle(RawData(data=b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x"))  # DATA, stream 0
@@ -521,9 +536,8 @@ async def test_a_client_that_breaks_the_protocol_goes_into_the_penalty_box(
     assert box.refuses("127.0.0.9", trio.current_time())
 
 
-async def test_the_rapid_reset_rule_is_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(edge, "_settings", EdgeSettings(h2_reset_min_streams=1000))
-    proto, _, _ = await h2_server()
+async def test_the_rapid_reset_rule_is_configurable() -> None:
+    proto, _, _ = await h2_server(Worker(HypercornConfig(aiserve_h2_reset_min_streams=1000)))
     c = h2_client()
     for sid in range(1, 203, 2):  # 101 streams reset early: over the default rule only
         c.send_headers(sid, HEAD, end_stream=True)
@@ -564,12 +578,14 @@ class FakeTLS:
         self.closed = True
 
 
-async def test_an_address_in_the_penalty_box_is_refused_before_tls(box: PenaltyBox) -> None:
+async def test_an_address_in_the_penalty_box_is_refused_before_tls(
+    worker: Worker, box: PenaltyBox
+) -> None:
     box.punish("127.0.0.9", trio.current_time())
 
     async def connect(host: str) -> FakeTLS:
         stream = FakeTLS(host)
-        server = GatewayTCPServer(None, Config(), WorkerContext(None), {}, stream)
+        server = GatewayTCPServer(None, Config(), WorkerContext(None), {}, stream, worker=worker)
         await server.run()
         return stream
 

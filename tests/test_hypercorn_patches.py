@@ -1,4 +1,4 @@
-"""The hypercorn seam (``hypercorn_seam.py``): one attribute of hypercorn replaced at start-up,
+"""The hypercorn seam (``server/``): one attribute of hypercorn replaced at start-up,
 none with ``AISERVE_HYPERCORN_PATCHES=off``; a hypercorn whose pinned methods changed is
 refused (or run as shipped when hypercorn's TOML allows it); the pin and the seam agree."""
 
@@ -25,10 +25,12 @@ from hypercorn.config import Config
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
+from aiserve_trio import server
 from aiserve_trio.asgi import App
 from aiserve_trio.server import datecache
-from aiserve_trio.server import tcp as hypercorn_seam
 from aiserve_trio.server.fingerprints import PINNED, SUPPORTED, fingerprint, problems
+from aiserve_trio.server.tcp import GatewayTCPServer
+from aiserve_trio.server.worker import Worker
 
 from .servers import BIN, ROOT, free_port
 
@@ -67,13 +69,17 @@ async def start_and_stop(app: App) -> None:
 async def test_start_up_replaces_one_hypercorn_attribute_the_worker_server_class(
     make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(hypercorn_seam.SWITCH, raising=False)
+    monkeypatch.delenv(server.SWITCH, raising=False)
     before = hypercorn_attributes()
     await start_and_stop(make_app())
     assert changed(before, hypercorn_attributes()) == ["hypercorn.trio.run.TCPServer"]
     from hypercorn.trio import run
 
-    assert run.TCPServer is hypercorn_seam.GatewayTCPServer  # type: ignore[attr-defined]
+    built: Any = run.TCPServer  # type: ignore[attr-defined]
+    # The seam's server, bound to the worker's state (no module holds it).
+    assert built.func is GatewayTCPServer
+    assert isinstance(built.keywords["worker"], Worker)
+    assert server.installed()
 
 
 async def test_with_patches_off_nothing_of_hypercorn_changes(
@@ -96,22 +102,22 @@ def test_every_pinned_method_matches_this_hypercorn() -> None:
 def test_a_changed_method_is_refused_and_named(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(hypercorn_seam.SWITCH, raising=False)
+    monkeypatch.delenv(server.SWITCH, raising=False)
     path = "hypercorn.protocol.h2:H2Protocol._handle_events"
     pins = {**PINNED, path: "0" * 16}
     assert problems(pins) == [
         f"{path} changed (fingerprint {fingerprint(path)}, the seam knows {'0' * 16})"
     ]
-    with pytest.raises(hypercorn_seam.SeamRefused, match=r"H2Protocol\._handle_events changed"):
-        hypercorn_seam.install(Config(), pinned=pins)
-    assert not hypercorn_seam.installed()
+    with pytest.raises(server.SeamRefused, match=r"H2Protocol\._handle_events changed"):
+        server.install(Config(), pinned=pins)
+    assert not server.installed()
     allowed = Config()
     allowed.aiserve_allow_unpatched = True  # type: ignore[attr-defined]
     with caplog.at_level(logging.ERROR):
         assert (
-            hypercorn_seam.install(allowed, pinned=pins) == "not installed (hypercorn as shipped)"
+            server.install(allowed, pinned=pins) == "not installed (hypercorn as shipped)"
         )
-    assert not hypercorn_seam.installed()
+    assert not server.installed()
     assert any(r.levelno == logging.ERROR and path in r.getMessage() for r in caplog.records)
 
 
@@ -213,8 +219,9 @@ def test_the_date_is_formatted_once_a_second_and_reads_as_wsgirefs() -> None:
 
 def test_the_seams_config_says_what_hypercorns_says() -> None:
     config = Config()
-    view = hypercorn_seam.dated(config)
-    assert hypercorn_seam.dated(config) is view
+    worker = Worker(config)
+    view = worker.dated(config)
+    assert worker.dated(config) is view
     config.include_server_header = False  # the view reads the config itself, not a copy
     for protocol in ("h11", "h2"):
         got = view.response_headers(protocol)
@@ -224,3 +231,4 @@ def test_the_seams_config_says_what_hypercorns_says() -> None:
             got, want = view.response_headers(protocol), config.response_headers(protocol)
         assert got == want
     assert view.keep_alive_timeout == config.keep_alive_timeout
+    assert vars(config) == vars(Config()) | {"include_server_header": False}  # nothing added

@@ -15,6 +15,7 @@ import trio.testing
 
 from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, load_config, parse_config
+from aiserve_trio.http.types import STRIKE
 from aiserve_trio.security.auth import hash_key
 from aiserve_trio.security.browser import BrowserGuard
 from aiserve_trio.security.edge import (
@@ -24,7 +25,7 @@ from aiserve_trio.security.edge import (
     PenaltyBox,
 )
 
-from .asgi_client import Client, Response, chat_body
+from .asgi_client import Client, Exchange, Response, chat_body, make_scope
 from .authcfg import KEY_A, KEY_B, auth_app, auth_toml, bearer
 from .conftest import config_text, make_config
 from .test_console_api import call
@@ -96,6 +97,38 @@ def test_a_flood_from_many_addresses_boxes_each_at_its_first_failure() -> None:
     # Once the worker's failures are back under their rate, one address's typo is not.
     assert box.strike("127.0.0.1", 60.0) == 0.0
 
+
+
+async def test_a_failed_authentication_is_counted_in_the_box_the_server_hands_the_app() -> None:
+    """The worker's penalty box is the server's (the seam puts its count in the scope):
+    the gate counts a wrong key there, and closes an HTTP/1 connection once the address
+    is boxed; a server that hands none counts nothing."""
+    app = App(load_config(BANK))
+    counted: list[str] = []
+
+    def boxed(host: str) -> float:
+        counted.append(host)
+        return 4.0  # the address is refused for 4 s from now
+
+    async def wrong_key(extensions: dict[str, Any], http_version: str = "1.1") -> Response:
+        scope = make_scope("GET", "/v1/models", bearer(WRONG_DEMO), http_version)
+        scope["client"] = ("127.0.0.9", 40000)
+        scope["extensions"] = extensions
+        ex = Exchange(app, scope, [b""])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ex.run)
+            await ex.done.wait()
+            ex.disconnect()
+        return ex.response
+
+    r = await wrong_key({STRIKE: boxed})
+    assert (r.status, r.headers.get("connection")) == (401, "close")
+    r = await wrong_key({STRIKE: boxed}, http_version="2")  # the stream ends, not the connection
+    assert (r.status, r.headers.get("connection")) == (401, None)
+    assert counted == ["127.0.0.9", "127.0.0.9"]
+    r = await wrong_key({})  # hypercorn as shipped, or another server
+    assert (r.status, r.headers.get("connection")) == (401, None)
+    assert counted == ["127.0.0.9", "127.0.0.9"]
 
 def test_the_failure_counts_are_bounded() -> None:
     box = PenaltyBox(first=1.0, longest=60.0, capacity=8)

@@ -13,6 +13,7 @@ import logging
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
 
+from . import server
 from .gateway import opened
 from .startup import hypercorn_process, refuse_to_start, show_startup_logs
 
@@ -26,7 +27,7 @@ log = logging.getLogger("aiserve_trio")
 async def lifespan(gateway: Gateway, receive: Receive, send: Send) -> None:
     """Run the ASGI lifespan of ``gateway``."""
     # hypercorn's lifespan hands its own receive: its config is the server's.
-    server_config = getattr(getattr(receive, "__self__", None), "config", None)
+    server_config = server.server_config(receive)
     await receive()  # lifespan.startup
     show_startup_logs()
     async with AsyncExitStack() as stack:

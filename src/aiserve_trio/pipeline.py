@@ -13,7 +13,7 @@ stage inside a cancel scope whose deadline is the stage's cumulative cut point
 the stage's channels when it ends (so end-of-stream needs no sentinel), and
 records its failure. A body still arriving is forwarded to the parse stage by a
 task that owns ``receive()``. A disconnect cancels the whole request; the pipeline
-hears of it through one interface (``http/disconnect.py``): the server's call where
+hears of it through one interface (``server/disconnect.py``): the server's call where
 the server makes one (hypercorn through the gateway's seam), a task waiting in
 ``receive()`` for ``http.disconnect`` anywhere else. (hypercorn's ``send()`` does not
 raise after a disconnect, so a loop that only sends would never notice.)
@@ -27,7 +27,6 @@ immutable :class:`~.stages.outcome.Outcome`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -45,7 +44,7 @@ from .errors import (
 )
 from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
 from .security.admission import BodyPace
-from .server import Disconnect, ReceiveWatcher
+from .server import Disconnect, ReceiveWatcher, queued
 from .stages.billing import local_prompt
 from .stages.channel import Inbox, Receiver, Sender, open_channel
 from .stages.context import ContextStage
@@ -186,7 +185,7 @@ class Pipeline:
         """Serve one chat request, report it, and write its turns to the session bus.
 
         ``disconnect``: when the server calls a function on the client's disconnect
-        (``http/disconnect.py``), a request whose body is all there needs no task
+        (``server/disconnect.py``), a request whose body is all there needs no task
         waiting in ``receive()``; None: a watcher task waits there. Never raises a
         GatewayError: it is written instead.
         """
@@ -217,7 +216,7 @@ class Pipeline:
         declared = _declared_length(info.headers)
         # The body hypercorn queued before the app ran: taken now. When it is the whole
         # body and the server will call on a disconnect, no watcher task is needed.
-        first = _queued(receive) if disconnect is not None else None
+        first = queued(receive) if disconnect is not None else None
         whole = _whole_body(first, declared)
         if whole is not None:
             body_send, body_recv = open_channel(1)
@@ -552,38 +551,13 @@ class Pipeline:
                 await responder.body(tail, more=False)
 
 
-def _receive_nowait(receive: Receive) -> Callable[[], Message] | None:
-    """``receive``'s non-waiting twin, when ``receive`` is a Trio memory channel's.
-
-    hypercorn's Trio worker hands the app its queue's ``receive``: the body it has
-    read is queued before the app runs, and taken with ``receive_nowait`` it costs
-    no checkpoint and no cancel scope. Any other server's ``receive``: None.
-    """
-    channel = getattr(receive, "__self__", None)
-    if isinstance(channel, trio.MemoryReceiveChannel):
-        nowait: Callable[[], Message] = channel.receive_nowait
-        return nowait
-    return None
-
-
-def _queued(receive: Receive) -> Message | None:
-    """The message the server has already queued for ``receive``, if it can tell."""
-    take = _receive_nowait(receive)
-    if take is None:
-        return None
-    try:
-        return take()
-    except trio.WouldBlock:
-        return None
-
-
 async def _next_message(receive: Receive, pace: BodyPace) -> Message | BodyReadTimeout:
     """The next message of a body still arriving: one the server has already queued,
     taken without a wait or a deadline; else awaited until ``pace`` says the body is
     too slow, and then the error that refuses it."""
-    queued = _queued(receive)
-    if queued is not None:
-        return queued
+    ready = queued(receive)
+    if ready is not None:
+        return ready
     limit, why = pace.deadline(trio.current_time())
     with trio.move_on_at(limit):
         return await receive()

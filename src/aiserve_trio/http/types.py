@@ -15,6 +15,11 @@ Headers = list[tuple[bytes, bytes]]
 #: Key of an ``http.response.start`` message: a body follows at once, the server may hold
 #: the head for it (the seam's HTTP/1.1 does, ``server/coalesce.py``; others ignore it).
 DEFER: Final = "aiserve.body_follows"
+#: ``scope["extensions"]`` key: a callable that counts a failed authentication by a host
+#: (its address) and returns how long the host's new connections are refused (0: not).
+#: The seam puts its worker's penalty box there (``server/worker.py``); without the seam
+#: there is none, and nothing is counted.
+STRIKE: Final = "aiserve.strike"
 
 JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
 SSE_HEADERS: Headers = [

@@ -10,8 +10,8 @@ hypercorn 0.18 has failure modes we measured (see docs/architecture.md):
   answer at all: WINDOW_UPDATE, unknown types, empty DATA, CONTINUATION) cost the
   server work per frame with no limit, starving well-behaved clients.
 
-The gateway's seam (``hypercorn_seam.py``) applies these rules to every connection:
-its server contains any exception to its connection and refuses addresses in the
+The gateway's seam (``server/``) applies these rules to every connection: its server
+contains any exception to its connection and refuses addresses in the
 :class:`PenaltyBox` at accept; its HTTP/2 protocol meters control frames
 (:func:`control_frames`) and frames that cost work but get no answer
 (:func:`idle_frames`, counted with :class:`FrameCounter`) per connection with token
@@ -19,22 +19,20 @@ buckets (:class:`FloodMeter`), and counts the streams its client resets before t
 are answered (:class:`ResetMeter`, the rapid-reset rule of Envoy). A client over
 any of them gets ``GOAWAY(ENHANCE_YOUR_CALM)`` and is disconnected, as Envoy and
 nginx do, and its address goes into the worker's penalty box. Settings are keys of
-hypercorn's TOML (:class:`EdgeSettings`). Nothing here does I/O or touches hypercorn.
+hypercorn's TOML (:class:`EdgeSettings`). Nothing here does I/O, keeps state outside
+the objects it makes, or touches hypercorn: the worker's settings and penalty box are
+``server/worker.py``'s ``Worker``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import h2.events as ev
-import trio
-
-log = logging.getLogger("aiserve_trio.edge")
 
 #: Control frames a connection may send in a burst, and per second after it.
 FLOOD_BURST = 1_000
@@ -67,10 +65,6 @@ WORKER_STRIKE_BURST = 200
 WORKER_STRIKE_RATE = 50.0
 #: A failed-authentication offence counts as this many (its penalty starts 4x longer).
 STRIKE_WEIGHT = 3
-#: This worker's settings (read from hypercorn's config at its first connection) and
-#: penalty box (None when turned off).
-_settings: EdgeSettings | None = None
-_box: PenaltyBox | None = None
 
 
 class FloodMeter:
@@ -293,33 +287,6 @@ def edge_settings(config: object) -> tuple[EdgeSettings, list[str]]:
         )
         settings = dataclasses.replace(settings, penalty_max_s=settings.penalty_first_s)
     return settings, problems
-
-
-def configure(config: object) -> EdgeSettings:
-    """This worker's settings and penalty box, made from hypercorn's config once."""
-    global _settings, _box
-    if _settings is None:
-        settings, problems = edge_settings(config)
-        for problem in problems:
-            log.error("hypercorn config: %s", problem)
-        if settings.penalty_first_s > 0:
-            _box = PenaltyBox(
-                settings.penalty_first_s, settings.penalty_max_s, settings.penalty_peers
-            )
-        _settings = settings
-    return _settings
-
-
-def box() -> PenaltyBox | None:
-    """This worker's penalty box (None: turned off, or no connection yet)."""
-    return _box
-
-
-def strike(host: str) -> float:
-    """Count a failed authentication by ``host`` in this worker's penalty box; how long
-    its new connections are refused (0: not refused, or no box in this process)."""
-    box = _box
-    return box.strike(peer_key(host), trio.current_time()) if box is not None else 0.0
 
 
 def control_frames(events: list[Any]) -> int:

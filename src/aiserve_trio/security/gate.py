@@ -23,6 +23,7 @@ import hashlib
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -34,11 +35,10 @@ from ..api import encoder
 from ..errors import BadRequest, Forbidden, Unauthorized
 from ..http.endpoints import Admission as Admit
 from ..http.endpoints import Auth, Endpoint, Request
-from ..http.types import JSON_HEADERS, Scope
+from ..http.types import JSON_HEADERS, STRIKE, Scope
 from ..sessions.bus import check_session_id
 from ..spend.budget import Budgets, check, route_reserves
 from ..spend.ledger import NO_HOLD, Hold, Ledger, LedgerMetrics, Seed
-from . import edge
 from .admission import Admission
 from .auth import KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
 from .browser import BrowserGuard
@@ -309,7 +309,10 @@ class Gate:
         """Count a failed authentication against the connection's address; once it is in
         the penalty box, an HTTP/1 connection is closed after the answer."""
         client = scope.get("client")
-        if client and edge.strike(str(client[0])) > 0 and scope.get("http_version", "") < "2":
+        # The worker's penalty box: the server puts it in the scope (the seam does).
+        count: Callable[[str], float] | None = (scope.get("extensions") or {}).get(STRIKE)
+        refused = count(str(client[0])) if client and count is not None else 0.0
+        if refused > 0 and scope.get("http_version", "") < "2":
             err.headers["Connection"] = "close"
 
     async def _principal(self, endpoint: Endpoint, request: Request) -> Principal:

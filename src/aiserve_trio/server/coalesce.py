@@ -9,7 +9,7 @@ four writes, and those writes were a fifth of the worker's time at 16 concurrent
 streams (``python -m bench.ab``, ``bench/results/2026-12-01``).
 
 :class:`HeldWrites` is the rule, used by the seam's HTTP/1.1 protocol
-(``hypercorn_seam.py``):
+(``tcp.py``):
 
 - an ``http.response.start`` message carrying ``DEFER`` (``http/types.py``) -- the app's promise
   that a body follows at once -- has its head held, not written;

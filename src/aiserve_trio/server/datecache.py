@@ -3,7 +3,7 @@
 hypercorn 0.18 formats the header for every response (``Config.response_headers``
 calls ``wsgiref.handlers.format_date_time(time())``: a ``gmtime`` and a string
 format each time), though its value only changes once a second. The seam's config
-view (``hypercorn_seam.py``) uses :func:`cached`: the same header, byte for byte.
+view (``worker.py``) uses :func:`cached`: the same header, byte for byte.
 """
 
 from __future__ import annotations

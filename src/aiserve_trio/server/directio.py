@@ -9,7 +9,7 @@ nearly always. It reads through ``TCPServer._read_data``: a cancel scope per rea
 (even with no read timeout set) and Trio's ``receive_some``, which tries the socket,
 waits, reads, and then yields to the scheduler once more.
 
-The seam's ``GatewayTCPServer`` (``hypercorn_seam.py``) uses direct attempts instead on
+The seam's ``GatewayTCPServer`` (``tcp.py``) uses direct attempts instead on
 plain TCP connections:
 
 - :func:`write_now`: a write, when nothing else is writing on the connection (its

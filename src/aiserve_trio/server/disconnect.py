@@ -10,13 +10,13 @@ exchange, and exited: a task per request for one bit.
 :class:`Disconnect` is what the pipeline asks: ``set(callback)`` to be called once
 when the client's stream closes, ``clear()`` when the request is over.
 
-- :class:`ServerCall`: the server calls. The seam (``hypercorn_seam.py``) puts one in
+- :class:`ServerCall`: the server calls. The seam (``tcp.py``) puts one in
   every HTTP scope's ``extensions`` under :data:`EXTENSION` and calls it when the
   stream closes -- the moment hypercorn queues ``http.disconnect``.
 - :class:`ReceiveWatcher`: any other ASGI server (or hypercorn as shipped). A task in
   the request's nursery waits in ``receive()`` for ``http.disconnect`` and calls.
 
-:func:`of` picks one for a scope.
+:func:`server_call` finds the server's in a scope.
 """
 
 from __future__ import annotations

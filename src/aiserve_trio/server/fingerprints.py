@@ -1,4 +1,4 @@
-"""The hypercorn the gateway's seam (``hypercorn_seam.py``) was written against.
+"""The hypercorn the gateway's seam (``server/``) was written against.
 
 The seam subclasses hypercorn's Trio ``TCPServer``, its task group, its protocol
 wrapper and its HTTP/1.1 and HTTP/2 protocols, and reimplements or calls some of

@@ -15,13 +15,13 @@ what the lock was for). When the deadline passes while idle, or the server shuts
 down while the connection is idle, the task closes the connection as hypercorn's
 own ``_idle_timeout`` does; a shutdown during a request closes the connection once
 it is answered. When the connection reads no more (the client closed it; hypercorn's
-read loop, as ``http/directio.py`` installs it, calls :meth:`IdleTimer.reading_ended`),
+read loop, as ``directio.py`` makes it, calls :meth:`IdleTimer.reading_ended`),
 the task ends at once -- hypercorn's kept an idle connection's task, and its socket,
 until the timeout. An action that is not the TCP server's idle timeout runs as
 :class:`LeanSingleTask` runs it: a task started in a cancel scope made beforehand,
 stopped through the scope.
 
-The seam's ``GatewayTCPServer`` (``hypercorn_seam.py``) uses it as its ``idle_task``.
+The seam's ``GatewayTCPServer`` (``tcp.py``) uses it as its ``idle_task``.
 """
 
 from __future__ import annotations
