@@ -80,7 +80,7 @@ async def _drive(requests: int, stream: bool) -> dict[str, float]:
         "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
         "query_string": b"", "root_path": "", "headers": headers,
         "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
-        # As hypercorn marks it with the gateway's patches in (``http/disconnect.py``;
+        # As hypercorn marks it with the gateway's patches in (``server/disconnect.py``;
         # revisions before it ignore the key).
         "aiserve.disconnect_call": True,
     }

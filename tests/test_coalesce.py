@@ -1,4 +1,4 @@
-"""hypercorn's HTTP/1.1 writes, coalesced (``http/coalesce.py``): fewer writes, same bytes,
+"""hypercorn's HTTP/1.1 writes, coalesced (``server/coalesce.py``): fewer writes, same bytes,
 same order, and a head nobody promised a body for still goes out at once."""
 
 from __future__ import annotations

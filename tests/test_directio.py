@@ -1,4 +1,4 @@
-"""hypercorn's reads and writes made at once (``http/directio.py``): the same bytes, in
+"""hypercorn's reads and writes made at once (``server/directio.py``): the same bytes, in
 order, whether the socket takes them whole, in part, or not at all (a client gone); requests
 in pieces or pipelined; the read timeout."""
 

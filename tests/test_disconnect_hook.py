@@ -1,4 +1,4 @@
-"""How the pipeline hears of a disconnect (``http/disconnect.py``): the server's call
+"""How the pipeline hears of a disconnect (``server/disconnect.py``): the server's call
 (hypercorn through the seam, for real, and a scope driven by hand) or a task waiting in
 ``receive()`` (any other server, and hypercorn as shipped)."""
 

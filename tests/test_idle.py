@@ -1,4 +1,4 @@
-"""hypercorn's keep-alive timer without a lock (``http/idle.py``): the same timer, no checkpoint."""
+"""hypercorn's keep-alive timer without a lock (``server/idle.py``): the same timer, no checkpoint."""
 
 from __future__ import annotations
 
