@@ -5,6 +5,8 @@ counts is refused at start, saying why."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import time
 from pathlib import Path
 
@@ -16,7 +18,10 @@ from aiserve_trio.errors import ConfigError
 from aiserve_trio.spend.ledger import SYNC_EVERY_S
 
 from .asgi_client import chat_body
-from .spendcfg import KEY_CAROL, KEY_DAN, auth, running, spend_config
+from .authcfg import OFF
+from .conftest import config_text
+from .servers import hypercorn_gateway
+from .spendcfg import KEY_CAROL, KEY_DAN, KEY_OPS, auth, running, spend_config, spend_toml
 
 
 async def test_a_budget_spent_on_one_worker_is_refused_on_the_other(tmp_path: Path) -> None:
@@ -118,3 +123,52 @@ def _config(tmp: Path, tenant: str, retention: str) -> None:
 
     audit = f'[audit]\npath = "{tmp / "audit.db"}"\n{retention}'
     parse_config(config_text().replace(OFF, spend_toml(audit=audit, tenant=tenant)))
+
+
+def _chat(conn: http.client.HTTPConnection, key: str) -> int:
+    """One chat request on ``conn`` (kept alive: the same worker answers): its status."""
+    body = json.dumps(chat_body("echo: hi"))
+    conn.request(
+        "POST", "/v1/chat/completions", body, {**auth(key), "content-type": "application/json"}
+    )
+    r = conn.getresponse()
+    r.read()
+    return int(r.status)
+
+
+def _carol_spent_here(conn: http.client.HTTPConnection) -> bool:
+    """Whether the worker ``conn`` is on charged carol itself (its own counter)."""
+    conn.request("GET", "/metrics", headers=auth(KEY_OPS))
+    r = conn.getresponse()
+    text = r.read().decode()
+    return any(
+        line.startswith("aiserve_spend_total{") and 'key="carol"' in line
+        for line in text.splitlines()
+    )
+
+
+def test_two_hypercorn_workers_on_one_audit_file_keep_one_budget(tmp_path: Path) -> None:
+    # `--workers 2`, no Redis: carol's tiny daily budget is spent by her first request on
+    # one worker; once the rows are written (flush_ms = 100) and read back (1 s), the
+    # other worker refuses her too -- before, it served her until it had spent the budget
+    # once more itself. The other worker is found by its metrics: it has no spend of
+    # carol's of its own.
+    audit = f'[audit]\npath = "{tmp_path / "audit.db"}"\nretention_days = 30\nflush_ms = 100\n'
+    cfg = tmp_path / "aiserve.toml"
+    cfg.write_text(config_text().replace(OFF, spend_toml(audit=audit)))
+    with hypercorn_gateway(cfg, extra_args=["--workers", "2"]) as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for _ in range(17)]
+        try:
+            first, rest = conns[0], conns[1:]
+            assert _chat(first, KEY_CAROL) == 200
+            time.sleep(0.1 + SYNC_EVERY_S + 1.0)  # the stated bound, and a query's margin
+            others = [c for c in rest if not _carol_spent_here(c)]
+            assert others, "every connection went to the worker that served carol"
+            assert [_chat(c, KEY_CAROL) for c in others] == [429] * len(others)
+            dan = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conns.append(dan)  # a refusal before the body is read closes its connection
+            assert _chat(dan, KEY_DAN) == 200
+        finally:
+            for c in conns:
+                c.close()
