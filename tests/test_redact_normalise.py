@@ -225,6 +225,9 @@ def redacted(obj: dict[str, Any]) -> Any:
         (["card 4111 1111", " 1111 1111 ok"], ["card [CARD]", " ok"]),
         (["call 138", "0013", "8000 now"], ["call [PHONE]", "", " now"]),
         (["mail jane.doe@exa", "mple.com"], ["mail [EMAIL]", ""]),
+        # a value that ends where its part ends
+        (["my card is 4111 1111 1111 1111", "ok"], ["my card is [CARD]", "ok"]),
+        (["4111 1111 1111 1111", "", "ok"], ["[CARD]", "", "ok"]),
         # parts that are each fine stay as they are
         (["hello", " world"], ["hello", " world"]),
     ],
@@ -233,6 +236,26 @@ def test_a_value_split_across_text_parts_is_redacted(texts: list[str], expected:
     content = [{"type": "text", "text": t} for t in texts]
     out = redacted({"role": "user", "content": content})
     assert [p["text"] for p in out["content"]] == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=3).flatmap(lambda t: PIECES.map(lambda p: t + p)), max_size=6))
+def test_parts_rewritten_as_one_are_the_whole_texts_rewrite(parts: list[str]) -> None:
+    out = finish(RW.rewrite_parts_steps(parts))
+    assert len(out) == len(parts)
+    assert "".join(out) == RW.rewrite("".join(parts))
+
+
+def test_parts_that_hold_every_joiner_are_rewritten_each_alone() -> None:
+    taken = "".join(chr(cp) for cp in range(0xFDD0, 0xFDF0))
+    parts = [f"{taken} card 4111 1111", " 1111 1111", "x@example.com"]
+    assert finish(RW.rewrite_parts_steps(parts)) == [
+        f"{taken} card 4111 1111",
+        " 1111 1111",
+        "[EMAIL]",
+    ]
+    long = ["\ufdd0" + "a " * 200, "4111 1111 1111 1111"]
+    assert finish(RW.rewrite_parts_steps(long)) == [long[0], "[CARD]"]
 
 
 def test_text_parts_keep_their_other_fields() -> None:

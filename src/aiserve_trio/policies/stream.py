@@ -130,6 +130,9 @@ def _drops(boundary: str) -> regex.Pattern[str]:
     return regex.compile(_class(IGNORABLE | set(boundary)))
 
 
+#: Noncharacters (not text): what joins texts read as one.
+_NONCHARACTERS = tuple(chr(cp) for cp in range(0xFDD0, 0xFDF0))
+
 #: Patterns wider than this are refused: they would hold back too much text.
 MAX_REACH = 1024
 _sre: Any = importlib.import_module("re._parser")  # CPython's own regex parser, for widths
@@ -292,17 +295,17 @@ class Rewriter:
         may span from one part into the next. Its replacement goes to the part it
         starts in; the rest of it is gone from the parts after. In steps.
         """
-        joined_chars = set().union(*parts) if sum(map(len, parts)) < CHARS_PER_STEP else None
-        boundary = next(
-            (
-                chr(cp)
-                for cp in range(0xFDD0, 0xFDF0)  # noncharacters: not text
-                if joined_chars is None or chr(cp) not in joined_chars
-            ),
-        )
-        if joined_chars is None and any(boundary in p for p in parts):
+        if not parts:
+            return []
+        boundary = _NONCHARACTERS[0]
+        if sum(map(len, parts)) < CHARS_PER_STEP:  # short: any free noncharacter
+            present = set().union(*parts)
+            boundary = next((c for c in _NONCHARACTERS if c not in present), "")
+        elif any(boundary in p for p in parts):
+            boundary = ""
+        if not boundary:  # no free joiner (a client's doing): each part alone
             out = []
-            for p in parts:  # no free joiner (absurd): each part alone
+            for p in parts:
                 out.append((yield from self.rewrite_steps(p, on_hit)))
             return out
         s = self.stream(on_hit, boundary=boundary)
@@ -425,11 +428,11 @@ class RewriteStream:
         limit = min(len(match) - 1, len(repl))
         while common < limit and repl[-1 - common] == match[-1 - common]:
             common += 1
-        cut = self._o(e - common)
+        end = self._o(e - 1) + 1  # not the characters dropped after the match
+        cut = self._o(e - common) if common else end
         spanned = self._orig[self._o(s) : cut]
         kept = spanned.count(self._boundary) * self._boundary if self._boundary else ""
-        tail = self._orig[cut : self._o(e - 1) + 1] if common else ""
-        return repl[: len(repl) - common] + kept + tail
+        return repl[: len(repl) - common] + kept + self._orig[cut:end]
 
     def _run(self, *, final: bool) -> str:
         buf = self._buf
