@@ -14,14 +14,17 @@ import pytest
 import trio
 
 from aiserve_trio.asgi import App
+from aiserve_trio.config import parse_config
 from aiserve_trio.errors import ConfigError
 from aiserve_trio.spend.ledger import SYNC_EVERY_S
 
 from .asgi_client import chat_body
 from .authcfg import OFF
 from .conftest import config_text
+from .pg_server import postgres_server, postgres_up  # noqa: F401
 from .servers import hypercorn_gateway
 from .spendcfg import KEY_CAROL, KEY_DAN, KEY_OPS, auth, running, spend_config, spend_toml
+from .test_audit_postgres import database  # noqa: F401
 
 
 async def test_a_budget_spent_on_one_worker_is_refused_on_the_other(tmp_path: Path) -> None:
@@ -44,6 +47,36 @@ async def test_a_budget_spent_on_one_worker_is_refused_on_the_other(tmp_path: Pa
         assert refused.json()["error"]["param"] == "key:carol"
         # The tenant has no budget: another key of it is still served on both.
         assert (await second.chat(chat_body("echo: hi"), headers=auth(KEY_DAN))).status == 200
+
+
+async def test_on_postgresql_too_across_workers_and_a_restart(
+    database: str,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AISERVE_TEST_AUDIT_DSN", database)
+    extra = 'backend = "postgres"\ndsn_env = "AISERVE_TEST_AUDIT_DSN"\n'
+    one, two = (App(spend_config(tmp_path, audit_extra=extra)) for _ in range(2))
+    two.gate.ledger.sync_every_s = 0.05
+    async with running(one) as first, running(two) as second:
+        with trio.fail_after(5):
+            await one.gate.ledger.seeded.wait()
+            await two.gate.ledger.seeded.wait()
+        assert (await first.chat(chat_body("echo: spend"), headers=auth(KEY_CAROL))).status == 200
+        assert one.audit is not None
+        await one.audit.flush()
+        with trio.fail_after(5):
+            await two.gate.ledger.synced()
+            await two.gate.ledger.synced()
+        refused = await second.chat(chat_body("echo: there"), headers=auth(KEY_CAROL))
+        assert refused.status == 429
+    restarted = App(spend_config(tmp_path, audit_extra=extra))  # a deploy: a new worker
+    async with running(restarted) as client:
+        with trio.fail_after(5):
+            await restarted.gate.ledger.seeded.wait()
+        again = await client.chat(chat_body("echo: after"), headers=auth(KEY_CAROL))
+        assert again.status == 429
+        assert again.json()["error"]["param"] == "key:carol"
 
 
 async def test_each_worker_counts_the_others_spend_once(tmp_path: Path) -> None:
@@ -115,12 +148,6 @@ def test_a_retention_as_long_as_the_period_or_redis_is_accepted(tmp_path: Path) 
 
 def _config(tmp: Path, tenant: str, retention: str) -> None:
     """spend_config with the audit log's retention replaced."""
-    from aiserve_trio.config import parse_config
-
-    from .authcfg import OFF
-    from .conftest import config_text
-    from .spendcfg import spend_toml
-
     audit = f'[audit]\npath = "{tmp / "audit.db"}"\n{retention}'
     parse_config(config_text().replace(OFF, spend_toml(audit=audit, tenant=tenant)))
 
