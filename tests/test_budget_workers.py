@@ -6,17 +6,20 @@ counts is refused at start, saying why."""
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import time
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
 from aiserve_trio.errors import ConfigError
-from aiserve_trio.spend.ledger import SYNC_EVERY_S
+from aiserve_trio.spend.budget import Limit
+from aiserve_trio.spend.ledger import SYNC_EVERY_S, SYNC_SHARE, Ledger
 
 from .asgi_client import chat_body
 from .authcfg import OFF
@@ -199,3 +202,29 @@ def test_two_hypercorn_workers_on_one_audit_file_keep_one_budget(tmp_path: Path)
         finally:
             for c in conns:
                 c.close()
+
+
+async def test_a_slow_read_back_is_made_ten_times_less_often(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A period's sum that takes 0.5 s (a big audit table): the next waits 5 s, not 1 s --
+    # the database is read a tenth of the time at most.
+    starts: list[float] = []
+
+    async def slow(scope: str, name: str | None, start: float, end: float) -> dict[str, float]:
+        starts.append(trio.current_time())
+        await trio.sleep(0.5)
+        return {"carol": 0.5}
+
+    limit = Limit("key", "carol", 1.0, "day", 0.8)
+    ledger = Ledger(seed=slow, limits=[limit])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run)
+        for _ in range(3):
+            await ledger.synced()
+        nursery.cancel_scope.cancel()
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    # The start-up seed, then reads 10 x 0.5 s after each one ended.
+    assert gaps[1:] == [pytest.approx(0.5 + SYNC_SHARE * 0.5)] * (len(gaps) - 1)
+    assert SYNC_SHARE * 0.5 > SYNC_EVERY_S
+    assert await ledger.spent([limit], time.time()) == [0.5]

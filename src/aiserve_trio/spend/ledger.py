@@ -37,7 +37,11 @@ grouped query per scope and period, this worker's queued rows written first), an
 keeps on top of the sum only the charges it made while the query ran. So a worker sees
 another worker's spend at most ``[audit] flush_ms`` (the other's rows wait that long to
 be written) + ``SYNC_EVERY_S`` + one query late -- 2 s and a query with the defaults;
-meanwhile it admits as if the other had not charged. A charge made during the query
+meanwhile it admits as if the other had not charged. A read sums the whole period's
+rows (about 2 s per million rows on SQLite): the next one waits :data:`SYNC_SHARE`
+times as long as the last took when that is longer than ``SYNC_EVERY_S``, so the
+database is read a tenth of the time at most, and the bound grows with the period's rows
+(a million rows: 20 s). A charge made during the query
 whose row the sum already holds is counted twice until the next read (high, never low);
 a row this worker's flush could not write in time (a slow database) is missing from the
 sum until the next read. Workers of several hosts share it the same way on PostgreSQL.
@@ -77,6 +81,9 @@ SEED_RETRY_S = 5.0
 #: Seconds between two reads of every budget's spend from the audit log (the memory
 #: ledger with a seed: how workers without Redis see each other's spend).
 SYNC_EVERY_S = 1.0
+#: ...or this many times as long as the last read took, if that is longer: a period's sum
+#: costs about 2 s per million rows on SQLite, and reading stays a tenth of the time.
+SYNC_SHARE = 10.0
 #: Periods waiting for a re-seed at most (more are noticed again on a later read).
 MAX_SEEDS_PENDING = 1024
 
@@ -228,9 +235,13 @@ class Ledger:
                     break
                 await trio.sleep(SEED_RETRY_S)
             self.seeded.set()
+            took = 0.0
             while self.limits:  # the other workers' spend, as they write it
-                await trio.sleep(self.sync_every_s)
+                # Reading never takes more than a tenth of the time (a big period's sum).
+                await trio.sleep(max(self.sync_every_s, SYNC_SHARE * took))
+                began = trio.current_time()
                 await self._seed_all(seed)  # a failed read: the next one
+                took = trio.current_time() - began
                 self._synced.set()
                 self._synced = trio.Event()
             return
