@@ -311,6 +311,38 @@ async def test_probes_stay_open_and_metrics_follow_config(client: Client) -> Non
     assert (await closed.request("GET", "/metrics", headers=auth_headers(KEY_ADMIN))).status == 200
 
 
+async def test_metrics_need_a_credential_by_default_and_take_a_scrape_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Without `metrics = ...` in [auth]: closed (it lists every tenant, key id and spend).
+    default = auth_toml().replace('metrics = "open"\n', "")
+    closed = Client(auth_app(default))
+    assert (await closed.request("GET", "/metrics")).status == 401
+    assert (await closed.request("GET", "/metrics", headers=auth_headers(KEY_ADMIN))).status == 200
+    token = "prometheus-scrape-token-0123456789"
+    monkeypatch.setenv("AISERVE_TEST_METRICS_TOKEN", token)
+    scraped = Client(
+        auth_app(
+            default.replace(
+                "[auth]\n", '[auth]\nmetrics_token_env = "AISERVE_TEST_METRICS_TOKEN"\n', 1
+            )
+        )
+    )
+    scrape = {"authorization": f"Bearer {token}"}
+    assert (await scraped.request("GET", "/metrics", headers=scrape)).status == 200
+    wrong = {"authorization": f"Bearer {token}x"}
+    assert (await scraped.request("GET", "/metrics", headers=wrong)).status == 401
+    # The scrape token opens /metrics and nothing else.
+    assert (await scraped.request("GET", "/v1/models", headers=scrape)).status == 401
+    monkeypatch.setenv("AISERVE_TEST_METRICS_TOKEN", "short")
+    with pytest.raises(ConfigError, match="at least 16 bytes"):
+        auth_app(
+            default.replace(
+                "[auth]\n", '[auth]\nmetrics_token_env = "AISERVE_TEST_METRICS_TOKEN"\n', 1
+            )
+        )
+
+
 async def test_debug_is_admin_only(client: Client) -> None:
     assert (await client.request("GET", "/debug/tasks")).status == 401
     r = await client.request("GET", "/debug/tasks", headers=auth_headers(KEY_A))

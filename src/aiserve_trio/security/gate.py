@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -32,7 +34,7 @@ import msgspec
 import trio
 
 from ..api import encoder
-from ..errors import BadRequest, Forbidden, Unauthorized
+from ..errors import BadRequest, ConfigError, Forbidden, Unauthorized
 from ..http.endpoints import Admission as Admit
 from ..http.endpoints import Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, STRIKE, Scope
@@ -110,6 +112,16 @@ class Gate:
         auth = config.auth
         self.enabled = auth is not None and auth.enabled
         self.metrics_open = auth is None or auth.metrics == "open"
+        #: ``Authorization`` that opens ``GET /metrics`` and nothing else (the scrape token).
+        self.metrics_bearer: bytes | None = None
+        if auth is not None and auth.metrics_token_env:
+            token = os.environ.get(auth.metrics_token_env, "")
+            if len(token.encode()) < 16:
+                raise ConfigError(
+                    f"[auth] metrics_token_env: ${auth.metrics_token_env} must hold a token "
+                    "of at least 16 bytes"
+                )
+            self.metrics_bearer = f"Bearer {token}".encode()
         self.default_tenant = config.server.default_tenant
         entries = []
         for k in auth.keys if auth is not None else []:
@@ -155,7 +167,9 @@ class Gate:
         self.ledger: Ledger = (
             previous.ledger
             if previous is not None
-            else ledger if ledger is not None else build_ledger(config)
+            else ledger
+            if ledger is not None
+            else build_ledger(config)
         )
         self.tokens = StreamTokens(self._secret, ttl)
         console_ttl = auth.console_token_ttl_s if auth is not None else 900
@@ -278,6 +292,10 @@ class Gate:
             self.browser.check(request.method, request.headers, peer, admin=need in _ADMIN)
         if need is Auth.OPEN or (need is Auth.METRICS and self.metrics_open):
             return None
+        if need is Auth.METRICS and self.metrics_bearer is not None:
+            sent = request.headers.get("authorization", "").encode()
+            if hmac.compare_digest(sent, self.metrics_bearer):
+                return None
         if not self.enabled:
             return None
         try:
@@ -389,7 +407,10 @@ class Gate:
         return expiry, await self.revoked.add(plain, principal.key_id, expiry, time.time())
 
     async def within_budget(
-        self, principal: Principal | None, tenant: str, path: str = "",
+        self,
+        principal: Principal | None,
+        tenant: str,
+        path: str = "",
         body_bytes: int | None = None,
     ) -> Hold:
         """Refuse a chat request whose key's or tenant's budget is spent or held by the
@@ -539,9 +560,7 @@ class Revoked:
             )  # fmt: skip
         if self._client is None:
             return False
-        done = await self._redis(
-            lambda: self._client.set(self._key(d), key_id, exat=expiry + 1)
-        )
+        done = await self._redis(lambda: self._client.set(self._key(d), key_id, exat=expiry + 1))
         return bool(done)
 
     async def denied(self, token: str, key_id: str, expiry: int) -> bool:

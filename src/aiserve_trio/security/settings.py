@@ -141,8 +141,14 @@ class AuthConfig(Section):
     stream_token_ttl_s: int = 300
     #: Seconds a console token (``/admin/``, exchanged for an admin key) stays valid.
     console_token_ttl_s: int = 900
-    #: ``GET /metrics``: ``open``, or ``admin`` (an admin key is needed).
-    metrics: Literal["open", "admin"] = "open"
+    #: ``GET /metrics`` with auth on: ``admin`` (an admin key, or the scrape token of
+    #: ``metrics_token_env``) or ``open`` (anyone: it lists every tenant, key id,
+    #: spend and budget ratio, so only where the port is private).
+    metrics: Literal["open", "admin"] = "admin"
+    #: Environment variable holding a token that ``GET /metrics`` accepts as
+    #: ``Authorization: Bearer <token>`` (>= 16 bytes): Prometheus's credential,
+    #: which opens nothing else. Unset: admin keys only.
+    metrics_token_env: str | None = None
     #: Rate-limit state: ``memory`` (per worker) or ``redis`` (``[sessions] url``).
     ratelimit_backend: Literal["memory", "redis"] = "memory"
 
