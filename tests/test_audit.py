@@ -985,7 +985,9 @@ def test_a_number_across_the_cap_is_redacted_whole_never_stored_in_part():
     assert edge[: 600 + rewriter.max_holdback].endswith(" 4111 11")
     cut = stored(edge)
     assert "4111" not in cut["reply"]  # the half number is not stored ...
-    assert cut["reply"] == "[CARD] " * 30 + "y" * (rewriter.max_holdback - 8) + " "  # < 600
+    # ... and what came before it is (the separator before a number may go with it,
+    # as a match may start there).
+    assert cut["reply"].rstrip() == "[CARD] " * 30 + "y" * (rewriter.max_holdback - 8)
     assert cut["reply_chars"] == len(edge)
     builder = RowBuilder(b"k", content=True, max_chars=20, redactor=rewriter)
     assert stored("short")["reply"] == "short"
