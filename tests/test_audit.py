@@ -979,15 +979,17 @@ def test_a_number_across_the_cap_is_redacted_whole_never_stored_in_part():
     assert across["reply"] == ("x" * 10 + " [CARD] and more")[:20]
     assert across["reply_chars"] == len("x" * 10 + " " + card + " and more")
     # The kept text (the cap and the detectors' reach) ends 7 characters into a number;
-    # the 30 numbers before it shrink to tokens, which pulls that end within the cap.
-    builder = RowBuilder(b"k", content=True, max_chars=600, redactor=rewriter)
-    edge = (card + " ") * 30 + "y" * (rewriter.max_holdback - 8) + " " + card + " end"
-    assert edge[: 600 + rewriter.max_holdback].endswith(" 4111 11")
+    # the 50 numbers before it shrink to tokens, which pulls that end within the cap.
+    builder = RowBuilder(b"k", content=True, max_chars=1000, redactor=rewriter)
+    # Words, not one long run: a long run of letters could still be an e-mail's local part.
+    filler = ("yy " * rewriter.max_holdback)[: rewriter.max_holdback - 8]
+    edge = (card + " ") * 50 + filler + " " + card + " end"
+    assert edge[: 1000 + rewriter.max_holdback].endswith(" 4111 11")
     cut = stored(edge)
     assert "4111" not in cut["reply"]  # the half number is not stored ...
     # ... and what came before it is (the separator before a number may go with it,
     # as a match may start there).
-    assert cut["reply"].rstrip() == "[CARD] " * 30 + "y" * (rewriter.max_holdback - 8)
+    assert cut["reply"].rstrip() == ("[CARD] " * 50 + filler).rstrip()  # < 1000
     assert cut["reply_chars"] == len(edge)
     builder = RowBuilder(b"k", content=True, max_chars=20, redactor=rewriter)
     assert stored("short")["reply"] == "short"
