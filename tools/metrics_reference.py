@@ -172,8 +172,9 @@ def _metric(node: ast.Call, kind: str, env: dict[str, object], module: str) -> M
 _INTRO = """\
 # Metrics
 
-Every metric a worker exposes at `GET /metrics` (Prometheus text format; open unless
-`[auth] metrics = "admin"`), with its type, labels and help text. Label values are
+Every metric a worker exposes at `GET /metrics` (Prometheus text format; with auth on it
+needs an admin key or the scrape token of `[auth] metrics_token_env`, unless
+`[auth] metrics = "open"`), with its type, labels and help text. Label values are
 `^[a-z][a-z0-9_]*$`. Tables other than the first appear only when their feature is on
 (`[audit]`, `[record]`, budgets, the response cache).
 
