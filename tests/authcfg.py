@@ -40,6 +40,7 @@ id = "ops"
 hash = "{_H[KEY_ADMIN]}"
 tenant = "bank-a"
 admin = true
+global_admin = true
 """
 
 

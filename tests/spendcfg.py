@@ -47,6 +47,7 @@ id = "ops"
 hash = "{_H[KEY_OPS]}"
 tenant = "shop"
 admin = true
+global_admin = true
 {PRICES}
 {tenant}
 {audit}

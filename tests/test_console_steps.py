@@ -60,7 +60,8 @@ pattern = 'yes'
 name = "reply"
 kind = "generate"
 '''
-OPS = Principal(key_id="ops", tenant="t", routes=frozenset("*"), channels=frozenset("*"), admin=True)
+OPS = Principal(key_id="ops", tenant="t", routes=frozenset("*"), channels=frozenset("*"), admin=True,
+                global_admin=True)
 
 
 @dataclass(frozen=True)

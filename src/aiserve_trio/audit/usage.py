@@ -237,8 +237,12 @@ class UsageEndpoints:
         return usage
 
     async def admin(self, request: Request) -> None:
-        """``GET /admin/usage``: every tenant's and key's usage."""
+        """``GET /admin/usage``: every tenant's and key's usage for a ``global_admin`` key
+        (or with auth off); its own tenant's for an admin key of one tenant."""
         query = parse_query(query_params(request), time.time())
+        p = request.principal
+        if p is not None and p.admin_tenant is not None:
+            query = UsageQuery(query.start, query.end, query.group_by, tenant=p.admin_tenant)
         await _answer(request, await self.read(query))
 
     async def own(self, request: Request) -> None:

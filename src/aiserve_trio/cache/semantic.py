@@ -307,6 +307,8 @@ class SemanticHit:
     similarity: float
     asked: str
     stored: str
+    #: The tenant that asked (the console shows an admin its own tenant's only).
+    tenant: str = ""
 
 
 def item_fields(item: Item) -> dict[str, str]:
@@ -444,10 +446,12 @@ class Semantic:
         self.hook.cache_similarity(route, found.similarity, "hit" if hit else "miss")
         return hit
 
-    def served(self, route: str, probe: Probe, found: Found) -> None:
+    def served(self, route: str, probe: Probe, found: Found, tenant: str = "") -> None:
         self.index.touch(found.key)
         self.recent.append(
-            SemanticHit(time.time(), route, found.similarity, probe.question, found.question)
+            SemanticHit(
+                time.time(), route, found.similarity, probe.question, found.question, tenant
+            )
         )
 
     def forget(self, probe: Probe, found: Found) -> None:
@@ -468,8 +472,9 @@ class Semantic:
             with contextlib.suppress(CacheUnavailable):
                 await self.share(item)
 
-    def listing(self) -> list[dict[str, Any]]:
-        """The last semantic hits, newest first (the console's cache view)."""
+    def listing(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """The last semantic hits, newest first (the console's cache view): ``tenant``'s
+        only, unless it is None."""
         return [
             {
                 "at": h.at,
@@ -479,4 +484,5 @@ class Semantic:
                 "stored": h.stored,
             }
             for h in reversed(self.recent)
+            if tenant is None or h.tenant == tenant
         ]

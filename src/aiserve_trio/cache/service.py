@@ -311,7 +311,7 @@ class Cache:
                     deadline=deadline,
                 )
                 if probe is not None:
-                    ticket = await self._semantic(plan, probe, deadline)
+                    ticket = await self._semantic(plan, probe, deadline, tenant)
                     if ticket is not None:
                         return ticket
             # Looked again after the wait: another request may have started it.
@@ -324,7 +324,9 @@ class Cache:
             return Ticket(plan.label, "hit", plan, entry=entry)
         return self._member(plan, flight, request.deadline)
 
-    async def _semantic(self, plan: RouteCachePlan, probe: Probe, deadline: float) -> Ticket | None:
+    async def _semantic(
+        self, plan: RouteCachePlan, probe: Probe, deadline: float, tenant: str
+    ) -> Ticket | None:
         """A semantic hit for ``probe``: the nearest question under its guard at or
         above the threshold, whose entry is still there."""
         assert plan.settings.semantic is not None
@@ -342,7 +344,7 @@ class Cache:
             if looked:  # gone (TTL, eviction): its question goes too
                 self.semantic.forget(probe, found)
             return None
-        self.semantic.served(plan.label, probe, found)
+        self.semantic.served(plan.label, probe, found, tenant)
         return Ticket(plan.label, "semantic-hit", plan, entry=entry, similarity=found.similarity)
 
     def _member(self, plan: RouteCachePlan, flight: Flight, until: float) -> Ticket:

@@ -18,7 +18,7 @@ class SemanticTier(Protocol):
     @property
     def index(self) -> Sized: ...
 
-    def listing(self) -> list[dict[str, Any]]: ...
+    def listing(self, tenant: str | None = None) -> list[dict[str, Any]]: ...
 
 
 class CacheLike(Protocol):
@@ -54,13 +54,17 @@ def similarity(families: Iterable[Metric]) -> dict[str, Any]:
 
 
 def view(
-    requests: Iterable[Metric], histogram: Iterable[Metric], cache: CacheLike | None
+    requests: Iterable[Metric],
+    histogram: Iterable[Metric],
+    cache: CacheLike | None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """The whole view: results by route, the histogram, the semantic index's size and
-    its last hits (newest first)."""
+    its last hits (newest first); only ``tenant``'s hits unless it is None (a global
+    admin's view: every tenant's questions)."""
     return {
         "results": results(requests),
         "similarity": similarity(histogram),
         "semantic_entries": len(cache.semantic.index) if cache is not None else 0,
-        "recent": cache.semantic.listing() if cache is not None else [],
+        "recent": cache.semantic.listing(tenant) if cache is not None else [],
     }

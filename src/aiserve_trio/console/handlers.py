@@ -347,8 +347,12 @@ class Console:
     async def cache(self, request: Request) -> None:
         """``GET /admin/api/cache``: see :mod:`.cacheview`."""
         m = self.host.metrics
+        p = request.principal  # an admin of one tenant sees that tenant's questions only
         out = cacheview.view(
-            m.cache_requests.collect(), m.cache_similarity.collect(), self.host.cache
+            m.cache_requests.collect(),
+            m.cache_similarity.collect(),
+            self.host.cache,
+            p.admin_tenant if p is not None else None,
         )
         await self._json(request, out)
 
@@ -408,6 +412,8 @@ class Console:
             Unprocessable: the steps are not the route's, or the reloader refused
                 the new config (its one-line reason).
         """
+        if request.principal is not None:  # the config is every tenant's
+            request.principal.check_global_admin(request.path)
         change = await self._read(request)
         if change is None:
             return  # the client went away

@@ -132,6 +132,8 @@ class Principal:
     tpm: int = 0
     #: The key's explicit sessions grant (``""``: what its routes and channels allow).
     sessions: SessionGrant = ""
+    #: An admin of every tenant (``global_admin``); an admin without it, of its own.
+    global_admin: bool = False
 
     def check_route(self, path: str) -> None:
         """Raises Forbidden unless this key may call ``path``."""
@@ -151,6 +153,19 @@ class Principal:
         """Raises Forbidden unless this is an admin key."""
         if not self.admin:
             raise Forbidden(f"{what} needs an admin API key", code="admin_only")
+
+    def check_global_admin(self, what: str) -> None:
+        """Raises Forbidden unless this is an admin key of every tenant (``global_admin``)."""
+        if not self.global_admin:
+            raise Forbidden(
+                f"{what} acts for every tenant: it needs a key with global_admin = true",
+                code="global_admin_only",
+            )
+
+    @property
+    def admin_tenant(self) -> str | None:
+        """The one tenant an admin key sees; None for a global admin (every tenant)."""
+        return None if self.global_admin else self.tenant
 
     def check_sessions(self, write: bool) -> None:
         """Raises Forbidden unless this key may read (``write``: change) its tenant's sessions.

@@ -65,6 +65,8 @@ _GUARDED = frozenset(
 )
 #: ...and, of them, those that with auth off answer only clients on loopback.
 _ADMIN = frozenset({Auth.ADMIN, Auth.ADMIN_OR_CONSOLE_TOKEN})
+#: Admin endpoints that act for every tenant: a ``global_admin`` key's (issue 51, item 5).
+_EVERY_TENANT = ("/admin/config", "/debug/", "/metrics")
 #: Endpoints on a tenant's sessions, and whether they change them.
 _SESSIONS = {Auth.SESSION_READ: False, Auth.KEY_OR_STREAM_TOKEN: False, Auth.SESSION_WRITE: True}
 #: What a console token is signed for (a stream token names a session id there).
@@ -130,7 +132,8 @@ class Gate:
                 tenant=k.tenant,
                 routes=frozenset(k.routes),
                 channels=frozenset(k.channels),
-                admin=k.admin,
+                admin=k.admin or k.global_admin,
+                global_admin=k.global_admin,
                 rpm=k.rpm,
                 tpm=k.tpm,
                 sessions=k.sessions,
@@ -305,6 +308,8 @@ class Gate:
             raise
         if need in (Auth.ADMIN, Auth.METRICS, Auth.ADMIN_OR_CONSOLE_TOKEN):
             principal.check_admin(request.path)
+        if need in (Auth.ADMIN, Auth.METRICS) and request.path.startswith(_EVERY_TENANT):
+            principal.check_global_admin(request.path)
         if need in _SESSIONS:
             principal.check_sessions(write=_SESSIONS[need])
         channel = request.headers.get("x-channel")

@@ -104,6 +104,10 @@ class AuthKey(Section):
     routes: list[str] = msgspec.field(default_factory=lambda: ["*"])
     channels: list[str] = msgspec.field(default_factory=lambda: ["*"])
     admin: bool = False
+    #: An admin of every tenant: others' usage, the console's cache view, the config
+    #: (``/admin/config``, reload, the console's steps) and ``/debug/``. An admin key
+    #: without it sees its own tenant only (issue 51, item 5). Implies ``admin``.
+    global_admin: bool = False
     #: Requests and tokens (prompt + completion) per minute; 0: unlimited.
     rpm: int = 0
     tpm: int = 0
