@@ -33,7 +33,7 @@ from .policies.base import Policy, PolicyContext, redact_values
 from .routes import route_label
 from .runtime import CacheHold, Held, Lifetime, Models, Parts, Runtime
 from .security.gate import Gate
-from .sessions.http import SessionEndpoints
+from .sessions.http import EVERYTHING, ReadScope, SessionEndpoints
 from .slices import Steps
 from .spend.prices import build_pricing
 from .stages.types import Route
@@ -106,6 +106,7 @@ class RuntimeBuilder:
             (self.closing, life.closing),
             partial(_session_tenant, gate, config.server.default_tenant),
             _vars_redactor(config, routes),
+            _session_scope(config, routes),
         )
         cache, hold = _cache_for(config, routes, adapters, previous, self.observer)
         parts = Parts(
@@ -261,13 +262,17 @@ def _cache_for(
     return cache, previous.cache_hold
 
 
+def _redacts(policy: Policy) -> bool:
+    return type(policy).redact_text is not Policy.redact_text
+
+
 def _vars_redactor(
     config: Config, routes: dict[str, Route]
 ) -> Callable[[dict[str, str]], Steps[dict[str, str]]] | None:
     """What ``PUT /v1/sessions/{id}/vars`` applies: the data protection of every
     chat route, since every route reads the same sessions."""
     policies = [p for r in routes.values() for p in r.policies]
-    if not any(type(p).redact_text is not Policy.redact_text for p in policies):
+    if not any(_redacts(p) for p in policies):
         return None
     clear = frozenset(config.sessions.clear_vars)
 
@@ -276,6 +281,44 @@ def _vars_redactor(
         return redact_values(values, policies, ctx, clear)
 
     return redact
+
+
+#: A key's routes or channels that mean every one (``security.auth.WILDCARD``).
+_ANY = "*"
+
+
+def _session_scope(config: Config, routes: dict[str, Route]) -> Callable[[Request], ReadScope]:
+    """What a key sees of its tenant's sessions (issue 51, item 5): turns of the channels
+    it may use only; and, when every route it may call (one at least, none ``*``) redacts,
+    the turns' texts and the variables through those routes' redacting policies, so that
+    a turn another key stored raw on a route without them reaches it as its own routes
+    would have let it through. Auth off, a key of every channel and route, or one of no
+    channel or route (a tool's, with an explicit ``sessions`` grant): all, as stored."""
+    clear = frozenset(config.sessions.clear_vars)
+    ctx = PolicyContext(route="sessions", channel="api", tenant="", request_id="")
+    protecting = {
+        path: [p for p in r.policies if _redacts(p)]
+        for path, r in routes.items()
+        if any(_redacts(p) for p in r.policies)
+    }
+
+    def scope(request: Request) -> ReadScope:
+        key = request.principal
+        if key is None:
+            return EVERYTHING
+        # No channel at all: a tool's key, whose explicit `sessions` grant is the tenant's.
+        every = _ANY in key.channels or not key.channels
+        channels = None if every else key.channels
+        redact = None
+        if key.routes and _ANY not in key.routes and key.routes <= protecting.keys():
+            policies = list({id(p): p for r in sorted(key.routes) for p in protecting[r]}.values())
+
+            def redact(values: dict[str, str]) -> Steps[dict[str, str]]:
+                return redact_values(values, policies, ctx, clear)
+
+        return ReadScope(channels, redact)
+
+    return scope
 
 
 def _session_tenant(gate: Gate, default: str, request: Request) -> str:

@@ -18,6 +18,8 @@ authentication supplies one), never from the session id.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
@@ -44,7 +46,7 @@ from .bus import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Awaitable, Sequence
 
     from ..config import Config
     from ..http.endpoints import Request
@@ -52,6 +54,56 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 MAX_VARS_BODY = 65_536
 _vars_decoder = msgspec.json.Decoder(dict[str, str])
+
+
+#: Applies data protection to a batch of texts (a session's variables, its turns' texts).
+Redactor = Callable[[dict[str, str]], Steps[dict[str, str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadScope:
+    """What one key sees of its tenant's sessions (issue 51, item 5).
+
+    ``channels``: only turns written on these channels (None: every channel) -- a key
+    reads a session only through the channels it may use. ``redact``: applied to the
+    turns' texts and the variables on the way out (None: as stored) -- a key whose
+    routes all redact never reads a turn or a variable they would not have let through.
+    """
+
+    channels: frozenset[str] | None = None
+    redact: Redactor | None = None
+
+
+EVERYTHING = ReadScope()
+
+
+def redact_turns(turns: list[Turn], redact: Redactor) -> Steps[list[Turn]]:
+    """``turns`` with their contents and tool calls' arguments through ``redact``, in steps.
+
+    The texts are named by position (``"3"``, ``"3.0"``): names no variable may have,
+    so ``[sessions] clear_vars`` never leaves one of them clear.
+    """
+    texts: dict[str, str] = {}
+    for i, turn in enumerate(turns):
+        texts[str(i)] = turn.content
+        for j, call in enumerate(turn.tool_calls or ()):
+            texts[f"{i}.{j}"] = call.function.arguments
+    clean = yield from redact(texts)
+    out = []
+    for i, turn in enumerate(turns):
+        calls = None
+        if turn.tool_calls is not None:
+            calls = [
+                msgspec.structs.replace(
+                    call,
+                    function=msgspec.structs.replace(
+                        call.function, arguments=clean[f"{i}.{j}"]
+                    ),
+                )
+                for j, call in enumerate(turn.tool_calls)
+            ]
+        out.append(msgspec.structs.replace(turn, content=clean[str(i)], tool_calls=calls))
+    return out
 
 
 class SessionView(msgspec.Struct, kw_only=True):
@@ -93,7 +145,8 @@ class SessionEndpoints:
         bus: SessionBus,
         closing: Sequence[trio.Event],
         tenant: Callable[[Request], str],
-        redact: Callable[[dict[str, str]], Steps[dict[str, str]]] | None = None,
+        redact: Redactor | None = None,
+        scope: Callable[[Request], ReadScope] | None = None,
     ) -> None:
         """Args:
         closing: any of these set ends the live event streams cleanly (the app
@@ -101,8 +154,11 @@ class SessionEndpoints:
         tenant: the tenant a request acts for.
         redact: applied to variables before they are stored (the data
             protection of the routes that share the sessions).
+        scope: what the request's key sees of a session (every turn, as stored,
+            when None).
         """
         self.redact = redact
+        self.scope = scope
         self.config = config
         self.bus = bus
         self.closing = closing
@@ -118,11 +174,18 @@ class SessionEndpoints:
         raise StageDeadlineExceeded("context", "the session bus did not answer in time")
 
     async def get(self, request: Request) -> None:
-        """``GET /v1/sessions/{id}``: the session's turns and variables."""
+        """``GET /v1/sessions/{id}``: the session's turns and variables, as the
+        request's key may see them (:class:`ReadScope`)."""
         sid, tenant = session_id(request), self.tenant(request)
+        seen = self.scope(request) if self.scope is not None else EVERYTHING
         turns = self.config.sessions.max_turns
         s = await self._bounded(lambda: self.bus.load(tenant, sid, turns, self.ttl))
-        view = SessionView(id=sid, turns=s.turns, variables=s.variables)
+        kept = [t for t in s.turns if seen.channels is None or t.channel in seen.channels]
+        variables = s.variables
+        if seen.redact is not None:
+            kept = await run_sliced(redact_turns(kept, seen.redact))
+            variables = await run_sliced(seen.redact(variables))
+        view = SessionView(id=sid, turns=kept, variables=variables)
         await request.responder.complete(200, JSON_HEADERS, encoder.encode(view))
 
     async def put_vars(self, request: Request) -> None:
@@ -156,6 +219,17 @@ class SessionEndpoints:
         sid, tenant = session_id(request), self.tenant(request)
         responder, receive = request.responder, request.receive
         cfg = self.config.sessions
+        seen = self.scope(request) if self.scope is not None else EVERYTHING
+
+        async def framed(events: list[Event]) -> bytes:
+            """The events this key may see, as it may see them."""
+            if seen.channels is not None:
+                events = [e for e in events if e.turn.channel in seen.channels]
+            if seen.redact is not None and events:
+                turns = await run_sliced(redact_turns([e.turn for e in events], seen.redact))
+                events = [Event(id=e.id, turn=t) for e, t in zip(events, turns, strict=True)]
+            return frame_events(events)
+
         after = request.headers.get("last-event-id") or None
         if after is not None:
             parse_event_id(after)
@@ -164,7 +238,7 @@ class SessionEndpoints:
             lambda: self.bus.read(tenant, sid, after, limit=cfg.replay_events, block_ms=0)
         )
         await responder.start(200, [*SSE_HEADERS, (b"x-aiserve-session-events", b"turn")])
-        await responder.body(RETRY + frame_events(first))
+        await responder.body(RETRY + await framed(first))
         cursor = first[-1].id if first else (after or "0-0")
         gone = False
         tail = CLOSE
@@ -194,8 +268,8 @@ class SessionEndpoints:
                         tail = bus_error_event(err)
                         break
                     if events:
-                        cursor = events[-1].id
-                        await responder.body(frame_events(events))
+                        cursor = events[-1].id  # past the turns this key does not see too
+                        await responder.body(await framed(events) or PING)
                     else:
                         await responder.body(PING)
             nursery.cancel_scope.cancel(reason="event stream ended")
