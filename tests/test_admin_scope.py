@@ -1,5 +1,5 @@
 """An admin key sees its own tenant; a ``global_admin`` key sees every tenant (issue 51,
-item 5): ``/admin/usage`` and the console's cache view are scoped to the admin key's
+item 5): ``/admin/usage`` and the console's cache and spend views are scoped to the admin key's
 tenant, and the config (``/admin/config``, its reload, the console's steps), ``/debug/``
 and ``/metrics`` are a global admin's only."""
 
@@ -58,6 +58,33 @@ async def test_an_admin_of_one_tenant_reads_that_tenants_usage_only(tmp_path: Pa
         by_key = await client.request("GET", "/admin/usage?group_by=key", headers=auth(KEY_EVE))
         assert "frank" not in {g["group"] for g in by_key.json()["groups"]}
         assert by_key.json()["total"]["requests"] == 2
+
+
+async def test_the_consoles_spend_view_shows_an_admin_its_own_tenant(tmp_path: Path) -> None:
+    frank_budget = _MORE_KEYS + "budget = 5.0\nbudget_period = \"day\"\n"
+    app = App(spend_config(tmp_path, carol_budget="100.0", tenant=frank_budget))
+    async with running(app) as client:
+        for key in (KEY_CAROL, KEY_FRANK):
+            assert (await client.chat(chat_body("echo: hi"), headers=auth(key))).status == 200
+        assert app.audit is not None
+        await app.audit.settle()
+
+        async def spend(key: str) -> dict[str, set[str]]:
+            r = await client.request("GET", "/admin/api/spend", headers=auth(key))
+            assert r.status == 200, r.body
+            out = r.json()
+            return {
+                "tenants": {g["group"] for g in out["tenants"]},
+                "keys": {g["group"] for g in out["keys"]},
+                "budgets": {b["name"] for b in out["budgets"]},
+            }
+
+        assert await spend(KEY_OPS) == {
+            "tenants": {"shop", "other"},
+            "keys": {"carol", "frank"},
+            "budgets": {"carol", "frank"},
+        }
+        assert await spend(KEY_EVE) == {"tenants": {"shop"}, "keys": {"carol"}, "budgets": {"carol"}}
 
 
 async def test_the_config_and_debug_endpoints_are_a_global_admins(tmp_path: Path) -> None:

@@ -358,7 +358,12 @@ class Console:
 
     async def spend(self, request: Request) -> None:
         """``GET /admin/api/spend``: see :mod:`.spend`."""
-        await self._json(request, await spend_view(self.usage, self.host.gate))
+        p = request.principal  # an admin of one tenant sees that tenant's spend only
+        tenant = p.admin_tenant if p is not None else None
+        auth = self.host.config.auth
+        keys = frozenset(k.id for k in (auth.keys if auth else []) if k.tenant == tenant)
+        out = await spend_view(self.usage, self.host.gate, tenant=tenant, keys=keys)
+        await self._json(request, out)
 
     # --- routes and their steps ------------------------------------------------------
 

@@ -42,16 +42,28 @@ class Spend(msgspec.Struct, kw_only=True):
     budgets: list[BudgetUse]
 
 
-async def spend_view(usage: UsageEndpoints | None, gate: Gate, now: float | None = None) -> Spend:
-    """What the Spend page shows (the last :data:`DAYS` days; no tables without the log)."""
+async def spend_view(
+    usage: UsageEndpoints | None,
+    gate: Gate,
+    now: float | None = None,
+    tenant: str | None = None,
+    keys: frozenset[str] = frozenset(),
+) -> Spend:
+    """What the Spend page shows (the last :data:`DAYS` days; no tables without the log):
+    every tenant's, or ``tenant``'s only (an admin of one tenant: its rows, its budget and
+    its ``keys``' budgets)."""
     now = time.time() if now is None else now
     start = (math.floor(now / DAY_S) - DAYS + 1) * DAY_S
     tables: dict[str, list[Group]] = {"day": [], "tenant": [], "key": [], "model": []}
     if usage is not None and usage.audit is not None:
         for group_by in tables:
-            got = await usage.read(UsageQuery(start=start, end=now + 1, group_by=group_by))
+            query = UsageQuery(start=start, end=now + 1, group_by=group_by, tenant=tenant)
+            got = await usage.read(query)
             tables[group_by] = got.groups
     limits = [*gate.budgets.keys.values(), *gate.budgets.tenants.values()]
+    if tenant is not None:
+        mine = {"key": keys, "tenant": frozenset({tenant})}
+        limits = [limit for limit in limits if limit.name in mine[limit.scope]]
     spent = await gate.ledger.spent(limits, now) if limits else []
     budgets = []
     for limit, used in zip(limits, spent, strict=True):
