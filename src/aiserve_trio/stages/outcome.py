@@ -9,8 +9,9 @@ change what another sees.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
+
+import msgspec
 
 from ..observability.events import Hook, NullHook
 from ..observability.metrics import label_value, status_label
@@ -27,8 +28,11 @@ if TYPE_CHECKING:
 CLIENT_CLOSED = "client_closed"
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """A frozen Struct, not a frozen dataclass: one is built for every request, and a
+    frozen dataclass sets each of its ~35 fields through ``object.__setattr__`` (7 µs a
+    request, against about 1 µs)."""
+
     request_id: str
     #: The route's label.
     route: str
@@ -52,14 +56,14 @@ class Outcome:
     #: The policies' notes and actions (also when an input policy blocked the request).
     policy: PolicyContext | None = None
     #: Per stage that got its input: (when it got it, when it ended), clock seconds.
-    stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    stages: Mapping[str, tuple[float, float]] = msgspec.field(default_factory=dict)
     first_token_at: float | None = None
     usage: Usage | None = None
     finish_reason: str | None = None
     #: The reply text actually delivered to the client.
     delivered: str = ""
     #: The tool calls delivered, arguments as the client got them.
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
     disconnected: bool = False
     #: The cap that ended the reply early (``max_tokens``, ``max_reply_bytes``,
     #: ``max_stream_s``), if one did.
