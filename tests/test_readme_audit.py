@@ -12,17 +12,17 @@ from collections.abc import Iterator
 import pytest
 
 from .servers import ROOT, hypercorn_gateway
+from .test_readme import DOCS
 
 pytestmark = pytest.mark.slow
 
-README = (ROOT / "README.md").read_text()
 CONFIG = ROOT / "configs" / "examples" / "audit.toml"
 DB = CONFIG.parent / "audit.db"
 GATEWAY = "http://127.0.0.1:8000"
 
 
 def audit_block() -> list[str]:
-    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", README, re.S) if "audit.toml" in b]
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", DOCS, re.S) if "audit.toml" in b]
     lines = block.replace("\\\n", " ").splitlines()
     return [" ".join(line.split()) for line in lines if line.strip() and not line.startswith("#")]
 

@@ -22,16 +22,16 @@ import pytest
 
 from .conftest import config_text
 from .servers import ROOT, hypercorn_gateway
+from .test_readme import DOCS
 from .test_record_labels import TABLE
 
 pytestmark = pytest.mark.slow
 
-README = (ROOT / "README.md").read_text()
 
 
 def record_block() -> list[str]:
     """The commands of the README's record/replay/compare block (comments dropped)."""
-    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", README, re.S) if "aiserve-replay" in b]
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", DOCS, re.S) if "aiserve-replay" in b]
     lines = block.replace("\\\n", " ").splitlines()
     return [" ".join(line.split()) for line in lines if line.strip() and not line.startswith("#")]
 

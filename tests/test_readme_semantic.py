@@ -10,14 +10,14 @@ import pytest
 from bench import semantic
 
 from .servers import ROOT, hypercorn_gateway
-from .test_readme import README, run, sh_block
+from .test_readme import DOCS, run, sh_block
 
 pytestmark = pytest.mark.slow
 
 
 def shown_output(after: str) -> str:
     """The plain block right after the ``sh`` block that has ``after``."""
-    m = re.search(r"```sh\n[^`]*" + re.escape(after) + r"[^`]*```\n\n```\n(.*?)```", README, re.S)
+    m = re.search(r"```sh\n[^`]*" + re.escape(after) + r"[^`]*```\n\n```\n(.*?)```", DOCS, re.S)
     assert m is not None
     return m.group(1)
 
@@ -39,7 +39,7 @@ def test_the_tuning_figures_are_what_the_command_reports(
     assert semantic.main(["--threshold", "0.92", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     p, n = r["paraphrase"], r["near_miss"]
-    said = " ".join(README.split())
+    said = " ".join(DOCS.split())
     assert f"{r['pairs']} labelled pairs" in said
     assert (
         f"no false hit of {n['pairs']} near misses ({n['stopped_by_guard']} stopped by the "
