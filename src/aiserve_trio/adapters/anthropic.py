@@ -224,6 +224,7 @@ class AnthropicAdapter(NativeAdapter):
         fields=(TRANSLATED.fields or frozenset()) | {"reasoning_effort"}, parts=TRANSLATED.parts
     )
     speaks = frozenset({"messages"})
+    native_decoder = AnthropicNativeDecoder
 
     def __init__(
         self,
@@ -257,9 +258,6 @@ class AnthropicAdapter(NativeAdapter):
 
     def decoder(self) -> StreamDecoder:
         return AnthropicStreamDecoder(self.name)
-
-    def native_decoder(self) -> StreamDecoder:
-        return AnthropicNativeDecoder(self.name)
 
     def status_error(self, status: int, raw: bytes, retry_after: float | None) -> GatewayError:
         kind, message = error_fields(raw)

@@ -254,6 +254,11 @@ def one_choice(request: InferenceRequest) -> None:
 class NativeAdapter(TransportOwner, Adapter):
     """Base of the provider adapters (see the module docstring)."""
 
+    #: The decoder of a native reply's stream, whose deltas carry the provider's events:
+    #: set with :attr:`~.base.Adapter.speaks` by an adapter that takes a client API's
+    #: requests as they are (``anthropic``); the parse stage makes a request native only then.
+    native_decoder: Callable[[str], StreamDecoder] | None = None
+
     def __init__(
         self,
         name: str,
@@ -297,11 +302,6 @@ class NativeAdapter(TransportOwner, Adapter):
     @abc.abstractmethod
     def decoder(self) -> StreamDecoder:
         """A fresh decoder of one reply's stream."""
-
-    def native_decoder(self) -> StreamDecoder:
-        """A fresh decoder of one native reply's stream (an adapter that :attr:`speaks`
-        a client API), whose deltas carry the provider's events."""
-        raise NotImplementedError(f"{type(self).__name__} speaks no client API natively")
 
     @abc.abstractmethod
     def status_error(self, status: int, raw: bytes, retry_after: float | None) -> GatewayError:
@@ -384,7 +384,8 @@ class NativeAdapter(TransportOwner, Adapter):
                     after = reply.header(b"retry-after")
                     wait = parse_retry_after(after.decode("latin-1") if after else None)
                     raise self.status_error(reply.status, raw, wait)
-                decoder = self.decoder() if request.native is None else self.native_decoder()
+                native = self.native_decoder if request.native is not None else None
+                decoder = native(self.name) if native is not None else self.decoder()
                 async for chunk in reply:
                     upstream_read(len(chunk))
                     for delta in decoder.feed(chunk):
