@@ -18,13 +18,12 @@ its bytes (:class:`~aiserve_trio.api.NativeEvents`):
 
 from __future__ import annotations
 
-import msgspec
+from typing import Any
 
-from ..errors import UpstreamError
 from .anthropic_stream import AnthropicStreamDecoder, _event_decoder
 from .base import Delta
-from .pieces import NativeText, encoded, malformed, one_event
-from .sse_parser import SSEDecodeError
+from .pieces import NativeText, encoded, one_event
+from .sse_parser import Event
 
 __all__ = ["AnthropicNativeDecoder"]
 
@@ -36,31 +35,19 @@ class AnthropicNativeDecoder(AnthropicStreamDecoder):
 
     __slots__ = ()
 
-    def feed(self, data: bytes) -> list[Delta]:
-        self.check()
-        out: list[Delta] = []
-        if self.done:
-            return out
-        text = NativeText()
-        try:
-            for event in self._parser.feed(data):
-                ev = _event_decoder.decode(event.data)
-                if ev.type == "ping":
-                    continue
-                raw = encoded(event)
-                kind = ev.delta.type if ev.type == "content_block_delta" and ev.delta else ""
-                if kind in _TEXT:
-                    self._event(ev, text.add((ev.index, ev.type), raw, out))
-                    continue
-                text.flush(out)
-                call = self._event(ev, text.pieces)
-                held = Delta(tool_calls=[call]) if call is not None else None
-                out.append(one_event(held, raw, ev.type, ev.index))
-                if self.done:
-                    break
-        except UpstreamError as reported:
-            self._error = reported
-        except (SSEDecodeError, msgspec.DecodeError) as exc:
-            self._error = malformed(self.name, exc)
-        text.flush(out)
-        return out
+    def _held(self) -> NativeText:
+        return NativeText()
+
+    def _read(self, event: Event, held: Any, out: list[Delta]) -> None:
+        ev = _event_decoder.decode(event.data)
+        if ev.type == "ping":
+            return
+        raw = encoded(event)
+        kind = ev.delta.type if ev.type == "content_block_delta" and ev.delta else ""
+        if kind in _TEXT:
+            self._event(ev, held.add((ev.index, ev.type), raw, out))
+            return
+        held.flush(out)
+        call = self._event(ev, held.pieces)
+        alone = Delta(tool_calls=[call]) if call is not None else None
+        out.append(one_event(alone, raw, ev.type, ev.index))

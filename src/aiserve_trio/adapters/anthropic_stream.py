@@ -27,12 +27,14 @@ one read are joined into one delta, as ``chat_stream.py`` does. No I/O here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
-from ..errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError
+from ..errors import UpstreamProtocolError, UpstreamStatusError
 from .base import Delta, ToolCallDelta, Usage
-from .pieces import Pieces, malformed
-from .sse_parser import SSEDecodeError, SSEParser
+from .pieces import EventReader, Pieces
+from .sse_parser import Event
 
 #: Anthropic's stop reasons -> OpenAI's finish reasons.
 STOP_REASONS = {
@@ -93,7 +95,7 @@ class _Event(msgspec.Struct):
 _event_decoder = msgspec.json.Decoder(_Event)
 
 
-class AnthropicStreamDecoder:
+class AnthropicStreamDecoder(EventReader):
     """One reply's event stream, decoded read by read.
 
     Use as ``chat_stream.ChatStreamDecoder``: :meth:`feed` each read and send what
@@ -102,25 +104,18 @@ class AnthropicStreamDecoder:
 
     __slots__ = (
         "_calls",
-        "_error",
-        "_parser",
         "cache_read",
         "cache_write",
-        "done",
         "input_tokens",
-        "name",
         "output_tokens",
         "pieces",
         "stop_reason",
     )
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self._parser = SSEParser()
-        self._error: UpstreamError | None = None
+        super().__init__(name)
         #: Block index -> tool call index, for the ``tool_use`` blocks opened so far.
         self._calls: dict[int, int] = {}
-        self.done = False
         self.stop_reason: str | None = None
         self.input_tokens = 0
         #: Prompt tokens read from / written to Anthropic's prompt cache (not in
@@ -130,41 +125,17 @@ class AnthropicStreamDecoder:
         self.output_tokens: int | None = None
         self.pieces = 0
 
-    def feed(self, data: bytes) -> list[Delta]:
-        """The deltas one read completes (text of its events joined).
+    def _read(self, event: Event, held: Any, out: list[Delta]) -> None:
+        """One event (its text joined with the read's; a tool call's fragment alone).
 
-        A malformed event, or an ``error`` event, is raised by the next
-        :meth:`check`, :meth:`feed` or :meth:`end`, after what came before it.
-
-        Raises:
-            UpstreamProtocolError: an earlier read broke the stream.
+        A malformed event, or an ``error`` event (overloaded, rate limited:
+        ``UpstreamStatusError``), is raised by the next :meth:`check`, :meth:`feed` or
+        :meth:`end`, after what came before it.
         """
-        self.check()
-        out: list[Delta] = []
-        if self.done:
-            return out
-        pieces = Pieces()
-        try:
-            for event in self._parser.feed(data):
-                ev = _event_decoder.decode(event.data)
-                call = self._event(ev, pieces)
-                if call is not None:
-                    pieces.flush(out)
-                    out.append(Delta(tool_calls=[call]))
-                if self.done:
-                    break
-        except UpstreamError as reported:
-            self._error = reported
-        except (SSEDecodeError, msgspec.DecodeError) as exc:
-            self._error = malformed(self.name, exc)
-        pieces.flush(out)
-        return out
-
-    def check(self) -> None:
-        """Raises: UpstreamError: a malformed event (``UpstreamProtocolError``) or an error
-        reported mid-stream (overloaded, rate limited: ``UpstreamStatusError``)."""
-        if self._error is not None:
-            raise self._error
+        call = self._event(_event_decoder.decode(event.data), held)
+        if call is not None:
+            held.flush(out)
+            out.append(Delta(tool_calls=[call]))
 
     def end(self) -> Delta:
         """The final delta: the finish reason and the usage Anthropic counted.

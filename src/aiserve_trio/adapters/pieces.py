@@ -7,14 +7,17 @@ tool-call fragment does not join: what came before it goes first, in order.
 
 from __future__ import annotations
 
+import abc
+from typing import Any, Protocol
+
 import msgspec
 
 from ..api import NativeEvents
-from ..errors import UpstreamProtocolError
+from ..errors import UpstreamError, UpstreamProtocolError
 from .base import Delta
-from .sse_parser import Event
+from .sse_parser import Event, SSEDecodeError, SSEParser
 
-__all__ = ["NativeText", "Pieces", "encoded", "malformed", "one_event"]
+__all__ = ["EventReader", "NativeText", "Pieces", "encoded", "malformed", "one_event"]
 
 
 def malformed(name: str, exc: Exception) -> UpstreamProtocolError:
@@ -95,3 +98,62 @@ def one_event(delta: Delta | None, raw: bytes, kind: str, index: int) -> Delta:
     holds = bool(d.text or d.reasoning or d.refusal or d.tool_calls)
     events = NativeEvents(raw=raw, kind=kind, index=index, boundary=not holds)
     return msgspec.structs.replace(d, native=events)
+
+
+class Held(Protocol):
+    """What a decoder joins across the events of one read (:class:`Pieces`, :class:`NativeText`)."""
+
+    def flush(self, out: list[Delta]) -> None: ...
+
+
+class EventReader(abc.ABC):
+    """A provider's event stream read read by read (the base of the SSE decoders):
+    :meth:`feed` hands each event of a read to :meth:`_read`, and keeps a malformed event
+    or a failure the stream reports for the next :meth:`check`, after what came before it."""
+
+    __slots__ = ("_error", "_parser", "done", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._parser = SSEParser()
+        self._error: UpstreamError | None = None
+        #: The stream's end came: nothing after it counts.
+        self.done = False
+
+    def feed(self, data: bytes) -> list[Delta]:
+        """The deltas one read completes.
+
+        Raises:
+            UpstreamError: an earlier read broke the stream.
+        """
+        self.check()
+        out: list[Delta] = []
+        if self.done:
+            return out
+        held = self._held()
+        try:
+            for event in self._parser.feed(data):
+                self._read(event, held, out)
+                if self.done:
+                    break
+        except UpstreamError as reported:
+            self._error = reported
+        except (SSEDecodeError, msgspec.DecodeError) as exc:
+            self._error = malformed(self.name, exc)
+        held.flush(out)
+        return out
+
+    def check(self) -> None:
+        """Raises: UpstreamError: what broke the stream (a malformed event, or an error it
+        reported mid-stream)."""
+        if self._error is not None:
+            raise self._error
+
+    def _held(self) -> Held:
+        """A fresh joiner for one read's events."""
+        return Pieces()
+
+    @abc.abstractmethod
+    def _read(self, event: Event, held: Any, out: list[Delta]) -> None:
+        """One event: its text into ``held``, or a delta of its own into ``out`` (what
+        ``held`` holds goes first)."""

@@ -18,13 +18,12 @@ audit -- and hands each event on with its bytes (:class:`~aiserve_trio.api.Nativ
 
 from __future__ import annotations
 
-import msgspec
+from typing import Any
 
-from ..errors import UpstreamError
 from .base import Delta
-from .pieces import NativeText, encoded, malformed, one_event
+from .pieces import NativeText, encoded, one_event
 from .responses_stream import _TEXT, ResponsesStreamDecoder, _event_decoder
-from .sse_parser import SSEDecodeError
+from .sse_parser import Event
 
 __all__ = ["ResponsesNativeDecoder"]
 
@@ -36,30 +35,17 @@ class ResponsesNativeDecoder(ResponsesStreamDecoder):
 
     __slots__ = ()
 
-    def feed(self, data: bytes) -> list[Delta]:
-        self.check()
-        out: list[Delta] = []
-        if self.done:
-            return out
-        text = NativeText()
-        try:
-            for event in self._parser.feed(data):
-                ev = _event_decoder.decode(event.data)
-                raw = encoded(event)
-                if ev.type in _JOINED and ev.delta:
-                    self._event(ev, text.add((ev.output_index, ev.type), raw, out))
-                    continue
-                text.flush(out)
-                alone = self._event(ev, text.pieces)
-                whole: list[Delta] = []
-                text.pieces.flush(whole)  # a text a server sent whole (a .done, no delta)
-                held = alone or (whole[0] if whole else None)
-                out.append(one_event(held, raw, ev.type, ev.output_index))
-                if self.done:
-                    break
-        except UpstreamError as reported:
-            self._error = reported
-        except (SSEDecodeError, msgspec.DecodeError) as exc:
-            self._error = malformed(self.name, exc)
-        text.flush(out)
-        return out
+    def _held(self) -> NativeText:
+        return NativeText()
+
+    def _read(self, event: Event, held: Any, out: list[Delta]) -> None:
+        ev = _event_decoder.decode(event.data)
+        raw = encoded(event)
+        if ev.type in _JOINED and ev.delta:
+            self._event(ev, held.add((ev.output_index, ev.type), raw, out))
+            return
+        held.flush(out)
+        alone = self._event(ev, held.pieces)
+        whole: list[Delta] = []
+        held.pieces.flush(whole)  # a text a server sent whole (a .done, no delta before)
+        out.append(one_event(alone or (whole[0] if whole else None), raw, ev.type, ev.output_index))

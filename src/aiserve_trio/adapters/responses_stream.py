@@ -39,10 +39,10 @@ from typing import Any
 
 import msgspec
 
-from ..errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError
+from ..errors import UpstreamProtocolError, UpstreamStatusError
 from .base import Delta, ToolCallDelta, Usage
-from .pieces import Pieces, malformed
-from .sse_parser import SSEDecodeError, SSEParser
+from .pieces import EventReader, Pieces
+from .sse_parser import Event
 
 #: ``incomplete_details.reason`` -> OpenAI Chat's finish reason.
 INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
@@ -109,7 +109,7 @@ class _Event(msgspec.Struct):
 _event_decoder = msgspec.json.Decoder(_Event)
 
 
-class ResponsesStreamDecoder:
+class ResponsesStreamDecoder(EventReader):
     """One reply's Responses event stream, decoded read by read.
 
     Use as ``chat_stream.ChatStreamDecoder``: :meth:`feed` each read and send what it
@@ -118,63 +118,31 @@ class ResponsesStreamDecoder:
 
     __slots__ = (
         "_calls",
-        "_error",
-        "_parser",
         "_streamed",
-        "done",
         "finish_reason",
-        "name",
         "pieces",
         "usage",
     )
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self._parser = SSEParser()
-        self._error: UpstreamError | None = None
+        super().__init__(name)
         #: Output index -> tool call index, for the function calls opened so far.
         self._calls: dict[int, int] = {}
         #: Output indexes of the items some delta came for (their ``.done`` repeats it).
         self._streamed: set[int] = set()
-        self.done = False
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.pieces = 0
 
-    def feed(self, data: bytes) -> list[Delta]:
-        """The deltas one read completes (the text of its events joined).
-
-        A malformed event, or a failure the stream reports, is raised by the next
-        :meth:`check`, :meth:`feed` or :meth:`end`, after what came before it.
-
-        Raises:
-            UpstreamProtocolError: an earlier read broke the stream.
-        """
-        self.check()
-        out: list[Delta] = []
-        if self.done:
-            return out
-        pieces = Pieces()
-        try:
-            for event in self._parser.feed(data):
-                alone = self._event(_event_decoder.decode(event.data), pieces)
-                if alone is not None:
-                    pieces.flush(out)
-                    out.append(alone)
-                if self.done:
-                    break
-        except UpstreamError as reported:
-            self._error = reported
-        except (SSEDecodeError, msgspec.DecodeError) as exc:
-            self._error = malformed(self.name, exc)
-        pieces.flush(out)
-        return out
-
-    def check(self) -> None:
-        """Raises: UpstreamError: a malformed event (``UpstreamProtocolError``), or a failure
-        reported mid-stream (a rate limit or server error: ``UpstreamStatusError``)."""
-        if self._error is not None:
-            raise self._error
+    def _read(self, event: Event, held: Any, out: list[Delta]) -> None:
+        """One event (its text joined with the read's; a refusal or a call's fragment
+        alone). A malformed event, or a failure the stream reports (a rate limit or a
+        server error: ``UpstreamStatusError``), is raised by the next :meth:`check`,
+        :meth:`feed` or :meth:`end`, after what came before it."""
+        alone = self._event(_event_decoder.decode(event.data), held)
+        if alone is not None:
+            held.flush(out)
+            out.append(alone)
 
     def end(self) -> Delta:
         """The final delta: the finish reason and the usage the backend counted (None
