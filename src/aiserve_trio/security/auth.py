@@ -134,6 +134,12 @@ class Principal:
     sessions: SessionGrant = ""
     #: An admin of every tenant (``global_admin``); an admin without it, of its own.
     global_admin: bool = False
+    #: The team the key belongs to inside its tenant ("": none).
+    team: str = ""
+    #: Roles beyond what ``admin`` says (``key-manager``, ``viewer``, ``user``).
+    roles: frozenset[str] = frozenset()
+    #: MCP tools this key may list and call (``server/tool``, ``server/*``); none by default.
+    mcp_tools: tuple[str, ...] = ()
 
     def check_route(self, path: str) -> None:
         """Raises Forbidden unless this key may call ``path``."""

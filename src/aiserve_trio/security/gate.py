@@ -137,6 +137,9 @@ class Gate:
                 rpm=k.rpm,
                 tpm=k.tpm,
                 sessions=k.sessions,
+                team=k.team,
+                roles=frozenset(k.roles),
+                mcp_tools=tuple(k.mcp_tools),
             )
             entries.append(KeyEntry(p, k.hash))
         self.keys = KeyStore(entries)

@@ -118,6 +118,12 @@ class AuthKey(Section):
     budget: float | None = None
     budget_period: Period = "month"
     budget_alert_at: float = 0.8
+    #: The team the key belongs to inside its tenant ("": none).
+    team: str = ""
+    #: Roles beyond ``admin``: ``key-manager``, ``viewer``, ``user``.
+    roles: list[str] = msgspec.field(default_factory=list)
+    #: MCP tools the key may list and call (``server/tool`` or ``server/*``); none unset.
+    mcp_tools: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_budget(self.budget, self.budget_alert_at)
