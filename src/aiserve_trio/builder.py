@@ -140,8 +140,17 @@ class RuntimeBuilder:
 
     def _endpoints(self, parts: Parts) -> list[Endpoint]:
         """The endpoint table of a runtime: its handlers serve with ``parts``."""
-        get, req = ("GET",), Admission.REQUEST
-        sessions, admin = parts.sessions, self.admin
+        return [
+            *self._route_endpoints(parts),
+            *self._service_endpoints(parts),
+            *_session_endpoints(parts),
+            *self._operator_endpoints(parts),
+        ]
+
+    def _route_endpoints(self, parts: Parts) -> list[Endpoint]:
+        """Each route's own endpoint (chat or embeddings), and Anthropic's token
+        counting below each Messages route (count_tokens.py)."""
+        req = Admission.REQUEST
         table = [
             Endpoint(
                 r.config.path,
@@ -154,7 +163,6 @@ class RuntimeBuilder:
             )
             for r in parts.routes.values()
         ]
-        # Anthropic's token counting below each Messages route (count_tokens.py).
         table += [
             Endpoint(
                 r.config.path + SUFFIX,
@@ -169,48 +177,30 @@ class RuntimeBuilder:
             for r in parts.routes.values()
             if r.config.kind == "messages"
         ]
-        table += [
+        return table
+
+    def _service_endpoints(self, parts: Parts) -> list[Endpoint]:
+        """What a client or a probe asks of the gateway itself: models, health,
+        readiness, metrics, the caller's own usage."""
+        get, req, admin = ("GET",), Admission.REQUEST, self.admin
+        return [
             Endpoint("/v1/models", get, Auth.KEY, req, partial(admin.models, parts), "models"),
             Endpoint("/healthz", get, Auth.OPEN, Admission.NONE, admin.healthz, "healthz"),
             Endpoint(
                 "/readyz", get, Auth.OPEN, Admission.NONE, partial(admin.readyz, parts), "readyz"
             ),
             Endpoint("/metrics", get, Auth.METRICS, Admission.NONE, admin.metrics_text, "metrics"),
-            Endpoint("/v1/sessions/{id}", get, Auth.SESSION_READ, req, sessions.get, "session"),
-            Endpoint(
-                "/v1/sessions/{id}/vars",
-                ("PUT",),
-                Auth.SESSION_WRITE,
-                req,
-                sessions.put_vars,
-                "vars",
-            ),
-            Endpoint(
-                "/v1/sessions/{id}/events",
-                get,
-                Auth.KEY_OR_STREAM_TOKEN,
-                Admission.STREAM,
-                sessions.events,
-                "session_events",
-            ),
-            Endpoint(
-                "/v1/sessions/{id}/stream-token",
-                ("POST",),
-                Auth.SESSION_READ,
-                req,
-                parts.gate.stream_token,
-                "stream_token",
-            ),
+            Endpoint("/v1/usage", get, Auth.KEY, req, self.usage.own, "usage"),
         ]
-        # Profiles and run traces of this worker (admin; loopback only when auth is off).
-        debug = self.debug
-        table += [
+
+    def _operator_endpoints(self, parts: Parts) -> list[Endpoint]:
+        """The admin's endpoints (loopback only when auth is off): this worker's
+        profiles and run traces, the configuration and its reload, everyone's spend,
+        the recent requests when kept, and the operator console."""
+        get, req, admin, debug = ("GET",), Admission.REQUEST, self.admin, self.debug
+        table = [
             Endpoint("/debug/profile", get, Auth.ADMIN, req, debug.profile, "debug_profile"),
             Endpoint("/debug/trace", get, Auth.ADMIN, req, debug.trace, "debug_trace"),
-        ]
-        # The configuration: what is active, and reloading it (admin; loopback only
-        # when auth is off).
-        table += [
             Endpoint("/admin/config", get, Auth.ADMIN, req, admin.config, "admin_config"),
             Endpoint(
                 "/admin/config/reload",
@@ -220,9 +210,6 @@ class RuntimeBuilder:
                 partial(admin.config_reload, parts),
                 "admin_config_reload",
             ),
-        ]
-        # Spend read back from the audit log: everyone's (admin), the caller's own.
-        table += [
             Endpoint(
                 "/admin/usage",
                 get,
@@ -231,7 +218,6 @@ class RuntimeBuilder:
                 partial(admin.usage_admin, parts),
                 "admin_usage",
             ),
-            Endpoint("/v1/usage", get, Auth.KEY, req, self.usage.own, "usage"),
         ]
         if parts.config.observability.debug_requests:
             table.append(
@@ -239,6 +225,33 @@ class RuntimeBuilder:
             )
         table += self.console.endpoints()  # /admin/: the operator console
         return table
+
+
+def _session_endpoints(parts: Parts) -> list[Endpoint]:
+    """A session's turns and variables, its live events and their stream tokens."""
+    get, req, sessions = ("GET",), Admission.REQUEST, parts.sessions
+    return [
+        Endpoint("/v1/sessions/{id}", get, Auth.SESSION_READ, req, sessions.get, "session"),
+        Endpoint(
+            "/v1/sessions/{id}/vars", ("PUT",), Auth.SESSION_WRITE, req, sessions.put_vars, "vars"
+        ),
+        Endpoint(
+            "/v1/sessions/{id}/events",
+            get,
+            Auth.KEY_OR_STREAM_TOKEN,
+            Admission.STREAM,
+            sessions.events,
+            "session_events",
+        ),
+        Endpoint(
+            "/v1/sessions/{id}/stream-token",
+            ("POST",),
+            Auth.SESSION_READ,
+            req,
+            parts.gate.stream_token,
+            "stream_token",
+        ),
+    ]
 
 
 def _cache_for(
