@@ -225,129 +225,152 @@ def build_trace(
     """
     pid = os.getpid() if pid is None else pid
     records = list(records)
-    # Pass 1: a track (tid) per task -- a key's next task after its EXIT is another
-    # one -- and each task's name and label, known only at its exit or at the end.
-    generation: dict[int, int] = {}
-    tids: dict[tuple[int, int], int] = {}
-    info: dict[int, TaskInfo] = {}
-
-    def tid_of(key: int) -> int:
-        k = (key, generation.get(key, 0))
-        tid = tids.get(k)
-        if tid is None:
-            tid = tids[k] = len(tids) + LOOP_TID + 1
-        return tid
-
-    rec_tids: list[int] = []
-    wakers: dict[int, int] = {}  # index of a SCHED record -> its waker's tid
-    for i, rec in enumerate(records):
-        kind = rec[0]
-        if kind == IO_WAIT:
-            rec_tids.append(LOOP_TID)
-            continue
-        tid = tid_of(rec[1])
-        rec_tids.append(tid)
-        if kind == SCHED and rec[3] not in (WOKEN_BY_IO, WOKEN_BY_LOOP):
-            wakers[i] = tid_of(rec[3])
-        elif kind == EXIT:
-            info[tid] = (rec[3], rec[4])
-            generation[rec[1]] = generation.get(rec[1], 0) + 1
-    for (key, gen), tid in tids.items():
-        if tid not in info:
-            current = gen == generation.get(key, 0)
-            info[tid] = live.get(key, ("?", None)) if current else ("?", None)
-
-    def waker_name(i: int, waker: int) -> str:
-        if waker == WOKEN_BY_IO:
-            return "io"
-        if waker == WOKEN_BY_LOOP:
-            return "run loop"
-        wtid = wakers[i]
-        return _track_name(wtid, *info[wtid])
-
-    # Pass 2: the events.
-    events: list[dict[str, Any]] = []
-    # tid -> (when, woken by) since its last step; a second entry is made during the step
-    scheduled: dict[int, list[tuple[float, str]]] = {}
-    last_end: dict[int, float] = {}
-    seen: dict[int, float] = {}  # tid -> first timestamp
-    for i, rec in enumerate(records):
-        kind = rec[0]
-        tid = rec_tids[i]
-        if kind == IO_WAIT:
-            _, _, t0, t1, timeout = rec
-            events.append(
-                {
-                    "name": "io_wait",
-                    "cat": "io",
-                    "ph": "X",
-                    "ts": _us(t0, started),
-                    "dur": _us(t1, t0),
-                    "pid": pid,
-                    "tid": LOOP_TID,
-                    "args": {"timeout_ms": round(timeout * 1000, 3)},
-                }
-            )
-            continue
-        seen.setdefault(tid, rec[2])
-        name, label = info[tid]
-        if kind == STEP:
-            _, _, t0, t1, *step_label = rec
-            if step_label and step_label[0] is not None:
-                label = step_label[0]
-            args: dict[str, Any] = {**_label_args(label), "task": name}
-            # A task that reschedules itself (a checkpoint) is scheduled *during* its
-            # step, and that SCHED record precedes the STEP record, appended at the
-            # step's end: it belongs to the task's next step, not to this one.
-            pending = scheduled.pop(tid, [])
-            if pending and pending[-1][0] >= t0:
-                scheduled[tid] = [pending.pop()]
-            if pending:
-                when, woken_by = pending[-1]
-                previous = last_end.get(tid)
-                # Scheduled before its previous step ended: runnable from that end on,
-                # never blocked in between.
-                ready = when if previous is None else max(when, previous)
-                args["runnable_us"] = _us(t0, ready)
-                args["woken_by"] = woken_by
-                if previous is not None:
-                    args["blocked_us"] = _us(ready, previous)
-            last_end[tid] = t1
-            events.append(
-                {
-                    "name": (label.stage or label.route or name) if label is not None else name,
-                    "cat": "step",
-                    "ph": "X",
-                    "ts": _us(t0, started),
-                    "dur": _us(t1, t0),
-                    "pid": pid,
-                    "tid": tid,
-                    "args": args,
-                }
-            )
-        elif kind == SCHED:
-            woken_by = waker_name(i, rec[3])
-            scheduled.setdefault(tid, []).append((rec[2], woken_by))
-            events.append(
-                _instant("scheduled", "sched", rec[2], started, pid, tid, {"woken_by": woken_by})
-            )
-        elif kind == SPAWN:
-            events.append(_instant("spawned", "task", rec[2], started, pid, tid, {}))
-        elif kind == EXIT:
-            events.append(_instant("exited", "task", rec[2], started, pid, tid, {}))
-    events.sort(key=lambda e: e["ts"])
+    tracks = _Tracks(records, live)
+    events = _Events(tracks, started, pid).of(records)
     return {
-        "traceEvents": _metadata(pid, info, seen) + events,
+        "traceEvents": _metadata(pid, tracks.info, events.seen) + events.events,
         "displayTimeUnit": "ms",
         "otherData": {
             "source": "aiserve-trio /debug/trace",
             "worker_pid": pid,
-            "events": len(events),
+            "events": len(events.events),
             "events_dropped": dropped,
             "max_events": max_events,
             "seconds": round((ended if ended is not None else started) - started, 6),
             "clock": "time.perf_counter, microseconds from the start of the trace",
         },
+    }
+
+
+class _Tracks:
+    """Pass 1 over the records: a track (tid) per task -- a key's next task after its
+    EXIT is another one -- and each task's name and label, known only at its exit or at
+    the end."""
+
+    def __init__(self, records: list[Record], live: Mapping[int, TaskInfo]) -> None:
+        self._generation: dict[int, int] = {}
+        self._tids: dict[tuple[int, int], int] = {}
+        #: tid -> the task's name and label
+        self.info: dict[int, TaskInfo] = {}
+        #: the track of each record, by index
+        self.of_record: list[int] = []
+        #: index of a SCHED record -> its waker's tid
+        self._wakers: dict[int, int] = {}
+        for i, rec in enumerate(records):
+            kind = rec[0]
+            if kind == IO_WAIT:
+                self.of_record.append(LOOP_TID)
+                continue
+            tid = self._tid_of(rec[1])
+            self.of_record.append(tid)
+            if kind == SCHED and rec[3] not in (WOKEN_BY_IO, WOKEN_BY_LOOP):
+                self._wakers[i] = self._tid_of(rec[3])
+            elif kind == EXIT:
+                self.info[tid] = (rec[3], rec[4])
+                self._generation[rec[1]] = self._generation.get(rec[1], 0) + 1
+        for (key, gen), tid in self._tids.items():
+            if tid not in self.info:
+                current = gen == self._generation.get(key, 0)
+                self.info[tid] = live.get(key, ("?", None)) if current else ("?", None)
+
+    def _tid_of(self, key: int) -> int:
+        k = (key, self._generation.get(key, 0))
+        tid = self._tids.get(k)
+        if tid is None:
+            tid = self._tids[k] = len(self._tids) + LOOP_TID + 1
+        return tid
+
+    def waker_name(self, i: int, waker: int) -> str:
+        """Who scheduled the task of SCHED record ``i``."""
+        if waker == WOKEN_BY_IO:
+            return "io"
+        if waker == WOKEN_BY_LOOP:
+            return "run loop"
+        wtid = self._wakers[i]
+        return _track_name(wtid, *self.info[wtid])
+
+
+class _Events:
+    """Pass 2: the trace's events, in record order (sorted by time at the end)."""
+
+    def __init__(self, tracks: _Tracks, started: float, pid: int) -> None:
+        self._tracks, self._started, self._pid = tracks, started, pid
+        self.events: list[dict[str, Any]] = []
+        #: tid -> (when, woken by) since its last step; a second entry is made during
+        #: the step
+        self._scheduled: dict[int, list[tuple[float, str]]] = {}
+        self._last_end: dict[int, float] = {}
+        #: tid -> its first timestamp
+        self.seen: dict[int, float] = {}
+
+    def of(self, records: list[Record]) -> _Events:
+        started, pid = self._started, self._pid
+        for i, rec in enumerate(records):
+            kind = rec[0]
+            tid = self._tracks.of_record[i]
+            if kind == IO_WAIT:
+                self.events.append(_io_wait(rec, started, pid))
+                continue
+            self.seen.setdefault(tid, rec[2])
+            if kind == STEP:
+                self.events.append(self._step(rec, tid))
+            elif kind == SCHED:
+                woken = {"woken_by": self._tracks.waker_name(i, rec[3])}
+                self._scheduled.setdefault(tid, []).append((rec[2], woken["woken_by"]))
+                self.events.append(_instant("scheduled", "sched", rec[2], started, pid, tid, woken))
+            elif kind == SPAWN:
+                self.events.append(_instant("spawned", "task", rec[2], started, pid, tid, {}))
+            elif kind == EXIT:
+                self.events.append(_instant("exited", "task", rec[2], started, pid, tid, {}))
+        self.events.sort(key=lambda e: e["ts"])
+        return self
+
+    def _step(self, rec: Record, tid: int) -> dict[str, Any]:
+        name, label = self._tracks.info[tid]
+        _, _, t0, t1, *step_label = rec
+        if step_label and step_label[0] is not None:
+            label = step_label[0]
+        args: dict[str, Any] = {**_label_args(label), "task": name}
+        # A task that reschedules itself (a checkpoint) is scheduled *during* its
+        # step, and that SCHED record precedes the STEP record, appended at the
+        # step's end: it belongs to the task's next step, not to this one.
+        pending = self._scheduled.pop(tid, [])
+        if pending and pending[-1][0] >= t0:
+            self._scheduled[tid] = [pending.pop()]
+        if pending:
+            when, woken_by = pending[-1]
+            previous = self._last_end.get(tid)
+            # Scheduled before its previous step ended: runnable from that end on,
+            # never blocked in between.
+            ready = when if previous is None else max(when, previous)
+            args["runnable_us"] = _us(t0, ready)
+            args["woken_by"] = woken_by
+            if previous is not None:
+                args["blocked_us"] = _us(ready, previous)
+        self._last_end[tid] = t1
+        return {
+            "name": (label.stage or label.route or name) if label is not None else name,
+            "cat": "step",
+            "ph": "X",
+            "ts": _us(t0, self._started),
+            "dur": _us(t1, t0),
+            "pid": self._pid,
+            "tid": tid,
+            "args": args,
+        }
+
+
+def _io_wait(rec: Record, started: float, pid: int) -> dict[str, Any]:
+    _, _, t0, t1, timeout = rec
+    return {
+        "name": "io_wait",
+        "cat": "io",
+        "ph": "X",
+        "ts": _us(t0, started),
+        "dur": _us(t1, t0),
+        "pid": pid,
+        "tid": LOOP_TID,
+        "args": {"timeout_ms": round(timeout * 1000, 3)},
     }
 
 
