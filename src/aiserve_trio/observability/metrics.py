@@ -67,6 +67,16 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+        self._add_requests(r)
+        self._add_upstream(r)
+        self._add_sessions(r)
+        self._add_operations(r)
+        self._add_sla_and_baseline(r)
+        self._add_cache(r)
+
+    def _add_requests(self, r: CollectorRegistry) -> None:
+        """The requests: stage times and live tasks, results, first tokens, deadlines, tokens,
+        disconnects, caps and chain steps."""
         self.stage_latency = Histogram(
             "pipeline_stage_latency_seconds",
             "Time spent in each pipeline stage.",
@@ -112,6 +122,25 @@ class Metrics:
             ["stage"],
             registry=r,
         )
+        self.caps = Counter(
+            "aiserve_reply_caps",
+            "Replies a route's cap ended early (max_tokens, max_reply_bytes, max_stream_s).",
+            ["route", "cap"],
+            registry=r,
+        )
+        self.chain_step_latency = Histogram(
+            "aiserve_chain_step_latency_seconds",
+            "Time each step of a route's chain took (chains/), by route and step name.",
+            ["route", "step"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        for stage in STAGES:
+            self.task_count.labels(stage)
+            self.stage_latency.labels(stage)
+
+    def _add_upstream(self, r: CollectorRegistry) -> None:
+        """The backends: failures, tries, retries, TLS handshakes."""
         self.upstream_errors = Counter(
             "aiserve_upstream_errors",
             "Upstream failures by adapter and error code.",
@@ -136,12 +165,9 @@ class Metrics:
             ["adapter", "kind"],
             registry=r,
         )
-        self.policy_actions = Counter(
-            "policy_actions",
-            "Actions taken by policies (redacted, blocked, flagged, rewritten).",
-            ["policy", "action"],
-            registry=r,
-        )
+
+    def _add_sessions(self, r: CollectorRegistry) -> None:
+        """The session bus and the outbox in front of it."""
         self.session_errors = Counter(
             "aiserve_session_bus_errors",
             "Session bus operations that failed.",
@@ -151,6 +177,11 @@ class Metrics:
         self.session_outbox_size = Gauge(
             "aiserve_session_outbox_size",
             "Session turn writes waiting in the in-process outbox for the bus to return.",
+            registry=r,
+        )
+        self.session_outbox_dropped = Counter(
+            "aiserve_session_outbox_dropped",
+            "Session turn writes dropped because the outbox was full.",
             registry=r,
         )
         self.session_bytes = Gauge(
@@ -163,15 +194,13 @@ class Metrics:
             "Sessions the memory session bus holds in this worker ([sessions] max_sessions).",
             registry=r,
         )
-        self.caps = Counter(
-            "aiserve_reply_caps",
-            "Replies a route's cap ended early (max_tokens, max_reply_bytes, max_stream_s).",
-            ["route", "cap"],
-            registry=r,
-        )
-        self.session_outbox_dropped = Counter(
-            "aiserve_session_outbox_dropped",
-            "Session turn writes dropped because the outbox was full.",
+
+    def _add_operations(self, r: CollectorRegistry) -> None:
+        """Policies' actions, configuration reloads, the traffic recording."""
+        self.policy_actions = Counter(
+            "policy_actions",
+            "Actions taken by policies (redacted, blocked, flagged, rewritten).",
+            ["policy", "action"],
             registry=r,
         )
         self.config_reloads = Counter(
@@ -191,18 +220,6 @@ class Metrics:
             "writing failed, the request could not be recorded, or aiserve-replay sent it "
             "(left out unless [record] include_replays = true).",
             ["reason"],
-            registry=r,
-        )
-        for stage in STAGES:
-            self.task_count.labels(stage)
-            self.stage_latency.labels(stage)
-        self._add_sla_and_baseline(r)
-        self._add_cache(r)
-        self.chain_step_latency = Histogram(
-            "aiserve_chain_step_latency_seconds",
-            "Time each step of a route's chain took (chains/), by route and step name.",
-            ["route", "step"],
-            buckets=STAGE_BUCKETS,
             registry=r,
         )
 
