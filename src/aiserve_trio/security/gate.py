@@ -41,6 +41,7 @@ from ..http.types import JSON_HEADERS, STRIKE, Scope
 from ..sessions.bus import check_session_id
 from ..spend.budget import Budgets, check, route_reserves
 from ..spend.ledger import NO_HOLD, Hold, Ledger, LedgerMetrics, Seed
+from . import roles
 from .admission import Admission
 from .auth import KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
 from .browser import BrowserGuard
@@ -69,6 +70,8 @@ _ADMIN = frozenset({Auth.ADMIN, Auth.ADMIN_OR_CONSOLE_TOKEN})
 _EVERY_TENANT = ("/admin/config", "/debug/", "/metrics")
 #: Endpoints on a tenant's sessions, and whether they change them.
 _SESSIONS = {Auth.SESSION_READ: False, Auth.KEY_OR_STREAM_TOKEN: False, Auth.SESSION_WRITE: True}
+#: Model endpoints, where a key may also come as ``x-api-key`` or ``api-key`` (issue 47, 6).
+_KEY_HEADERS = frozenset({Auth.CHAT, Auth.KEY})
 #: What a console token is signed for (a stream token names a session id there).
 CONSOLE_SUBJECT = "console"
 
@@ -310,7 +313,8 @@ class Gate:
             self._failed(request.scope, err)
             raise
         if need in (Auth.ADMIN, Auth.METRICS, Auth.ADMIN_OR_CONSOLE_TOKEN):
-            principal.check_admin(request.path)
+            # What each role may do is security/roles.py's (issue 47, item 4).
+            roles.check(principal, roles.action_for(request.method, request.path), request.path)
         if need in (Auth.ADMIN, Auth.METRICS) and request.path.startswith(_EVERY_TENANT):
             principal.check_global_admin(request.path)
         if need in _SESSIONS:
@@ -319,6 +323,7 @@ class Gate:
         if channel is not None:
             principal.check_channel(channel.strip().lower())
         if need is Auth.CHAT:
+            roles.check(principal, roles.Action.MODEL_CALL, request.path)
             principal.check_route(endpoint.route or endpoint.path)
             only = principal.channel(channel, self._channels)
             if only is not None:
@@ -349,9 +354,11 @@ class Gate:
                 sid = request.params.get("id", "")
                 key_id = self.tokens.check(token, self._tenant_of, sid, time.time())
                 return self._principals[key_id]
-        api_key = request.headers.get("x-api-key")
-        if auth is None and api_key is not None and endpoint.auth is Auth.CHAT:
-            auth = f"Bearer {api_key}"  # Anthropic's clients send the key this way
+        if auth is None and endpoint.auth in _KEY_HEADERS:
+            # Anthropic's clients send the key as x-api-key, Azure OpenAI's as api-key.
+            api_key = request.headers.get("x-api-key") or request.headers.get("api-key")
+            if api_key is not None:
+                auth = f"Bearer {api_key}"
         plain = bearer(auth)
         if endpoint.auth is Auth.ADMIN_OR_CONSOLE_TOKEN and not plain.startswith("aik_"):
             subject = CONSOLE_SUBJECT

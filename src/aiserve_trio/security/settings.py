@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..spend.settings import Period, check_budget
 from ..tenants import check_tenant
 from .auth import check_hash
+from .roles import check_roles
 
 _KEY_ID_RE = re.compile(r"^[a-z0-9]{1,32}$")
 
@@ -136,6 +137,10 @@ class AuthKey(Section):
         as_field("tenant", check_tenant, self.tenant)
         if self.rpm < 0 or self.tpm < 0:
             raise ValueError("`rpm` and `tpm` must not be negative")
+        try:
+            check_roles(self.roles)
+        except ValueError as exc:
+            raise field_error("roles", str(exc)) from None
 
 
 class AuthConfig(Section):
