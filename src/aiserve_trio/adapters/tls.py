@@ -154,12 +154,12 @@ class TLSSettings:
         context.set_alpn_protocols(["http/1.1"])
         return cls(context, tls.server_name or host, on_handshake)
 
-    def handshake_done(self, sock: ssl.SSLSocket) -> None:
+    def handshake_done(self, sock: ssl.SSLObject | ssl.SSLSocket) -> None:
         """Count a finished handshake (full or resumed)."""
         if self.on_handshake is not None:
             self.on_handshake(RESUMED if sock.session_reused else FULL)
 
-    def keep_session(self, sock: ssl.SSLSocket) -> bool:
+    def keep_session(self, sock: ssl.SSLObject | ssl.SSLSocket) -> bool:
         """Keep ``sock``'s session for the next connection (once its tickets have come).
 
         Returns whether it was kept: a TLS 1.3 connection whose tickets have not come
