@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from .adapters.settings import AdapterConfig, UpstreamTLS, check_groups
+from .adapters.settings import AdapterConfig, Fail, UpstreamTLS, check_groups
 
 # Re-exported (`X as X`) for the tests and benches that import them from here: the
 # adapters' Structs, CacheConfig, SessionsConfig, LimitsConfig, CorsConfig and its
@@ -44,6 +44,7 @@ from .adapters.tls import check_tls_files
 from .audit.settings import AuditConfig as AuditConfig
 from .budgets import BudgetsConfig, DeadlineConfig
 from .cache.settings import CacheConfig as CacheConfig
+from .cache.settings import RouteCache
 from .chains.steps import StepConfig as StepConfig
 from .decoding import Section as _Section
 from .decoding import as_field, config_roots, confined, decode_toml, field_error, outside
@@ -258,6 +259,28 @@ def check_config(cfg: Config) -> None:
     def fail(key: str, why: str) -> ConfigError:
         return ConfigError(f"{cfg.source}: key `{key}`: {why}")
 
+    _check_auth(cfg, fail)
+    check_groups(cfg.adapters, fail)
+    if not cfg.routes:
+        raise fail("routes", "at least one [[routes]] entry is needed")
+    seen_paths: set[str] = set()
+    seen_labels: set[str] = set()
+    for i, route in enumerate(cfg.routes):
+        key = f"routes[{i}]"
+        if route.path in seen_paths:
+            raise fail(f"{key}.path", f"{route.path!r} is served by an earlier route")
+        seen_paths.add(route.path)
+        _check_route(i, route, cfg, fail, seen_labels)
+    chat = [r.path for r in cfg.routes if r.kind == "chat"]
+    if (problem := check_record(chat, cfg.record)) is not None:
+        raise fail(*problem)
+    build_policies(list(dict.fromkeys(n for r in cfg.routes for n in r.policies)), cfg)
+
+
+def _check_auth(cfg: Config, fail: Fail) -> None:
+    """``[auth]`` against the rest: it is there, its keys are unique and name configured
+    routes and channels, ``[cors]`` and the rate limiter's backend agree with it, the
+    tenants' names are valid, and the audit log keeps every budget's period."""
     auth = cfg.auth
     if auth is None:
         raise fail(
@@ -298,64 +321,61 @@ def check_config(cfg: Config) -> None:
         if (forgets := unkept(budgets, cfg.audit.retention_days)) is not None:
             raise fail("audit.retention_days", forgets)
 
-    check_groups(cfg.adapters, fail)
+
+def _check_route(i: int, route: RouteConfig, cfg: Config, fail: Fail, seen: set[str]) -> None:
+    """Route ``i`` against the rest: its adapters, wire, label (not in ``seen``, the
+    earlier routes'; added), cache, policies, deadlines and steps."""
+    key = f"routes[{i}]"
+    if route.adapters:
+        check_routing(i, route, cfg.adapters, fail)
+    check_wire(i, route, cfg.adapters, fail)
+    if route.adapter not in cfg.adapters:
+        known = ", ".join(sorted(cfg.adapters)) or "none"
+        raise fail(f"{key}.adapter", f"unknown adapter {route.adapter!r} (configured: {known})")
+    label = route_label(route)
+    if label in seen:
+        raise fail(f"{key}.name", f"{label!r} is used by an earlier route")
+    seen.add(label)
+    if route.kind == "embeddings" and route.policies:
+        raise fail(f"{key}.policies", "policies apply to chat routes, not to embeddings")
+    if route.cache is not None:
+        _check_cache(key, route.cache, route, cfg, fail)
     policy_names = known_policies(cfg.policy_specs)
-    if not cfg.routes:
-        raise fail("routes", "at least one [[routes]] entry is needed")
-    seen_paths: set[str] = set()
-    seen_labels: set[str] = set()
+    for j, policy in enumerate(route.policies):
+        if policy not in policy_names:
+            known = ", ".join(sorted(policy_names)) or "none"
+            raise fail(f"{key}.policies[{j}]", f"unknown policy {policy!r} (known: {known})")
     reserve_ms = cfg.deadline.reserve_ms
-    for i, route in enumerate(cfg.routes):
-        key = f"routes[{i}]"
-        if route.path in seen_paths:
-            raise fail(f"{key}.path", f"{route.path!r} is served by an earlier route")
-        seen_paths.add(route.path)
-        if route.adapters:
-            check_routing(i, route, cfg.adapters, fail)
-        check_wire(i, route, cfg.adapters, fail)
-        if route.adapter not in cfg.adapters:
-            known = ", ".join(sorted(cfg.adapters)) or "none"
-            raise fail(f"{key}.adapter", f"unknown adapter {route.adapter!r} (configured: {known})")
-        label = route_label(route)
-        if label in seen_labels:
-            raise fail(f"{key}.name", f"{label!r} is used by an earlier route")
-        seen_labels.add(label)
-        if route.kind == "embeddings" and route.policies:
-            raise fail(f"{key}.policies", "policies apply to chat routes, not to embeddings")
-        if route.cache is not None:
-            if route.kind == "embeddings":
-                raise fail(f"{key}.cache", "the response cache is for chat routes")
-            served = getattr(cfg.adapters[route.adapter], "models", None)
-            for j, model in enumerate(route.cache.models):
-                if served is not None and model not in served:
-                    why = f"{model!r} is not served by adapter {route.adapter!r}"
-                    raise fail(f"{key}.cache.models[{j}]", why)
-            sem = route.cache.semantic
-            if sem is not None and sem.embeddings not in cfg.adapters:
-                known = ", ".join(sorted(cfg.adapters))
-                why = f"unknown adapter {sem.embeddings!r} (known: {known})"
-                raise fail(f"{key}.cache.semantic.embeddings", why)
-        for j, policy in enumerate(route.policies):
-            if policy not in policy_names:
-                known = ", ".join(sorted(policy_names)) or "none"
-                raise fail(f"{key}.policies[{j}]", f"unknown policy {policy!r} (known: {known})")
-        for field in ("default_ms", "max_ms"):
-            ms = getattr(route.deadline, field)
-            if ms is not None and ms <= reserve_ms:
-                why = f"must exceed deadline.reserve_ms ({reserve_ms})"
-                raise fail(f"{key}.deadline.{field}", why)
-        default_ms = route.deadline.default_ms or cfg.deadline.default_ms
-        max_ms = route.deadline.max_ms or cfg.deadline.max_ms
-        if default_ms > max_ms:
-            field = "default_ms" if route.deadline.default_ms is not None else "max_ms"
-            why = f"the default ({default_ms} ms) must not exceed the maximum ({max_ms} ms)"
+    for field in ("default_ms", "max_ms"):
+        ms = getattr(route.deadline, field)
+        if ms is not None and ms <= reserve_ms:
+            why = f"must exceed deadline.reserve_ms ({reserve_ms})"
             raise fail(f"{key}.deadline.{field}", why)
-        if route.steps:
-            check_steps(i, route, cfg.adapters, policy_names, cfg.build_policies, fail)
-    chat = [r.path for r in cfg.routes if r.kind == "chat"]
-    if (problem := check_record(chat, cfg.record)) is not None:
-        raise fail(*problem)
-    build_policies(list(dict.fromkeys(n for r in cfg.routes for n in r.policies)), cfg)
+    default_ms = route.deadline.default_ms or cfg.deadline.default_ms
+    max_ms = route.deadline.max_ms or cfg.deadline.max_ms
+    if default_ms > max_ms:
+        field = "default_ms" if route.deadline.default_ms is not None else "max_ms"
+        why = f"the default ({default_ms} ms) must not exceed the maximum ({max_ms} ms)"
+        raise fail(f"{key}.deadline.{field}", why)
+    if route.steps:
+        check_steps(i, route, cfg.adapters, policy_names, cfg.build_policies, fail)
+
+
+def _check_cache(key: str, cache: RouteCache, route: RouteConfig, cfg: Config, fail: Fail) -> None:
+    """A route's ``cache``: on a chat route, for models its adapter serves, with a
+    configured embeddings adapter when semantic."""
+    if route.kind == "embeddings":
+        raise fail(f"{key}.cache", "the response cache is for chat routes")
+    served = getattr(cfg.adapters[route.adapter], "models", None)
+    for j, model in enumerate(cache.models):
+        if served is not None and model not in served:
+            why = f"{model!r} is not served by adapter {route.adapter!r}"
+            raise fail(f"{key}.cache.models[{j}]", why)
+    sem = cache.semantic
+    if sem is not None and sem.embeddings not in cfg.adapters:
+        known = ", ".join(sorted(cfg.adapters))
+        why = f"unknown adapter {sem.embeddings!r} (known: {known})"
+        raise fail(f"{key}.cache.semantic.embeddings", why)
 
 
 def policy_context(cfg: Config) -> BuildContext:
