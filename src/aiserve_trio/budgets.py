@@ -13,10 +13,17 @@ point is absolute rather than a per-stage duration.
 
 ``[deadline]`` and ``[budgets]`` (:class:`DeadlineConfig`, :class:`BudgetsConfig`)
 are the settings these are computed from.
+
+Two more points, for shedding under overload (both off by default): the *queue
+end*, ``arrival + T * queue_share``, past which a request that has not yet reached
+its upstream call is refused with 503 and ``Retry-After`` rather than answered
+late; and a stream's *first-byte end*, ``arrival + ttft_ms``, by which its upstream
+must have started answering (:meth:`Budget.shed`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .decoding import Section, field_error, not_above, positive
@@ -40,6 +47,20 @@ class Budget:
     #: Kept back after ``deadline`` to frame and send a final error event.
     reserve: float
     min_inference: float
+    #: Past this, a request still waiting to reach its upstream call is shed (inf: never).
+    queue_end: float = math.inf
+    #: A stream's upstream must have answered by this, or the stream is shed (inf: never).
+    first_byte_end: float = math.inf
+
+    def shed(self, now: float, *, stream: bool) -> str | None:
+        """Why a request that has not yet started its upstream call at ``now`` is to be
+        shed: ``"queue"`` (it waited past its queue budget), ``"ttft"`` (a stream whose
+        first byte can no longer come within its TTFT budget), or None."""
+        if now >= self.queue_end:
+            return "queue"
+        if stream and now >= self.first_byte_end:
+            return "ttft"
+        return None
 
     def cut(self, stage: str) -> float:
         """The cut point of ``stage`` (parse shares the context cut)."""
@@ -64,6 +85,8 @@ def plan(
     min_inference_ms: int,
     context: float,
     inference: float,
+    queue_share: float = 0.0,
+    ttft_ms: int = 0,
 ) -> Budget:
     """Compute a request's budget.
 
@@ -74,9 +97,14 @@ def plan(
         min_inference_ms: the least time worth starting an upstream call with.
         context, inference: the shares of the first two stages (the sse
             stage gets the rest, so the shares need not be re-checked here).
+        queue_share: the share of the request time it may wait before its upstream
+            call starts (0: no queue budget).
+        ttft_ms: the time a stream's first byte may take (0: no TTFT budget).
     """
     total = max(0.0, (timeout_ms - reserve_ms) / 1000.0)
     return Budget(
+        queue_end=arrival + total * queue_share if queue_share else math.inf,
+        first_byte_end=arrival + ttft_ms / 1000.0 if ttft_ms else math.inf,
         arrival=arrival,
         context_end=arrival + total * context,
         inference_end=arrival + total * (context + inference),
@@ -126,10 +154,18 @@ class DeadlineConfig(Section):
     reserve_ms: int = 100
     #: Fail fast instead of starting an upstream call with less time than this.
     min_inference_ms: int = 50
+    #: Shed (503, Retry-After) a request that waited longer than this share of its
+    #: deadline before its upstream call could start (0: off).
+    queue_share: float = 0.0
+    #: Shed a stream whose upstream has not started answering this long after it
+    #: arrived (0: off).
+    ttft_ms: int = 0
 
     def __post_init__(self) -> None:
         positive(self, "default_ms", "max_ms")
-        for key in ("reserve_ms", "min_inference_ms"):
+        if not 0.0 <= self.queue_share <= 1.0:
+            raise field_error("queue_share", f"must be in [0, 1], got {self.queue_share}")
+        for key in ("reserve_ms", "min_inference_ms", "ttft_ms"):
             if getattr(self, key) < 0:
                 raise field_error(key, "must not be negative")
         not_above(self, "default_ms", "max_ms")

@@ -202,6 +202,8 @@ class Entry:
             min_inference_ms=d.min_inference_ms,
             context=cfg.budgets.context,
             inference=cfg.budgets.inference,
+            queue_share=d.queue_share,
+            ttft_ms=d.ttft_ms,
         )
         info = RequestInfo(
             request_id=request_id,

@@ -155,6 +155,18 @@ class Overloaded(GatewayError):
     default_code = "overloaded"
 
 
+class Shed(Overloaded):
+    """A request shed under overload (``[deadline] queue_share``, ``ttft_ms``): it waited
+    past its queue budget, or it is a stream whose first byte cannot come within its
+    TTFT budget. ``reason`` is ``"queue"`` or ``"ttft"`` (the metric's label)."""
+
+    default_code = "shed"
+
+    def __init__(self, reason: str, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        self.reason = reason
+
+
 class ReplyCapExceeded(GatewayError):
     """A reply passed one of its route's caps (``max_reply_bytes``, ``max_stream_s``);
     ``code`` and ``param`` name the cap. The upstream is stopped."""

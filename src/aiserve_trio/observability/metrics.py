@@ -110,6 +110,13 @@ class Metrics:
             ["stage"],
             registry=r,
         )
+        self.shed = Counter(
+            "aiserve_shed",
+            "Requests shed under overload (503 with Retry-After), by reason: queue (waited "
+            "past [deadline] queue_share), ttft (a stream past its ttft_ms).",
+            ["reason"],
+            registry=r,
+        )
         self.tokens = Counter(
             "aiserve_tokens",
             "Tokens by route and direction (prompt, completion).",

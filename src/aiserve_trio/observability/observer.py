@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 from opentelemetry.trace import Span
 
-from ..errors import StageDeadlineExceeded
+from ..errors import Shed, StageDeadlineExceeded
 from .baseline import BaselineMonitor
 from .metrics import STAGES, Metrics, label_value
 from .tracing import NOOP_TRACE, upstream_attempt
@@ -214,6 +214,8 @@ class RequestObserver:
         if outcome.info is None and isinstance(outcome.error, StageDeadlineExceeded):
             # Served outside the pipeline's stage shells (embeddings), which count theirs.
             m.stage_expiries.labels(label_value(outcome.error.stage)).inc()
+        if isinstance(outcome.error, Shed):
+            m.shed.labels(outcome.error.reason).inc()
         if outcome.disconnected:
             m.disconnects.labels(outcome.error_stage or "parse").inc()
         if outcome.capped is not None:

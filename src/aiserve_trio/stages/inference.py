@@ -16,10 +16,19 @@ On a route with steps (``chains/``), the chain runs here, inside the stage's
 budget: its steps carve that budget into cut points of their own, the earlier
 steps are awaited, and only the streaming step's deltas reach the channel. When
 the stage's cut passes, the error names the step that was running.
+
+Under overload (``[deadline] queue_share`` and ``ttft_ms``, both off by default) a
+request that reaches this stage past its queue budget, or a stream past its TTFT
+budget, is shed at once (:class:`~aiserve_trio.errors.Shed`: 503 with
+``Retry-After``) instead of starting a call whose answer would come too late; and a
+stream whose upstream has not started answering by its TTFT budget (it waited for a
+pooled connection, or the backend is slow to start) is cut and shed the same way,
+before its head is written.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -29,7 +38,7 @@ import trio
 from ..adapters.base import Delta
 from ..cache.service import Cache
 from ..chains.state import ChainRun
-from ..errors import GatewayError, StageDeadlineExceeded, StepDeadlineExceeded
+from ..errors import GatewayError, Shed, StageDeadlineExceeded, StepDeadlineExceeded
 from .assembler import ResponseAssembler
 from .channel import Inbox, Outbox
 from .handoff import EagerSink
@@ -41,6 +50,32 @@ if TYPE_CHECKING:
 
     from ..adapters.base import InferenceRequest
     from ..cache.entry import Replayed
+
+
+def _shed(why: str) -> Shed:
+    if why == "queue":
+        return Shed(why, "the gateway is overloaded: the request waited past its queue budget")
+    return Shed(why, "the gateway is overloaded: the stream's first byte cannot come within "
+                "its time-to-first-token budget")
+
+
+class _FirstByte:
+    """The stage's channel as the adapter's sink, lifting the TTFT cut at the first delta."""
+
+    __slots__ = ("_out", "_scope")
+
+    def __init__(self, out: Outbox[Delta], scope: trio.CancelScope) -> None:
+        self._out = out
+        self._scope: trio.CancelScope | None = scope
+
+    async def send(self, value: Delta, /) -> None:
+        if self._scope is not None:
+            self._scope.deadline = math.inf
+            self._scope = None
+        try:
+            self._out.send_nowait(value)
+        except trio.WouldBlock:
+            await self._out.send(value)
 
 
 class InferenceStage:
@@ -81,6 +116,10 @@ class InferenceStage:
                     ticket.entry, self.out, ticket.result, ticket.similarity
                 )
                 return
+            stream = prepared.parsed.stream
+            why = budget.shed(trio.current_time(), stream=stream)
+            if why is not None:
+                raise _shed(why)
             carried = info.trace.inject(span)
             if carried:
                 forward = {**request.forward_headers, **carried}
@@ -92,7 +131,14 @@ class InferenceStage:
                 return
             if ticket is None or ticket.member is None or self.cache is None:
                 self.cache_result = ticket.result if ticket is not None else None
-                await info.route.adapter.stream(request, EagerSink(self.out))
+                if not stream or budget.first_byte_end == math.inf:
+                    await info.route.adapter.stream(request, EagerSink(self.out))
+                    return
+                # The upstream must start answering within the TTFT budget.
+                with trio.CancelScope(deadline=budget.first_byte_end) as first:
+                    await info.route.adapter.stream(request, _FirstByte(self.out, first))
+                if first.cancelled_caught:
+                    raise _shed("ttft")
                 return
 
             async def produce(
