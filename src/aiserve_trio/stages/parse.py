@@ -228,44 +228,8 @@ def decode_request(
     except msgspec.DecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
-    if not req.messages:
-        raise BadRequest(
-            "`messages` must contain at least one message", param="messages", code="empty_array"
-        )
-    if len(req.messages) > limits.max_messages:
-        raise BadRequest(
-            f"`messages` has {len(req.messages)} entries; the limit is {limits.max_messages}",
-            param="messages",
-            code="too_many_messages",
-        )
-    messages = [decode_message(raw, i) for i, raw in enumerate(req.messages)]
-    for i, m in enumerate(messages):
-        _check_message(m, i, limits)
-    if messages[-1].role not in _ALLOWED_ROLES_LAST:
-        raise BadRequest(
-            "the last message must not be from the assistant",
-            param=f"messages[{len(messages) - 1}].role",
-            code="invalid_last_role",
-        )
-    max_tokens = (
-        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    )
-    if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
-        key = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        raise BadRequest(
-            f"`{key}` must be between 1 and {limits.max_tokens}",
-            param=key,
-            code="integer_below_min_value" if max_tokens < 1 else "integer_above_max_value",
-        )
-    if req.n not in (None, 1):
-        raise BadRequest("only `n` = 1 is supported", param="n", code="unsupported_value")
-    for key, value, hi in (("temperature", req.temperature, 2.0), ("top_p", req.top_p, 1.0)):
-        if value is not None and not 0.0 <= value <= hi:
-            raise BadRequest(
-                f"`{key}` must be between 0 and {hi}",
-                param=key,
-                code="decimal_below_min_value" if value < 0 else "decimal_above_max_value",
-            )
+    messages = _messages(req, limits)
+    max_tokens = _check_sampling(req, limits)
     model = req.model or default_model
     if not model:
         raise BadRequest("`model` is required", param="model", code="missing_required_parameter")
@@ -285,6 +249,64 @@ def decode_request(
         max_tokens=max_tokens,
         stop=stop,
     )
+
+
+def _messages(req: ChatCompletionRequest, limits: LimitsConfig) -> list[Message]:
+    """The request's messages decoded, each checked, the last not the assistant's.
+
+    Raises:
+        BadRequest: none, more than ``max_messages``, one invalid, or the last the
+            assistant's.
+    """
+    if not req.messages:
+        raise BadRequest(
+            "`messages` must contain at least one message", param="messages", code="empty_array"
+        )
+    if len(req.messages) > limits.max_messages:
+        raise BadRequest(
+            f"`messages` has {len(req.messages)} entries; the limit is {limits.max_messages}",
+            param="messages",
+            code="too_many_messages",
+        )
+    messages = [decode_message(raw, i) for i, raw in enumerate(req.messages)]
+    for i, m in enumerate(messages):
+        _check_message(m, i, limits)
+    if messages[-1].role not in _ALLOWED_ROLES_LAST:
+        raise BadRequest(
+            "the last message must not be from the assistant",
+            param=f"messages[{len(messages) - 1}].role",
+            code="invalid_last_role",
+        )
+    return messages
+
+
+def _check_sampling(req: ChatCompletionRequest, limits: LimitsConfig) -> int | None:
+    """The reply's token cap (``max_completion_tokens`` or ``max_tokens``), after
+    checking it, ``n``, ``temperature`` and ``top_p`` are in their ranges.
+
+    Raises:
+        BadRequest: naming the parameter out of its range.
+    """
+    max_tokens = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
+    if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
+        key = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        raise BadRequest(
+            f"`{key}` must be between 1 and {limits.max_tokens}",
+            param=key,
+            code="integer_below_min_value" if max_tokens < 1 else "integer_above_max_value",
+        )
+    if req.n not in (None, 1):
+        raise BadRequest("only `n` = 1 is supported", param="n", code="unsupported_value")
+    for key, value, hi in (("temperature", req.temperature, 2.0), ("top_p", req.top_p, 1.0)):
+        if value is not None and not 0.0 <= value <= hi:
+            raise BadRequest(
+                f"`{key}` must be between 0 and {hi}",
+                param=key,
+                code="decimal_below_min_value" if value < 0 else "decimal_above_max_value",
+            )
+    return max_tokens
 
 
 def _check_values(req: ChatCompletionRequest, top: dict[str, msgspec.Raw]) -> None:
