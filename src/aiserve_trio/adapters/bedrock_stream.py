@@ -26,15 +26,10 @@ from __future__ import annotations
 
 import msgspec
 
-from ..errors import (
-    BadRequest,
-    GatewayError,
-    UpstreamProtocolError,
-    UpstreamStatusError,
-)
+from ..errors import BadRequest, GatewayError, UpstreamProtocolError, UpstreamStatusError
 from .base import Delta, ToolCallDelta, Usage
-from .eventstream import EventStreamDecoder, EventStreamError
-from .pieces import Pieces, malformed
+from .eventstream import EventStreamDecoder, EventStreamError, Message
+from .pieces import EventReader, Pieces
 
 #: Bedrock's stop reasons -> OpenAI's.
 STOP_REASONS = {
@@ -96,52 +91,33 @@ class _Event(msgspec.Struct):
 _event = msgspec.json.Decoder(_Event)
 
 
-class BedrockStreamDecoder:
+class BedrockStreamDecoder(EventReader):
     """One reply's event stream, decoded read by read (used as ``ChatStreamDecoder``)."""
 
-    __slots__ = ("_calls", "_error", "_frames", "name", "pieces", "stop_reason", "usage")
+    __slots__ = ("_calls", "_frames", "pieces", "stop_reason", "usage")
+
+    _unreadable = (EventStreamError, msgspec.DecodeError)
 
     def __init__(self, name: str) -> None:
-        self.name = name
         self._frames = EventStreamDecoder()
-        self._error: GatewayError | None = None
+        super().__init__(name, self._frames)
         #: Content block index -> tool call index.
         self._calls: dict[int, int] = {}
         self.stop_reason: str | None = None
         self.usage: _Usage | None = None
         self.pieces = 0
 
-    def feed(self, data: bytes) -> list[Delta]:
-        """The deltas one read completes; an error is raised by the next call after them.
-
-        Raises:
-            GatewayError: an earlier read broke the stream.
-        """
-        self.check()
-        out: list[Delta] = []
-        pieces = Pieces()
-        try:
-            for message in self._frames.feed(data):
-                kind = message.text(":message-type")
-                if kind == "exception" or kind == "error":
-                    raise self._exception(message.text(":exception-type"), message.payload)
-                if kind != "event":
-                    continue
-                call = self._on(message.text(":event-type"), _event.decode(message.payload), pieces)
-                if call is not None:
-                    pieces.flush(out)
-                    out.append(Delta(tool_calls=[call]))
-        except GatewayError as err:
-            self._error = err
-        except (EventStreamError, msgspec.DecodeError) as exc:
-            self._error = malformed(self.name, exc)
-        pieces.flush(out)
-        return out
-
-    def check(self) -> None:
-        """Raises: GatewayError: the stream broke (bad bytes, or an exception event)."""
-        if self._error is not None:
-            raise self._error
+    def _read(self, message: Message, pieces: Pieces, out: list[Delta]) -> None:
+        """One message: an event, or an exception the stream reports."""
+        kind = message.text(":message-type")
+        if kind == "exception" or kind == "error":
+            raise self._exception(message.text(":exception-type"), message.payload)
+        if kind != "event":
+            return
+        call = self._on(message.text(":event-type"), _event.decode(message.payload), pieces)
+        if call is not None:
+            pieces.flush(out)
+            out.append(Delta(tool_calls=[call]))
 
     def end(self) -> Delta:
         """The final delta, once the body has ended.

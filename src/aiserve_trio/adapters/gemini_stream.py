@@ -23,10 +23,10 @@ from typing import Any
 
 import msgspec
 
-from ..errors import BadRequest, GatewayError, UpstreamProtocolError
+from ..errors import BadRequest, UpstreamProtocolError
 from .base import Delta, ToolCallDelta, Usage
-from .pieces import Pieces, malformed
-from .sse_parser import SSEDecodeError, SSEParser
+from .pieces import EventReader, Pieces
+from .sse_parser import Event
 
 #: Gemini's finish reasons -> OpenAI's (anything else: ``stop``).
 FINISH_REASONS = {
@@ -83,48 +83,22 @@ class _Response(msgspec.Struct):
 _response = msgspec.json.Decoder(_Response)
 
 
-class GeminiStreamDecoder:
+class GeminiStreamDecoder(EventReader):
     """One reply's stream, decoded read by read (used as ``chat_stream.ChatStreamDecoder``)."""
 
-    __slots__ = ("_error", "_parser", "call_prefix", "calls", "finish", "name", "pieces", "usage")
+    __slots__ = ("call_prefix", "calls", "finish", "pieces", "usage")
 
     def __init__(self, name: str, call_prefix: str) -> None:
         """Args:
         name: the adapter's, for errors.
         call_prefix: tool call ids are this and the call's number when Gemini gives none.
         """
-        self.name = name
+        super().__init__(name)
         self.call_prefix = call_prefix
-        self._parser = SSEParser()
-        self._error: GatewayError | None = None
         self.calls = 0
         self.finish: str | None = None
         self.usage: _UsageMeta | None = None
         self.pieces = 0
-
-    def feed(self, data: bytes) -> list[Delta]:
-        """The deltas one read completes; an error is raised by the next call after them.
-
-        Raises:
-            GatewayError: an earlier read broke the stream.
-        """
-        self.check()
-        out: list[Delta] = []
-        pieces = Pieces()
-        try:
-            for event in self._parser.feed(data):
-                self._response(_response.decode(event.data), out, pieces)
-        except GatewayError as err:
-            self._error = err
-        except (SSEDecodeError, msgspec.DecodeError) as exc:
-            self._error = malformed(self.name, exc)
-        pieces.flush(out)
-        return out
-
-    def check(self) -> None:
-        """Raises: GatewayError: the stream broke (malformed, or the prompt was blocked)."""
-        if self._error is not None:
-            raise self._error
 
     def end(self) -> Delta:
         """The final delta, once the body has ended.
@@ -149,7 +123,9 @@ class GeminiStreamDecoder:
         )
         return Delta(finish_reason=reason, usage=usage)
 
-    def _response(self, r: _Response, out: list[Delta], pieces: Pieces) -> None:
+    def _read(self, event: Event, pieces: Pieces, out: list[Delta]) -> None:
+        """One event: a whole response (the client's error when the prompt was blocked)."""
+        r = _response.decode(event.data)
         if r.usageMetadata is not None:
             self.usage = r.usageMetadata
         if not r.candidates and r.promptFeedback is not None and r.promptFeedback.blockReason:

@@ -8,12 +8,13 @@ tool-call fragment does not join: what came before it goes first, in order.
 from __future__ import annotations
 
 import abc
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import Any, ClassVar, Protocol
 
 import msgspec
 
 from ..api import NativeEvents
-from ..errors import UpstreamError, UpstreamProtocolError
+from ..errors import GatewayError, UpstreamProtocolError
 from .base import Delta
 from .sse_parser import Event, SSEDecodeError, SSEParser
 
@@ -106,17 +107,29 @@ class Held(Protocol):
     def flush(self, out: list[Delta]) -> None: ...
 
 
+class Framing(Protocol):
+    """How a provider's stream is cut into events (:class:`SSEParser`, or AWS's
+    ``eventstream.EventStreamDecoder``): bytes in, the events they complete out."""
+
+    def feed(self, data: bytes) -> Iterable[Any]: ...
+
+
 class EventReader(abc.ABC):
-    """A provider's event stream read read by read (the base of the SSE decoders):
+    """A provider's event stream read read by read (the base of the stream decoders):
     :meth:`feed` hands each event of a read to :meth:`_read`, and keeps a malformed event
-    or a failure the stream reports for the next :meth:`check`, after what came before it."""
+    or a failure the stream reports for the next :meth:`check`, after what came before it.
+
+    The events are server-sent events unless a subclass hands in another framing (and
+    names what it raises on bytes it cannot read, ``_unreadable``)."""
 
     __slots__ = ("_error", "_parser", "done", "name")
 
-    def __init__(self, name: str) -> None:
+    _unreadable: ClassVar[tuple[type[Exception], ...]] = (SSEDecodeError, msgspec.DecodeError)
+
+    def __init__(self, name: str, framing: Framing | None = None) -> None:
         self.name = name
-        self._parser = SSEParser()
-        self._error: UpstreamError | None = None
+        self._parser: Framing = SSEParser() if framing is None else framing
+        self._error: GatewayError | None = None
         #: The stream's end came: nothing after it counts.
         self.done = False
 
@@ -124,7 +137,7 @@ class EventReader(abc.ABC):
         """The deltas one read completes.
 
         Raises:
-            UpstreamError: an earlier read broke the stream.
+            GatewayError: an earlier read broke the stream.
         """
         self.check()
         out: list[Delta] = []
@@ -136,15 +149,15 @@ class EventReader(abc.ABC):
                 self._read(event, held, out)
                 if self.done:
                     break
-        except UpstreamError as reported:
+        except GatewayError as reported:
             self._error = reported
-        except (SSEDecodeError, msgspec.DecodeError) as exc:
+        except self._unreadable as exc:
             self._error = malformed(self.name, exc)
         held.flush(out)
         return out
 
     def check(self) -> None:
-        """Raises: UpstreamError: what broke the stream (a malformed event, or an error it
+        """Raises: GatewayError: what broke the stream (a malformed event, or an error it
         reported mid-stream)."""
         if self._error is not None:
             raise self._error
@@ -154,6 +167,6 @@ class EventReader(abc.ABC):
         return Pieces()
 
     @abc.abstractmethod
-    def _read(self, event: Event, held: Any, out: list[Delta]) -> None:
+    def _read(self, event: Any, held: Any, out: list[Delta]) -> None:
         """One event: its text into ``held``, or a delta of its own into ``out`` (what
         ``held`` holds goes first)."""
