@@ -681,7 +681,9 @@ async def _read_tls(conn: _Conn, sock: socket.socket, tls: _Secure, io: float) -
     """
     while True:
         data = tls.decrypt()
-        if tls.outgoing.pending:  # the engine's own answer (a TLS 1.3 key update)
+        if tls.ended:
+            tls.outgoing.read()  # an alert about the close: there is no one to tell
+        elif tls.outgoing.pending:  # the engine's own answer (a TLS 1.3 key update)
             try:
                 await _send_raw(conn, sock, tls.outgoing.read(), io)
             except WriteError as exc:
