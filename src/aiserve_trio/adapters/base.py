@@ -100,6 +100,40 @@ class ToolCallDelta(msgspec.Struct, kw_only=True):
     name: str | None = None
     arguments: str = ""
 
+    @classmethod
+    def of(cls, chunk: WireToolCall) -> ToolCallDelta:
+        """The fragment a Chat Completions ``tool_calls`` chunk holds."""
+        fn = chunk.function
+        return cls(
+            index=chunk.index,
+            id=chunk.id,
+            type=chunk.type,
+            name=fn.name if fn is not None else None,
+            arguments=(fn.arguments or "") if fn is not None else "",
+        )
+
+
+class WireFunction(Protocol):
+    """A tool call chunk's ``function`` as any decoder reads it."""
+
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def arguments(self) -> str | None: ...
+
+
+class WireToolCall(Protocol):
+    """One entry of a Chat Completions chunk's ``tool_calls``, as any decoder reads it."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def id(self) -> str | None: ...
+    @property
+    def type(self) -> str | None: ...
+    @property
+    def function(self) -> WireFunction | None: ...
+
 
 class ServedBy(msgspec.Struct, frozen=True, kw_only=True):
     """Which backend served a reply, when an adapter chose among several (a group).

@@ -269,18 +269,7 @@ class _Joined:
 
 
 def _alone(d: _UDelta, logprobs: msgspec.Raw | None) -> Delta:
-    calls = None
-    if d.tool_calls:
-        calls = [
-            ToolCallDelta(
-                index=c.index,
-                id=c.id,
-                type=c.type,
-                name=c.function.name if c.function is not None else None,
-                arguments=(c.function.arguments or "") if c.function is not None else "",
-            )
-            for c in d.tool_calls
-        ]
+    calls = [ToolCallDelta.of(c) for c in d.tool_calls] if d.tool_calls else None
     return Delta(
         text=d.content or "",
         reasoning=d.reasoning_content or d.reasoning or "",

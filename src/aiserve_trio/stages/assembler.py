@@ -317,18 +317,7 @@ class ResponseAssembler:
         logprobs: msgspec.Raw | None = None,
     ) -> None:
         assert self._recorded is not None
-        fragments = None
-        if calls:
-            fragments = [
-                ToolCallDelta(
-                    index=c.index,
-                    id=c.id,
-                    type=c.type,
-                    name=c.function.name if c.function is not None else None,
-                    arguments=(c.function.arguments or "") if c.function is not None else "",
-                )
-                for c in calls
-            ]
+        fragments = [ToolCallDelta.of(c) for c in calls] if calls else None
         model_recorded, self._model_recorded = self._model_recorded, True
         self._recorded.append(
             Replayed(
