@@ -200,14 +200,7 @@ class SimApp(SimCore):
         try:
             req = chat_decoder.decode(body)
             fault, timeout = self._fault_and_budget(headers)
-            decided = self.decide(
-                req.model,
-                req.messages,
-                tools=req.tools,
-                tool_choice=req.tool_choice,
-                response_format=req.response_format,
-                reasoning_effort=req.reasoning_effort,
-            )
+            decided = self.decide_for(req)
         except _BAD_REQUEST as exc:
             await _reply(
                 send, 400, _error_body(str(exc), "invalid_request", "invalid_request_error")
@@ -302,14 +295,7 @@ class SimApp(SimCore):
             ask = d.read(path, query, body)
             d = ask.render or d
             fault, timeout = self._fault_and_budget(headers)
-            decided = self.decide(
-                ask.model,
-                ask.messages,
-                tools=ask.tools,
-                tool_choice=ask.tool_choice,
-                reasoning_effort=ask.reasoning_effort,
-                response_format=ask.response_format,
-            )
+            decided = self.decide_for(ask)
         except (*_BAD_REQUEST, DialectError) as exc:
             status = exc.status if isinstance(exc, DialectError) else 400
             await _reply(send, status, d.error(status, str(exc)))

@@ -6,7 +6,7 @@ import random
 from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..adapters.tokens import encoding_name_for, get_encoding
 from .model import Fault, Plan, SimSettings, plan_reply
@@ -22,6 +22,23 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _MAX_KEYS = 4096
 #: Requests kept for ``GET /sim/requests``.
 LOG_SIZE = 50
+
+
+class Asking(Protocol):
+    """What a request asks of the sim's decision, whichever API it came in."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def messages(self) -> list[SimMessage]: ...
+    @property
+    def tools(self) -> list[Tool] | None: ...
+    @property
+    def tool_choice(self) -> ToolChoice: ...
+    @property
+    def response_format(self) -> ResponseFormat | None: ...
+    @property
+    def reasoning_effort(self) -> str | None: ...
 
 
 @dataclass(slots=True)
@@ -169,6 +186,17 @@ class SimCore:
 
     def text_tokens(self, model: str, text: str) -> int:
         return len(get_encoding(encoding_name_for(model)).encode_ordinary(text))
+
+    def decide_for(self, ask: Asking) -> Decided:
+        """:meth:`decide` on what a request (any API's, as the sim reads it) asks."""
+        return self.decide(
+            ask.model,
+            ask.messages,
+            tools=ask.tools,
+            tool_choice=ask.tool_choice,
+            response_format=ask.response_format,
+            reasoning_effort=ask.reasoning_effort,
+        )
 
     def decide(
         self,

@@ -65,14 +65,7 @@ async def _request(sim: SimCore, conn: WsConn, text: str, headers: dict[str, str
         return False
     sim.stats.requests += 1
     try:
-        decided = sim.decide(
-            req.model,
-            req.messages,
-            tools=req.tools,
-            tool_choice=req.tool_choice,
-            response_format=req.response_format,
-            reasoning_effort=req.reasoning_effort,
-        )
+        decided = sim.decide_for(req)
     except SchemaError as exc:
         # A well-formed message asking for the impossible: an error reply, as HTTP's 400.
         await conn.send({"type": "error", "id": req.id, "status": 400, "message": str(exc)})
