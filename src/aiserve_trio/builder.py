@@ -308,7 +308,6 @@ def _session_scope(config: Config, routes: dict[str, Route]) -> Callable[[Reques
     would have let it through. Auth off, a key of every channel and route, or one of no
     channel or route (a tool's, with an explicit ``sessions`` grant): all, as stored."""
     clear = frozenset(config.sessions.clear_vars)
-    ctx = PolicyContext(route="sessions", channel="api", tenant="", request_id="")
     protecting = {
         path: [p for p in r.policies if _redacts(p)]
         for path, r in routes.items()
@@ -327,6 +326,9 @@ def _session_scope(config: Config, routes: dict[str, Route]) -> Callable[[Reques
             policies = list({id(p): p for r in sorted(key.routes) for p in protecting[r]}.values())
 
             def redact(values: dict[str, str]) -> Steps[dict[str, str]]:
+                # A context per call: the scope lasts as long as the runtime, and what
+                # the policies record is one read's.
+                ctx = PolicyContext(route="sessions", channel="api", tenant="", request_id="")
                 return redact_values(values, policies, ctx, clear)
 
         return ReadScope(channels, redact)
