@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-import aiserve_trio.builder
-from aiserve_trio.policies.base import PolicyContext
+from aiserve_trio.policies.base import PolicyContext, redact_values
 
 from .asgi_client import Client
 from .test_session_scope import KEY_IVR, SID, app, fill, h
@@ -19,13 +18,12 @@ async def test_each_redacted_session_read_has_a_context_of_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen: list[tuple[PolicyContext, int]] = []
-    redact_values = aiserve_trio.builder.redact_values
 
     def spy(values: Any, policies: Any, ctx: PolicyContext, clear: Any) -> Any:
         seen.append((ctx, len(ctx.actions)))
         return redact_values(values, policies, ctx, clear)
 
-    monkeypatch.setattr(aiserve_trio.builder, "redact_values", spy)
+    monkeypatch.setattr("aiserve_trio.builder.redact_values", spy)
     async with running(app()) as a:
         client = Client(a)
         await fill(client)
