@@ -18,6 +18,26 @@ the upstream on CPU 1, this process on CPU 0):
    one ``trio.lowlevel.checkpoint()`` costs.
 
 Prints a Markdown report and writes ``bench/results/<date>/upstream_tls.md``.
+
+``--load`` measures what matters instead (issue 56): the whole gateway under load, the
+upstream over TLS against plain HTTP, in one run::
+
+    .venv/bin/python -m bench.upstream_tls --load [--rounds 3] [--duration 6]
+
+4. **under load.** Two builds side by side: *before*, this revision with the
+   ``SSLSocket`` client (``adapters/h1.py`` and ``tls.py`` as of ``--before``), and
+   *after*, this revision. Each round serves each build (hypercorn, one Trio worker on
+   CPU 0, a fresh process) in front of ``bench/node/upstream.js`` (16 deltas, streamed
+   upstream replies) over plain HTTP and over HTTPS (the private CA as ``ca_file``),
+   and Portkey (``bench/work/portkey``, trusting the CA by ``NODE_EXTRA_CA_CERTS``) in
+   front of the HTTPS one. Per point: req/s and the worker's CPU a request (``/proc``
+   ticks) for non-streamed requests at c=16 and c=64 (wrk on CPU 1 with the upstream);
+   the worker's read-family syscalls a request (``strace -c -f -e
+   trace=read,recvfrom,recvmsg`` attached to the worker while wrk runs at c=16: client
+   reads and upstream reads, would-block ones included); streamed time to first token
+   at c=1 (``bench.throughput``'s raw-socket client). Ratios are taken within a round
+   (TLS/plain of one build, the gateway/Portkey at c=64) and reported as the median of
+   the rounds with their range.
 """
 
 from __future__ import annotations
@@ -26,17 +46,21 @@ import argparse
 import contextlib
 import datetime as dt
 import json
+import shutil
+import signal
 import socket
 import ssl
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .ab import node_upstream
-from .systems import ROOT, SYSTEM_CPU, UpstreamPKI, pinned, upstream_pki
+from . import systems
+from .ab import node_upstream, wrk
+from .systems import LOAD_CPU, ROOT, SYSTEM_CPU, Running, UpstreamPKI, pinned, upstream_pki
 
 BODY = json.dumps({"model": "sim-model", "stream": True,
                    "messages": [{"role": "user", "content": "hello there"}]}).encode()
@@ -288,6 +312,244 @@ def _checkpoint_bound() -> dict[str, Any]:
             "checkpoint_us": trio.run(checkpoints) * 1e6}
 
 
+# --- 4. under load: reads, CPU and req/s a request, TLS against plain -----------------
+
+LOAD_CONCS = (16, 64)
+#: The syscalls that read: what an SSLSocket's OpenSSL makes (read), what socket.recv and
+#: recv_into make (recvfrom), and recvmsg for completeness.
+READ_CALLS = ("read", "recvfrom", "recvmsg")
+
+
+@contextlib.contextmanager
+def _upstream(pki: UpstreamPKI | None, event_writes: bool) -> Iterator[Running]:
+    """``bench/node/upstream.js`` (16 deltas) on the load CPU, over HTTPS with ``pki``; with
+    ``event_writes`` each event of a stream written on its own (a TLS record each)."""
+    node = shutil.which("node")
+    if node is None:
+        raise RuntimeError("node is not installed (apt-get install nodejs)")
+    port = systems.free_port()
+    cmd = [node, str(ROOT / "bench" / "node" / "upstream.js"), str(port), "16"]
+    env = {"UPSTREAM_EVENT_WRITES": "1" if event_writes else "0"}
+    if pki is not None:
+        env |= {"UPSTREAM_CERT": str(pki.cert), "UPSTREAM_KEY": str(pki.key)}
+    name = "upstream-" + ("tls" if pki is not None else "plain")
+    with systems.start(name, cmd, port=port, health="/v1/models", cpu=LOAD_CPU, env=env,
+                       ours=False, tls=pki) as r:
+        yield r
+
+
+def _before_src(before: str, after_src: Path, after_sha: str) -> tuple[Path, str]:
+    """``after_src`` with ``adapters/h1.py`` and ``tls.py`` as of ``before``: the same build
+    but for the upstream client, so the pair measures the client alone."""
+    sha = subprocess.run(["git", "rev-parse", "--short", before], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    dest = ROOT / "bench" / "work" / f"snapshot-{after_sha}-client-{sha}"
+    if not (dest / "src").exists():
+        shutil.copytree(after_src, dest / "src")
+        for name in ("h1.py", "tls.py"):
+            text = subprocess.run(["git", "show", f"{sha}:src/aiserve_trio/adapters/{name}"],
+                                  cwd=ROOT, capture_output=True, check=True).stdout
+            (dest / "src" / "aiserve_trio" / "adapters" / name).write_bytes(text)
+    return dest / "src", sha
+
+
+@contextlib.contextmanager
+def _gateway_of(src: Path, upstream: Running, name: str,
+                ca: Path | None) -> Iterator[tuple[Running, str | None]]:
+    """The gateway of snapshot ``src`` (one Trio worker on the system CPU), auth on."""
+    saved = systems.SNAPSHOT
+    systems.SNAPSHOT = src
+    try:
+        auth = systems.gateway_auth()
+        port = systems.free_port()
+        cfg = ROOT / "bench" / "work" / f"upstream-tls-{name}.toml"
+        cfg.write_text(systems.gateway_toml({"/v1/chat/completions": upstream.base}, auth=auth,
+                                            ca_file=ca))
+        env = {"AISERVE_CONFIG": str(cfg.relative_to(ROOT))}
+        cmd = systems.hypercorn_cmd(port, "aiserve_trio:app")
+        with systems.start(f"upstream-tls-{name}", cmd, port=port, cpu=SYSTEM_CPU, env=env) as r:
+            yield r, auth.plain if auth is not None else None
+    finally:
+        systems.SNAPSHOT = saved
+
+
+def strace_reads(text: str) -> dict[str, int]:
+    """Calls (and failed calls) of the read syscalls in ``strace -c``'s summary table."""
+    out = {"calls": 0, "errors": 0}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[-1] in READ_CALLS and fields[3].isdigit():
+            out["calls"] += int(fields[3])
+            if len(fields) == 6 and fields[4].isdigit():
+                out["errors"] += int(fields[4])
+    return out
+
+
+def _reads_a_request(gw: Running, url: str, key: str | None, seconds: float,
+                     name: str) -> dict[str, float]:
+    """The worker's read syscalls a request while wrk runs non-streamed at c=16."""
+    exe = shutil.which("strace")
+    if exe is None:
+        raise RuntimeError("strace is not installed (apt-get install strace)")
+    out = ROOT / "bench" / "work" / "logs" / f"strace-{name}.txt"
+    tracer = subprocess.Popen([exe, "-c", "-f", "-e", "trace=" + ",".join(READ_CALLS),
+                               "-o", str(out), "-p", str(gw.worker_pid())],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached to every thread
+    point = wrk(url, 16, seconds, stream=False, key=key)
+    time.sleep(0.5)  # the last replies are written
+    tracer.send_signal(signal.SIGINT)
+    tracer.wait(30)
+    counted = strace_reads(out.read_text())
+    n = max(point["requests"], 1)
+    return {"reads": counted["calls"] / n, "would_block": counted["errors"] / n,
+            "requests": point["requests"]}
+
+
+def _ttft(url: str, key: str | None, n: int) -> dict[str, Any]:
+    headers = json.dumps([["Authorization", f"Bearer {key}"]] if key else [])
+    cmd = pinned([sys.executable, "-m", "bench.throughput", "--ttft-child", url, headers,
+                  str(n), ""], LOAD_CPU)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def _load_points(url: str, key: str | None, headers: str, duration: float,
+                 running: Running) -> dict[str, dict[str, float]]:
+    wrk(url, 4, 1.0, stream=False, key=key, headers=headers)  # warm
+    points: dict[str, dict[str, float]] = {}
+    for c in LOAD_CONCS:
+        cpu0 = running.cpu_seconds()
+        p = wrk(url, c, duration, stream=False, key=key, headers=headers)
+        p["cpu_us"] = (running.cpu_seconds() - cpu0) / max(p["requests"], 1) * 1e6
+        points[f"c{c}"] = p
+    return points
+
+
+def _median_range(values: list[float]) -> str:
+    if not values:
+        return "—"
+    return (f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+            if len(values) > 1 else f"{values[0]:.2f}")
+
+
+def load(ns: argparse.Namespace) -> str:
+    """Part 4 (``--load``): the report's Markdown."""
+    from .throughput import portkey
+
+    pki = upstream_pki()
+    after_src, after_sha = systems.snapshot(ns.after)
+    before_src, before_sha = _before_src(ns.before, after_src, after_sha)
+    builds = {"before": before_src, "after": after_src}
+    # (build, scheme) -> point -> one value a round
+    got: dict[tuple[str, str], dict[str, list[float]]] = {}
+    portkey_rps: dict[str, list[float]] = {}
+    t0 = time.monotonic()
+    events = ns.upstream_writes == "event"
+    with _upstream(None, events) as plain_up, _upstream(pki, events) as tls_up:
+        ups = {"plain": (plain_up, None), "tls": (tls_up, pki.ca)}
+        for rnd in range(ns.rounds):
+            order = [(b, sch) for b in builds for sch in ups]
+            if rnd % 2:
+                order.reverse()
+            for build, scheme in order:
+                up, ca = ups[scheme]
+                name = f"{build}-{scheme}"
+                with _gateway_of(builds[build], up, name, ca) as (gw, key):
+                    url = gw.base + "/v1/chat/completions"
+                    points = _load_points(url, key, "", ns.duration, gw)
+                    reads = _reads_a_request(gw, url, key, ns.strace_s, name)
+                    ttft = _ttft(url, key, ns.ttft_samples)
+                row = got.setdefault((build, scheme), {})
+                for tag, p in points.items():
+                    row.setdefault(f"rps_{tag}", []).append(p["rps"])
+                    row.setdefault(f"cpu_{tag}", []).append(p["cpu_us"])
+                    row.setdefault(f"errors_{tag}", []).append(p["errors"])
+                row.setdefault("reads", []).append(reads["reads"])
+                row.setdefault("would_block", []).append(reads["would_block"])
+                row.setdefault("ttft_p50", []).append(ttft["p50_ms"] or 0.0)
+                row.setdefault("ttft_p99", []).append(ttft["p99_ms"] or 0.0)
+                print(f"[{time.monotonic() - t0:5.0f} s] round {rnd + 1} {name}: "
+                      f"c16 {points['c16']['rps']:.0f} req/s {points['c16']['cpu_us']:.0f} us, "
+                      f"c64 {points['c64']['rps']:.0f} req/s {points['c64']['cpu_us']:.0f} us, "
+                      f"{reads['reads']:.1f} reads/req, TTFT p50 {ttft['p50_ms']:.3f} ms",
+                      flush=True)
+            if ns.portkey:
+                try:
+                    with portkey(tls_up, pki.ca) as pk:
+                        assert pk.running is not None
+                        points = _load_points(pk.url, pk.key, pk.headers, ns.duration, pk.running)
+                except RuntimeError as exc:
+                    print(f"Portkey left out: {exc}", flush=True)
+                    ns.portkey = False
+                else:
+                    for tag, p in points.items():
+                        portkey_rps.setdefault(tag, []).append(p["rps"])
+                    print(f"[{time.monotonic() - t0:5.0f} s] round {rnd + 1} portkey-tls: "
+                          f"c16 {points['c16']['rps']:.0f} req/s, "
+                          f"c64 {points['c64']['rps']:.0f} req/s", flush=True)
+
+    def col(build: str, scheme: str, what: str) -> list[float]:
+        return got[(build, scheme)][what]
+
+    def ratio(a: list[float], b: list[float]) -> list[float]:
+        return [x / y for x, y in zip(a, b, strict=True) if y]
+
+    lines = [
+        f"# The upstream over TLS under load ({dt.date.today().isoformat()})",
+        "",
+        f"Command: `python -m bench.upstream_tls {' '.join(sys.argv[1:])}`. {systems.host()}; "
+        "the machine is shared with other work, so only figures of one round are compared "
+        f"with each other. {ns.rounds} rounds; each figure is the median of the rounds with "
+        "their range.",
+        "",
+        f"*before*: {after_sha} with `adapters/h1.py` and `tls.py` of {before_sha} "
+        f"(the `ssl.SSLSocket` client); *after*: {after_sha}. Non-streamed requests, "
+        f"{ns.duration:g} s a point, the upstream's reply streamed (16 deltas, "
+        + ("each event written on its own: a TLS record each, as a provider writes them)."
+           if events else "the whole stream in one write)."),
+        "",
+        "| build | upstream | reads a request (would block) | CPU a request c=16 | "
+        "req/s c=16 | CPU a request c=64 | req/s c=64 | TTFT c=1 p50 / p99 (streamed) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for build in builds:
+        for scheme in ups:
+            r = got[(build, scheme)]
+            lines.append(
+                f"| {build} | {scheme} | {_median_range(r['reads'])} "
+                f"({_median_range(r['would_block'])}) | {_median_range(r['cpu_c16'])} µs | "
+                f"{_median_range(r['rps_c16'])} | {_median_range(r['cpu_c64'])} µs | "
+                f"{_median_range(r['rps_c64'])} | {_median_range(r['ttft_p50'])} / "
+                f"{_median_range(r['ttft_p99'])} ms |")
+    if portkey_rps:
+        lines.append(f"| Portkey | tls | | | {_median_range(portkey_rps['c16'])} | | "
+                     f"{_median_range(portkey_rps['c64'])} | |")
+    lines += [
+        "",
+        "Ratios, round by round (median, range):",
+        "",
+        "| | before | after |",
+        "|---|---|---|",
+        "| TLS / plain req/s at c=16 | "
+        + " | ".join(_median_range(ratio(col(b, "tls", "rps_c16"), col(b, "plain", "rps_c16")))
+                     for b in builds) + " |",
+        "| TLS / plain CPU a request at c=16 | "
+        + " | ".join(_median_range(ratio(col(b, "tls", "cpu_c16"), col(b, "plain", "cpu_c16")))
+                     for b in builds) + " |",
+    ]
+    if portkey_rps:
+        lines.append("| over TLS, the gateway / Portkey req/s at c=64 | "
+                     + " | ".join(_median_range(ratio(col(b, "tls", "rps_c64"), portkey_rps["c64"]))
+                                  for b in builds) + " |")
+    lines.append("| after / before, TLS TTFT p50 at c=1 | | "
+                 + _median_range(ratio(col("after", "tls", "ttft_p50"),
+                                       col("before", "tls", "ttft_p50"))) + " |")
+    errors = sum(sum(v) for r in got.values() for k, v in r.items() if k.startswith("errors"))
+    lines += ["", f"wrk errors (all gateway points): {errors:g}."]
+    return "\n".join(lines) + "\n"
+
+
 def _run(args: list[str]) -> dict[str, Any]:
     cmd = pinned([sys.executable, "-m", "bench.upstream_tls", "--child", *args], SYSTEM_CPU)
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -302,8 +564,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conc", default="1,16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--load", action="store_true",
+                    help="part 4: reads, CPU and req/s a request under load, TLS and plain")
+    ap.add_argument("--duration", type=float, default=6.0, help="--load: seconds a point")
+    ap.add_argument("--strace-s", type=float, default=3.0,
+                    help="--load: seconds of c=16 load the worker's reads are counted over")
+    ap.add_argument("--ttft-samples", type=int, default=300, help="--load: streamed TTFTs")
+    ap.add_argument("--before", default="e2ec605~1",
+                    help="--load: the revision whose h1.py and tls.py make the before build")
+    ap.add_argument("--after", default="HEAD", help="--load: the revision measured")
+    ap.add_argument("--upstream-writes", choices=("event", "one"), default="event",
+                    help="--load: the upstream writes each event on its own, or a stream at once")
+    ap.add_argument("--no-portkey", dest="portkey", action="store_false",
+                    help="--load: leave Portkey out")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
+    if ns.load:
+        text = load(ns)
+        out = Path(ns.out) if ns.out else (ROOT / "bench" / "results" / dt.date.today().isoformat()
+                                           / "upstream_tls_load.md")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(text)
+        print(f"wrote {out}")
+        return 0
     if ns.child:
         what, *rest = ns.child
         if what == "io":

@@ -5,6 +5,8 @@
 // Usage: node upstream.js PORT [DELTAS]
 // With UPSTREAM_CERT and UPSTREAM_KEY (PEM files) it serves HTTPS; with UPSTREAM_H2=1
 // as well, HTTP/2 over ALPN (and HTTP/1.1 to a client that offers only that).
+// With UPSTREAM_EVENT_WRITES=1 a stream's events are written one a tick, as a provider
+// writes each as it comes (over TLS: each event a record of its own).
 "use strict";
 const fs = require("fs");
 const http = require("http");
@@ -21,15 +23,28 @@ function chunk(id, model, delta, finish) {
   }) + "\n\n";
 }
 
-function streamed(id, model) {
-  let out = chunk(id, model, { role: "assistant", content: "" }, null);
-  for (const w of words) out += chunk(id, model, { content: w }, null);
-  out += chunk(id, model, {}, "stop");
-  out += "data: " + JSON.stringify({
+function events(id, model) {
+  const out = [chunk(id, model, { role: "assistant", content: "" }, null)];
+  for (const w of words) out.push(chunk(id, model, { content: w }, null));
+  out.push(chunk(id, model, {}, "stop"));
+  out.push("data: " + JSON.stringify({
     id, object: "chat.completion.chunk", created, model, choices: [],
     usage: { prompt_tokens: 8, completion_tokens: deltas, total_tokens: 8 + deltas },
-  }) + "\n\n";
-  return out + "data: [DONE]\n\n";
+  }) + "\n\n");
+  out.push("data: [DONE]\n\n");
+  return out;
+}
+
+function streamed(id, model) {
+  return events(id, model).join("");
+}
+
+const eventWrites = process.env.UPSTREAM_EVENT_WRITES === "1";
+
+function writeEach(res, parts, i) {
+  if (i === parts.length - 1) { res.end(parts[i]); return; }
+  res.write(parts[i]);
+  setImmediate(writeEach, res, parts, i + 1);
 }
 
 function whole(id, model) {
@@ -56,7 +71,8 @@ function handler(req, res) {
     const model = body.model || "sim-model";
     if (body.stream) {
       res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
-      res.end(streamed(id, model));
+      if (eventWrites) writeEach(res, events(id, model), 0);
+      else res.end(streamed(id, model));
     } else {
       const text = whole(id, model);
       res.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
