@@ -66,13 +66,18 @@ async def start_and_stop(app: App) -> None:
     await app.shutdown()
 
 
-async def test_start_up_replaces_one_hypercorn_attribute_the_worker_server_class(
+async def test_start_up_replaces_two_hypercorn_attributes_the_server_class_and_its_trio(
     make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(server.SWITCH, raising=False)
     before = hypercorn_attributes()
     await start_and_stop(make_app())
-    assert changed(before, hypercorn_attributes()) == ["hypercorn.trio.run.TCPServer"]
+    # The worker's server class, and the trio its worker module builds listeners with
+    # (server/accept.py: every waiting connection accepted at once).
+    assert changed(before, hypercorn_attributes()) == [
+        "hypercorn.trio.run.TCPServer",
+        "hypercorn.trio.run.trio",
+    ]
     from hypercorn.trio import run
 
     built: Any = run.TCPServer  # type: ignore[attr-defined]

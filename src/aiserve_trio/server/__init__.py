@@ -4,10 +4,14 @@ The rest of the package imports only the names below (``__all__``); a test holds
 other module to that, and to naming no private attribute of hypercorn or h2.
 
 What is replaced
-    One attribute of hypercorn: ``hypercorn.trio.run.TCPServer``, which hypercorn's Trio
-    worker looks up when it starts serving, after the app's lifespan start-up. That
-    start-up calls :func:`install`, which sets it to :class:`~.tcp.GatewayTCPServer`
-    bound to this worker's :class:`~.worker.Worker` (``seam.py``). Importing the package
+    Two attributes of hypercorn's Trio worker module, which it looks up when it starts
+    serving, after the app's lifespan start-up: ``hypercorn.trio.run.TCPServer`` and the
+    ``trio`` it builds its listeners with. That start-up calls :func:`install`, which sets
+    the first to :class:`~.tcp.GatewayTCPServer` bound to this worker's
+    :class:`~.worker.Worker` (``seam.py``), and the second to a view of ``trio`` whose
+    ``SocketListener`` accepts every waiting connection at once (``accept.py``: trio's
+    takes one a pass of the run loop, and new connections waited seconds under load).
+    ``worker_serve``, which builds the listeners, is pinned. Importing the package
     changes nothing. ``AISERVE_HYPERCORN_PATCHES=off`` (:data:`SWITCH`) installs nothing:
     hypercorn as shipped, without the edge guard.
 
@@ -28,9 +32,9 @@ The subclasses (hypercorn's class in brackets)
     ``h2.py``: ``GatewayH2`` (``protocol.h2.H2Protocol``), ``WindowedBuffer``
     (``protocol.h2.StreamBuffer``), ``GatewayConnection`` and ``AdvertisedLimits`` (h2's
     ``H2Connection`` and ``Settings``); ``worker.py``: ``DatedConfig`` (``config.Config``).
-    What they are made of: ``directio.py`` (socket reads and writes), ``idle.py`` (the
-    keep-alive timer), ``coalesce.py`` (HTTP/1.1 writes held per ASGI message),
-    ``datecache.py`` (the ``Date`` header once a second), ``disconnect.py``.
+    What they are made of: ``accept.py`` (the listener), ``directio.py`` (socket reads
+    and writes), ``idle.py`` (the keep-alive timer), ``coalesce.py`` (HTTP/1.1 writes
+    held per ASGI message), ``datecache.py`` (the ``Date`` header once a second), ``disconnect.py``.
 
 hypercorn's private names the seam touches (and h2's)
     ``TCPServer._read_data`` (overridden), ``._close``, ``._idle_timeout``,

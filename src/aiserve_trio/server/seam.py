@@ -5,7 +5,9 @@ hypercorn's Trio worker (``hypercorn.trio.run.worker_serve``) builds one ``TCPSe
 per accepted connection, looked up by that name in its module when the worker starts
 serving -- after the app's lifespan start-up. :func:`install`, called from that
 start-up, replaces that one name with :class:`~.tcp.GatewayTCPServer` bound to this
-worker's :class:`~.worker.Worker`. Importing the package changes nothing.
+worker's :class:`~.worker.Worker`, and the ``trio`` that module sees with a view of it
+whose ``SocketListener`` accepts every waiting connection at once (``accept.py``,
+:data:`ACCEPT_SEAM`). Importing the package changes nothing.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import os
 from functools import partial
 from typing import Any, Final
 
+import trio
 from hypercorn.trio.tcp_server import TCPServer
 
+from .accept import trio_view
 from .fingerprints import problems
 from .tcp import GatewayTCPServer
 from .worker import Worker
@@ -30,6 +34,8 @@ SWITCH: Final = "AISERVE_HYPERCORN_PATCHES"
 ALLOW_UNPATCHED: Final = "aiserve_allow_unpatched"
 #: The one attribute of hypercorn the seam replaces: (module, name).
 SEAM: Final = ("hypercorn.trio.run", "TCPServer")
+#: ... and the ``trio`` it builds its listeners with (``accept.trio_view``).
+ACCEPT_SEAM: Final = ("hypercorn.trio.run", "trio")
 
 
 class SeamRefused(Exception):
@@ -81,9 +87,11 @@ def install(config: object | None = None, *, pinned: dict[str, str] | None = Non
             f" {ALLOW_UNPATCHED} = true in hypercorn's TOML to run hypercorn as shipped)"
         )
     setattr(_worker_module(), SEAM[1], partial(GatewayTCPServer, worker=Worker(config)))
+    setattr(_worker_module(), ACCEPT_SEAM[1], trio_view())
     return f"installed: {SEAM[0]}.{SEAM[1]} = {GatewayTCPServer.__module__}.GatewayTCPServer"
 
 
 def uninstall() -> None:
     """Put hypercorn's own ``TCPServer`` back (tests)."""
     setattr(_worker_module(), SEAM[1], TCPServer)
+    setattr(_worker_module(), ACCEPT_SEAM[1], trio)
