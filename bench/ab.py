@@ -102,15 +102,16 @@ def wrk(
 
 def wrk_start(
     url: str, conc: int, seconds: float, *, stream: bool, key: str | None, headers: str = "",
-    cpu: str | None = LOAD_CPU, threads: int = 2,
+    cpu: str | None = LOAD_CPU, threads: int = 2, timeout_s: float | None = None,
 ) -> subprocess.Popen[str]:
     """A wrk point started (:func:`wrk_result` waits for it): several run at once in
-    ``--together`` mode."""
+    ``--together`` mode. ``timeout_s``: wrk's request timeout (its default is 2 s)."""
     exe = shutil.which("wrk")
     if exe is None:
         raise RuntimeError("wrk is not installed (apt-get install wrk)")
     cmd = pinned(
         [exe, f"-t{threads}", f"-c{conc}", f"-d{seconds:g}s", "--latency",
+         *(["--timeout", f"{timeout_s:g}s"] if timeout_s is not None else []),
          "-s", str(NODE_DIR / "post.lua"), url],
         cpu,
     )

@@ -18,9 +18,10 @@ wrk.body = '{"model":"sim-model",' .. (os.getenv("BENCH_EXTRA") or "") .. '"stre
   .. ',"messages":[{"role":"user","content":"hello there, how are you?"}]}'
 
 done = function(summary, latency, requests)
-  io.write(string.format("JSON {\"requests\":%d,\"duration_us\":%d,\"errors\":%d,\"non2xx\":%d,\"p50_us\":%d,\"p90_us\":%d,\"p99_us\":%d}\n",
+  io.write(string.format("JSON {\"requests\":%d,\"duration_us\":%d,\"errors\":%d,\"non2xx\":%d,\"p50_us\":%d,\"p90_us\":%d,\"p99_us\":%d,\"p999_us\":%d,\"max_us\":%d}\n",
     summary.requests, summary.duration,
     summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
     summary.errors.status,
-    latency:percentile(50), latency:percentile(90), latency:percentile(99)))
+    latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency:percentile(99.9), latency.max))
 end
