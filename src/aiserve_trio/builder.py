@@ -28,6 +28,7 @@ from .count_tokens import SUFFIX, CountTokens
 from .embeddings import Embeddings
 from .http.cors import Cors
 from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
+from .mcp.endpoint import McpEndpoint, mcp_healthz, rpc_error
 from .pipeline import Pipeline
 from .policies.base import Policy, PolicyContext, redact_values
 from .routes import route_label
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from .admin import Admin
     from .audit.usage import UsageEndpoints
     from .console.handlers import Console
+    from .mcp.hub import McpHub
     from .observability.debug import DebugEndpoints
     from .observability.observer import RequestObserver
     from .sessions.bus import SessionBus
@@ -69,6 +71,8 @@ class RuntimeBuilder:
     ledger: Ledger
     chat: RouteHandler
     embed: RouteHandler
+    #: The upstream MCP servers (``[mcp]``), worker-wide; None: no ``/mcp``.
+    mcp: McpHub | None = None
 
     def build(
         self, config: Config, adapters: dict[str, Adapter], previous: Runtime | None
@@ -145,7 +149,19 @@ class RuntimeBuilder:
             *self._service_endpoints(parts),
             *_session_endpoints(parts),
             *self._operator_endpoints(parts),
+            *self._mcp_endpoints(parts),
         ]
+
+    def _mcp_endpoints(self, parts: Parts) -> list[Endpoint]:
+        """``/mcp``, the MCP gateway, when ``[mcp]`` names a server (mcp/endpoint.py)."""
+        if self.mcp is None:
+            return []
+        self.mcp.configure(parts.config.mcp)
+        if not parts.config.mcp.servers:
+            return []
+        mcp = McpEndpoint(parts.config, self.mcp, parts.gate)
+        methods, req = ("POST", "DELETE"), Admission.REQUEST
+        return [Endpoint("/mcp", methods, Auth.KEY, req, mcp.handle, "mcp", rpc_error)]
 
     def _route_endpoints(self, parts: Parts) -> list[Endpoint]:
         """Each route's own endpoint (chat or embeddings), and Anthropic's token
@@ -185,13 +201,19 @@ class RuntimeBuilder:
         get, req, admin = ("GET",), Admission.REQUEST, self.admin
         return [
             Endpoint("/v1/models", get, Auth.KEY, req, partial(admin.models, parts), "models"),
-            Endpoint("/healthz", get, Auth.OPEN, Admission.NONE, admin.healthz, "healthz"),
+            Endpoint("/healthz", get, Auth.OPEN, Admission.NONE, self._healthz, "healthz"),
             Endpoint(
                 "/readyz", get, Auth.OPEN, Admission.NONE, partial(admin.readyz, parts), "readyz"
             ),
             Endpoint("/metrics", get, Auth.METRICS, Admission.NONE, admin.metrics_text, "metrics"),
             Endpoint("/v1/usage", get, Auth.KEY, req, self.usage.own, "usage"),
         ]
+
+    async def _healthz(self, request: Request) -> None:
+        if self.mcp is None or not self.mcp.upstreams:
+            await self.admin.healthz(request)
+        else:
+            await mcp_healthz(self.mcp, request)  # each MCP server's state too
 
     def _operator_endpoints(self, parts: Parts) -> list[Endpoint]:
         """The admin's endpoints (loopback only when auth is off): this worker's

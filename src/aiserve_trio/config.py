@@ -54,6 +54,7 @@ from .errors import ConfigError as ConfigError
 from .http.settings import CORS_ALLOW_HEADERS as CORS_ALLOW_HEADERS
 from .http.settings import CORS_EXPOSE_HEADERS as CORS_EXPOSE_HEADERS
 from .http.settings import CorsConfig as CorsConfig
+from .mcp.settings import McpConfig
 from .observability.settings import MetricsConfig, ObservabilityConfig
 from .policies import registry
 from .policies.base import BuildContext, Policy, PolicySpec
@@ -140,6 +141,8 @@ class Config(_Section):
     tenants: dict[str, TenantConfig] = msgspec.field(default_factory=dict)
     #: The audit log (audit/settings.py); off unless ``[audit]`` is there.
     audit: AuditConfig | None = None
+    #: The MCP gateway's upstream servers (mcp/settings.py); no ``/mcp`` without one.
+    mcp: McpConfig = msgspec.field(default_factory=McpConfig)
     #: Where the config came from, and the folder relative paths in it start from
     #: (both set by the loader; values written in the TOML are replaced).
     source: str = "<memory>"
@@ -230,6 +233,7 @@ def _loaded(decoded: Config, *, source: str, base_dir: str) -> Config:
     }
     routed = [name for route in decoded.routes for name in route.policies]
     routed += [name for route in decoded.routes for name in chain_policies(route)]
+    routed += decoded.mcp.policies
     specs = decode_policies(decoded.policies, source=source, names=routed)
     return msgspec.structs.replace(
         decoded,
@@ -275,6 +279,7 @@ def check_config(cfg: Config) -> None:
     if (problem := check_record(chat, cfg.record)) is not None:
         raise fail(*problem)
     build_policies(list(dict.fromkeys(n for r in cfg.routes for n in r.policies)), cfg)
+    build_policies(cfg.mcp.policies, cfg)  # [mcp] policies: known names
 
 
 def _check_auth(cfg: Config, fail: Fail) -> None:

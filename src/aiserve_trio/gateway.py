@@ -40,6 +40,7 @@ from .config import Config, ConfigError
 from .console import sla
 from .console.handlers import WINDOW_S, Console, static_files
 from .entry import Entry
+from .mcp.hub import McpHub
 from .observability.debug import DebugEndpoints
 from .observability.metrics import Metrics
 from .observability.observer import RequestObserver
@@ -348,6 +349,7 @@ def build_gateway(
         ledger=ledger,
         chat=entry.chat,
         embed=entry.embed,
+        mcp=McpHub(metrics.registry, audit),
     )
     built = build_adapters(config.adapters, observer, adapters)
     generations.begin(builder.build(config, built, None))
@@ -543,6 +545,8 @@ async def _run_background(
             tasks.start_soon(gw.reloader.watch)
             tasks.start_soon(gw.gate.ledger.run)  # spend kept in an outage, merged back
             tasks.start_soon(gw.console.sample)
+            if gw.builder.mcp is not None:
+                await tasks.start(gw.builder.mcp.run)  # the upstream MCP servers
             if t.sched_lag is not None:
                 tasks.start_soon(t.sched_lag.run)
             await tasks.start(gw.writeback.run)

@@ -342,6 +342,22 @@ class AuditLog:
             self._wake = None
             wake.set()
 
+    def offer_row(self, row: Row) -> None:
+        """Queue a row built elsewhere (an MCP tool call's, ``mcp/endpoint.py``); never
+        blocks (a full queue drops it and counts it)."""
+        if self._closed:
+            return
+        if len(self._queue) >= self.settings.buffer:
+            self.metrics.dropped["buffer_full"].inc()
+            self._dropped += 1
+            return
+        self._queue.append(row)
+        self._offered += 1
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            wake.set()
+
     def _count_unauthorized(self, outcome: Outcome) -> None:
         """Count a wrong-key request in the current window (a dict update; a row is built
         only for the first request of each (route, address) of the window)."""

@@ -311,6 +311,8 @@ class Gate:
             principal = await self._principal(endpoint, request)
         except Unauthorized as err:
             self._failed(request.scope, err)
+            if endpoint.name == "mcp":  # MCP clients read the scheme (RFC 9110 11.6.1)
+                err.headers.setdefault("WWW-Authenticate", 'Bearer realm="aiserve-trio"')
             raise
         if need in (Auth.ADMIN, Auth.METRICS, Auth.ADMIN_OR_CONSOLE_TOKEN):
             # What each role may do is security/roles.py's (issue 47, item 4).

@@ -91,7 +91,9 @@ class BudgetFields(_Section):
 
 
 class TenantConfig(BudgetFields):
-    pass
+    #: The MCP tools this tenant's keys may be granted at most (``server/tool``,
+    #: ``server/*``; mcp/grants.py); unset: no ceiling beyond each key's own grant.
+    mcp_tools: list[str] | None = None
 
 
 #: Days of audit rows a budget period's re-seed reads at most (a month: 31).

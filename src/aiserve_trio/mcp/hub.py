@@ -1,0 +1,138 @@
+"""The worker's upstream MCP servers: started with the gateway, kept across reloads.
+
+:class:`McpHub` is long-lived (one per worker, like the audit log): a runtime's
+``/mcp`` endpoint asks it for the upstreams by name. :meth:`McpHub.configure`
+(each runtime's build) states which servers the config names; :meth:`McpHub.run`
+(a background task of the gateway) starts each one's task, stops those a reload
+removed and restarts those whose table changed. It owns the MCP metrics.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from .settings import McpConfig, McpServerConfig
+from .upstream import Upstream, build_upstream
+
+if TYPE_CHECKING:
+    from ..audit.log import AuditLog
+
+log = logging.getLogger("aiserve_trio.mcp")
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class McpMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.calls = Counter(
+            "aiserve_mcp_calls_total",
+            "MCP tools/call requests through /mcp, by upstream server, tool and status",
+            ["server", "tool", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "aiserve_mcp_call_seconds",
+            "Time of an MCP tools/call through /mcp (the gateway's and the upstream's)",
+            ["server"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+
+@dataclass(slots=True)
+class Session:
+    """A client's ``Mcp-Session-Id``: whose it is, at which protocol version."""
+
+    key_id: str | None
+    version: str
+    #: In-flight calls by request id: their cancel scopes (``notifications/cancelled``).
+    calls: dict[Any, trio.CancelScope] = field(default_factory=dict)
+
+
+class _Running:
+    __slots__ = ("config", "scope", "upstream")
+
+    def __init__(self, upstream: Upstream, scope: trio.CancelScope) -> None:
+        self.upstream = upstream
+        self.config: McpServerConfig = upstream.config
+        self.scope = scope
+
+
+class McpHub:
+    """The upstream servers of the current config, and what they report."""
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, audit: AuditLog | None = None
+    ) -> None:
+        self.metrics = McpMetrics(registry)
+        self.audit = audit
+        self._wanted: dict[str, McpServerConfig] = {}
+        self._running: dict[str, _Running] = {}
+        self._changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        #: ``/mcp``'s client sessions, worker-wide (a reload keeps them).
+        self.sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
+
+    def configure(self, config: McpConfig) -> None:
+        """The servers ``config`` names are the ones to run (applied by :meth:`run`)."""
+        self._wanted = dict(config.servers)
+        self._changed.set()
+        if self._nursery is not None:
+            self._apply(self._nursery)
+
+    def get(self, name: str) -> Upstream | None:
+        r = self._running.get(name)
+        return r.upstream if r is not None else None
+
+    @property
+    def upstreams(self) -> dict[str, Upstream]:
+        return {name: r.upstream for name, r in self._running.items()}
+
+    def health(self) -> dict[str, Any]:
+        return {name: r.upstream.health() for name, r in sorted(self._running.items())}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the configured servers until cancelled (their children end with it)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                self._apply(nursery)
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+                for r in self._running.values():
+                    r.upstream.state = "stopped"
+
+    def _apply(self, nursery: trio.Nursery) -> None:
+        wanted = self._wanted
+        for name in list(self._running):
+            r = self._running[name]
+            if wanted.get(name) != r.config:
+                log.info("mcp: server %s %s", name, "changed" if name in wanted else "removed")
+                r.scope.cancel()
+                r.upstream.state = "stopped"
+                del self._running[name]
+        for name, cfg in wanted.items():
+            if name not in self._running:
+                upstream = build_upstream(name, cfg)
+                scope = trio.CancelScope()
+                self._running[name] = _Running(upstream, scope)
+                nursery.start_soon(_run_one, upstream, scope)
+
+    async def wait_started(self) -> None:
+        """Return once every server has left ``starting`` (tests, the bench)."""
+        for r in list(self._running.values()):
+            while r.upstream.state == "starting":
+                await r.upstream._changed.wait()
+
+
+async def _run_one(upstream: Upstream, scope: trio.CancelScope) -> None:
+    with scope:
+        await upstream.run()

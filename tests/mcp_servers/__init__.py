@@ -1,0 +1,1 @@
+"""MCP servers the MCP gateway's tests run (tests/test_mcp*.py)."""
