@@ -26,7 +26,7 @@ import msgspec
 
 from .adapters.settings import AdapterConfig, Fail, UpstreamTLS, check_groups
 
-# Re-exported (`X as X`) for the tests and benches that import them from here: the
+# Re-exported (`X as X`) for the tests and tools that import them from here: the
 # adapters' Structs, CacheConfig, SessionsConfig, LimitsConfig, CorsConfig and its
 # default headers, RouteConfig. Each lives with its package; code in src/ imports it
 # from there.

@@ -6,7 +6,7 @@ now and then a full collection walking everything, start-up included. A gateway
 worker allocates many short-lived objects per request (tasks, cancel scopes,
 channels, events) that reference counting already frees; the request path leaves
 no reference cycles (``tests/test_h1.py`` checks the one it had). Measured at 64
-concurrent streams on one worker (``python -m bench.gc_cost``: an in-process
+concurrent streams on one worker (docs/benchmarks.md, gc cost: an in-process
 hypercorn, ``gc.callbacks`` timing each collection, 6 s): the collector took 12.6 %
 of the worker's CPU and collected nothing -- generation 0 4.9 %, 1 4.2 %, 2 3.5 %
 (17.5 % in an earlier run on a busier machine).

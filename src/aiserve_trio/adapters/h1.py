@@ -2,7 +2,7 @@
 
 Every HTTP adapter uses it, through ``transport.py``, for ``http://`` and ``https://``
 backends over HTTP/1.1 (httpx2 stays for HTTP/2). It does only what that needs, and measured
-(``python -m bench.h1_client``) one request with it costs a fraction of one through
+(docs/benchmarks.md, h1 client) one request with it costs a fraction of one through
 httpx2's layers (send, redirects, auth, transport, pool, connection, h11):
 
 - a keep-alive pool per backend: idle connections are reused newest first, a
@@ -84,7 +84,7 @@ __all__ = [
 #: pieces of at most this much, over TLS too (the records one read decrypts are handed
 #: on up to this much; the rest stay for the next read).
 #: 64 KiB reads of a fast backend's 1 KiB deltas held ~0.7 MB a blocked stream
-#: (bench/h2_window.py --delta-bytes 1024, docs/hypercorn.md).
+#: (docs/benchmarks.md, h2 window with --delta-bytes 1024; docs/hypercorn.md).
 READ_SIZE: Final = 16384
 
 #: Bytes asked of a TLS connection's socket per read: a whole record of the largest

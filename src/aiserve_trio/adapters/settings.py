@@ -101,7 +101,8 @@ class OpenAIAdapterConfig(UpstreamTLS, tag="openai", tag_field="kind", kw_only=T
     #: One socket per 100 streams instead of one per stream, but httpcore2 hands
     #: a stream an event it has already read only once that stream's task gets
     #: the connection's read lock: with many slow streams a token can wait up to
-    #: one inter-token interval (bench scenario (c)). HTTP/1.1 unless descriptors run out.
+    #: one inter-token interval (docs/benchmarks.md, scenario (c)). HTTP/1.1 unless
+    #: descriptors run out.
     http2: bool = False
     #: Concurrent upstream streams before requests queue (HTTP/1.1: one
     #: connection each; HTTP/2: up to 100 per connection).

@@ -6,7 +6,7 @@ The context comes from the adapter's settings (``settings.UpstreamTLS``: ``ca_fi
 verifies the certificate and the name. One :class:`TLSSettings` per backend keeps
 the newest session the backend gave (a TLS 1.3 ticket or a TLS 1.2 session), and a
 new connection offers it: the handshake is then one round trip shorter and skips
-the certificate exchange (``python -m bench.upstream_tls`` measures it).
+the certificate exchange (docs/benchmarks.md, upstream TLS, measures it).
 :func:`check_tls_files` reads the files once when the config is loaded (their paths
 made absolute, a digest of their bytes, a key others may read refused).
 

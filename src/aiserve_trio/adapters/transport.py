@@ -427,8 +427,8 @@ class ClientPool:
 
     Not one client: httpcore2 walks every connection of its pool whenever a
     response closes, so with one client the cost of ending a stream grew with the
-    number of open streams (31 % of the worker's time at 2,000 open streams, bench
-    scenario (c)). A request takes the first client with room, so at low
+    number of open streams (31 % of the worker's time at 2,000 open streams;
+    docs/benchmarks.md, scenario (c)). A request takes the first client with room, so at low
     concurrency one client (and its warm connections) serves everything.
     """
 

@@ -46,12 +46,12 @@ host names: a client that sends many reads to a slow database gets 503s
 statement ends in the database after ``usage_timeout_ms`` and a cancelled read
 stops waiting for its thread at once.
 
-What it costs, with it on and off in one run (``python -m bench.ab
-HEAD+bench/configs/audit-off.toml HEAD+bench/configs/audit-on.toml --together
---conc 16 --modes json``): 29 us of a worker's CPU a non-streamed request at c=16,
+What it costs, with it on and off in one run (docs/benchmarks.md, ab: its example
+compares the audit log off and on, --conc 16 --modes json):
+29 us of a worker's CPU a non-streamed request at c=16,
 ~4 % (2026-12-01; the writer's thread ~6 us a row, ``offer`` ~3 us, the rest the
 loop running slower beside the writer's work: docs/architecture.md, "Where the
-audit log's CPU goes"). Every run of this code pooled (``python -m bench.pool``,
+audit log's CPU goes"). Every run of this code pooled (docs/benchmarks.md, pool;
 2026-12-02): +3.4 %, 95 % interval +3.2 to +3.7; on another host, where the rest of a
 request costs more, the same µs are +2.3 % (+1.9 to +2.8), and on a third +3.8 % (+3.6
 to +4.0). Those workers reach their upstream at 127.0.0.1 and never run a thread but the

@@ -2,7 +2,7 @@
 
 psycopg 3's blocking API, run by the writer in a worker thread, one call at a
 time -- the same shape as SQLite. Chosen over psycopg's non-blocking core on
-Trio's waits by measurement (``bench/audit_pg.py``; docs/architecture.md): a
+Trio's waits by measurement (docs/benchmarks.md, audit on PostgreSQL; docs/architecture.md): a
 batch in a thread costs the event loop one hand-off, where the non-blocking
 core runs the protocol and the row encoding on the loop.
 

@@ -35,7 +35,7 @@ sqlite3.register_adapter(type(None), cast("Callable[[None], None]", {}.get))
 #: CPU at the worker's priority (audit/thread.py): a second's batch inserted at one go
 #: holds the CPU for several ms while requests wait. 128 rows are ~0.6 ms; then the
 #: thread yields (``sched_yield``) and the event loop runs. Measured against one
-#: ``executemany`` per batch (``bench.ab``, c=16, 8 interleaved rounds): p99 16.3
+#: ``executemany`` per batch (docs/benchmarks.md, ab: c=16, 8 rounds): p99 16.3
 #: against 17.6 ms (medians; lower in every round), throughput no lower.
 CHUNK = 128
 #: Rows deleted per transaction past ``[audit] max_rows``.

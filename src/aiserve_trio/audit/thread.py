@@ -6,8 +6,8 @@ one connection, and a call abandoned by a cancellation (the shutdown's grace ran
 out) goes on in the thread while its result is dropped.
 
 The thread runs at the worker's own priority. It ran at nice 19 until measured
-sharing its CPU with another busy worker (``python -m bench.ab ... --together``,
-c=16, 12 rounds, 2026-12-01, ``bench/results/2026-12-01/round6/``): a writer the
+sharing its CPU with another busy worker (docs/benchmarks.md, ab: --together, c=16,
+12 rounds, 2026-12-01, round 6): a writer the
 scheduler sets aside while it holds the GIL stalls the event loop, which waits
 for the GIL. With the log on, the worker got 18.9 % less of the CPU than its
 neighbour with the log off at nice 19 (-27.9 to -5.5), 2.6 % less (-5.1 to 0.0)

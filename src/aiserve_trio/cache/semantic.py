@@ -190,7 +190,7 @@ class VectorIndex:
     Exact search over a guard's bucket, because a lookup only ever compares
     questions under one guard (buckets are small next to the whole index) and one
     core scores 10,000 vectors of 512 dimensions in about a millisecond
-    (``bench/semantic_index.py`` has the measurement against usearch's HNSW).
+    (docs/benchmarks.md, semantic index: the measurement against usearch's HNSW).
     The product is ``np.einsum``: one thread, where BLAS's threads fight the other
     workers for the cores. A search scores ``_CHUNK`` rows between checkpoints.
 

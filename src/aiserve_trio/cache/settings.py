@@ -26,7 +26,7 @@ class RouteSemantic(Section):
     #: The embedding model, as that adapter names it.
     model: str
     #: The least cosine similarity served; tune it on your own questions
-    #: (``python -m bench.semantic``).
+    #: (docs/benchmarks.md, semantic).
     threshold: float = 0.92
     #: The embedding call is given up after this long (or at the context stage's
     #: cut, if sooner): the request goes on as an exact miss.

@@ -6,7 +6,8 @@ handler -- run by the interpreter on the main thread, which is the Trio thread
 under hypercorn -- records the stack it interrupted. Nothing runs between
 samples, so the cost is the samples (about 10 us each) and not, as with a
 profile hook on every call and return (pyinstrument's own ``Profiler``), a
-share of every call: that halved the gateway's throughput (bench/results).
+share of every call: that halved the gateway's throughput (docs/benchmarks.md,
+profiling cost).
 
 What makes the stacks Trio-aware is one synthetic frame inserted where the run
 loop steps a task: ``[stage sse]``, ``[route models]`` or ``[task <name>]``,

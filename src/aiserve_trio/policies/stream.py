@@ -21,7 +21,7 @@ change the decision:
 So the text held back is at most the largest reach of the rules, and patterns
 must have a bounded width: an unbounded one (``\\d+``) is refused at start-up.
 Patterns have no nested unbounded quantifiers, so matching is linear in the
-text (the bench checks 1 MB adversarial inputs).
+text (docs/benchmarks.md, policies: 1 MB adversarial inputs).
 
 Text is normalised before matching, character by character (so chunking cannot
 change it; :func:`normalize`): every default-ignorable and format character is

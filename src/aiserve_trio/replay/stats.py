@@ -2,7 +2,7 @@
 
 :func:`summarize` turns the :class:`~.timing.Result` s into a :class:`Report`:
 P50/P90/P99 of TTFT, total time and inter-chunk gaps (milliseconds, over the
-requests that succeeded; nearest rank, like ``bench/loadgen.py``) and the error
+requests that succeeded; nearest rank, as the benchmarks' load generator counts) and the error
 rate, overall and per label group (``intent=sql``; a flag label by its name,
 ``has_tools``; ``unlabelled`` for records with no label). A request counts in
 every group of its labels. :func:`markdown` renders it.

@@ -50,7 +50,7 @@ IDLE_BURST = 4_000
 IDLE_RATE = 2_000.0
 #: Bytes of one read handed to h2 at a time, the meters judging and the other
 #: connections getting the loop between slices: the worst frame type (HEADERS +
-#: RST_STREAM) costs about 4 ms a slice, a checkpoint 3 µs (``bench/fairness.py``).
+#: RST_STREAM) costs about 4 ms a slice, a checkpoint 3 µs (docs/benchmarks.md, fairness).
 FEED_SLICE = 2048
 #: The HTTP/2 client connection preface (RFC 9113, 3.4).
 PREFACE_LENGTH = 24

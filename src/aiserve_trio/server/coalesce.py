@@ -6,7 +6,7 @@ message (the chunked terminator, or nothing at all with a Content-Length), each 
 socket write behind the connection's send lock and a shielded cancel scope. A gateway
 reply that is in hand at once (a short answer, a cache hit, an error) took three or
 four writes, and those writes were a fifth of the worker's time at 16 concurrent
-streams (``python -m bench.ab``, ``bench/results/2026-12-01``).
+streams (docs/benchmarks.md, ab; 2026-12-01).
 
 :class:`HeldWrites` is the rule, used by the seam's HTTP/1.1 protocol
 (``tcp.py``):

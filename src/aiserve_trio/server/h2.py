@@ -54,7 +54,7 @@ class WindowedBuffer(StreamBuffer):
     window is 0 pops 0 bytes, every time the send task looks at it. So a client that
     never opens its window lets every ``push`` through: the app's ``send()`` never
     blocks, the gateway never stops reading the upstream, and the worker holds every
-    reply whole (64 streams of 3 MB on one connection: +525 MB, bench/h2_window.py).
+    reply whole (64 streams of 3 MB on one connection: +525 MB; docs/benchmarks.md, h2 window).
     Here the writer is released by what is *left*: ``push`` returns once the buffer
     is under the high-water mark, and a blocked one waits until it drained under the
     low-water mark (or the stream was closed). A window of 0 (or of a few bytes) pops

@@ -13,7 +13,8 @@ stages did) leaves the empty report: nothing parsed, prepared or answered.
 The reports are frozen msgspec structs, as the other values made on every request
 are (``Delta``, ``Usage``): a frozen dataclass sets each field through
 ``object.__setattr__``, and one of nine fields took 2.2 us to make where the struct
-took 0.3 us -- five of them a request were a cost ``bench/app_cost.py`` could see.
+took 0.3 us -- five of them a request were a cost the app's own benchmark could see
+(docs/benchmarks.md, app cost).
 """
 
 from __future__ import annotations
