@@ -51,14 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="apply to every request: 429[:s], 5xx, stall:N, drop:N, malformed:N",
     )
-    f.add_argument("--rate-429", type=float, default=0.0)
-    f.add_argument("--rate-5xx", type=float, default=0.0)
-    f.add_argument("--status-5xx", type=int, default=503)
-    f.add_argument("--rate-stall", type=float, default=0.0)
-    f.add_argument("--rate-drop", type=float, default=0.0)
-    f.add_argument("--rate-malformed", type=float, default=0.0)
-    f.add_argument("--fault-after", type=int, default=3, help="tokens before a random fault")
-    f.add_argument("--retry-after", type=float, default=1.0, help="Retry-After of random 429s")
+    f.add_argument("--rate-429", type=float, default=_R.rate_429)
+    f.add_argument("--rate-5xx", type=float, default=_R.rate_5xx)
+    f.add_argument("--status-5xx", type=int, default=_R.status_5xx)
+    f.add_argument("--rate-stall", type=float, default=_R.rate_stall)
+    f.add_argument("--rate-drop", type=float, default=_R.rate_drop)
+    f.add_argument("--rate-malformed", type=float, default=_R.rate_malformed)
+    f.add_argument("--fault-after", type=int, default=_R.after, help="tokens before a random fault")
+    f.add_argument(
+        "--retry-after", type=float, default=_R.retry_after, help="Retry-After of random 429s"
+    )
     p.add_argument(
         "--dialect",
         action="append",
