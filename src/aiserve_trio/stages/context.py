@@ -303,41 +303,10 @@ class ContextStage:
         ctx = self.policy
         assert ctx is not None  # run() made it
         own = len(req.messages)
-        extra = req.extra
-        for policy in route.policies:
-            # Sliced: a megabyte of text must not hold the event loop (and the
-            # stage's cut point applies at each checkpoint).
-            messages = await run_sliced(policy.input_steps(messages, ctx))
-            extra = await run_sliced(policy.fields_steps(extra, ctx))
-        forward = {k: info.headers[k] for k in _FORWARDED if k in info.headers}
-        native: bytes | None = None
-        spec = route.codec.native
-        if req.native is not None and spec is not None:
-            native = await _native_body(
-                req.native, spec, messages[: len(messages) - own], route.policies, ctx
-            )
-            forward.update((k, info.headers[k]) for k in spec.headers if k in info.headers)
-        request = InferenceRequest(
-            request_id=info.request_id,
-            model=req.model,
-            messages=messages,
-            deadline=info.budget.inference_end,
-            max_tokens=_token_limit(req.max_tokens, route.config.max_tokens),
-            temperature=req.body.temperature,
-            top_p=req.body.top_p,
-            stop=req.stop,
-            variables=variables,
-            forward_headers=forward,
-            tool_names=[t.function.name for t in req.body.tools or () if t.function is not None],
-            tool_choice=_tool_choice(req),
-            extra=extra,
-            native=native,
-            native_api=route.config.kind if native is not None else "",
-        )
-        if native is None:
-            request = await route.adapter.prepare(request)
+        # The messages as the policies left them (the adapter may fit a copy to the model).
+        messages, request = await self._upstream(req, messages, variables, ctx)
         # A native reply is the provider's own events: not the cache's to replay.
-        if self.cache is not None and native is None:
+        if self.cache is not None and request.native is None:
             # Keyed on the request as it goes upstream: after session context,
             # input policies (they ran, hit or not) and fitting to the window.
             self.ticket = await self.cache.admit(
@@ -378,3 +347,51 @@ class ContextStage:
         # The sse stage's copy first: it must be there when the first delta is.
         self.to_sse.send_nowait(prepared)
         await hand_on(self.to_inference, prepared)
+
+    async def _upstream(
+        self,
+        req: ParsedRequest,
+        messages: list[Message],
+        variables: dict[str, str],
+        ctx: PolicyContext,
+    ) -> tuple[list[Message], InferenceRequest]:
+        """The messages through the route's input policies, and the request as it goes
+        upstream: with the headers forwarded, the native body when the client speaks the
+        provider's API, else fitted to the model by the route's adapter."""
+        info = self.info
+        route = info.route
+        own = len(req.messages)
+        extra = req.extra
+        for policy in route.policies:
+            # Sliced: a megabyte of text must not hold the event loop (and the
+            # stage's cut point applies at each checkpoint).
+            messages = await run_sliced(policy.input_steps(messages, ctx))
+            extra = await run_sliced(policy.fields_steps(extra, ctx))
+        forward = {k: info.headers[k] for k in _FORWARDED if k in info.headers}
+        native: bytes | None = None
+        spec = route.codec.native
+        if req.native is not None and spec is not None:
+            native = await _native_body(
+                req.native, spec, messages[: len(messages) - own], route.policies, ctx
+            )
+            forward.update((k, info.headers[k]) for k in spec.headers if k in info.headers)
+        request = InferenceRequest(
+            request_id=info.request_id,
+            model=req.model,
+            messages=messages,
+            deadline=info.budget.inference_end,
+            max_tokens=_token_limit(req.max_tokens, route.config.max_tokens),
+            temperature=req.body.temperature,
+            top_p=req.body.top_p,
+            stop=req.stop,
+            variables=variables,
+            forward_headers=forward,
+            tool_names=[t.function.name for t in req.body.tools or () if t.function is not None],
+            tool_choice=_tool_choice(req),
+            extra=extra,
+            native=native,
+            native_api=route.config.kind if native is not None else "",
+        )
+        if native is None:
+            request = await route.adapter.prepare(request)
+        return messages, request
