@@ -213,7 +213,7 @@ class RequestHead:
 class _Secure:
     """TLS on a connection: the ``SSLObject``, its memory BIOs and the buffer a read lands in."""
 
-    __slots__ = ("buf", "ended", "incoming", "obj", "outgoing", "view")
+    __slots__ = ("buf", "drained", "ended", "incoming", "obj", "outgoing", "view")
 
     def __init__(
         self, obj: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO
@@ -225,6 +225,10 @@ class _Secure:
         self.view = memoryview(self.buf)
         #: The backend ended the TLS stream (close_notify, or the connection closed).
         self.ended = False
+        #: The last read took less than it asked: the kernel had no more then, and the
+        #: next read waits for more rather than ask for it (a read that would block is a
+        #: syscall for nothing; a wait answers at once if bytes came since).
+        self.drained = True
 
     def decrypt(self) -> bytes | None:
         """The bytes of every complete record the incoming BIO holds, as one piece (at
@@ -262,6 +266,7 @@ class _Secure:
 
     def take(self, n: int) -> None:
         """Hand the first ``n`` bytes of :attr:`buf` (just read) to the TLS engine; 0: EOF."""
+        self.drained = n < len(self.buf)
         if n:
             self.incoming.write(self.view[:n])
         else:
@@ -486,11 +491,13 @@ async def _handshake(sock: socket.socket, tls: TLSSettings) -> _Secure:
             if done:
                 break
             while True:
+                if secure.drained:  # the answer to a flight just sent is not there yet
+                    await trio.lowlevel.wait_readable(sock)
                 try:
                     secure.take(sock.recv_into(secure.buf))
                     break
                 except BlockingIOError:
-                    await trio.lowlevel.wait_readable(sock)
+                    secure.drained = True
     except OSError as exc:
         raise ConnectError(f"the connection broke during the TLS handshake: {exc}") from exc
     tls.handshake_done(obj)
@@ -631,7 +638,10 @@ async def _encrypt(conn: _Conn, sock: socket.socket, tls: _Secure, data: bytes, 
 
 
 async def _fill(conn: _Conn, sock: socket.socket, tls: _Secure, io: float) -> None:
-    """One read of what the kernel has into the TLS engine (after a wait, if it has nothing)."""
+    """One read of what the kernel has into the TLS engine (after a wait, if it has nothing
+    or the last read took all it had)."""
+    if tls.drained:
+        await _wait(trio.lowlevel.wait_readable, conn, sock, io, ReadTimeout)
     while True:
         try:
             n = sock.recv_into(tls.buf)
