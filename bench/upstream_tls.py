@@ -406,12 +406,61 @@ def _reads_a_request(gw: Running, url: str, key: str | None, seconds: float,
             "requests": point["requests"]}
 
 
-def _ttft(url: str, key: str | None, n: int) -> dict[str, Any]:
-    headers = json.dumps([["Authorization", f"Bearer {key}"]] if key else [])
-    cmd = pinned([sys.executable, "-m", "bench.throughput", "--ttft-child", url, headers,
-                  str(n), ""], LOAD_CPU)
+def _child_ttft(targets: list[tuple[str, str]], n: int, warmup: int = 50) -> list[list[float]]:
+    """Streamed TTFTs (ms) of each ``(url, key)``, taken in turn request by request on one
+    keep-alive connection each, so the machine's moments are shared alike."""
+    import urllib.parse
+
+    from .throughput import FIRST_CONTENT
+
+    body = json.dumps({"model": "sim-model", "stream": True,
+                       "messages": [{"role": "user", "content": "hello there, how are you?"}]}
+                      ).encode()
+    socks: list[socket.socket] = []
+    requests: list[bytes] = []
+    for url, key in targets:
+        parts = urllib.parse.urlsplit(url)
+        assert parts.hostname is not None
+        assert parts.port is not None
+        sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        socks.append(sock)
+        requests.append((f"POST {parts.path} HTTP/1.1\r\nHost: {parts.hostname}:{parts.port}\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                         f"Authorization: Bearer {key}\r\n\r\n").encode() + body)
+    samples: list[list[float]] = [[] for _ in targets]
+    for i in range(n + warmup):
+        for j, sock in enumerate(socks):
+            t = time.perf_counter()
+            sock.sendall(requests[j])
+            buf = b""
+            first = 0.0
+            while not (b"[DONE]" in buf and buf.endswith(b"0\r\n\r\n")):
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionError(f"closed: {buf[:200]!r}")
+                buf += data
+                if not first and FIRST_CONTENT in buf:
+                    first = time.perf_counter() - t
+            if not buf.startswith(b"HTTP/1.1 200") or not first:
+                raise ValueError(buf[:300].decode(errors="replace"))
+            if i >= warmup:
+                samples[j].append(first * 1000)
+    for sock in socks:
+        sock.close()
+    return samples
+
+
+def _ttft_together(targets: list[tuple[str, str | None]], n: int) -> list[dict[str, float]]:
+    """p50 and p99 streamed TTFT (ms) of each target, measured in turn (a child on CPU 1)."""
+    cmd = pinned([sys.executable, "-m", "bench.upstream_tls", "--child", "ttft", str(n),
+                  *(part for url, key in targets for part in (url, key or ""))], LOAD_CPU)
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return dict(json.loads(out.strip().splitlines()[-1]))
+    result = []
+    for samples in json.loads(out.strip().splitlines()[-1]):
+        s = sorted(samples)
+        result.append({"p50_ms": statistics.median(s), "p99_ms": s[int(len(s) * 0.99)]})
+    return result
 
 
 def _load_points(url: str, key: str | None, headers: str, duration: float,
@@ -459,7 +508,6 @@ def load(ns: argparse.Namespace) -> str:
                     url = gw.base + "/v1/chat/completions"
                     points = _load_points(url, key, "", ns.duration, gw)
                     reads = _reads_a_request(gw, url, key, ns.strace_s, name)
-                    ttft = _ttft(url, key, ns.ttft_samples)
                 row = got.setdefault((build, scheme), {})
                 for tag, p in points.items():
                     row.setdefault(f"rps_{tag}", []).append(p["rps"])
@@ -467,13 +515,24 @@ def load(ns: argparse.Namespace) -> str:
                     row.setdefault(f"errors_{tag}", []).append(p["errors"])
                 row.setdefault("reads", []).append(reads["reads"])
                 row.setdefault("would_block", []).append(reads["would_block"])
-                row.setdefault("ttft_p50", []).append(ttft["p50_ms"] or 0.0)
-                row.setdefault("ttft_p99", []).append(ttft["p99_ms"] or 0.0)
                 print(f"[{time.monotonic() - t0:5.0f} s] round {rnd + 1} {name}: "
                       f"c16 {points['c16']['rps']:.0f} req/s {points['c16']['cpu_us']:.0f} us, "
                       f"c64 {points['c64']['rps']:.0f} req/s {points['c64']['cpu_us']:.0f} us, "
-                      f"{reads['reads']:.1f} reads/req, TTFT p50 {ttft['p50_ms']:.3f} ms",
-                      flush=True)
+                      f"{reads['reads']:.1f} reads/req", flush=True)
+            # TTFT: the two builds over TLS served at once, asked in turn.
+            with contextlib.ExitStack() as stack:
+                served = [stack.enter_context(_gateway_of(builds[b], tls_up, f"ttft-{b}", pki.ca))
+                          for b in builds]
+                ttfts = _ttft_together([(gw.base + "/v1/chat/completions", key)
+                                        for gw, key in served], ns.ttft_samples)
+            for build, ttft in zip(builds, ttfts, strict=True):
+                row = got[(build, "tls")]
+                row.setdefault("ttft_p50", []).append(ttft["p50_ms"])
+                row.setdefault("ttft_p99", []).append(ttft["p99_ms"])
+            print(f"[{time.monotonic() - t0:5.0f} s] round {rnd + 1} TTFT over TLS p50: "
+                  + ", ".join(f"{b} {t['p50_ms']:.3f} ms" for b, t in zip(builds, ttfts,
+                                                                          strict=True)),
+                  flush=True)
             if ns.portkey:
                 try:
                     with portkey(tls_up, pki.ca) as pk:
@@ -510,18 +569,20 @@ def load(ns: argparse.Namespace) -> str:
            if events else "the whole stream in one write)."),
         "",
         "| build | upstream | reads a request (would block) | CPU a request c=16 | "
-        "req/s c=16 | CPU a request c=64 | req/s c=64 | TTFT c=1 p50 / p99 (streamed) |",
+        "req/s c=16 | CPU a request c=64 | req/s c=64 | TTFT c=1 p50 / p99 (streamed; "
+        "the builds served at once, asked in turn) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for build in builds:
         for scheme in ups:
             r = got[(build, scheme)]
+            first = (f"{_median_range(r['ttft_p50'])} / {_median_range(r['ttft_p99'])} ms"
+                     if "ttft_p50" in r else "")
             lines.append(
                 f"| {build} | {scheme} | {_median_range(r['reads'])} "
                 f"({_median_range(r['would_block'])}) | {_median_range(r['cpu_c16'])} µs | "
                 f"{_median_range(r['rps_c16'])} | {_median_range(r['cpu_c64'])} µs | "
-                f"{_median_range(r['rps_c64'])} | {_median_range(r['ttft_p50'])} / "
-                f"{_median_range(r['ttft_p99'])} ms |")
+                f"{_median_range(r['rps_c64'])} | {first} |")
     if portkey_rps:
         lines.append(f"| Portkey | tls | | | {_median_range(portkey_rps['c16'])} | | "
                      f"{_median_range(portkey_rps['c64'])} | |")
@@ -593,6 +654,10 @@ def main(argv: list[str] | None = None) -> int:
         if what == "io":
             port, ca, way, conc, n = rest
             print(json.dumps(_child_io(int(port), ca, way, int(conc), int(n))))
+        elif what == "ttft":
+            n, *pairs = rest
+            targets = list(zip(pairs[::2], pairs[1::2], strict=True))
+            print(json.dumps(_child_ttft(targets, int(n))))
         elif what == "connect":
             port, ca, n = rest
             print(json.dumps(_child_connect(int(port), ca, int(n))))
