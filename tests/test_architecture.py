@@ -366,6 +366,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
     ),
     "mcp/": (
         "decoding",
+        "adapters.h1",
         "audit.row",
         "audit.schema",
         "http",

@@ -23,7 +23,7 @@ import logging
 import secrets
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -110,6 +110,7 @@ class McpEndpoint:
         self.default_tenant = config.server.default_tenant
         #: Client sessions, worker-wide (a reload keeps them): the hub's.
         self.sessions = hub.sessions
+        self._grants: dict[str, Grants] = {}
 
     # --- HTTP -------------------------------------------------------------------------
 
@@ -321,16 +322,24 @@ class McpEndpoint:
         raise RpcError(jsonrpc.METHOD_NOT_FOUND, f"method not found: {method!r}")
 
     def grants(self, request: Request) -> Grants:
+        """The caller's grants (compiled once per key and runtime)."""
         p = request.principal
         if p is None:
             return EVERYTHING
+        known = self._grants.get(p.key_id)
+        if known is not None and known.key == p.mcp_tools and known.tenant_name == p.tenant:
+            return known
         tenant = self.tenants.get(p.tenant)
-        return Grants(
+        grants = Grants(
             p.mcp_tools,
             None if tenant is None else tuple(tenant),
             key_id=p.key_id,
             tenant_name=p.tenant,
         )
+        if len(self._grants) >= 10_000:
+            self._grants.clear()
+        self._grants[p.key_id] = grants
+        return grants
 
     def _split(self, name: Any, what: str) -> tuple[str, str]:
         if not isinstance(name, str) or SEP not in name:

@@ -23,13 +23,15 @@ import itertools
 import logging
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import msgspec
 import trio
 
+from ..adapters.h1 import H1Error, H1Pool, RequestHead, Timeouts
 from . import jsonrpc
 from .settings import McpServerConfig, expand_env
 
@@ -451,22 +453,86 @@ async def _stop(proc: trio.Process) -> None:
         await proc.stdout.aclose()
 
 
-class HttpUpstream(Upstream):
-    """A Streamable HTTP server: each request a POST, answered with JSON or an SSE stream."""
+class _Exchange:
+    """One POST's answer: its status, headers (lower-case names) and body pieces."""
 
-    def __init__(self, name: str, config: McpServerConfig) -> None:
-        super().__init__(name, config)
+    __slots__ = ("chunks", "headers", "status")
+
+    def __init__(self, status: int, headers: dict[str, str], chunks: AsyncIterator[bytes]) -> None:
+        self.status = status
+        self.headers = headers
+        self.chunks = chunks
+
+
+class _H1:
+    """``http://`` upstreams: the gateway's lean HTTP/1.1 client (adapters/h1.py)."""
+
+    def __init__(self, url: str) -> None:
+        u = urlsplit(url)
+        port = u.port or 80
+        self._pool = H1Pool(u.hostname or "127.0.0.1", port, max_connections=64)
+        host = u.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        target = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        self._head = RequestHead("POST", target, f"{host}:{port}", [])
+
+    @contextlib.asynccontextmanager
+    async def exchange(self, body: bytes, headers: dict[str, str]) -> AsyncIterator[_Exchange]:
+        head = self._head.build([(k.encode(), v.encode()) for k, v in headers.items()], body)
+        async with self._pool.request(head, body, Timeouts(io=3600.0, connect=10.0)) as resp:
+            rh = {k.decode("latin-1"): v.decode("latin-1") for k, v in resp.headers}
+            yield _Exchange(resp.status, rh, resp.__aiter__())
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+
+class _Httpx:
+    """``https://`` upstreams: httpx2 (its TLS, certificates and HTTP/2)."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
         self._client = httpx2.AsyncClient(
             follow_redirects=False,
             trust_env=False,
             limits=httpx2.Limits(max_connections=64, max_keepalive_connections=16),
         )
+
+    @contextlib.asynccontextmanager
+    async def exchange(self, body: bytes, headers: dict[str, str]) -> AsyncIterator[_Exchange]:
+        timeout = httpx2.Timeout(None, connect=10.0)
+        req = self._client.build_request(
+            "POST", self._url, content=body, headers=headers, timeout=timeout
+        )
+        resp = await self._client.send(req, stream=True)
+        try:
+            yield _Exchange(resp.status_code, dict(resp.headers), resp.aiter_bytes())
+        finally:
+            with trio.CancelScope(shield=True):
+                await resp.aclose()
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._client.aclose()
+
+
+#: What a broken upstream connection raises, by client.
+_HTTP_ERRORS = (H1Error, httpx2.HTTPError, OSError, trio.BrokenResourceError)
+
+
+class HttpUpstream(Upstream):
+    """A Streamable HTTP server: each request a POST, answered with JSON or an SSE stream."""
+
+    def __init__(self, name: str, config: McpServerConfig) -> None:
+        super().__init__(name, config)
+        url = config.url
+        self._http: _H1 | _Httpx = _H1(url) if url.startswith("http://") else _Httpx(url)
         self._session: str | None = None
         self._pending: dict[int, _Pending] = {}
         self._reinit = trio.Lock()
 
     def _headers(self) -> dict[str, str]:
-        h = {k: expand_env(v) for k, v in self.config.headers.items()}
+        h = {k.lower(): expand_env(v) for k, v in self.config.headers.items()}
         h["content-type"] = "application/json"
         h["accept"] = "application/json, text/event-stream"
         if self.protocol:
@@ -484,95 +550,79 @@ class HttpUpstream(Upstream):
         except KeyError as exc:
             raise UpstreamError(jsonrpc.UPSTREAM_FAILED, f"cannot call: {exc.args[0]}") from exc
         body = jsonrpc.encode(msg)
-        timeout = httpx2.Timeout(None, connect=10.0)
         try:
-            req = self._client.build_request(
-                "POST", self.config.url, content=body, headers=headers, timeout=timeout
-            )
-            resp = await self._client.send(req, stream=True)
-        except httpx2.HTTPError as exc:
+            async with self._http.exchange(body, headers) as resp:
+                return await self._answer(resp, msg, rid, note)
+        except _HTTP_ERRORS as exc:
             raise UpstreamError(
                 jsonrpc.UPSTREAM_FAILED, f"MCP server {self.name!r} cannot be reached: {exc}"
             ) from exc
-        try:
-            if rid is None and resp.status_code < 400:
-                return resp.status_code, None
-            if resp.status_code == 404 and self._session is not None:
-                return 404, None
-            if resp.status_code >= 400:
-                raise UpstreamError(
-                    jsonrpc.UPSTREAM_FAILED,
-                    f"MCP server {self.name!r} answered HTTP {resp.status_code}",
-                )
-            if rid is not None and msg.get("method") == "initialize":
-                sid = resp.headers.get("mcp-session-id")
-                self._session = sid if sid else None
-            ctype = resp.headers.get("content-type", "")
-            if ctype.startswith("text/event-stream"):
-                return resp.status_code, await self._sse(resp, rid, note)
-            data = await _read_capped(resp)
-            try:
-                answer = jsonrpc.decode(data)
-            except msgspec.DecodeError:
-                raise UpstreamError(
-                    jsonrpc.UPSTREAM_FAILED,
-                    f"MCP server {self.name!r} answered garbage (not JSON-RPC): {data[:80]!r}",
-                ) from None
-            if isinstance(answer, list):  # a batch of one
-                answer = next(
-                    (a for a in answer if isinstance(a, dict) and a.get("id") == rid), None
-                )
-            if not isinstance(answer, dict) or answer.get("id") != rid:
-                raise UpstreamError(
-                    jsonrpc.UPSTREAM_FAILED, f"MCP server {self.name!r} answered another request"
-                )
-            return resp.status_code, answer
-        except httpx2.HTTPError as exc:
-            raise UpstreamError(
-                jsonrpc.UPSTREAM_FAILED, f"MCP server {self.name!r} broke off its answer: {exc}"
-            ) from exc
-        finally:
-            with trio.CancelScope(shield=True):
-                await resp.aclose()
 
-    async def _sse(self, resp: httpx2.Response, rid: int | None, note: Note | None) -> Any:
+    async def _answer(
+        self, resp: _Exchange, msg: dict[str, Any], rid: int | None, note: Note | None
+    ) -> tuple[int, Any]:
+        status = resp.status
+        if rid is None and status < 400:
+            return status, None
+        if status == 404 and self._session is not None:
+            return 404, None
+        if status >= 400:
+            why = f"MCP server {self.name!r} answered HTTP {status}"
+            raise UpstreamError(jsonrpc.UPSTREAM_FAILED, why)
+        if msg.get("method") == "initialize":
+            self._session = resp.headers.get("mcp-session-id") or None
+        if resp.headers.get("content-type", "").startswith("text/event-stream"):
+            return status, await self._sse(resp.chunks, rid, note)
+        data = await _read_capped(resp.chunks)
+        try:
+            answer = jsonrpc.decode(data)
+        except msgspec.DecodeError:
+            raise UpstreamError(
+                jsonrpc.UPSTREAM_FAILED,
+                f"MCP server {self.name!r} answered garbage (not JSON-RPC): {data[:80]!r}",
+            ) from None
+        if isinstance(answer, list):  # a batch of one
+            answer = next((a for a in answer if isinstance(a, dict) and a.get("id") == rid), None)
+        if not isinstance(answer, dict) or answer.get("id") != rid:
+            why = f"MCP server {self.name!r} answered another request"
+            raise UpstreamError(jsonrpc.UPSTREAM_FAILED, why)
+        return status, answer
+
+    async def _sse(self, chunks: AsyncIterator[bytes], rid: int | None, note: Note | None) -> Any:
         """Read SSE events until the one answering ``rid``."""
-        data: list[str] = []
-        size = 0
-        async for line in resp.aiter_lines():
-            size += len(line)
-            if size > MAX_UPSTREAM_MESSAGE:
+        buf = b""
+        async for chunk in chunks:
+            buf += chunk.replace(b"\r\n", b"\n")
+            if len(buf) > MAX_UPSTREAM_MESSAGE:
                 raise UpstreamError(jsonrpc.UPSTREAM_FAILED, "an answer over 16 MiB")
-            if line.startswith("data:"):
-                data.append(line[5:].lstrip(" "))
-                continue
-            if line or not data:
-                continue
-            text, data, size = "\n".join(data), [], 0
-            if not text.strip():
-                continue  # a priming event (an id for resumption, no message)
-            try:
-                msg = jsonrpc.decode(text)
-            except msgspec.DecodeError:
-                raise UpstreamError(
-                    jsonrpc.UPSTREAM_FAILED,
-                    f"MCP server {self.name!r} answered garbage (not JSON-RPC): {text[:80]!r}",
-                ) from None
-            if not isinstance(msg, dict):
-                continue
-            if "method" in msg and "id" not in msg:
-                params = msg.get("params")
-                if (
-                    note is not None
-                    and msg.get("method") == "notifications/progress"
-                    and isinstance(params, dict)
-                    and params.get("progressToken") == rid
-                ):
-                    note(msg)
-                elif msg.get("method") in _LIST_CHANGED:
-                    self._relist.set()
-            elif "method" not in msg and msg.get("id") == rid:
-                return msg
+            while (end := buf.find(b"\n\n")) >= 0:
+                event, buf = buf[:end], buf[end + 2 :]
+                data = [ln[5:].lstrip(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
+                text = b"\n".join(data)
+                if not text.strip():
+                    continue  # a priming event (an id for resumption, no message)
+                try:
+                    msg = jsonrpc.decode(text)
+                except msgspec.DecodeError:
+                    raise UpstreamError(
+                        jsonrpc.UPSTREAM_FAILED,
+                        f"MCP server {self.name!r} answered garbage (not JSON-RPC): {text[:80]!r}",
+                    ) from None
+                if not isinstance(msg, dict):
+                    continue
+                if "method" in msg and "id" not in msg:
+                    params = msg.get("params")
+                    if (
+                        note is not None
+                        and msg.get("method") == "notifications/progress"
+                        and isinstance(params, dict)
+                        and params.get("progressToken") == rid
+                    ):
+                        note(msg)
+                    elif msg.get("method") in _LIST_CHANGED:
+                        self._relist.set()
+                elif "method" not in msg and msg.get("id") == rid:
+                    return msg
         raise UpstreamError(
             jsonrpc.UPSTREAM_FAILED, f"MCP server {self.name!r} ended its stream without an answer"
         )
@@ -635,13 +685,12 @@ class HttpUpstream(Upstream):
                 self._set("ready")
                 await self._relister()
         finally:
-            with trio.CancelScope(shield=True):
-                await self._client.aclose()
+            await self._http.aclose()
 
 
-async def _read_capped(resp: httpx2.Response) -> bytes:
+async def _read_capped(chunks: AsyncIterator[bytes]) -> bytes:
     out = bytearray()
-    async for chunk in resp.aiter_bytes():
+    async for chunk in chunks:
         out += chunk
         if len(out) > MAX_UPSTREAM_MESSAGE:
             raise UpstreamError(jsonrpc.UPSTREAM_FAILED, "an answer over 16 MiB")
