@@ -370,6 +370,37 @@ class ResponseAssembler:
                 return framer.role() if framer is not None and before is State.IDLE else b""
             self._generated(delta)
         out = framer.role() if framer is not None and before is State.IDLE else b""
+        content, reasoning, refusal = self._released(delta)
+        calls = self._feed_calls(delta.tool_calls) if delta.tool_calls else None
+        if reasoning:
+            self._thought.append(reasoning)
+        if self._max_bytes is not None:
+            self._count_bytes(content, reasoning, refusal, calls)
+        if (content or reasoning or refusal or calls) and self.first_token_at is None:
+            self.first_token_at = now
+        if delta.logprobs is not None and framer is None:
+            self._keep_logprobs(delta.logprobs)
+        if self._recorded is not None and (
+            content or reasoning or refusal or calls or delta.logprobs
+        ):
+            self._record(content, reasoning, refusal, calls, delta.logprobs)
+        if framer is not None and (content or reasoning or refusal or calls or delta.logprobs):
+            out += framer.delta(
+                ChunkDelta(
+                    content=content or None,
+                    reasoning_content=reasoning or None,
+                    refusal=refusal or None,
+                    tool_calls=calls,
+                ),
+                logprobs=delta.logprobs,
+            )
+        if delta.finish_reason is not None and self.capped is None:
+            self.finish_reason = delta.finish_reason
+            self.usage = delta.usage or self.usage
+        return out
+
+    def _released(self, delta: Delta) -> tuple[str, str, str]:
+        """What the filters release of ``delta``'s answer, reasoning and refusal."""
         content = reasoning = refusal = ""
         if delta.reasoning:
             # Fed before the chain can end below: one upstream read may carry the
@@ -393,42 +424,27 @@ class ResponseAssembler:
             if self._refusal is None:
                 self._refusal = _Chain(self._side())
             refusal = self._refusal.feed(delta.refusal)
-        calls = self._feed_calls(delta.tool_calls) if delta.tool_calls else None
-        if reasoning:
-            self._thought.append(reasoning)
-        if self._max_bytes is not None:
-            self._bytes += len(content.encode()) + len(reasoning.encode()) + len(refusal.encode())
-            for c in calls or ():
-                if c.function is not None and c.function.arguments:
-                    self._bytes += len(c.function.arguments.encode())
-            if self._bytes > self._max_bytes:
-                raise ReplyCapExceeded(
-                    f"the reply passed the route's limit of {self._max_bytes} bytes",
-                    param="max_reply_bytes",
-                    code="max_reply_bytes",
-                )
-        if (content or reasoning or refusal or calls) and self.first_token_at is None:
-            self.first_token_at = now
-        if delta.logprobs is not None and framer is None:
-            self._keep_logprobs(delta.logprobs)
-        if self._recorded is not None and (
-            content or reasoning or refusal or calls or delta.logprobs
-        ):
-            self._record(content, reasoning, refusal, calls, delta.logprobs)
-        if framer is not None and (content or reasoning or refusal or calls or delta.logprobs):
-            out += framer.delta(
-                ChunkDelta(
-                    content=content or None,
-                    reasoning_content=reasoning or None,
-                    refusal=refusal or None,
-                    tool_calls=calls,
-                ),
-                logprobs=delta.logprobs,
+        return content, reasoning, refusal
+
+    def _count_bytes(
+        self, content: str, reasoning: str, refusal: str, calls: list[ToolCallChunk] | None
+    ) -> None:
+        """Count what is released against ``max_bytes``.
+
+        Raises:
+            ReplyCapExceeded: more than ``max_bytes`` have been released.
+        """
+        assert self._max_bytes is not None
+        self._bytes += len(content.encode()) + len(reasoning.encode()) + len(refusal.encode())
+        for c in calls or ():
+            if c.function is not None and c.function.arguments:
+                self._bytes += len(c.function.arguments.encode())
+        if self._bytes > self._max_bytes:
+            raise ReplyCapExceeded(
+                f"the reply passed the route's limit of {self._max_bytes} bytes",
+                param="max_reply_bytes",
+                code="max_reply_bytes",
             )
-        if delta.finish_reason is not None and self.capped is None:
-            self.finish_reason = delta.finish_reason
-            self.usage = delta.usage or self.usage
-        return out
 
     def _feed_native(self, delta: Delta, now: float) -> bytes:
         """:meth:`feed` on a native route: the provider's events pass as they came when
