@@ -103,32 +103,9 @@ class RowBuilder:
         ttft = o.first_token_at
         policy = o.policy
         chain = o.chain
-        prompt: str | Unredacted | None = None
-        reply: str | Unredacted | None = None
-        prompt_chars = reply_chars = None
+        prompt = reply = prompt_chars = reply_chars = None
         if self.content:
-            prompt, reply = _content(o)
-            # A length check each; a slice only past the cap (the cut text's length kept).
-            cap = self.max_chars
-            if self.redactor is not None and (prompt is not None or reply is not None):
-                # A side the route does not redact: its text (kept a little past the
-                # cap) is wrapped for the writer's thread, which redacts and cuts it.
-                own_in, own_out = _redacts(None if info is None else info.route)
-                keep = self._keep
-                if prompt is not None and not own_in:
-                    if len(prompt) > cap:
-                        prompt_chars = len(prompt)
-                    prompt = Unredacted(prompt[:keep], len(prompt) > keep)
-                if reply is not None and not own_out:
-                    if len(reply) > cap:
-                        reply_chars = len(reply)
-                    reply = Unredacted(reply[:keep], len(reply) > keep)
-            if type(prompt) is str and len(prompt) > cap:
-                prompt_chars = len(prompt)
-                prompt = prompt[:cap]
-            if type(reply) is str and len(reply) > cap:
-                reply_chars = len(reply)
-                reply = reply[:cap]
+            prompt, reply, prompt_chars, reply_chars = self._texts(o)
         return (
             o.request_id,
             trace_id,
@@ -166,6 +143,39 @@ class RowBuilder:
             o.usage_source,
         )
 
+    def _texts(
+        self, o: Outcome
+    ) -> tuple[str | Unredacted | None, str | Unredacted | None, int | None, int | None]:
+        """The prompt and the reply as the row keeps them, each cut to the cap, with its
+        whole length when it was cut; a side the route does not redact wrapped for the
+        writer's thread (:class:`Unredacted`), which redacts and cuts it."""
+        info = o.info
+        prompt: str | Unredacted | None
+        reply: str | Unredacted | None
+        prompt_chars = reply_chars = None
+        prompt, reply = _content(o)
+        # A length check each; a slice only past the cap (the cut text's length kept).
+        cap = self.max_chars
+        if self.redactor is not None and (prompt is not None or reply is not None):
+            # A side the route does not redact: its text (kept a little past the
+            # cap) is wrapped for the writer's thread, which redacts and cuts it.
+            own_in, own_out = _redacts(None if info is None else info.route)
+            keep = self._keep
+            if prompt is not None and not own_in:
+                if len(prompt) > cap:
+                    prompt_chars = len(prompt)
+                prompt = Unredacted(prompt[:keep], len(prompt) > keep)
+            if reply is not None and not own_out:
+                if len(reply) > cap:
+                    reply_chars = len(reply)
+                reply = Unredacted(reply[:keep], len(reply) > keep)
+        if type(prompt) is str and len(prompt) > cap:
+            prompt_chars = len(prompt)
+            prompt = prompt[:cap]
+        if type(reply) is str and len(reply) > cap:
+            reply_chars = len(reply)
+            reply = reply[:cap]
+        return prompt, reply, prompt_chars, reply_chars
 
     def redact(self, rows: Sequence[Row]) -> list[Row]:
         """``rows`` with each :class:`Unredacted` cell put through the default detectors
