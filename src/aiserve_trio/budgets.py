@@ -160,12 +160,16 @@ class DeadlineConfig(Section):
     #: Shed a stream whose upstream has not started answering this long after it
     #: arrived (0: off).
     ttft_ms: int = 0
+    #: Chat requests starting at once in a worker (body, parse, context, up to their
+    #: upstream call); the others wait their turn in arrival order, until their queue
+    #: budget or context cut (0: no queue; ``http/turns.py``).
+    max_starting: int = 128
 
     def __post_init__(self) -> None:
         positive(self, "default_ms", "max_ms")
         if not 0.0 <= self.queue_share <= 1.0:
             raise field_error("queue_share", f"must be in [0, 1], got {self.queue_share}")
-        for key in ("reserve_ms", "min_inference_ms", "ttft_ms"):
+        for key in ("reserve_ms", "min_inference_ms", "ttft_ms", "max_starting"):
             if getattr(self, key) < 0:
                 raise field_error(key, "must not be negative")
         not_above(self, "default_ms", "max_ms")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import secrets
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
@@ -26,6 +26,7 @@ from .errors import BadRequest, GatewayError, PayloadTooLarge
 from .http.endpoints import Admission, Auth, Request
 from .http.responder import Responder
 from .http.sse import SHUTTING_DOWN, shutdown_event
+from .http.turns import CURRENT_PLACE, Place, Turns
 from .observability.annotate import TASK_LABEL, TaskLabel
 from .observability.metrics import status_label
 from .server import server_call
@@ -50,6 +51,8 @@ class Entry:
 
     observer: RequestObserver
     tracing: Tracing
+    #: The worker's queue of chat requests starting (``[deadline] max_starting``).
+    turns: Turns = field(default_factory=Turns)
 
     async def serve(
         self, generations: Generations, scope: Scope, receive: Receive, send: Send
@@ -217,9 +220,18 @@ class Entry:
             trace=self.tracing.start(route.label, headers, request.arrival),
             key_id=request.principal.key_id if request.principal is not None else None,
         )
-        outcome = await rt.pipeline.run(
-            info, request.receive, request.responder, server_call(request.scope)
-        )
+        # Its place in the worker's queue of requests starting (http/turns.py): the parse
+        # stage takes its turn once the body is in, the inference stage gives it back.
+        self.turns.limit = d.max_starting
+        place = Place(self.turns)
+        held = CURRENT_PLACE.set(place)
+        try:
+            outcome = await rt.pipeline.run(
+                info, request.receive, request.responder, server_call(request.scope)
+            )
+        finally:
+            CURRENT_PLACE.reset(held)
+            place.release()
         await rt.gate.after_chat(request.principal, outcome)
 
     async def embed(self, rt: Parts, route: Route, request: Request) -> None:

@@ -4,6 +4,9 @@ Beyond a cap the gateway answers at once with 503 and ``Retry-After`` instead
 of queueing: a queue only turns overload into timeouts for everyone, while a
 fast refusal lets a load balancer or the client go elsewhere. The check runs
 on the request head, before a byte of the body is read. Counting is sans-IO.
+
+The one queue is ``http/turns.py``'s: chat requests start in arrival order, a bounded
+number at a time, each waiting at most until its queue budget or context cut.
 """
 
 from __future__ import annotations
@@ -245,3 +248,4 @@ class BodyPace:
             floor = self.start + max(self.grace, self.received / self.min_rate)
             bounds.append((floor, f"the request body arrived slower than {self.min_rate} B/s"))
         return min(bounds)
+

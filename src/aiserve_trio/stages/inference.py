@@ -39,6 +39,7 @@ from ..adapters.base import Delta
 from ..cache.service import Cache
 from ..chains.state import ChainRun
 from ..errors import GatewayError, Shed, StageDeadlineExceeded, StepDeadlineExceeded
+from ..http.turns import end_turn
 from .assembler import ResponseAssembler
 from .channel import Inbox, Outbox
 from .handoff import EagerSink
@@ -120,6 +121,7 @@ class InferenceStage:
             why = budget.shed(trio.current_time(), stream=stream)
             if why is not None:
                 raise _shed(why)
+            end_turn()  # the gateway's own work is done: the next request may start
             carried = info.trace.inject(span)
             if carried:
                 forward = {**request.forward_headers, **carried}

@@ -29,6 +29,7 @@ from ..errors import (
     StageDeadlineExceeded,
     UnsupportedMediaType,
 )
+from ..http.turns import take_turn
 from ..messages import Message, decode_message, invalid_field
 from ..security.settings import LimitsConfig
 from ..slices import Steps, finish, run_sliced
@@ -470,6 +471,8 @@ class ParseStage:
         route = self.info.route
         check_content_type(self.info.headers.get("content-type"))
         raw = await read_body(self.body, self.limits.max_body_bytes)
+        # Its turn among the requests starting (http/turns.py), once the body is in.
+        await take_turn(self.info.budget.queue_end, self.info.budget.context_end)
         limits = self.limits
         codec = route.codec
         # In slices (8 MB of brackets take ~0.4 s to scan), and the pieces counted
