@@ -9,7 +9,7 @@ parameters (``/v1/sessions/{id}/events``).
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -121,7 +121,7 @@ class EndpointTable:
             else:
                 self._exact[ep.path] = ep
 
-    def __iter__(self) -> Iterable[Endpoint]:
+    def __iter__(self) -> Iterator[Endpoint]:
         yield from self._exact.values()
         for _, ep in self._templates:
             yield ep
