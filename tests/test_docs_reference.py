@@ -39,7 +39,8 @@ WHO = {
 
 def everything_on() -> App:
     # the embedded default's routes, and the endpoints a setting adds
-    return App(make_config("[observability]\ndebug_requests = true\n"))
+    mcp = '[mcp.servers.tools]\nurl = "http://127.0.0.1:9/mcp"\n'  # adds /mcp
+    return App(make_config("[observability]\ndebug_requests = true\n" + mcp))
 
 
 def page_rows() -> dict[tuple[str, str], str]:
