@@ -74,7 +74,8 @@ class Conn:
         t0 = time.perf_counter()
         status, _, answer = self.post("tools/call", {"name": name, "arguments": args})
         took = time.perf_counter() - t0
-        assert status == 200 and "result" in answer, answer
+        assert status == 200, status
+        assert "result" in answer, answer
         return took
 
 
