@@ -397,10 +397,16 @@ def test_every_call_leaves_one_audit_row(gw: str) -> None:
     before = len(_audit_rows("everything/get-sum", settle=False))
     for i in range(3):
         rpc.call("everything__get-sum", {"a": i, "b": 1})
-    rpc.call("everything__get-env", {})  # refused before the upstream: no tool call
+    denied = len(_audit_rows("everything/get-env", settle=False))
+    rpc.call("everything__get-env", {})  # refused before the upstream: a row all the same
     rows = _audit_rows("everything/get-sum", want=before + 3)
     assert len(rows) == before + 3
-    assert all(r["api"] == "mcp" and r["total_ms"] > 0 for r in rows)
+    assert all(r["api"] == "mcp" for r in rows)
+    assert all(r["total_ms"] > 0 for r in rows)
+    refused = _audit_rows("everything/get-env", want=denied + 1)
+    assert len(refused) == denied + 1
+    assert refused[-1]["status"] == "error"
+    assert refused[-1]["error_code"] == "denied:-32003"
 
 
 def _audit_rows(model: str, want: int = 1, settle: bool = True) -> list[dict[str, Any]]:
@@ -428,6 +434,11 @@ def test_metrics_count_calls_by_server_tool_and_status(gw: str) -> None:
         if ln.startswith('aiserve_mcp_calls_total{server="everything",status="ok",tool="echo"}')
     )  # fmt: skip
     assert float(line.split()[-1]) >= 1
+    # A tool name the upstream does not list is no label of its own.
+    assert rpc.call("everyhttp__no-such-tool")["error"]["code"] == -32602
+    text = httpx.get(gw + "/metrics").text
+    assert 'aiserve_mcp_calls_total{server="everyhttp",status="invalid",tool="other"}' in text
+    assert "no-such-tool" not in text
     assert 'aiserve_mcp_call_seconds_bucket{le="0.005",server="everything"}' in text
 
 

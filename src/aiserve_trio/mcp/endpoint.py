@@ -95,6 +95,8 @@ class Call:
     redacted: bool = False
     #: The arguments went through ``[mcp] policies``.
     policies: bool = False
+    #: The upstream lists the tool (else it is ``other`` in the metrics).
+    known: bool = True
 
 
 class McpEndpoint:
@@ -384,8 +386,31 @@ class McpEndpoint:
         started = trio.current_time()
         name = m.params.get("name")
         server, tool = self._split(name, "tool")
+        up = self.hub.get(server)
+        assert up is not None
+        # A tool the upstream does not list is "other" in the metrics: a client's names
+        # are not labels.
+        known = any(t.get("name") == tool for t in up.tools)
+        record = Call(server, tool, known=known)
+        try:
+            result = await self._admitted(request, m, session, note, up, record, started)
+        except RpcError as err:
+            record.status = "error" if record.status == "ok" else record.status
+            record.error_code = record.error_code or str(err.code)
+            self._done(request, record, started)
+            raise
+        self._done(request, record, started)
+        return result
+
+    async def _admitted(
+        self, request: Request, m: Message, session: Session | None, note: Any, up: Any,
+        record: Call, started: float,
+    ) -> Any:  # fmt: skip
+        """The call once its server is known: refused (grant, arguments, rate) or made."""
+        server, tool = record.server, record.tool
         grants = self.grants(request)
         if not grants.tool(server, tool):
+            record.status = "denied"
             raise RpcError(
                 jsonrpc.NOT_GRANTED,
                 grants.refusal(server, tool),
@@ -395,11 +420,13 @@ class McpEndpoint:
         if args is None:
             args = {}
         if not isinstance(args, dict):
+            record.status = "invalid"
             raise RpcError(jsonrpc.INVALID_PARAMS, "invalid params: `arguments` must be an object")
-        up = self.hub.get(server)
-        assert up is not None
-        if not any(t.get("name") == tool for t in up.tools) and up.state == "ready":
-            raise RpcError(jsonrpc.INVALID_PARAMS, f"invalid params: unknown tool {name!r}")
+        if not record.known and up.state == "ready":
+            record.status = "invalid"
+            raise RpcError(
+                jsonrpc.INVALID_PARAMS, f"invalid params: unknown tool {m.params.get('name')!r}"
+            )
         cfg = self.settings.servers[server]
         try:
             ms = effective_timeout_ms(
@@ -407,28 +434,21 @@ class McpEndpoint:
                 default_ms=cfg.timeout_ms, max_ms=cfg.timeout_ms, reserve_ms=0,
             )  # fmt: skip
         except BadRequest as exc:
+            record.status = "invalid"
             raise RpcError(jsonrpc.INVALID_REQUEST, exc.message) from None
         p = request.principal
         if p is not None and p.rpm:
             try:
                 await self.gate.limiter.admit(p)
             except RateLimited as exc:
+                record.status = "rate_limited"
                 raise RpcError(
                     jsonrpc.RATE_LIMITED,
                     f"rate limited: API key {p.key_id!r} is over its rpm ({p.rpm} calls a minute)",
                     {"retry_after": exc.headers.get("Retry-After")},
                 ) from None
-        record = Call(server, tool)
         deadline = min(request.arrival, started) + ms / 1000
-        try:
-            result = await self._call(request, up, record, args, deadline, ms, m, session, note)
-        except RpcError as err:
-            record.status = "error" if record.status == "ok" else record.status
-            record.error_code = record.error_code or str(err.code)
-            self._done(request, record, started)
-            raise
-        self._done(request, record, started)
-        return result
+        return await self._call(request, up, record, args, deadline, ms, m, session, note)
 
     async def _call(
         self, request: Request, up: Any, record: Call, args: dict[str, Any], deadline: float,
@@ -492,7 +512,8 @@ class McpEndpoint:
     def _done(self, request: Request, record: Call, started: float) -> None:
         elapsed = trio.current_time() - started
         metrics = self.hub.metrics
-        metrics.calls.labels(record.server, record.tool[:64], record.status).inc()
+        tool = record.tool[:64] if record.known else "other"
+        metrics.calls.labels(record.server, tool, record.status).inc()
         metrics.latency.labels(record.server).observe(elapsed)
         audit = self.hub.audit
         if audit is not None:
