@@ -34,14 +34,7 @@ def sim_stream(**body: Any) -> tuple[bytes, Prepared]:
     ask = ResponsesDialect().read("/v1/responses", "", json.dumps(body).encode())
     assert ask.render is not None
     r = ask.render
-    decided = core.decide(
-        ask.model,
-        ask.messages,
-        tools=ask.tools,
-        tool_choice=ask.tool_choice,
-        reasoning_effort=ask.reasoning_effort,
-        response_format=ask.response_format,
-    )
+    decided = core.decide_for(ask)
     ready = core.prepare(decided, ask.max_tokens)
     tokens = b"".join(r.token(ready, k) for k in range(ready.plan.tokens))
     return r.opening(ready, ask.model) + tokens + r.closing(ready, ask.model), ready
