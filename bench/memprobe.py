@@ -8,7 +8,7 @@ tracemalloc on, writes the allocation growth by line to ``$MEMPROBE_OUT``.
 
 As a script it runs the whole measurement::
 
-    python -m bench.memprobe --streams 2000 [--http2] [--tracemalloc 1]
+    python -m bench.memprobe --streams 2000 [--http2] [--tracemalloc 1] [--rev HEAD] [--itl-ms 1000]
 
 simulator + gateway (one worker) on the bench's CPUs, N streams held (one token
 every 12 s), then the worker's RSS growth per stream and the object census from
@@ -85,8 +85,13 @@ def main() -> int:
     ap.add_argument("--ramp", type=float, default=100.0, help="new streams per second")
     ap.add_argument("--http2", action="store_true", help="h2c to the simulator")
     ap.add_argument("--tracemalloc", type=int, default=0, help="frames to keep (0: off; slow)")
+    ap.add_argument("--rev", default=None,
+                    help="the gateway of this revision (a snapshot of its src/); default: the work tree")
+    ap.add_argument("--itl-ms", type=int, default=12_000, help="the sim's time between tokens")
     ns = ap.parse_args()
-    n, itl_ms = ns.streams, 12_000
+    if ns.rev is not None:
+        systems.SNAPSHOT = systems.snapshot(ns.rev)[0]
+    n, itl_ms = ns.streams, ns.itl_ms
     tokens = 1 + int((n / ns.ramp + 30) * 1000 / itl_ms)
     extra = systems.HELD_STREAMS_TOML
     with systems.sim(systems.held_sim_args(itl_ms, tokens), "sim-memprobe") as sim:

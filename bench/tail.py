@@ -2,7 +2,7 @@
 c = 1, 16, 64, 256 and 1,024, streamed and non-streamed, for the direct upstream, nginx
 relaying it (``proxy_buffering off``) and the gateway (one worker), with shedding off and on.
 
-    .venv/bin/python -m bench.tail                        # ~8 min: 6 s points, one round
+    .venv/bin/python -m bench.tail                        # ~12 min: 6 s points, 20 s at c >= 256
     .venv/bin/python -m bench.tail --rounds 2 --duration 4 --concs 256,1024
     .venv/bin/python -m bench.tail --before 1bd15f0       # the gateway before the accept fix too
 
@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concs", default=",".join(map(str, CONCS)))
     ap.add_argument("--modes", default="json,stream")
     ap.add_argument("--duration", type=float, default=6.0, help="seconds a point")
+    ap.add_argument("--high-duration", type=float, default=20.0,
+                    help="seconds a point at c >= 256 (its first wave of connections "
+                    "takes seconds: a short point measures mostly that)")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up a point")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--timeout-ms", type=int, default=2000,
@@ -180,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                         stream = mode == "stream"
                         if args.warmup:
                             point(s, c, args.warmup, stream)
-                        p = point(s, c, args.duration, stream)
+                        seconds = args.high_duration if c >= 256 else args.duration
+                        p = point(s, c, seconds, stream)
                         p.update(system=s.name, c=c, mode=mode, round=rnd)
                         results["points"].append(p)
                         print(f"[{time.monotonic() - t0:5.0f} s] r{rnd} {mode:6} c={c:<5} "
@@ -201,7 +205,8 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
         "",
         f"load average: {results['load'][0][1]:.2f} at the start, {results['load'][-1][1]:.2f} at "
         "the end (a shared 2-core machine: other engineers' tests ran meanwhile). "
-        f"{args.duration:g} s a point after {args.warmup:g} s of warm-up; systems interleaved "
+        f"{args.duration:g} s a point ({args.high_duration:g} s at c >= 256) after "
+        f"{args.warmup:g} s of warm-up; systems interleaved "
         f"at each point; aiserve-shed: `[deadline] {' '.join(args.shed.split())}`, its "
         f"requests with `X-Request-Timeout-Ms: {args.timeout_ms}`; the others on the defaults."
         + (f" aiserve-before: the gateway at {results['before']}." if "before" in results else ""),
