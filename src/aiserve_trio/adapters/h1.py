@@ -242,10 +242,18 @@ class _Secure:
             TLSError: the backend sent an alert, or a record does not decrypt.
         """
         obj = self.obj
+        incoming = self.incoming
         parts: list[bytes] = []
         n = 0
         try:
-            while n < READ_SIZE and not self.ended:
+            # OpenSSL takes a record's bytes from the BIO as far as they go (a partial one
+            # into its own buffer): with none left, and no plaintext held back by the
+            # bound, nothing more decrypts now, and a read would only raise WantRead.
+            while (
+                n < READ_SIZE
+                and not self.ended
+                and (incoming.pending or incoming.eof or obj.pending())
+            ):
                 part = obj.read(READ_SIZE - n)
                 if not part:
                     self.ended = True
