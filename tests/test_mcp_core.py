@@ -14,7 +14,7 @@ import trio.testing
 
 from aiserve_trio.config import ConfigError, build_policies, parse_config
 from aiserve_trio.mcp import jsonrpc
-from aiserve_trio.mcp.endpoint import _cut, _page, _redact_result, _redact_tree
+from aiserve_trio.mcp.endpoint import _cut, _page, _redact_fields, _redact_result
 from aiserve_trio.mcp.grants import EVERYTHING, Grants
 from aiserve_trio.mcp.jsonrpc import Message, Reply, RpcError
 from aiserve_trio.mcp.settings import McpServerConfig
@@ -148,32 +148,38 @@ def test_redaction_reaches_every_string_and_yields_between_slices() -> None:
     (policy,) = build_policies(["gdpr-redact"], make_config())
     ctx = PolicyContext(route="/mcp", channel="mcp", tenant="t", request_id="1")
     args = {
-        "note": "card 4111 1111 1111 1111",
+        "note": "card 4111 1111 1111 1111 " + "word " * 20_000,  # one long string
         "items": [{"mail": "ann@example.com"}] * 200,
+        "card": 4111111111111111,  # a number, by its digits
         "n": 3,
     }
-    steps = _redact_tree(args, [policy], ctx)
+    steps = _redact_fields({"arguments": args}, [policy], ctx)
     yields = 0
     with contextlib.suppress(StopIteration):
         while True:
             next(steps)
             yields += 1
-    assert yields > 10  # a big argument is redacted in slices, not in one hold of the loop
-    out, changed = finish(_redact_tree(args, [policy], ctx))
+    assert yields > 100  # in slices, never one hold of the loop
+    out, changed = finish(_redact_fields({"arguments": args}, [policy], ctx))
     assert changed
-    assert "4111" not in out["note"]
-    assert "ann@example.com" not in str(out["items"])
-    assert out["n"] == 3
+    red = out["arguments"]
+    assert "4111" not in red["note"]
+    assert red["note"].endswith("word " * 10)
+    assert "ann@example.com" not in str(red["items"])
+    assert "4111" not in str(red["card"])
+    assert red["n"] == 3
     result = {
         "content": [
             {"type": "text", "text": "mail ann@example.com"},
             {"type": "image", "data": "x"},
-        ]
+        ],
+        "structuredContent": {"mail": "bob@example.com"},
     }
-    red, changed = finish(_redact_result(result, [policy], ctx))
+    red_result, changed = finish(_redact_result(result, [policy], ctx))
     assert changed
-    assert "ann@example.com" not in red["content"][0]["text"]
-    assert red["content"][1] == {"type": "image", "data": "x"}
+    assert "ann@example.com" not in red_result["content"][0]["text"]
+    assert "bob@example.com" not in str(red_result["structuredContent"])
+    assert red_result["content"][1] == {"type": "image", "data": "x"}  # data is not text
 
 
 # --- settings -----------------------------------------------------------------------------

@@ -8,7 +8,9 @@ Run over stdio (``python -m tests.mcp_servers.faulty``), or over Streamable HTTP
 - ``cancelled``: how many calls were cancelled so far;
 - ``crash``: the process exits mid-call;
 - ``garbage``: writes a line that is not JSON-RPC to stdout, then answers;
-- ``big``: a text of ``n`` characters.
+- ``big``: a text of ``n`` characters;
+- ``many``: ``n`` small objects;
+- ``pid``: its process id.
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ def garbage() -> str:
 def big(n: int) -> str:
     """A text of ``n`` characters."""
     return "x" * n
+
+
+@app.tool()
+def many(n: int) -> list[dict[str, object]]:
+    """``n`` small objects (a big answer of many items: structured content and its text)."""
+    return [{"i": i, "s": "abc"} for i in range(n)]
 
 
 @app.tool()

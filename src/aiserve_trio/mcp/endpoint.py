@@ -26,6 +26,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
 from ..audit.row import Unredacted
@@ -34,12 +35,12 @@ from ..budgets import TIMEOUT_HEADER, effective_timeout_ms
 from ..errors import BadRequest, GatewayError, PayloadTooLarge, RateLimited
 from ..http.body import read_body
 from ..policies.base import Policy, PolicyContext
-from ..slices import ITEM_UNITS, Meter, Steps, run_sliced
+from ..slices import ITEM_UNITS, Meter, Steps, finish, run_sliced
 from . import jsonrpc
 from .grants import EVERYTHING, Grants
 from .hub import Session
 from .jsonrpc import Message, Reply, RpcError
-from .upstream import UpstreamError
+from .upstream import BIG_MESSAGE, UpstreamError
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -458,17 +459,25 @@ class McpEndpoint:
             route="/mcp", channel="mcp", tenant=self._tenant(request), request_id=str(m.id)
         )
         if self.policies:
-            args, changed = await run_sliced(_redact_tree(args, self.policies, ctx))
+            try:
+                redacted, changed = await run_sliced(
+                    _redact_fields({"arguments": args}, self.policies, ctx)
+                )
+            except GatewayError as exc:  # a policy refuses what it cannot read
+                record.status = "refused"
+                raise RpcError(jsonrpc.INVALID_PARAMS, exc.message) from None
+            args = redacted["arguments"]
             record.redacted = changed
             record.policies = True
         record.args = jsonrpc.encode(args).decode()[:4096]
         params: dict[str, Any] = {"name": record.tool, "arguments": args}
+        sized: list[int] = []
         with trio.move_on_at(deadline) as scope:
             if session is not None and m.id is not None:
                 session.calls[m.id] = scope
             try:
                 await _ready(up, record)
-                result = await up.request("tools/call", params, note)
+                result = await up.request("tools/call", params, note, sized)
             except UpstreamError as exc:
                 record.status = (
                     "upstream_error" if exc.code != jsonrpc.UPSTREAM_FAILED else "failed"
@@ -488,15 +497,23 @@ class McpEndpoint:
                 )
             record.status = "cancelled"
             raise RpcError(jsonrpc.REQUEST_TIMEOUT, "the call was cancelled by the client")
+        big = bool(sized) and sized[0] > BIG_MESSAGE
         if not isinstance(result, dict):
             record.status = "failed"
             raise RpcError(
                 jsonrpc.UPSTREAM_FAILED, "the upstream answered tools/call with no object"
             )
         if self.policies:
-            result, changed = await run_sliced(_redact_result(result, self.policies, ctx))
+            steps = _redact_result(result, self.policies, ctx)
+            if big:  # its decode, walk and encode off the loop (slices would take long)
+                result, changed = await trio.to_thread.run_sync(finish, steps)
+            else:
+                result, changed = await run_sliced(steps)
             record.redacted = record.redacted or changed
-        body = jsonrpc.encode(result)
+        if big:  # encoded off the loop, as it was decoded
+            body = await trio.to_thread.run_sync(jsonrpc.encode, result)
+        else:
+            body = jsonrpc.encode(result)
         record.size = len(body)
         cap = self.settings.max_result_bytes
         if len(body) > cap:
@@ -641,9 +658,48 @@ async def _ready(up: Any, record: Call) -> None:
     await up.wait_ready()  # starting: within the call's deadline
 
 
-def _redact_tree(value: Any, policies: list[Policy], ctx: PolicyContext) -> Steps[tuple[Any, bool]]:
-    """``value`` (JSON) with every string put through the policies' redaction, in steps."""
+def _redact_fields(
+    fields: dict[str, Any], policies: list[Policy], ctx: PolicyContext
+) -> Steps[tuple[dict[str, Any], bool]]:
+    """``fields`` (JSON values by name) through each policy's redaction, in slices.
+
+    A policy that rewrites a request's fields (``gdpr-redact``: every string, key, number
+    and URL, a JSON text inside a string, a long text in slices) does so here; one that
+    only redacts text (:meth:`Policy.redact_text`) gets each string.
+    """
     meter = Meter()
+    changed = False
+    raw = {k: msgspec.Raw(jsonrpc.encode(v)) for k, v in fields.items()}
+    if meter.charge(sum(len(r) for r in raw.values()) // 400 + ITEM_UNITS):
+        yield
+    plain: dict[str, Any] | None = None
+    for p in policies:
+        if type(p).fields_steps is not Policy.fields_steps:
+            if plain is not None:
+                raw = {k: msgspec.Raw(jsonrpc.encode(v)) for k, v in plain.items()}
+                plain = None
+            new = yield from p.fields_steps(raw, ctx)
+            changed = changed or any(bytes(new[k]) != bytes(raw[k]) for k in raw)
+            raw = new
+        else:
+            if plain is None:
+                plain = {k: jsonrpc.decode(bytes(r)) for k, r in raw.items()}
+            plain, c = yield from _redact_tree(plain, [p], ctx, meter)
+            changed = changed or c
+    if plain is None:
+        plain = {}
+        for k, r in raw.items():
+            plain[k] = jsonrpc.decode(bytes(r))
+            if meter.charge(len(r) // 400 + ITEM_UNITS):
+                yield
+    return plain, changed
+
+
+def _redact_tree(
+    value: Any, policies: list[Policy], ctx: PolicyContext, meter: Meter | None = None
+) -> Steps[tuple[Any, bool]]:
+    """``value`` (JSON) with every string put through the policies' ``redact_text``."""
+    meter = meter if meter is not None else Meter()
     changed = False
 
     def walk(v: Any) -> Generator[None, None, Any]:
@@ -677,28 +733,28 @@ def _redact_tree(value: Any, policies: list[Policy], ctx: PolicyContext) -> Step
 def _redact_result(
     result: dict[str, Any], policies: list[Policy], ctx: PolicyContext
 ) -> Steps[tuple[dict[str, Any], bool]]:
-    """A ``CallToolResult`` with its text content (and structured content) redacted."""
+    """A ``CallToolResult`` with its text content and structured content redacted (an
+    image's or audio's data is not text: left as it is)."""
     out = dict(result)
-    changed = False
     content = result.get("content")
+    texts: dict[str, Any] = {}
     if isinstance(content, list):
-        new = []
-        for item in content:
-            if (
-                isinstance(item, dict)
-                and item.get("type") == "text"
-                and isinstance(item.get("text"), str)
-            ):
-                text, c = yield from _redact_tree(item["text"], policies, ctx)
-                item = {**item, "text": text}
-                changed = changed or c
-            new.append(item)
-        out["content"] = new
+        for i, item in enumerate(content):
+            is_text = isinstance(item, dict) and item.get("type") == "text"
+            if is_text and isinstance(item.get("text"), str):
+                texts[f"text{i}"] = item["text"]
     if "structuredContent" in result:
-        out["structuredContent"], c = yield from _redact_tree(
-            result["structuredContent"], policies, ctx
-        )
-        changed = changed or c
+        texts["structuredContent"] = result["structuredContent"]
+    if not texts:
+        return out, False
+    new, changed = yield from _redact_fields(texts, policies, ctx)
+    if isinstance(content, list):
+        out["content"] = [
+            {**item, "text": new[f"text{i}"]} if f"text{i}" in new else item
+            for i, item in enumerate(content)
+        ]
+    if "structuredContent" in new:
+        out["structuredContent"] = new["structuredContent"]
     return out, changed
 
 

@@ -49,6 +49,17 @@ MAX_PAGES = 100
 START_TIMEOUT_S = 20.0
 #: How long a cancellation sent upstream may take.
 CANCEL_TIMEOUT_S = 1.0
+#: A message larger than this is decoded in a worker thread: 5 MB of small JSON items
+#: take ~60 ms to decode, three times the 20 ms the loop may be held.
+BIG_MESSAGE = 256 * 1024
+
+
+async def decode(data: bytes) -> Any:
+    """``data`` decoded; a big one off the event loop (raises msgspec.DecodeError)."""
+    if len(data) > BIG_MESSAGE:
+        return await trio.to_thread.run_sync(jsonrpc.decode, data)
+    return jsonrpc.decode(data)
+
 
 Note = Callable[[dict[str, Any]], None]
 
@@ -65,11 +76,13 @@ class UpstreamError(Exception):
 
 
 class _Pending:
-    __slots__ = ("done", "error", "note", "result")
+    __slots__ = ("done", "error", "note", "result", "size")
 
     def __init__(self, note: Note | None) -> None:
         self.done = trio.Event()
         self.result: Any = None
+        #: The answer's size on the wire (bytes).
+        self.size = 0
         self.error: UpstreamError | None = None
         self.note = note
 
@@ -126,11 +139,15 @@ class Upstream:
 
     # --- requests ----------------------------------------------------------------------
 
-    async def request(self, method: str, params: dict[str, Any], note: Note | None = None) -> Any:
+    async def request(
+        self, method: str, params: dict[str, Any], note: Note | None = None,
+        sized: list[int] | None = None,
+    ) -> Any:  # fmt: skip
         """Send ``method`` and wait for its result (the caller's cancel scope bounds it).
 
         Args:
             note: called with each notification about this request (progress).
+            sized: the answer's size on the wire is appended to it.
 
         Raises:
             UpstreamError: the upstream's error, or it is down, died or answered garbage.
@@ -241,11 +258,12 @@ _LIST_CHANGED = frozenset(
 )
 
 
-def _answer(msg: dict[str, Any], pending: dict[int, _Pending]) -> None:
+def _answer(msg: dict[str, Any], pending: dict[int, _Pending], size: int = 0) -> None:
     """Resolve the pending request ``msg`` answers (an unknown id is dropped)."""
     p = pending.pop(msg.get("id"), None)  # type: ignore[arg-type]
     if p is None:
         return
+    p.size = size
     if "error" in msg:
         err = msg["error"]
         if isinstance(err, dict):
@@ -296,7 +314,10 @@ class StdioUpstream(Upstream):
                     jsonrpc.UPSTREAM_FAILED, f"MCP server {self.name!r} exited"
                 ) from exc
 
-    async def request(self, method: str, params: dict[str, Any], note: Note | None = None) -> Any:
+    async def request(
+        self, method: str, params: dict[str, Any], note: Note | None = None,
+        sized: list[int] | None = None,
+    ) -> Any:  # fmt: skip
         rid = next(self._ids)
         if note is not None:
             params = {**params, "_meta": {**params.get("_meta", {}), "progressToken": rid}}
@@ -313,6 +334,8 @@ class StdioUpstream(Upstream):
             raise
         if p.error is not None:
             raise p.error
+        if sized is not None:
+            sized.append(p.size)
         return p.result
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
@@ -392,33 +415,38 @@ class StdioUpstream(Upstream):
         """Read the child's lines until it closes stdout or writes garbage; why it ended."""
         buf = bytearray()
         pending = self._pending
+        scanned = 0  # what of buf has no newline (a long line is not searched again)
         while True:
             chunk = await stdout.receive_some(65536)
             if not chunk:
                 return "closed its output"
             buf += chunk
             while True:
-                end = buf.find(b"\n")
+                end = buf.find(b"\n", scanned)
                 if end < 0:
+                    scanned = len(buf)
                     if len(buf) > MAX_UPSTREAM_MESSAGE:
                         return "wrote a line over 16 MiB"
                     break
                 line = bytes(buf[:end]).strip()
                 del buf[: end + 1]
+                scanned = 0
                 if not line:
                     continue
                 try:
-                    msg = jsonrpc.decode(line)
+                    msg = await decode(line)
                 except msgspec.DecodeError:
                     return f"answered garbage (not JSON-RPC): {line[:80]!r}"
                 if not isinstance(msg, dict):
                     return f"answered garbage (not JSON-RPC): {line[:80]!r}"
-                await self._dispatch(msg, pending)
+                await self._dispatch(msg, pending, len(line))
             await trio.lowlevel.checkpoint()
 
-    async def _dispatch(self, msg: dict[str, Any], pending: dict[int, _Pending]) -> None:
+    async def _dispatch(
+        self, msg: dict[str, Any], pending: dict[int, _Pending], size: int = 0
+    ) -> None:
         if "method" not in msg:
-            _answer(msg, pending)
+            _answer(msg, pending, size)
         elif "id" in msg:  # the server asks the gateway: only ping is answered
             rid = msg.get("id")
             if msg.get("method") == "ping":
@@ -543,8 +571,9 @@ class HttpUpstream(Upstream):
 
     async def _post(
         self, msg: dict[str, Any], rid: int | None, note: Note | None
-    ) -> tuple[int, Any]:
-        """POST ``msg``; (status, the message answering ``rid``) -- None for a notification."""
+    ) -> tuple[int, Any, int]:
+        """POST ``msg``; (status, the message answering ``rid`` -- None for a notification --,
+        its size)."""
         try:
             headers = self._headers()
         except KeyError as exc:
@@ -560,22 +589,23 @@ class HttpUpstream(Upstream):
 
     async def _answer(
         self, resp: _Exchange, msg: dict[str, Any], rid: int | None, note: Note | None
-    ) -> tuple[int, Any]:
+    ) -> tuple[int, Any, int]:
         status = resp.status
         if rid is None and status < 400:
-            return status, None
+            return status, None, 0
         if status == 404 and self._session is not None:
-            return 404, None
+            return 404, None, 0
         if status >= 400:
             why = f"MCP server {self.name!r} answered HTTP {status}"
             raise UpstreamError(jsonrpc.UPSTREAM_FAILED, why)
         if msg.get("method") == "initialize":
             self._session = resp.headers.get("mcp-session-id") or None
         if resp.headers.get("content-type", "").startswith("text/event-stream"):
-            return status, await self._sse(resp.chunks, rid, note)
+            answer, size = await self._sse(resp.chunks, rid, note)
+            return status, answer, size
         data = await _read_capped(resp.chunks)
         try:
-            answer = jsonrpc.decode(data)
+            answer = await decode(data)
         except msgspec.DecodeError:
             raise UpstreamError(
                 jsonrpc.UPSTREAM_FAILED,
@@ -586,23 +616,28 @@ class HttpUpstream(Upstream):
         if not isinstance(answer, dict) or answer.get("id") != rid:
             why = f"MCP server {self.name!r} answered another request"
             raise UpstreamError(jsonrpc.UPSTREAM_FAILED, why)
-        return status, answer
+        return status, answer, len(data)
 
-    async def _sse(self, chunks: AsyncIterator[bytes], rid: int | None, note: Note | None) -> Any:
-        """Read SSE events until the one answering ``rid``."""
-        buf = b""
+    async def _sse(
+        self, chunks: AsyncIterator[bytes], rid: int | None, note: Note | None
+    ) -> tuple[Any, int]:
+        """Read SSE events until the one answering ``rid``; it, and its size."""
+        buf = bytearray()
+        scanned = 0  # what of buf holds no event's end (a long event is not searched again)
         async for chunk in chunks:
             buf += chunk.replace(b"\r\n", b"\n")
             if len(buf) > MAX_UPSTREAM_MESSAGE:
                 raise UpstreamError(jsonrpc.UPSTREAM_FAILED, "an answer over 16 MiB")
-            while (end := buf.find(b"\n\n")) >= 0:
-                event, buf = buf[:end], buf[end + 2 :]
+            while (end := buf.find(b"\n\n", scanned)) >= 0:
+                event = bytes(buf[:end])
+                del buf[: end + 2]
+                scanned = 0
                 data = [ln[5:].lstrip(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
                 text = b"\n".join(data)
                 if not text.strip():
                     continue  # a priming event (an id for resumption, no message)
                 try:
-                    msg = jsonrpc.decode(text)
+                    msg = await decode(text)
                 except msgspec.DecodeError:
                     raise UpstreamError(
                         jsonrpc.UPSTREAM_FAILED,
@@ -622,19 +657,23 @@ class HttpUpstream(Upstream):
                     elif msg.get("method") in _LIST_CHANGED:
                         self._relist.set()
                 elif "method" not in msg and msg.get("id") == rid:
-                    return msg
+                    return msg, len(text)
+            scanned = max(0, len(buf) - 1)
         raise UpstreamError(
             jsonrpc.UPSTREAM_FAILED, f"MCP server {self.name!r} ended its stream without an answer"
         )
 
-    async def request(self, method: str, params: dict[str, Any], note: Note | None = None) -> Any:
+    async def request(
+        self, method: str, params: dict[str, Any], note: Note | None = None,
+        sized: list[int] | None = None,
+    ) -> Any:  # fmt: skip
         for attempt in range(2):
             rid = next(self._ids)
             if note is not None:
                 params = {**params, "_meta": {**params.get("_meta", {}), "progressToken": rid}}
             msg = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
             try:
-                status, answer = await self._post(msg, rid, note)
+                status, answer, size = await self._post(msg, rid, note)
             except trio.Cancelled:
                 await self._cancelled(rid, "the gateway's caller gave up (deadline or cancel)")
                 raise
@@ -648,6 +687,8 @@ class HttpUpstream(Upstream):
             _answer(answer, self._pending)
             if p.error is not None:
                 raise p.error
+            if sized is not None:
+                sized.append(size)
             return p.result
         raise UpstreamError(jsonrpc.UPSTREAM_FAILED, f"MCP server {self.name!r} lost the session")
 
