@@ -367,6 +367,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
     "mcp/": (
         "decoding",
         "adapters.h1",
+        "server",
         "audit.row",
         "audit.schema",
         "http",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import time
@@ -492,6 +493,26 @@ def test_a_clients_cancellation_reaches_the_upstream(gw: str) -> None:
     assert "cancelled" in answer["error"]["message"]
     assert took < 2
     end = time.monotonic() + 5
+    while int(_text(rpc.call("faulty__cancelled"))) == before and time.monotonic() < end:
+        time.sleep(0.05)
+    assert int(_text(rpc.call("faulty__cancelled"))) == before + 1
+
+
+def test_a_client_that_goes_away_cancels_its_call_upstream(gw: str) -> None:
+    rpc = Rpc(gw, KEY)
+    before = int(_text(rpc.call("faulty__cancelled")))
+    body = json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                       "params": {"name": "faulty__hang", "arguments": {}}}).encode()  # fmt: skip
+    host, port = gw.removeprefix("http://").split(":")
+    head = (
+        f"POST /mcp HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+        f"accept: application/json\r\nauthorization: Bearer {KEY}\r\n"
+        f"mcp-session-id: {rpc.headers['mcp-session-id']}\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head.encode() + body)
+        time.sleep(0.5)  # the call is upstream, hanging
+    end = time.monotonic() + 4  # well before the server's 5 s timeout_ms
     while int(_text(rpc.call("faulty__cancelled"))) == before and time.monotonic() < end:
         time.sleep(0.05)
     assert int(_text(rpc.call("faulty__cancelled"))) == before + 1

@@ -35,6 +35,7 @@ from ..budgets import TIMEOUT_HEADER, effective_timeout_ms
 from ..errors import BadRequest, GatewayError, PayloadTooLarge, RateLimited
 from ..http.body import read_body
 from ..policies.base import Policy, PolicyContext
+from ..server import server_call
 from ..slices import ITEM_UNITS, Meter, Steps, finish, run_sliced
 from . import jsonrpc
 from .grants import EVERYTHING, Grants
@@ -472,9 +473,13 @@ class McpEndpoint:
         record.args = jsonrpc.encode(args).decode()[:4096]
         params: dict[str, Any] = {"name": record.tool, "arguments": args}
         sized: list[int] = []
+        # A client that goes away cancels its call, upstream too (the server calls).
+        gone = server_call(request.scope)
         with trio.move_on_at(deadline) as scope:
             if session is not None and m.id is not None:
                 session.calls[m.id] = scope
+            if gone is not None:
+                gone.set(scope.cancel)
             try:
                 await _ready(up, record)
                 result = await up.request("tools/call", params, note, sized)
@@ -485,6 +490,8 @@ class McpEndpoint:
                 record.error_code = str(exc.code)
                 raise RpcError(exc.code, exc.message, exc.data) from None
             finally:
+                if gone is not None:
+                    gone.clear()
                 if session is not None:
                     session.calls.pop(m.id, None)
         if scope.cancelled_caught:
