@@ -374,6 +374,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "policies.base",
         "slices",
         "audit.log:types",
+        "observability.tracing:types",
         "security.gate:types",
     ),
     "admin.py": (

@@ -349,7 +349,7 @@ def build_gateway(
         ledger=ledger,
         chat=entry.chat,
         embed=entry.embed,
-        mcp=McpHub(metrics.registry, audit),
+        mcp=McpHub(metrics.registry, audit, t.tracing),
     )
     built = build_adapters(config.adapters, observer, adapters)
     generations.begin(builder.build(config, built, None))

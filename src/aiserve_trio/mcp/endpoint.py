@@ -99,6 +99,8 @@ class Call:
     policies: bool = False
     #: The upstream lists the tool (else it is ``other`` in the metrics).
     known: bool = True
+    #: Its OpenTelemetry span (when tracing records).
+    span: Any = None
 
 
 class McpEndpoint:
@@ -394,6 +396,10 @@ class McpEndpoint:
         # are not labels.
         known = any(t.get("name") == tool for t in up.tools)
         record = Call(server, tool, known=known)
+        tracing = self.hub.tracing
+        if tracing is not None and tracing.enabled:
+            record.span = tracing.start("/mcp", request.headers, request.arrival).span
+            record.span.update_name(f"mcp tools/call {server}{SEP}{tool}"[:200])
         try:
             result = await self._admitted(request, m, session, note, up, record, started)
         except RpcError as err:
@@ -539,6 +545,20 @@ class McpEndpoint:
         tool = record.tool[:64] if record.known else "other"
         metrics.calls.labels(record.server, tool, record.status).inc()
         metrics.latency.labels(record.server).observe(elapsed)
+        span = record.span
+        if span is not None:
+            p = request.principal
+            span.set_attributes(
+                {
+                    "mcp.server": record.server,
+                    "mcp.tool": tool,
+                    "mcp.status": record.status,
+                    "mcp.result_bytes": record.size,
+                    "aiserve.tenant": self._tenant(request),
+                    "aiserve.key_id": p.key_id if p is not None else "",
+                }
+            )
+            span.end()
         audit = self.hub.audit
         if audit is not None:
             writer = audit.builder.redactor is not None

@@ -22,6 +22,7 @@ from .upstream import Upstream, build_upstream
 
 if TYPE_CHECKING:
     from ..audit.log import AuditLog
+    from ..observability.tracing import Tracing
 
 log = logging.getLogger("aiserve_trio.mcp")
 
@@ -68,10 +69,15 @@ class McpHub:
     """The upstream servers of the current config, and what they report."""
 
     def __init__(
-        self, registry: CollectorRegistry | None = None, audit: AuditLog | None = None
+        self,
+        registry: CollectorRegistry | None = None,
+        audit: AuditLog | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.metrics = McpMetrics(registry)
         self.audit = audit
+        #: A span per tool call, when tracing records.
+        self.tracing = tracing
         self._wanted: dict[str, McpServerConfig] = {}
         self._running: dict[str, _Running] = {}
         self._changed = trio.Event()
