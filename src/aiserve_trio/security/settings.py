@@ -143,6 +143,86 @@ class AuthKey(Section):
             raise field_error("roles", str(exc)) from None
 
 
+#: JWT signature algorithms an issuer may use: public-key ones only (never ``none`` or HS*).
+OIDC_ALGORITHMS = frozenset(
+    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+)
+#: What an issuer's role claim may map to (``global-admin``: an admin of every tenant).
+OIDC_ROLES = frozenset({"admin", "global-admin", "key-manager", "viewer", "user"})
+_OIDC_NAME_RE = re.compile(r"^[a-z0-9-]{1,32}$")
+
+
+class OidcIssuer(Section):
+    """One ``[[auth.oidc]]`` issuer whose JWTs are accepted as ``Authorization: Bearer``."""
+
+    #: Exactly the token's ``iss``.
+    issuer: str
+    #: The token's ``aud`` must hold one of these.
+    audience: list[str]
+    #: Names the issuer in the principal's id (``<name>:<subject>``) and the logs.
+    name: str = "sso"
+    #: Where the issuer's signing keys (a JWKS) are fetched; unset, and ``jwks_file``
+    #: unset too: from the ``jwks_uri`` of ``<issuer>/.well-known/openid-configuration``.
+    jwks_url: str | None = None
+    #: A JWKS file (relative to this config): the offline alternative to fetching.
+    jwks_file: str | None = None
+    algorithms: list[str] = msgspec.field(default_factory=lambda: ["RS256", "ES256"])
+    #: Leeway for ``exp`` and ``nbf`` (clocks of the issuer and the gateway differ).
+    clock_skew_s: float = 60.0
+    #: The keys are fetched again this often; and, when a token names a key (``kid``)
+    #: not among them, at most once per ``min_refresh_s`` (a rotation at the issuer).
+    refresh_s: float = 3600.0
+    min_refresh_s: float = 30.0
+    #: One fetch of the discovery document or JWKS at most.
+    fetch_timeout_s: float = 5.0
+    #: The claim naming the tenant, or a fixed ``tenant`` for every token (one of them).
+    tenant_claim: str = ""
+    tenant: str = ""
+    #: The claim naming the team ("": none).
+    team_claim: str = ""
+    #: The claim holding the caller's groups or roles (a dotted path such as
+    #: ``realm_access.roles`` reaches inside objects), and what each value grants.
+    roles_claim: str = "roles"
+    role_map: dict[str, list[str]] = msgspec.field(default_factory=dict)
+    #: Roles every token of this issuer has.
+    default_roles: list[str] = msgspec.field(default_factory=list)
+    #: The claim identifying the caller.
+    subject_claim: str = "sub"
+    #: What a caller with the ``user`` role may call (as a key's ``routes``, ``channels``).
+    routes: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    channels: list[str] = msgspec.field(default_factory=lambda: ["*"])
+
+    def __post_init__(self) -> None:
+        if not _OIDC_NAME_RE.match(self.name):
+            raise field_error("name", "must be 1-32 lower-case letters, digits or dashes")
+        if not self.issuer:
+            raise field_error("issuer", "must be the issuer's URL (the tokens' `iss`)")
+        if not self.audience or not all(self.audience):
+            raise field_error("audience", "must name at least one audience")
+        if self.jwks_url is not None and self.jwks_file is not None:
+            raise field_error("jwks_file", "set `jwks_url` or `jwks_file`, not both")
+        for url in filter(None, (self.jwks_url, self.issuer if self.jwks_file is None else "")):
+            if not url.startswith(("https://", "http://")):
+                raise field_error("jwks_url", f"{url[:100]!r} must be an http(s) URL")
+        bad = [a for a in self.algorithms if a not in OIDC_ALGORITHMS]
+        if bad or not self.algorithms:
+            raise field_error(
+                "algorithms",
+                f"{bad or 'none'} not allowed: one or more of {', '.join(sorted(OIDC_ALGORITHMS))}",
+            )
+        if (self.tenant_claim == "") == (self.tenant == ""):
+            raise field_error("tenant_claim", "set `tenant_claim` or a fixed `tenant` (one)")
+        if self.tenant:
+            as_field("tenant", check_tenant, self.tenant)
+        granted = [r for rs in self.role_map.values() for r in rs] + self.default_roles
+        if unknown := sorted(set(granted) - OIDC_ROLES):
+            raise field_error("role_map", f"unknown roles {unknown}: {sorted(OIDC_ROLES)}")
+        if self.clock_skew_s < 0 or self.clock_skew_s > 600:
+            raise field_error("clock_skew_s", "must be 0-600 seconds")
+        positive(self, "refresh_s", "min_refresh_s", "fetch_timeout_s")
+        not_above(self, "min_refresh_s", "refresh_s")
+
+
 class AuthConfig(Section):
     #: Off only when said so; the server then warns loudly at start-up.
     enabled: bool = True
@@ -166,10 +246,16 @@ class AuthConfig(Section):
     metrics_token_env: str | None = None
     #: Rate-limit state: ``memory`` (per worker) or ``redis`` (``[sessions] url``).
     ratelimit_backend: Literal["memory", "redis"] = "memory"
+    #: Single sign-on: ``[[auth.oidc]]`` issuers whose JWTs are accepted (security/oidc.py).
+    oidc: list[OidcIssuer] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         positive(self, "stream_token_ttl_s")
         positive(self, "console_token_ttl_s")
+        issuers = [o.issuer for o in self.oidc]
+        names = [o.name for o in self.oidc]
+        if len(set(issuers)) != len(issuers) or len(set(names)) != len(names):
+            raise field_error("oidc", "two issuers share an `issuer` or a `name`")
 
 
 class KeysFile(Section):
