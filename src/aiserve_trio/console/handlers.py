@@ -271,7 +271,8 @@ class Console:
         await request.responder.complete(200, _API_HEADERS, _encoder.encode(body))
 
     async def login(self, request: Request) -> None:
-        """``POST /admin/api/login`` with ``Authorization: Bearer <admin key>``: a console token.
+        """``POST /admin/api/login`` with ``Authorization: Bearer <admin key>``: a console token;
+        with an issuer's JWT (``[[auth.oidc]]``), that JWT back, with the seconds it has left.
 
         With auth off the gate has refused clients off loopback; with auth on, keys
         that are not admin keys.
@@ -280,6 +281,11 @@ class Console:
         p = request.principal
         if p is None:
             out = Login(token=None, expires_in=None, key_id=None, auth=gate.enabled)
+        elif (signed_on := gate.signed_on(request)) is not None:
+            # An issuer's JWT (pasted, or set by a reverse proxy): the console uses it as
+            # it is, until it expires -- there is no key to sign a console token for.
+            token, ttl = signed_on
+            out = Login(token=token, expires_in=ttl, key_id=p.key_id, auth=True)
         else:
             token = gate.console_token(p)
             ttl = gate.console_tokens.ttl_s

@@ -34,6 +34,7 @@ import msgspec
 import trio
 
 from ..api import encoder
+from ..decoding import config_roots
 from ..errors import BadRequest, ConfigError, Forbidden, Unauthorized
 from ..http.endpoints import Admission as Admit
 from ..http.endpoints import Auth, Endpoint, Request
@@ -45,6 +46,8 @@ from . import roles
 from .admission import Admission
 from .auth import KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
 from .browser import BrowserGuard
+from .oidc import Oidc, TokenRefused, looks_like_jwt
+from .oidc import expiry as jwt_expiry
 from .ratelimit import Limiter, MemoryLimiter, RedisLimiter
 
 if TYPE_CHECKING:
@@ -185,6 +188,11 @@ class Gate:
         self.console_tokens = StreamTokens(self._secret, console_ttl, purpose="console")
         #: Console tokens logged out before their expiry (worker-wide, like the secret).
         self.revoked: Revoked = previous.revoked if previous is not None else Revoked.of(config)
+        #: Single sign-on's issuers and their cached keys (worker-wide, like the secret).
+        self.oidc: Oidc = previous.oidc if previous is not None else Oidc()
+        roots = config_roots(config.source, config.base_dir, config.server.config_paths)
+        self.oidc.configure(auth.oidc if auth is not None else (), config.base_dir, roots)
+        self._background: AsyncExitStack | None = None
 
     def successor(self, config: Config) -> Gate:
         """The gate of a reloaded ``config``, carrying this one's worker-wide state."""
@@ -206,9 +214,18 @@ class Gate:
             await self.limiter.aopen()
         await self.ledger.aopen()
         await self.revoked.aopen()
+        # The issuers' keys: fetched now and refreshed when due, off the request path.
+        stack = AsyncExitStack()
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        stack.callback(nursery.cancel_scope.cancel)
+        nursery.start_soon(self.oidc.run)
+        self._background = stack
         self.announce()
 
     async def aclose(self) -> None:
+        background, self._background = self._background, None
+        if background is not None:
+            await background.aclose()
         await self.revoked.aclose()
         await self.ledger.aclose()
         if isinstance(self.limiter, RedisLimiter):
@@ -227,6 +244,8 @@ class Gate:
             )
             return
         log.info("auth on: %d API keys", len(self.keys))
+        for jwks in self.oidc.issuers.values():
+            log.info("auth: single sign-on with the JWTs of %s", jwks.settings.issuer)
         for key_id in self.keys.legacy:
             log.warning(
                 "key %r has a legacy scrypt hash (~0.1 s per check): give it a new "
@@ -362,6 +381,8 @@ class Gate:
             if api_key is not None:
                 auth = f"Bearer {api_key}"
         plain = bearer(auth)
+        if self.oidc and looks_like_jwt(plain):
+            return await self._signed_on(endpoint, plain)
         if endpoint.auth is Auth.ADMIN_OR_CONSOLE_TOKEN and not plain.startswith("aik_"):
             subject = CONSOLE_SUBJECT
             key_id = self.console_tokens.check(plain, self._tenant_of, subject, time.time())
@@ -379,6 +400,30 @@ class Gate:
             # so verifying in a thread keeps the loop serving.
             ok = await trio.to_thread.run_sync(self.keys.verify_legacy, plain)
         return self.keys.migrate(plain, ok)
+
+    async def _signed_on(self, endpoint: Endpoint, token: str) -> Principal:
+        """The principal of an issuer's JWT (``[[auth.oidc]]``, security/oidc.py); on the
+        console's API, unless it was logged out there."""
+        try:
+            principal = await self.oidc.principal(token, time.time())
+        except TokenRefused as exc:
+            raise Unauthorized(str(exc), code=exc.code) from None
+        if endpoint.auth is Auth.ADMIN_OR_CONSOLE_TOKEN and await self.revoked.denied(
+            token, principal.key_id, jwt_expiry(token)
+        ):
+            raise Unauthorized(
+                "the token was logged out of the console: sign in again",
+                code="revoked_console_token",
+            )
+        return principal
+
+    def signed_on(self, request: Request) -> tuple[str, int] | None:
+        """The issuer's JWT ``request`` was authenticated with, and the seconds it has
+        left; None for a key. The console keeps it as its token (every worker checks it)."""
+        plain = bearer(request.headers.get("authorization"))
+        if not (self.oidc and looks_like_jwt(plain)):
+            return None
+        return plain, max(0, jwt_expiry(plain) - int(time.time()))
 
     def tenant(self, principal: Principal | None, fallback: str) -> str:
         """The tenant a request acts for: the key's, never one the client names."""
@@ -420,7 +465,10 @@ class Gate:
                 "log out sends the console token (Authorization: Bearer <token>), not a key",
                 code="not_a_console_token",
             )
-        expiry = int(plain.partition(".")[0])
+        if self.oidc and looks_like_jwt(plain):
+            expiry = jwt_expiry(plain)
+        else:
+            expiry = int(plain.partition(".")[0])
         return expiry, await self.revoked.add(plain, principal.key_id, expiry, time.time())
 
     async def within_budget(
