@@ -32,6 +32,8 @@ KEY = "aik_agent_" + "a" * 32  # everything/echo, everything/get-sum, everyhttp/
 KEY_NONE = "aik_nogrant_" + "b" * 32  # no mcp_tools: deny by default
 KEY_NARROW = "aik_narrow_" + "c" * 32  # everything/* under bank-b's ceiling (echo only)
 KEY_SLOW = "aik_limited_" + "d" * 32  # faulty/echo, 2 calls a minute
+KEY_OPS = "aik_ops_" + "f" * 32  # an admin of every tenant
+KEY_OPS_B = "aik_opsb_" + "g" * 32  # an admin of bank-b only
 OFF = "[auth]\nenabled = false\n"
 CARD = "4111 1111 1111 1111"
 
@@ -42,7 +44,7 @@ pytestmark = [
 
 
 def _toml(tmp: Path, http_port: int) -> str:
-    h = {k: hash_key(k) for k in (KEY, KEY_NONE, KEY_NARROW, KEY_SLOW)}
+    h = {k: hash_key(k) for k in (KEY, KEY_NONE, KEY_NARROW, KEY_SLOW, KEY_OPS, KEY_OPS_B)}
     auth = f"""[auth]
 enabled = true
 metrics = "open"
@@ -66,6 +68,16 @@ hash = "{h[KEY_SLOW]}"
 tenant = "bank-a"
 rpm = 2
 mcp_tools = ["faulty/echo"]
+[[auth.keys]]
+id = "ops"
+hash = "{h[KEY_OPS]}"
+tenant = "bank-a"
+global_admin = true
+[[auth.keys]]
+id = "opsb"
+hash = "{h[KEY_OPS_B]}"
+tenant = "bank-b"
+admin = true
 
 [tenants.bank-b]
 mcp_tools = ["everything/echo"]
@@ -590,3 +602,23 @@ def test_healthz_shows_each_servers_state(gw: str) -> None:
         "faulty": "stdio",
     }
     assert health["mcp"]["everyhttp"]["state"] == "ready"
+
+
+def test_admin_lists_servers_tools_and_recent_calls_of_its_tenants(gw: str) -> None:
+    Rpc(gw, KEY).call("everything__echo", {"message": "from bank-a"})
+    Rpc(gw, KEY_NARROW).call("everything__echo", {"message": "from bank-b"})
+
+    def admin(key: str) -> dict[str, Any]:
+        r = httpx.get(gw + "/admin/mcp", headers={"authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    every = admin(KEY_OPS)
+    assert every["servers"]["everything"]["state"] == "ready"
+    assert "get-env" in every["servers"]["everything"]["tool_names"]
+    assert {"bank-a", "bank-b"} <= {c["tenant"] for c in every["calls"]}
+    latest = every["calls"][0]
+    assert (latest["key_id"], latest["server"], latest["tool"]) == ("narrow", "everything", "echo")
+    assert {c["tenant"] for c in admin(KEY_OPS_B)["calls"]} == {"bank-b"}
+    r = httpx.get(gw + "/admin/mcp", headers={"authorization": f"Bearer {KEY}"})
+    assert r.status_code == 403  # not an admin

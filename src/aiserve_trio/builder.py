@@ -161,7 +161,10 @@ class RuntimeBuilder:
             return []
         mcp = McpEndpoint(parts.config, self.mcp, parts.gate)
         methods, req = ("POST", "DELETE"), Admission.REQUEST
-        return [Endpoint("/mcp", methods, Auth.KEY, req, mcp.handle, "mcp", rpc_error)]
+        return [
+            Endpoint("/mcp", methods, Auth.KEY, req, mcp.handle, "mcp", rpc_error),
+            Endpoint("/admin/mcp", ("GET",), Auth.ADMIN, req, mcp.admin, "admin_mcp"),
+        ]
 
     def _route_endpoints(self, parts: Parts) -> list[Endpoint]:
         """Each route's own endpoint (chat or embeddings), and Anthropic's token

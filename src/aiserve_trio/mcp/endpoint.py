@@ -545,6 +545,19 @@ class McpEndpoint:
         tool = record.tool[:64] if record.known else "other"
         metrics.calls.labels(record.server, tool, record.status).inc()
         metrics.latency.labels(record.server).observe(elapsed)
+        p = request.principal
+        self.hub.recent.append(
+            {
+                "ts": round(time.time() - elapsed, 3),
+                "key_id": p.key_id if p is not None else None,
+                "tenant": self._tenant(request),
+                "server": record.server,
+                "tool": record.tool[:200],
+                "status": record.status,
+                "ms": round(elapsed * 1000, 3),
+                "bytes": record.size,
+            }
+        )
         span = record.span
         if span is not None:
             p = request.principal
@@ -563,6 +576,19 @@ class McpEndpoint:
         if audit is not None:
             writer = audit.builder.redactor is not None
             audit.offer_row(audit_row(request, record, elapsed, self._tenant(request), writer))
+
+    async def admin(self, request: Request) -> None:
+        """``GET /admin/mcp``: each server's state and tools, and the recent tool calls
+        (an admin of one tenant sees its tenant's calls only)."""
+        servers = {
+            name: {**up.health(), "tool_names": [t["name"] for t in up.tools]}
+            for name, up in sorted(self.hub.upstreams.items())
+        }
+        p = request.principal
+        only = p.admin_tenant if p is not None else None
+        calls = [c for c in self.hub.recent if only is None or c["tenant"] == only]
+        body = jsonrpc.encode({"servers": servers, "calls": calls[::-1]})
+        await request.responder.complete(200, _JSON, body)
 
     async def _stream_call(self, request: Request, m: Message, session: Session | None) -> None:
         """A ``tools/call`` answered as SSE: the upstream's progress, then the result."""

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aiserve_trio.mcp")
 
+#: Tool calls ``GET /admin/mcp`` shows.
+RECENT = 200
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -82,6 +84,8 @@ class McpHub:
         self._running: dict[str, _Running] = {}
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+        #: The last tool calls (``GET /admin/mcp``), newest last.
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT)
         #: ``/mcp``'s client sessions, worker-wide (a reload keeps them).
         self.sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
 
