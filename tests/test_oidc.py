@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -204,6 +206,17 @@ def test_the_config_refuses_unsafe_or_incomplete_issuers() -> None:
     ):
         with pytest.raises(ConfigError, match=says):
             auth_config(auth_toml(extra=extra))
+
+
+def test_the_guides_example_loads_and_maps_as_it_says() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "guides" / "access.md").read_text()
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", text, re.S) if "[[auth.oidc]]" in b]
+    auth = auth_config(auth_toml(extra=block)).auth
+    assert auth is not None
+    (corp,) = auth.oidc
+    claims = {"sub": "olga", "tenant": "bank-a", "realm_access": {"roles": ["gateway-operators"]}}
+    p = principal_of(claims, corp)
+    assert (p.key_id, p.global_admin, p.routes) == ("corp:olga", True, frozenset())
 
 
 def test_verifying_stays_cheap() -> None:
