@@ -43,7 +43,7 @@ pytestmark = [
 ]
 
 
-def _toml(tmp: Path, http_port: int) -> str:
+def _toml(tmp: Path, http_port: int, faulty_port: int) -> str:
     h = {k: hash_key(k) for k in (KEY, KEY_NONE, KEY_NARROW, KEY_SLOW, KEY_OPS, KEY_OPS_B)}
     auth = f"""[auth]
 enabled = true
@@ -52,7 +52,7 @@ metrics = "open"
 id = "agent"
 hash = "{h[KEY]}"
 tenant = "bank-a"
-mcp_tools = ["everything/echo", "everything/get-sum", "everything/trigger-long-running-operation", "everyhttp/*", "faulty/*"]
+mcp_tools = ["everything/echo", "everything/get-sum", "everything/trigger-long-running-operation", "everyhttp/*", "faulty/*", "faultyhttp/*"]
 [[auth.keys]]
 id = "nogrant"
 hash = "{h[KEY_NONE]}"
@@ -104,6 +104,11 @@ headers = {{ authorization = "Bearer ${{MCP_TEST_UPSTREAM_TOKEN}}" }}
 command = ["{PYTHON}", "-m", "tests.mcp_servers.faulty"]
 timeout_ms = 5000
 restart_ms = 100
+
+[mcp.servers.faultyhttp]
+url = "http://127.0.0.1:{faulty_port}/mcp"
+timeout_ms = 5000
+restart_ms = 100
 """
     )
 
@@ -118,10 +123,18 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    faulty_port = free_port()
+    faulty = subprocess.Popen(
+        [str(PYTHON), "-m", "tests.mcp_servers.faulty", "http", str(faulty_port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/mcp", proc=None)
+        wait_http(f"http://127.0.0.1:{faulty_port}/mcp", proc=None)
         cfg = tmp / "gw.toml"
-        cfg.write_text(_toml(tmp, port))
+        cfg.write_text(_toml(tmp, port, faulty_port))
         env = {"MCP_TEST_UPSTREAM_TOKEN": "upstream-secret", "PYTHONPATH": str(ROOT)}
         with hypercorn_gateway(cfg, env=env) as (base, _proc):
             end = time.monotonic() + 30
@@ -137,6 +150,8 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         node.terminate()
         node.wait(10)
+        faulty.terminate()
+        faulty.wait(10)
 
 
 # --- raw JSON-RPC --------------------------------------------------------------------------
@@ -600,6 +615,7 @@ def test_healthz_shows_each_servers_state(gw: str) -> None:
         "everything": "stdio",
         "everyhttp": "http",
         "faulty": "stdio",
+        "faultyhttp": "http",
     }
     assert health["mcp"]["everyhttp"]["state"] == "ready"
 
@@ -622,3 +638,31 @@ def test_admin_lists_servers_tools_and_recent_calls_of_its_tenants(gw: str) -> N
     assert {c["tenant"] for c in admin(KEY_OPS_B)["calls"]} == {"bank-b"}
     r = httpx.get(gw + "/admin/mcp", headers={"authorization": f"Bearer {KEY}"})
     assert r.status_code == 403  # not an admin
+
+
+def test_a_hung_http_upstream_hits_the_deadline_and_is_cancelled_upstream(gw: str) -> None:
+    rpc = Rpc(gw, KEY)
+    before = int(_text(rpc.call("faultyhttp__cancelled")))
+    t0 = time.monotonic()
+    answer = rpc.call("faultyhttp__hang", timeout_ms="800")
+    assert answer["error"]["code"] == -32001
+    assert 0.7 < time.monotonic() - t0 < 2.5
+    end = time.monotonic() + 5
+    while int(_text(rpc.call("faultyhttp__cancelled"))) == before and time.monotonic() < end:
+        time.sleep(0.05)
+    assert int(_text(rpc.call("faultyhttp__cancelled"))) == before + 1
+
+
+def test_an_http_upstream_that_dies_mid_call_is_a_clear_error_at_once(gw: str) -> None:
+    # Last in the module: the HTTP server is the test's, not the gateway's child, so
+    # nothing starts it again.
+    rpc = Rpc(gw, KEY)
+    t0 = time.monotonic()
+    answer = rpc.call("faultyhttp__crash")
+    assert time.monotonic() - t0 < 2  # not the 5 s deadline
+    assert answer["error"]["code"] == -32010
+    assert "faultyhttp" in answer["error"]["message"]
+    again = rpc.call("faultyhttp__echo", {"text": "x"})
+    assert again["error"]["code"] == -32010
+    assert "cannot be reached" in again["error"]["message"]
+    assert _text(rpc.call("faulty__echo", {"text": "others still serve"}))
