@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives import serialization
 
 from aiserve_trio.config import ConfigError
 from aiserve_trio.security.oidc import (
+    MAX_JWKS_BYTES,
+    MAX_KEYS,
     KeySet,
     Rules,
     TokenRefused,
@@ -217,6 +219,26 @@ def test_the_guides_example_loads_and_maps_as_it_says() -> None:
     claims = {"sub": "olga", "tenant": "bank-a", "realm_access": {"roles": ["gateway-operators"]}}
     p = principal_of(claims, corp)
     assert (p.key_id, p.global_admin, p.routes) == ("corp:olga", True, frozenset())
+
+
+def test_the_largest_jwks_accepted_parses_well_within_the_loops_20_ms() -> None:
+    # MAX_KEYS keys are read (RSA and EC), the rest of a document near MAX_JWKS_BYTES is
+    # decoded and skipped: what one fetch costs the event loop at most.
+    made = [SigningKey.new(f"r{i}").jwk() for i in range(4)]
+    made += [SigningKey.new(f"e{i}", "ES256").jwk() for i in range(4)]
+    entries = [{**made[i % len(made)], "kid": f"id{i}"} for i in range(MAX_KEYS + 500)]
+    data = json.dumps({"keys": entries}).encode()
+    while len(data) > MAX_JWKS_BYTES:
+        entries.pop()
+        data = json.dumps({"keys": entries}).encode()
+    assert len(entries) > MAX_KEYS
+    took = []
+    for _ in range(5):
+        start = time.perf_counter()
+        keys = parse_jwks(data)
+        took.append(time.perf_counter() - start)
+    assert len(keys) == MAX_KEYS
+    assert min(took) < 0.010, f"{min(took) * 1000:.1f} ms"
 
 
 def test_verifying_stays_cheap() -> None:
