@@ -253,3 +253,22 @@ def _payload(token: str) -> bytes:
 
     body = token.split(".")[1]
     return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+
+
+async def test_a_reload_keeps_the_fetched_keys() -> None:
+    async with running_issuer() as iss:
+        app = sso_app(iss)
+        client = Client(app)
+        r = await client.request("GET", "/v1/models", headers=bearer(iss.token()))
+        assert r.status == 200, r.body
+        held = app.gate.oidc.issuers[iss.url]
+        successor = app.gate.successor(app.config)
+        assert successor.oidc.issuers[iss.url] is held
+        assert len(held.keys) == 1
+        # Another issuer's audience, same keys' source: the rules change, the keys stay.
+        text = auth_toml(extra=oidc_toml(iss.url, audience=["other-app"]))
+        changed = app.gate.successor(auth_app(text).config)
+        jwks = changed.oidc.issuers[iss.url]
+        assert jwks is held
+        assert jwks.rules.audiences == {"other-app"}
+        assert iss.jwks_fetches == 1
