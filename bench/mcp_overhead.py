@@ -11,6 +11,11 @@ log on (one row per call). One client (Python's ``http.client``, keep-alive, one
 time) alternates: a call direct, a call through the gateway, so both see the same moment
 of a shared machine. ``--policies`` adds ``[mcp] policies = ["gdpr-redact"]`` (arguments
 and results redacted). Prints p50, p90, p99 of each and the p50 difference.
+
+``--sdk`` also times the official ``mcp`` SDK's client (its ``Client`` over
+``streamable_http_client``, on Trio) calling the same upstream directly, after the
+alternating rounds: what each upstream call would cost the gateway had it used the SDK's
+client session instead of its own msgspec JSON-RPC over ``adapters/h1.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-EVERYTHING = ROOT / "tests/mcp-node/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+EVERYTHING = (
+    ROOT / "tests/mcp-node/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+)
 KEY = "aik_bench_" + "b" * 32
 
 
@@ -130,6 +137,26 @@ url = "http://127.0.0.1:{upstream_port}/mcp"
     return path
 
 
+def sdk_times(port: int, calls: int) -> list[float]:
+    """``calls`` echo calls with the SDK's client, one at a time (after 200 to warm up)."""
+    import trio
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def run() -> list[float]:
+        out: list[float] = []
+        transport = streamable_http_client(f"http://127.0.0.1:{port}/mcp")
+        async with Client(transport, mode="legacy") as client:
+            for i in range(200 + calls):
+                t0 = time.perf_counter()
+                await client.call_tool("echo", {"message": "hello from the bench"})
+                if i >= 200:
+                    out.append(time.perf_counter() - t0)
+        return out
+
+    return trio.run(run)
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(len(xs) * p))] * 1000
@@ -139,6 +166,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--policies", action="store_true")
+    ap.add_argument("--sdk", action="store_true", help="also time the mcp SDK's client")
     args = ap.parse_args()
     if not EVERYTHING.exists():
         sys.exit("npm ci --prefix tests/mcp-node first")
@@ -172,6 +200,7 @@ def main() -> None:
             for _ in range(args.calls):
                 d_times.append(direct.call("echo", message))
                 g_times.append(through.call("everything__echo", message))
+            s_times = sdk_times(up_port, args.calls) if args.sdk else []
         finally:
             for p in procs:
                 p.terminate()
@@ -179,9 +208,12 @@ def main() -> None:
     d50, g50 = statistics.median(d_times) * 1000, statistics.median(g_times) * 1000
     print(f"tools/call echo, {args.calls} calls each, alternating; policies: {args.policies}")
     print(f"{'':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8}")
-    for name, xs in (("direct", d_times), ("gateway", g_times)):
+    rows = [("direct", d_times), ("gateway", g_times)] + ([("sdk", s_times)] if s_times else [])
+    for name, xs in rows:
         print(f"{name:>10} {pct(xs, 0.5):8.3f} {pct(xs, 0.9):8.3f} {pct(xs, 0.99):8.3f}")
     print(f"added p50: {g50 - d50:.3f} ms")
+    if s_times:
+        print(f"the SDK's client over the direct one, p50: {pct(s_times, 0.5) - d50:.3f} ms")
 
 
 if __name__ == "__main__":
