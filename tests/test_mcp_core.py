@@ -5,6 +5,7 @@ upstream's restarts with backoff (issue 52)."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -246,3 +247,59 @@ async def test_an_unreachable_upstream_is_tried_again_with_backoff(
     assert up.state == "down"
     assert "cannot be reached" in up.error
     assert up.health()["restarts"] == len(down.tries) - 1
+
+
+class _Paged:
+    """An HTTP upstream answering with JSON: the handshake, then tools/list in pages of 2."""
+
+    def __init__(self, tools: int) -> None:
+        self.names = [f"t{i}" for i in range(tools)]
+        self.cursors: list[Any] = []
+
+    @contextlib.asynccontextmanager
+    async def exchange(self, body: bytes, headers: dict[str, str]) -> AsyncIterator[_Exchange]:
+        msg = json.loads(body)
+        method = msg.get("method")
+        result: Any = {}
+        if method == "initialize":
+            result = {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"tools": {}},
+                "serverInfo": {},
+            }
+        elif method == "tools/list":
+            cursor = msg["params"].get("cursor")
+            self.cursors.append(cursor)
+            start = int(cursor or 0)
+            result = {
+                "tools": [{"name": n, "inputSchema": {}} for n in self.names[start : start + 2]]
+            }
+            if start + 2 < len(self.names):
+                result["nextCursor"] = str(start + 2)
+        if "id" not in msg:
+            yield _Exchange(202, {}, _chunks(b""))
+            return
+        answer = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}).encode()
+        yield _Exchange(200, {"content-type": "application/json"}, _chunks(answer))
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def _chunks(data: bytes) -> AsyncIterator[bytes]:
+    if data:
+        yield data
+
+
+async def test_an_upstreams_pages_are_all_fetched(autojump_clock: trio.testing.MockClock) -> None:
+    up = HttpUpstream("t", McpServerConfig(url="http://127.0.0.1:9/mcp"))
+    paged = _Paged(5)
+    up._http = paged  # type: ignore[assignment]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(up.run)
+        with trio.fail_after(5):
+            await up.wait_ready()
+        nursery.cancel_scope.cancel()
+    assert [t["name"] for t in up.tools] == paged.names
+    assert paged.cursors == [None, "2", "4"]
+    assert up.protocol == "2025-06-18"
