@@ -20,6 +20,7 @@ from aiserve_trio.security.oidc import (
     MAX_JWKS_BYTES,
     MAX_KEYS,
     KeySet,
+    Oidc,
     Rules,
     TokenRefused,
     looks_like_jwt,
@@ -248,3 +249,70 @@ def test_verifying_stays_cheap() -> None:
         verify(token, r, keys, NOW)
     each = (time.perf_counter() - start) / 200
     assert each < 0.002, f"{each * 1e6:.0f} us per token"
+
+
+def served(iss: Issuer) -> Oidc:
+    """An Oidc whose fetch answers ``iss``'s discovery document and current JWKS."""
+
+    async def fetch(url: str, limit: int, timeout_s: float) -> bytes:
+        if url.endswith("/.well-known/openid-configuration"):
+            return json.dumps({"issuer": iss.url, "jwks_uri": f"{iss.url}/jwks"}).encode()
+        return json.dumps(iss.jwks()).encode()
+
+    oidc = Oidc(fetch)
+    oidc.configure([msgspec.convert({**SETTINGS, "issuer": iss.url}, OidcIssuer)])
+    return oidc
+
+
+SETTINGS: dict[str, Any] = {
+    "audience": [AUDIENCE],
+    "tenant_claim": "tenant",
+    "roles_claim": "groups",
+    "role_map": {"gateway-users": ["user"]},
+}
+
+
+async def refused_by(oidc: Oidc, token: str, now: float) -> str:
+    with pytest.raises(TokenRefused) as caught:
+        await oidc.principal(token, now)
+    return caught.value.code
+
+
+async def test_a_token_verified_once_is_checked_again_for_its_times_keys_and_rules() -> None:
+    iss = issuer()
+    oidc = served(iss)
+    token = iss.token(lifetime_s=300)
+    now = time.time()
+    assert (await oidc.principal(token, now)).key_id == "sso:alice"
+    assert (await oidc.principal(token, now + 100)).key_id == "sso:alice"
+    # Remembered, it still expires.
+    assert await refused_by(oidc, token, now + 300 + 61) == "token_expired"
+    # A reload that changes the audience: the remembered token is checked anew.
+    jwks = oidc.issuers[iss.url]
+    changed = {**SETTINGS, "issuer": iss.url, "audience": ["another-app"]}
+    oidc.configure([msgspec.convert(changed, OidcIssuer)])
+    assert oidc.issuers[iss.url] is jwks
+    assert await refused_by(oidc, token, now) == "token_wrong_audience"
+    oidc.configure([msgspec.convert({**SETTINGS, "issuer": iss.url}, OidcIssuer)])
+    assert (await oidc.principal(token, now)).key_id == "sso:alice"
+    # The issuer drops the key: once the keys are fetched again, its tokens are refused.
+    iss.rotate("k2")
+    assert await jwks.refresh()
+    assert await refused_by(oidc, token, now) == "token_unknown_kid"
+
+
+async def test_a_remembered_token_costs_a_fraction_of_a_first_check() -> None:
+    iss = issuer()
+    oidc = served(iss)
+    now = time.time()
+    await oidc.principal(iss.token(), now)  # the keys fetched
+    tokens = [iss.token(sub=f"u{i}") for i in range(200)]
+    start = time.perf_counter()
+    for t in tokens:
+        await oidc.principal(t, now)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    for t in tokens:
+        await oidc.principal(t, now)
+    again = time.perf_counter() - start
+    assert again * 10 < first, f"first {first / 200 * 1e6:.0f} us, again {again / 200 * 1e6:.0f} us"
