@@ -268,7 +268,13 @@ async def test_a_reload_keeps_the_fetched_keys() -> None:
         # Another issuer's audience, same keys' source: the rules change, the keys stay.
         text = auth_toml(extra=oidc_toml(iss.url, audience=["other-app"]))
         changed = app.gate.successor(auth_app(text).config)
+        # Staged, not yet committed (it may still be refused): the old rules hold.
+        r = await client.request("GET", "/v1/models", headers=bearer(iss.token(sub="bo")))
+        assert r.status == 200, r.body
+        changed.activate()
         jwks = changed.oidc.issuers[iss.url]
         assert jwks is held
         assert jwks.rules.audiences == {"other-app"}
         assert iss.jwks_fetches == 1
+        r = await client.request("GET", "/v1/models", headers=bearer(iss.token(sub="cy")))
+        assert (r.status, code(r)) == (401, "token_wrong_audience")

@@ -191,7 +191,11 @@ class Gate:
         #: Single sign-on's issuers and their cached keys (worker-wide, like the secret).
         self.oidc: Oidc = previous.oidc if previous is not None else Oidc()
         roots = config_roots(config.source, config.base_dir, config.server.config_paths)
-        self.oidc.configure(auth.oidc if auth is not None else (), config.base_dir, roots)
+        issuers = auth.oidc if auth is not None else ()
+        #: This config's issuers: in use from the start, or from :meth:`activate` (a reload).
+        self._issuers = self.oidc.prepare(issuers, config.base_dir, roots)
+        if previous is None:
+            self.oidc.use(self._issuers)
         self._background: AsyncExitStack | None = None
 
     def successor(self, config: Config) -> Gate:
@@ -199,7 +203,9 @@ class Gate:
         return Gate(config, previous=self)
 
     def activate(self) -> None:
-        """Apply this gate's admission caps (when its config becomes the current one)."""
+        """Apply this gate's admission caps and issuers (when its config becomes the
+        current one)."""
+        self.oidc.use(self._issuers)
         lim = self._limits
         self.admission.configure(
             lim.max_inflight,

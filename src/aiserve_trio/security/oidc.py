@@ -55,6 +55,10 @@ MAX_SUBJECT = 128
 MAX_VERIFIED = 4096
 
 
+#: Issuers' settings with the keys of their ``jwks_file`` (read at load), not yet in use.
+Prepared = list[tuple[OidcIssuer, "KeySet | None"]]
+
+
 class TokenRefused(Exception):
     """A token that is not accepted; ``code`` says why (the gate's 401 carries it)."""
 
@@ -530,11 +534,25 @@ class Oidc:
         roots: tuple[str, ...] | None = None,
     ) -> None:  # fmt: skip
         """Use ``issuers`` from now on (a file's keys are read here: ConfigError if bad)."""
+        self.use(self.prepare(issuers, base_dir, roots))
+
+    @staticmethod
+    def prepare(
+        issuers: Iterable[OidcIssuer], base_dir: str = ".",
+        roots: tuple[str, ...] | None = None,
+    ) -> Prepared:  # fmt: skip
+        """``issuers`` with their files' keys, read (ConfigError if bad); nothing changes
+        until :meth:`use` (a reload that is refused later changes nothing)."""
+        return [
+            (s, read_jwks_file(s, base_dir, roots) if s.jwks_file is not None else None)
+            for s in issuers
+        ]
+
+    def use(self, prepared: Prepared) -> None:
+        """Check tokens with ``prepared``'s issuers from now on, keeping the keys held of
+        each whose source did not change."""
         fresh: dict[str, Jwks] = {}
-        for settings in issuers:
-            file_keys = None
-            if settings.jwks_file is not None:
-                file_keys = read_jwks_file(settings, base_dir, roots)
+        for settings, file_keys in prepared:
             jwks = Jwks(settings, file_keys, self._fetch)
             old = self.issuers.get(settings.issuer)
             if old is not None and not old.fixed and old.source() == jwks.source():
