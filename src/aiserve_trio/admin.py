@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .observability.observer import RequestObserver
     from .reload import Reloader
     from .runtime import Parts
+    from .security.keystore.service import KeyService
     from .sessions.bus import SessionBus
 
 #: The largest config text ``POST /admin/config/reload`` takes.
@@ -60,9 +61,18 @@ class Admin:
         self.ready = ready
         #: The app's reloader (the app makes it once the first runtime is built).
         self.reloader: Reloader | None = None
+        #: The database keys (issue 47): their state in ``/healthz``, and the admin
+        #: audit trail that config reloads are written to.
+        self.keys: KeyService | None = None
 
     async def healthz(self, request: Request) -> None:
-        await request.responder.complete(200, JSON_HEADERS, b'{"status":"ok"}')
+        if self.keys is None:
+            await request.responder.complete(200, JSON_HEADERS, b'{"status":"ok"}')
+            return
+        # The worker serves either way; it says when its key table is the last one it
+        # could load (the database is away).
+        body = encoder.encode({"status": "ok", "keys": self.keys.health()})
+        await request.responder.complete(200, JSON_HEADERS, body)
 
     async def readyz(self, parts: Parts, request: Request) -> None:
         problems: list[str] = []
@@ -120,6 +130,20 @@ class Admin:
         by = "api:" + self.client(parts, request)
         candidate = await _toml_body(parts, request)
         result = await self.reloader.reload(by=by, candidate=candidate)
+        if self.keys is not None:  # the admin audit trail (issue 47, item 5)
+            p = request.principal
+            await self.keys.record(
+                actor=p.key_id if p is not None else by.removeprefix("api:"),
+                tenant=p.tenant if p is not None else parts.config.server.default_tenant,
+                client=parts.gate.client_address(request.scope, request.headers),
+                action="config.reloaded" if result.error is None else "config.refused",
+                target=result.version,
+                detail={
+                    "applied": result.applied,
+                    "saved_new_text": candidate is not None,
+                    "error": result.error,
+                },
+            )
         version = [(b"x-aiserve-config-version", result.version.encode())]
         if result.error is not None:
             key = re.search(r"key `([^`]+)`", result.error)

@@ -34,6 +34,7 @@ from .policies.base import Policy, PolicyContext, redact_values
 from .routes import route_label
 from .runtime import CacheHold, Held, Lifetime, Models, Parts, Runtime
 from .security.gate import Gate
+from .security.keystore.http import KeyEndpoints, Routes
 from .sessions.http import EVERYTHING, ReadScope, SessionEndpoints
 from .slices import Steps
 from .spend.prices import build_pricing
@@ -46,10 +47,13 @@ if TYPE_CHECKING:
     from .mcp.hub import McpHub
     from .observability.debug import DebugEndpoints
     from .observability.observer import RequestObserver
+    from .security.keystore.service import KeyService
     from .sessions.bus import SessionBus
     from .sessions.outbox import WriteBack
     from .spend.ledger import Ledger
 
+#: A database keys' handler, bound to the runtime's gate.
+GateHandler = Callable[[Gate, Request], Awaitable[None]]
 #: A route's handler: the chat entry (or the embeddings'), bound to a runtime's parts.
 RouteHandler = Callable[[Parts, Route, Request], Awaitable[None]]
 
@@ -71,6 +75,8 @@ class RuntimeBuilder:
     ledger: Ledger
     chat: RouteHandler
     embed: RouteHandler
+    #: The worker's database keys (issue 47); None: the config's keys only.
+    keys: KeyService | None = None
     #: The upstream MCP servers (``[mcp]``), worker-wide; None: no ``/mcp``.
     mcp: McpHub | None = None
 
@@ -85,7 +91,7 @@ class RuntimeBuilder:
                 and, when ``[cache]`` is the same, its cache backend are carried over.
         """
         gate = (
-            Gate(config, ledger=self.ledger)
+            Gate(config, ledger=self.ledger, dbkeys=self.keys.table if self.keys else None)
             if previous is None
             else previous.gate.successor(config)
         )
@@ -149,6 +155,7 @@ class RuntimeBuilder:
             *self._service_endpoints(parts),
             *_session_endpoints(parts),
             *self._operator_endpoints(parts),
+            *self._key_endpoints(parts),
             *self._mcp_endpoints(parts),
         ]
 
@@ -164,6 +171,30 @@ class RuntimeBuilder:
         return [
             Endpoint("/mcp", methods, Auth.KEY, req, mcp.handle, "mcp", rpc_error),
             Endpoint("/admin/mcp", ("GET",), Auth.ADMIN, req, mcp.admin, "admin_mcp"),
+        ]
+
+    def _key_endpoints(self, parts: Parts) -> list[Endpoint]:
+        """``/admin/keys``, ``/admin/teams``, ``/admin/tenants`` and ``/admin/audit`` (issue
+        47, security/keystore/http.py), when the audit database keeps keys; the gate
+        checks each path's role (security/roles.py)."""
+        if self.keys is None:
+            return []
+        h = KeyEndpoints(self.keys)
+        r = Routes(h)
+        gate, req = parts.gate, Admission.REQUEST
+
+        def ep(path: str, methods: tuple[str, ...], handler: GateHandler, name: str) -> Endpoint:
+            return Endpoint(path, methods, Auth.ADMIN, req, partial(handler, gate), name)
+
+        return [
+            ep("/admin/keys", ("GET", "POST"), r.keys, "admin_keys"),
+            ep("/admin/keys/{id}", ("GET", "PATCH"), r.key, "admin_key"),
+            ep("/admin/keys/{id}/rotate", ("POST",), h.rotate, "admin_key_rotate"),
+            ep("/admin/keys/{id}/revoke", ("POST",), h.revoke, "admin_key_revoke"),
+            ep("/admin/teams", ("GET",), h.teams, "admin_teams"),
+            ep("/admin/teams/{team}", ("PUT",), h.put_team, "admin_team"),
+            ep("/admin/tenants/{tenant}", ("PUT",), h.put_tenant, "admin_tenant"),
+            ep("/admin/audit", ("GET",), h.audit, "admin_audit"),
         ]
 
     def _route_endpoints(self, parts: Parts) -> list[Endpoint]:

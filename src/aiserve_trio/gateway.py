@@ -48,6 +48,7 @@ from .record.recorder import Recorder, build_recorder, recorded_routes
 from .reload import Reloader
 from .runtime import Closer, Generations, Runtime, carry_adapters, close_all
 from .security.gate import Gate, build_ledger
+from .security.keystore.service import KeyService, build_keys
 from .sessions import build_bus
 from .sessions.bus import SessionBus
 from .sessions.outbox import WriteBack
@@ -68,6 +69,7 @@ ORDER = (
     "gate",  # rate limiter, spend ledger, logged-out tokens
     "recorder",  # its writer (closing writes what is queued)
     "audit",  # its writer (likewise)
+    "keys",  # the database keys' table, loaded (at close: their last uses written)
     "cache",  # the response cache's backend (at close: every live runtime's)
     "background",  # baseline, reload watcher, ledger merge, console, lag, write-back
     "ready",  # /readyz; closing ends live session event streams first
@@ -209,6 +211,8 @@ class Gateway:
     stager: Stager
     reloader: Reloader
     running: Running
+    #: The database keys (issue 47); None: auth off or no audit database.
+    keys: KeyService | None = None
 
     # --- the current runtime (what a new request uses) ----------------------------
 
@@ -327,6 +331,8 @@ def build_gateway(
     # Profiles and run traces of this worker (one of each at a time, whatever the config).
     debug = DebugEndpoints()
     usage = UsageEndpoints(audit, config.pricing.currency)
+    # Virtual keys, teams and the admin audit trail, in the audit database (issue 47).
+    keys = build_keys(config, metrics.registry)
     # The spend, worker-wide: a lost (Redis) or forgotten (restart) period's spend is
     # read back from the audit log.
     ledger = build_ledger(
@@ -349,6 +355,7 @@ def build_gateway(
         ledger=ledger,
         chat=entry.chat,
         embed=entry.embed,
+        keys=keys,
         mcp=McpHub(metrics.registry, audit, t.tracing),
     )
     built = build_adapters(config.adapters, observer, adapters)
@@ -359,6 +366,7 @@ def build_gateway(
     # The one link made afterwards: the reloader reaches the runtimes, whose endpoint
     # tables (the admin's and the console's handlers) reach the reloader.
     admin.reloader = console.reloader = reloader
+    admin.keys = keys
     return Gateway(
         telemetry=t,
         bus=bus,
@@ -376,6 +384,7 @@ def build_gateway(
         stager=stager,
         reloader=reloader,
         running=running,
+        keys=keys,
     )
 
 
@@ -472,6 +481,9 @@ async def start(
     if gw.audit is not None:
         await nursery.start(gw.audit.run)  # likewise
         _step(gw, stack, "audit", _shielded(gw.audit.aclose))
+    if gw.keys is not None:
+        await nursery.start(gw.keys.run)  # the table loaded (or given up on) first
+    _step(gw, stack, "keys", gw.keys.aclose if gw.keys is not None else _nothing)
     await open_cache(gw.runtime, nursery)
     _step(gw, stack, "cache", functools.partial(_close_caches, gw.generations))
     background = await nursery.start(_run_background, gw)
@@ -501,6 +513,10 @@ def _install_seam(server_config: object | None) -> None:
         if role is None:
             raise
         refuse_to_start(str(exc), role)
+
+
+async def _nothing() -> None:
+    pass
 
 
 def _shielded(close: Closer) -> Closer:

@@ -41,6 +41,7 @@ import secrets
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -339,7 +340,7 @@ class StreamTokens:
         payload = f"{principal.tenant}|{session_id}|{principal.key_id}|{expiry}"
         return f"{expiry}.{principal.key_id}.{self._sign(payload)}"
 
-    def check(self, token: str, tenant_of: dict[str, str], session_id: str, now: float) -> str:
+    def check(self, token: str, tenant_of: Mapping[str, str], session_id: str, now: float) -> str:
         """Check ``token`` for ``session_id``; return the key id it was issued to.
 
         Args:

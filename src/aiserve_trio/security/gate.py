@@ -25,7 +25,8 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections import ChainMap
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -44,8 +45,10 @@ from ..spend.budget import Budgets, check, route_reserves
 from ..spend.ledger import NO_HOLD, Hold, Ledger, LedgerMetrics, Seed
 from . import roles
 from .admission import Admission
-from .auth import KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
+from .auth import KEY_RE, KeyEntry, KeyStore, Principal, StreamTokens, bearer, secret_from_env
 from .browser import BrowserGuard
+from .keystore.records import is_db_key_id
+from .keystore.table import KeyTable
 from .oidc import Oidc, TokenRefused, looks_like_jwt
 from .oidc import expiry as jwt_expiry
 from .ratelimit import Limiter, MemoryLimiter, RedisLimiter
@@ -89,7 +92,12 @@ class Gate:
     """Admission, authentication and rate limits for one app."""
 
     def __init__(
-        self, config: Config, *, previous: Gate | None = None, ledger: Ledger | None = None
+        self,
+        config: Config,
+        *,
+        previous: Gate | None = None,
+        ledger: Ledger | None = None,
+        dbkeys: KeyTable | None = None,
     ) -> None:
         """Build the gate of ``config``.
 
@@ -100,7 +108,9 @@ class Gate:
                 worker-wide state is carried over, not rebuilt -- the admission
                 counts (the new caps apply from :meth:`activate`), the rate
                 limiter's windows, the stream-token secret (issued tokens stay
-                valid for keys that still exist).
+                valid for keys that still exist), the database keys' table.
+            dbkeys: the worker's table of database keys (``security/keystore``), when
+                the audit database keeps keys.
         """
         lim = config.limits
         self._limits = lim
@@ -153,8 +163,15 @@ class Gate:
         cors = config.cors
         origins = frozenset(cors.allow_origins if cors is not None else ()) - {"*"}
         self.browser = BrowserGuard(self.enabled, origins, frozenset(config.server.allowed_hosts))
-        self._tenant_of = {e.principal.key_id: e.principal.tenant for e in entries}
-        self._principals = {e.principal.key_id: e.principal for e in entries}
+        #: The worker's database keys (issue 47), checked beside the config's.
+        self.dbkeys: KeyTable | None = previous.dbkeys if previous is not None else dbkeys
+        tenant_of = {e.principal.key_id: e.principal.tenant for e in entries}
+        principals = {e.principal.key_id: e.principal for e in entries}
+        self._tenant_of: Mapping[str, str] = tenant_of
+        self._principals: Mapping[str, Principal] = principals
+        if self.dbkeys is not None:  # tokens of database keys too (the table's live dicts)
+            self._tenant_of = ChainMap(tenant_of, self.dbkeys.tenant_of)
+            self._principals = ChainMap(principals, self.dbkeys.principals)
         ttl = auth.stream_token_ttl_s if auth is not None else 300
         self.limiter: Limiter
         if previous is not None:
@@ -398,6 +415,11 @@ class Gate:
                     code="revoked_console_token",
                 )
             return self._principals[key_id]
+        if self.dbkeys is not None and (m := KEY_RE.match(plain)) and is_db_key_id(m["id"]):
+            # A database key (``vk...``, an id no config key may take): the same hash and
+            # constant-time compare, against the worker's table, never the database.
+            digest = hashlib.sha256(plain.encode()).digest()
+            return self.dbkeys.check(m["id"], digest, time.time())
         hit = self.keys.check(plain)
         if hit is not None:
             return hit

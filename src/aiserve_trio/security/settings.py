@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..spend.settings import Period, check_budget
 from ..tenants import check_tenant
 from .auth import check_hash
+from .keystore.records import is_db_key_id
 from .roles import check_roles
 
 _KEY_ID_RE = re.compile(r"^[a-z0-9]{1,32}$")
@@ -130,6 +131,10 @@ class AuthKey(Section):
         check_budget(self.budget, self.budget_alert_at)
         if not _KEY_ID_RE.match(self.id):
             raise field_error("id", "must be 1-32 lower-case letters/digits")
+        if is_db_key_id(self.id):
+            # The database keys' ids (issue 47): a config key and a database key never
+            # share one.
+            raise field_error("id", "`vk` and 14 letters/digits is a database key's id")
         try:
             check_hash(self.hash)
         except ValueError as exc:
