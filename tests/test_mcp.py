@@ -653,6 +653,29 @@ def test_a_hung_http_upstream_hits_the_deadline_and_is_cancelled_upstream(gw: st
     assert int(_text(rpc.call("faultyhttp__cancelled"))) == before + 1
 
 
+def test_prompts_and_resources_of_a_whole_granted_server(gw: str) -> None:
+    rpc = Rpc(gw, KEY)  # everyhttp/* (the whole server); everything: three tools only
+    prompts = rpc.post({"method": "prompts/list"}).json()["result"]["prompts"]
+    names = [p["name"] for p in prompts]
+    assert names
+    assert all(n.startswith("everyhttp__") for n in names)
+    simple = next(n for n in names if "simple" in n)
+    got = rpc.post({"method": "prompts/get", "params": {"name": simple}}).json()
+    assert got["result"]["messages"]
+    resources = rpc.post({"method": "resources/list"}).json()["result"]["resources"]
+    uri = resources[0]["uri"]
+    assert uri.startswith("demo://")  # a resource keeps the upstream's URI
+    read = rpc.post({"method": "resources/read", "params": {"uri": uri}}).json()
+    assert read["result"]["contents"][0]["uri"] == uri
+    # A key granted one tool of a server sees none of its prompts and cannot get one.
+    narrow = Rpc(gw, KEY_NARROW)
+    assert narrow.post({"method": "prompts/list"}).json()["result"]["prompts"] == []
+    refused = narrow.post(
+        {"method": "prompts/get", "params": {"name": "everything__simple-prompt"}}
+    )
+    assert refused.json()["error"]["code"] == -32003
+
+
 def test_an_http_upstream_that_dies_mid_call_is_a_clear_error_at_once(gw: str) -> None:
     # Last in the module: the HTTP server is the test's, not the gateway's child, so
     # nothing starts it again.
