@@ -58,6 +58,8 @@ class McpServerConfig(Section):
 class McpConfig(Section):
     """``[mcp]``: off (no ``/mcp``) unless a server is named."""
 
+    #: The upstream MCP servers by name (``[mcp.servers.NAME]``); the name prefixes
+    #: their tools (``NAME__tool``).
     servers: dict[str, McpServerConfig] = msgspec.field(default_factory=dict)
     #: Policies (``[policies.NAME]`` or built-in names) whose redaction applies to a
     #: tool call's arguments going out and its text results coming back.
