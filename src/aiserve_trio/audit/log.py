@@ -322,9 +322,7 @@ class AuditLog:
         if outcome.status == UNAUTHORIZED:
             self._count_unauthorized(outcome)
             return
-        if len(self._queue) >= self.settings.buffer:
-            self.metrics.dropped["buffer_full"].inc()
-            self._dropped += 1
+        if self._full():
             return
         # Arrival in Unix time: the clock's distance to now, taken now.
         ts = time.time() - (trio.current_time() - outcome.arrival)
@@ -335,22 +333,23 @@ class AuditLog:
             self.metrics.dropped["unwritable"].inc()
             self._dropped += 1
             return
-        self._queue.append(row)
-        self._offered += 1
-        wake = self._wake
-        if wake is not None:
-            self._wake = None
-            wake.set()
+        self._enqueue(row)
 
     def offer_row(self, row: Row) -> None:
         """Queue a row built elsewhere (an MCP tool call's, ``mcp/endpoint.py``); never
         blocks (a full queue drops it and counts it)."""
-        if self._closed:
-            return
-        if len(self._queue) >= self.settings.buffer:
-            self.metrics.dropped["buffer_full"].inc()
-            self._dropped += 1
-            return
+        if not self._closed and not self._full():
+            self._enqueue(row)
+
+    def _full(self) -> bool:
+        """The queue is full: the row about to be offered is dropped (and counted)."""
+        if len(self._queue) < self.settings.buffer:
+            return False
+        self.metrics.dropped["buffer_full"].inc()
+        self._dropped += 1
+        return True
+
+    def _enqueue(self, row: Row) -> None:
         self._queue.append(row)
         self._offered += 1
         wake = self._wake
