@@ -48,7 +48,7 @@ __all__ = ["KEY_A", "KEY_ADMIN", "KEY_B"]
 
 def keys_toml(tmp: Path, extra: str = "") -> str:
     audit = f'\n[audit]\npath = "{tmp / "audit.db"}"\nflush_ms = 50\n'
-    return auth_toml() + ROLE_KEYS + extra + audit
+    return auth_toml(metrics="admin") + ROLE_KEYS + extra + audit
 
 
 def keys_app(tmp: Path, extra: str = "") -> App:

@@ -4,17 +4,21 @@ and a key accepted as ``Authorization: Bearer``, ``x-api-key`` and ``api-key`` a
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from aiserve_trio.config import ConfigError
 from aiserve_trio.errors import Forbidden
+from aiserve_trio.http.endpoints import Auth
 from aiserve_trio.security import roles
 from aiserve_trio.security.auth import Principal, hash_key
 
 from .asgi_client import Client, chat_body
-from .authcfg import auth_app, auth_config, auth_toml
+from .authcfg import KEY_A, KEY_ADMIN, auth_app, auth_config, auth_toml
+from .keyscfg import KEY_TADMIN, h, keys_app
+from .sim_gateway import running
 
 KEY_VIEW = "aik_vera_" + "v" * 32  # viewer, tenant bank-a
 KEY_KM = "aik_kim_" + "k" * 32  # key-manager of team payments, tenant bank-a
@@ -143,3 +147,74 @@ async def test_one_key_three_header_conventions(header: str, path: str, body: An
     value = f"Bearer {wrong}" if header == "authorization" else wrong
     r = await client.request(method, path, json_body=body, headers={header: value})
     assert r.status == 401
+
+
+# --- every admin endpoint, with every role ------------------------------------------
+
+_WALKERS = {
+    "global admin": (KEY_ADMIN, Principal("ops", "bank-a", frozenset(), frozenset(), admin=True,
+                                          global_admin=True)),
+    "tenant admin": (KEY_TADMIN, Principal("tara", "bank-a", frozenset(), frozenset(), admin=True)),
+    "key-manager": (KEY_KM, Principal("kim", "bank-a", frozenset(), frozenset(), team="payments",
+                                      roles=frozenset({"key-manager"}))),
+    "viewer": (KEY_VIEW, Principal("vera", "bank-a", frozenset(), frozenset(),
+                                   roles=frozenset({"viewer"}))),
+    "user": (KEY_USER, Principal("ulla", "bank-a", frozenset(), frozenset(),
+                                 roles=frozenset({"user"}))),
+    "no role": (KEY_A, Principal("alice", "bank-a", frozenset(), frozenset())),
+}  # fmt: skip
+#: Admin endpoints that act for every tenant (the gate's ``_EVERY_TENANT``, and the
+#: console's steps editor, which edits the config).
+_GLOBAL = ("/admin/config", "/debug/", "/metrics", "/admin/api/routes/steps")
+_ADMIN_AUTH = (Auth.ADMIN, Auth.ADMIN_OR_CONSOLE_TOKEN, Auth.METRICS)
+
+
+def _admin_endpoints(tmp: Path) -> list[tuple[str, str]]:
+    app = keys_app(tmp)
+    table = app.gateway.runtime.endpoints
+    found = sorted(
+        (method, ep.path) for ep in table if ep.auth in _ADMIN_AUTH for method in ep.methods
+    )
+    return found
+
+
+@pytest.mark.parametrize("role", sorted(_WALKERS))
+async def test_each_admin_endpoint_checks_the_role(tmp_path: Path, role: str) -> None:
+    """One walk: each admin endpoint of the table (the keys, teams and audit API included)
+    with each role's key; a role the endpoint's action is not granted to gets 403."""
+    key, principal = _WALKERS[role]
+    app = keys_app(tmp_path)
+    walked = _admin_endpoints(tmp_path / "other")
+    paths = {p for _, p in walked}
+    for must in (
+        "/admin/keys",
+        "/admin/keys/{id}/revoke",
+        "/admin/audit",
+        "/admin/teams",
+        "/admin/usage",
+        "/admin/config/reload",
+        "/metrics",
+        "/admin/api/spend",
+    ):
+        assert must in paths, must  # fmt: skip
+    seen: dict[str, int] = {}
+    async with running(app) as client:
+        for method, template in walked:
+            path = template.replace("{id}", "vk0000000000000a").replace("{team}", "payments")
+            path = path.replace("{tenant}", "bank-a")
+            action = roles.action_for(method, path)
+            allowed = roles.may(principal, action) and (
+                principal.global_admin or not path.startswith(_GLOBAL)
+            )
+            r = await client.request(
+                method, path, body=b"{}" if method in ("POST", "PUT", "PATCH") else None,
+                headers={**h(key), "content-type": "application/json"},
+            )  # fmt: skip
+            code = r.json()["error"].get("code") if r.status == 403 else None
+            if allowed:
+                assert code not in ("admin_only", "global_admin_only"), (role, method, path)
+            else:
+                assert r.status == 403, (role, method, path, r.status, r.body[:200])
+                assert code in ("admin_only", "global_admin_only"), (role, method, path)
+            seen[f"{method} {template}"] = r.status
+    assert len(seen) == len(walked)

@@ -366,7 +366,7 @@ def build_gateway(
     # The one link made afterwards: the reloader reaches the runtimes, whose endpoint
     # tables (the admin's and the console's handlers) reach the reloader.
     admin.reloader = console.reloader = reloader
-    admin.keys = keys
+    admin.keys = console.keys = keys
     return Gateway(
         telemetry=t,
         bus=bus,

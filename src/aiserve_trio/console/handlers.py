@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from ..observability.metrics import Metrics
     from ..observability.observer import RequestObserver
     from ..security.gate import Gate
+    from ..security.keystore.service import KeyService
 
 #: The page's files: name -> content type.
 FILES = {
@@ -223,6 +224,8 @@ class Console:
     reloader: Reloads | None = None
     #: The audit log's usage reads (the Spend page); None: spend is not shown.
     usage: UsageEndpoints | None = None
+    #: The admin audit trail (issue 47): a steps change is one of its rows.
+    keys: KeyService | None = None
     #: One steps change at a time: read the file, edit it, reload.
     _saving: trio.Lock = field(default_factory=trio.Lock)
 
@@ -463,6 +466,20 @@ class Console:
             except EditError as exc:
                 raise Unprocessable(str(exc), param="steps", code=exc.code) from None
             result = await reloader.reload(by=by, candidate=candidate)
+        if self.keys is not None:
+            p = request.principal
+            await self.keys.record(
+                actor=p.key_id if p is not None else "loopback",
+                tenant=p.tenant if p is not None else self.host.config.server.default_tenant,
+                client=self.host.gate.client_address(request.scope, request.headers),
+                action="chain.edited" if result.error is None else "chain.refused",
+                target=change.path,
+                detail={
+                    "steps": [{"name": s.name, "enabled": s.enabled} for s in change.steps],
+                    "version": result.version,
+                    "error": result.error,
+                },
+            )
         if result.error is not None:
             raise Unprocessable(result.error, code="config_refused")
         out = Saved(applied=result.applied, unchanged=result.unchanged, version=result.version)
