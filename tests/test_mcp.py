@@ -32,6 +32,7 @@ KEY = "aik_agent_" + "a" * 32  # everything/echo, everything/get-sum, everyhttp/
 KEY_NONE = "aik_nogrant_" + "b" * 32  # no mcp_tools: deny by default
 KEY_NARROW = "aik_narrow_" + "c" * 32  # everything/* under bank-b's ceiling (echo only)
 KEY_SLOW = "aik_limited_" + "d" * 32  # faulty/echo, 2 calls a minute
+KEY_B = "aik_bkey_" + "h" * 32  # bank-b: faultyhttp/whoami
 KEY_OPS = "aik_ops_" + "f" * 32  # an admin of every tenant
 KEY_OPS_B = "aik_opsb_" + "g" * 32  # an admin of bank-b only
 OFF = "[auth]\nenabled = false\n"
@@ -44,7 +45,8 @@ pytestmark = [
 
 
 def _toml(tmp: Path, http_port: int, faulty_port: int) -> str:
-    h = {k: hash_key(k) for k in (KEY, KEY_NONE, KEY_NARROW, KEY_SLOW, KEY_OPS, KEY_OPS_B)}
+    keys = (KEY, KEY_NONE, KEY_NARROW, KEY_SLOW, KEY_OPS, KEY_OPS_B, KEY_B)
+    h = {k: hash_key(k) for k in keys}
     auth = f"""[auth]
 enabled = true
 metrics = "open"
@@ -79,8 +81,14 @@ hash = "{h[KEY_OPS_B]}"
 tenant = "bank-b"
 admin = true
 
+[[auth.keys]]
+id = "bkey"
+hash = "{h[KEY_B]}"
+tenant = "bank-b"
+mcp_tools = ["faultyhttp/whoami"]
+
 [tenants.bank-b]
-mcp_tools = ["everything/echo"]
+mcp_tools = ["everything/echo", "faultyhttp/whoami"]
 
 [audit]
 path = "{tmp / "audit.db"}"
@@ -107,8 +115,12 @@ restart_ms = 100
 
 [mcp.servers.faultyhttp]
 url = "http://127.0.0.1:{faulty_port}/mcp"
+headers = {{ authorization = "Bearer ${{MCP_TEST_UPSTREAM_TOKEN}}" }}
 timeout_ms = 5000
 restart_ms = 100
+
+[mcp.servers.faultyhttp.tenants.bank-b]
+headers = {{ authorization = "Bearer ${{MCP_TEST_BANK_B_TOKEN}}" }}
 """
     )
 
@@ -135,7 +147,11 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         wait_http(f"http://127.0.0.1:{faulty_port}/mcp", proc=None)
         cfg = tmp / "gw.toml"
         cfg.write_text(_toml(tmp, port, faulty_port))
-        env = {"MCP_TEST_UPSTREAM_TOKEN": "upstream-secret", "PYTHONPATH": str(ROOT)}
+        env = {
+            "MCP_TEST_UPSTREAM_TOKEN": "upstream-secret",
+            "MCP_TEST_BANK_B_TOKEN": "bank-b-secret",
+            "PYTHONPATH": str(ROOT),
+        }
         with hypercorn_gateway(cfg, env=env) as (base, _proc):
             end = time.monotonic() + 30
             while time.monotonic() < end:
@@ -674,6 +690,18 @@ def test_prompts_and_resources_of_a_whole_granted_server(gw: str) -> None:
         {"method": "prompts/get", "params": {"name": "everything__simple-prompt"}}
     )
     assert refused.json()["error"]["code"] == -32003
+
+
+def test_a_tenant_reaches_an_http_server_with_its_own_credential(gw: str) -> None:
+    mine = Rpc(gw, KEY).call("faultyhttp__whoami")
+    assert _text(mine) == "Bearer upstream-secret"  # the server's own credential
+    theirs = Rpc(gw, KEY_B).call("faultyhttp__whoami")
+    assert _text(theirs) == "Bearer bank-b-secret"  # bank-b's, on a session of its own
+    health = httpx.get(gw + "/healthz").json()["mcp"]["faultyhttp"]
+    assert health["tenants"] == {"bank-b": "ready"}
+    # Neither credential is ever shown to a client.
+    listing = json.dumps(Rpc(gw, KEY_B).post({"method": "tools/list"}).json())
+    assert "secret" not in listing
 
 
 def test_an_http_upstream_that_dies_mid_call_is_a_clear_error_at_once(gw: str) -> None:

@@ -200,6 +200,11 @@ def test_redaction_reaches_every_string_and_yields_between_slices() -> None:
         ),
         ('[mcp.servers.a]\nurl = "http://h/mcp"\ntimeout_ms = 0\n', "positive"),
         ('[mcp]\npolicies = ["no-such-policy"]\n', "no-such-policy"),
+        (
+            '[mcp.servers.a]\ncommand = ["x"]\n[mcp.servers.a.tenants.t]\nheaders = {}\n',
+            "only an HTTP",
+        ),
+        ('[mcp.servers.a]\nurl = "http://h/mcp"\n[mcp.servers.a.tenants."a b"]\n', "must match"),
     ],
 )
 def test_bad_mcp_tables_are_config_errors(table: str, why: str) -> None:

@@ -10,6 +10,7 @@ Run over stdio (``python -m tests.mcp_servers.faulty``), or over Streamable HTTP
 - ``garbage``: writes a line that is not JSON-RPC to stdout, then answers;
 - ``big``: a text of ``n`` characters;
 - ``many``: ``n`` small objects;
+- ``whoami``: the ``Authorization`` header the call came with (over HTTP);
 - ``pid``: its process id.
 """
 
@@ -20,7 +21,7 @@ import os
 import sys
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 app = MCPServer("faulty")
 #: The protocol's pipe, kept before the SDK points fd 1 elsewhere (it guards its wire).
@@ -74,6 +75,13 @@ def big(n: int) -> str:
 def many(n: int) -> list[dict[str, object]]:
     """``n`` small objects (a big answer of many items: structured content and its text)."""
     return [{"i": i, "s": "abc"} for i in range(n)]
+
+
+@app.tool()
+def whoami(ctx: Context) -> str:
+    """The Authorization header this call came with (over HTTP; "" over stdio)."""
+    headers = ctx.headers or {}
+    return str(headers.get("authorization", ""))
 
 
 @app.tool()

@@ -41,7 +41,7 @@ from . import jsonrpc
 from .grants import EVERYTHING, Grants
 from .hub import Session
 from .jsonrpc import Message, Reply, RpcError
-from .upstream import BIG_MESSAGE, UpstreamError
+from .upstream import BIG_MESSAGE, Upstream, UpstreamError
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -280,6 +280,8 @@ class McpEndpoint:
     async def _method(self, request: Request, m: Message, session: Session | None) -> Any:
         method, params = m.method, m.params
         grants = self.grants(request)
+        tenant = self._tenant(request)
+        ups = self.hub.of(tenant)  # each server as this tenant reaches it
         if method == "ping":
             return {}
         if method == "server/discover":
@@ -294,7 +296,7 @@ class McpEndpoint:
         if method == "tools/list":
             tools = [
                 {**t, "name": f"{name}{SEP}{t['name']}"}
-                for name, up in sorted(self.hub.upstreams.items())
+                for name, up in ups.items()
                 for t in up.tools
                 if grants.tool(name, t["name"])
             ]
@@ -305,7 +307,7 @@ class McpEndpoint:
             key = _LISTS[method]
             items = [
                 _prefixed(name, i, key)
-                for name, up in sorted(self.hub.upstreams.items())
+                for name, up in ups.items()
                 if grants.server(name)
                 for i in getattr(up, _ATTR[key])
             ]
@@ -314,13 +316,13 @@ class McpEndpoint:
             server, name = self._split(params.get("name"), "prompt")
             if not grants.server(server):
                 raise RpcError(jsonrpc.NOT_GRANTED, grants.refusal(server, "*"))
-            return await self._forward(server, "prompts/get", {**params, "name": name})
+            return await self._forward(server, tenant, "prompts/get", {**params, "name": name})
         if method == "resources/read":
             uri = params.get("uri")
             if not isinstance(uri, str):
                 raise RpcError(jsonrpc.INVALID_PARAMS, "invalid params: `uri` must be a string")
-            server = self._resource_server(uri, grants)
-            return await self._forward(server, "resources/read", params)
+            server = self._resource_server(uri, grants, ups)
+            return await self._forward(server, tenant, "resources/read", params)
         if method == "logging/setLevel":
             return {}
         if method == "completion/complete":
@@ -358,8 +360,8 @@ class McpEndpoint:
             raise RpcError(jsonrpc.INVALID_PARAMS, f"invalid params: no MCP server {server!r}")
         return server, tool
 
-    def _resource_server(self, uri: str, grants: Grants) -> str:
-        granted = [(n, up) for n, up in sorted(self.hub.upstreams.items()) if grants.server(n)]
+    def _resource_server(self, uri: str, grants: Grants, ups: dict[str, Upstream]) -> str:
+        granted = [(n, up) for n, up in ups.items() if grants.server(n)]
         for name, up in granted:
             if any(r.get("uri") == uri for r in up.resources):
                 return name
@@ -370,8 +372,8 @@ class McpEndpoint:
             jsonrpc.INVALID_PARAMS, f"invalid params: no granted server has {uri[:200]!r}"
         )
 
-    async def _forward(self, server: str, method: str, params: dict[str, Any]) -> Any:
-        up = self.hub.get(server)
+    async def _forward(self, server: str, tenant: str, method: str, params: dict[str, Any]) -> Any:
+        up = self.hub.get(server, tenant)
         assert up is not None
         timeout = self.settings.servers[server].timeout_ms / 1000
         with trio.move_on_after(timeout):
@@ -390,7 +392,7 @@ class McpEndpoint:
         started = trio.current_time()
         name = m.params.get("name")
         server, tool = self._split(name, "tool")
-        up = self.hub.get(server)
+        up = self.hub.get(server, self._tenant(request))
         assert up is not None
         # A tool the upstream does not list is "other" in the metrics: a client's names
         # are not labels.

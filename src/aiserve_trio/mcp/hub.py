@@ -80,8 +80,9 @@ class McpHub:
         self.audit = audit
         #: A span per tool call, when tracing records.
         self.tracing = tracing
-        self._wanted: dict[str, McpServerConfig] = {}
-        self._running: dict[str, _Running] = {}
+        #: By (server, tenant): None is the server's own credential, a tenant its own.
+        self._wanted: dict[tuple[str, str | None], McpServerConfig] = {}
+        self._running: dict[tuple[str, str | None], _Running] = {}
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         #: The last tool calls (``GET /admin/mcp``), newest last.
@@ -91,21 +92,46 @@ class McpHub:
 
     def configure(self, config: McpConfig) -> None:
         """The servers ``config`` names are the ones to run (applied by :meth:`run`)."""
-        self._wanted = dict(config.servers)
+        wanted: dict[tuple[str, str | None], McpServerConfig] = {}
+        for name, cfg in config.servers.items():
+            wanted[name, None] = cfg
+            for tenant in cfg.tenants:
+                wanted[name, tenant] = cfg.for_tenant(tenant)
+        self._wanted = wanted
         self._changed.set()
         if self._nursery is not None:
             self._apply(self._nursery)
 
-    def get(self, name: str) -> Upstream | None:
-        r = self._running.get(name)
+    def get(self, name: str, tenant: str | None = None) -> Upstream | None:
+        """``name``'s upstream as ``tenant`` reaches it (its own credential, if it has one)."""
+        r = self._running.get((name, tenant)) if tenant is not None else None
+        if r is None:
+            r = self._running.get((name, None))
         return r.upstream if r is not None else None
+
+    def of(self, tenant: str | None) -> dict[str, Upstream]:
+        """Every server's upstream as ``tenant`` reaches it, by name."""
+        out: dict[str, Upstream] = {}
+        for name, _ in self._running:
+            up = self.get(name, tenant)
+            if up is not None:
+                out[name] = up
+        return dict(sorted(out.items()))
 
     @property
     def upstreams(self) -> dict[str, Upstream]:
-        return {name: r.upstream for name, r in self._running.items()}
+        return self.of(None)
 
     def health(self) -> dict[str, Any]:
-        return {name: r.upstream.health() for name, r in sorted(self._running.items())}
+        out: dict[str, Any] = {}
+        for (name, tenant), r in sorted(
+            self._running.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")
+        ):
+            if tenant is None:
+                out[name] = r.upstream.health()
+            else:
+                out.setdefault(name, {}).setdefault("tenants", {})[tenant] = r.upstream.state
+        return out
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the configured servers until cancelled (their children end with it)."""
@@ -122,18 +148,18 @@ class McpHub:
 
     def _apply(self, nursery: trio.Nursery) -> None:
         wanted = self._wanted
-        for name in list(self._running):
-            r = self._running[name]
-            if wanted.get(name) != r.config:
-                log.info("mcp: server %s %s", name, "changed" if name in wanted else "removed")
+        for key in list(self._running):
+            r = self._running[key]
+            if wanted.get(key) != r.config:
+                log.info("mcp: server %s %s", key[0], "changed" if key in wanted else "removed")
                 r.scope.cancel()
                 r.upstream.state = "stopped"
-                del self._running[name]
-        for name, cfg in wanted.items():
-            if name not in self._running:
-                upstream = build_upstream(name, cfg)
+                del self._running[key]
+        for key, cfg in wanted.items():
+            if key not in self._running:
+                upstream = build_upstream(key[0], cfg)
                 scope = trio.CancelScope()
-                self._running[name] = _Running(upstream, scope)
+                self._running[key] = _Running(upstream, scope)
                 nursery.start_soon(_run_one, upstream, scope)
 
     async def wait_started(self) -> None:

@@ -7,7 +7,8 @@ import re
 
 import msgspec
 
-from ..decoding import Section, field_error
+from ..decoding import Section, as_field, field_error
+from ..tenants import check_tenant
 
 #: A server's name: it prefixes its tools (``name__tool``), so it has no ``_``.
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
@@ -16,6 +17,18 @@ _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _OWN_HEADERS = frozenset(
     {"content-type", "accept", "mcp-session-id", "mcp-protocol-version", "content-length"}
 )
+
+
+class McpTenantCredential(Section):
+    """``[mcp.servers.NAME.tenants.TENANT]``: what this tenant's calls send instead."""
+
+    #: Merged over the server's ``headers`` (values may say ``${VAR}``).
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in self.headers:
+            if name.lower() in _OWN_HEADERS:
+                raise field_error(f"headers.{name}", "is set by the gateway")
 
 
 class McpServerConfig(Section):
@@ -35,6 +48,9 @@ class McpServerConfig(Section):
     #: A stdio server that exits is started again after this, doubling to ``restart_max_ms``.
     restart_ms: int = 500
     restart_max_ms: int = 30_000
+    #: A credential per tenant (an HTTP server): each tenant named here has its own
+    #: upstream session with its own headers; the others use ``headers``.
+    tenants: dict[str, McpTenantCredential] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if bool(self.command) == bool(self.url):
@@ -49,6 +65,15 @@ class McpServerConfig(Section):
         for key in ("timeout_ms", "restart_ms", "restart_max_ms"):
             if getattr(self, key) <= 0:
                 raise field_error(key, "must be positive")
+        if self.tenants and not self.url:
+            raise field_error("tenants", "only an HTTP server (`url`) takes a tenant's headers")
+        for tenant in self.tenants:
+            as_field(f"tenants.{tenant}", check_tenant, tenant)
+
+    def for_tenant(self, tenant: str) -> McpServerConfig:
+        """The server as ``tenant``'s calls reach it (its headers over the server's)."""
+        own = self.tenants[tenant].headers
+        return msgspec.structs.replace(self, headers={**self.headers, **own}, tenants={})
 
     @property
     def transport(self) -> str:
