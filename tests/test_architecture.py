@@ -366,6 +366,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
     ),
     "mcp/": (
         "decoding",
+        "tenants",
         "adapters.h1",
         "server",
         "audit.row",
