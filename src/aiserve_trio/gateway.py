@@ -560,6 +560,9 @@ async def _run_background(
             tasks.start_soon(t.baseline_loop)
             tasks.start_soon(gw.reloader.watch)
             tasks.start_soon(gw.gate.ledger.run)  # spend kept in an outage, merged back
+            # The OIDC issuers' keys, fetched now and when due, off the request path
+            # (one Oidc for every generation's gate; a reload changes what it fetches).
+            tasks.start_soon(gw.gate.oidc.run)
             tasks.start_soon(gw.console.sample)
             if gw.builder.mcp is not None:
                 await tasks.start(gw.builder.mcp.run)  # the upstream MCP servers

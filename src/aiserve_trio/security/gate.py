@@ -213,7 +213,6 @@ class Gate:
         self._issuers = self.oidc.prepare(issuers, config.base_dir, roots)
         if previous is None:
             self.oidc.use(self._issuers)
-        self._background: AsyncExitStack | None = None
 
     def successor(self, config: Config) -> Gate:
         """The gate of a reloaded ``config``, carrying this one's worker-wide state."""
@@ -237,18 +236,9 @@ class Gate:
             await self.limiter.aopen()
         await self.ledger.aopen()
         await self.revoked.aopen()
-        # The issuers' keys: fetched now and refreshed when due, off the request path.
-        stack = AsyncExitStack()
-        nursery = await stack.enter_async_context(trio.open_nursery())
-        stack.callback(nursery.cancel_scope.cancel)
-        nursery.start_soon(self.oidc.run)
-        self._background = stack
         self.announce()
 
     async def aclose(self) -> None:
-        background, self._background = self._background, None
-        if background is not None:
-            await background.aclose()
         await self.revoked.aclose()
         await self.ledger.aclose()
         if isinstance(self.limiter, RedisLimiter):
