@@ -405,12 +405,7 @@ class Gate:
                     code="revoked_console_token",
                 )
             return self._principals[key_id]
-        if self.dbkeys is not None and (m := KEY_RE.match(plain)) and is_db_key_id(m["id"]):
-            # A database key (``vk...``, an id no config key may take): the same hash and
-            # constant-time compare, against the worker's table, never the database.
-            digest = hashlib.sha256(plain.encode()).digest()
-            return self.dbkeys.check(m["id"], digest, time.time())
-        hit = self.keys.check(plain)
+        hit = self.check_key(plain)
         if hit is not None:
             return hit
         async with self._verify:
@@ -418,6 +413,19 @@ class Gate:
             # so verifying in a thread keeps the loop serving.
             ok = await trio.to_thread.run_sync(self.keys.verify_legacy, plain)
         return self.keys.migrate(plain, ok)
+
+    def check_key(self, plain: str) -> Principal | None:
+        """The principal of API key ``plain`` (None: a legacy scrypt hash to verify).
+
+        Raises:
+            Unauthorized: malformed, unknown, wrong, expired or revoked.
+        """
+        if self.dbkeys is not None and (m := KEY_RE.match(plain)) and is_db_key_id(m["id"]):
+            # A database key (``vk...``, an id no config key may take): the same hash and
+            # constant-time compare, against the worker's table, never the database.
+            digest = hashlib.sha256(plain.encode("utf-8", "surrogatepass")).digest()
+            return self.dbkeys.check(m["id"], digest, time.time())
+        return self.keys.check(plain)
 
     async def _signed_on(self, endpoint: Endpoint, token: str) -> Principal:
         """The principal of an issuer's JWT (``[[auth.oidc]]``, security/oidc.py); on the
