@@ -324,6 +324,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "startup",
         "telemetry",
         "mcp.hub",
+        "security.keystore.service",
     ),
     "entry.py": (
         "apis",
@@ -363,6 +364,8 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "spend.ledger:types",
         "mcp.endpoint",
         "mcp.hub:types",
+        "security.keystore.http",
+        "security.keystore.service:types",
     ),
     "mcp/": (
         "decoding",
@@ -385,6 +388,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "reload:types",
         "runtime:types",
         "sessions.bus:types",
+        "security.keystore.service:types",
     ),
     "telemetry.py": ("adapters.group", "observability", "routes", "runtime:types"),
     "runtime.py": (
@@ -406,6 +410,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "routes",
         "audit.usage",
         "security.gate:types",
+        "security.keystore.service:types",
     ),
     "count_tokens.py": (
         "adapters",

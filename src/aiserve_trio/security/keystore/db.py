@@ -1,5 +1,5 @@
 """The key tables' blocking database calls (SQLite or PostgreSQL, DB-API 2), run by
-:class:`~.service.KeyService` in a thread of its own, never on the event loop.
+:class:`~.service.KeyService` in a worker thread, one at a time, never on the event loop.
 
 Every change is one transaction that bumps the change counter (``aiserve_keys_state``),
 stamps the rows it changes with the new value (``rev``), and writes its admin audit row:

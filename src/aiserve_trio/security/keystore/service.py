@@ -32,7 +32,6 @@ import msgspec
 import trio
 from prometheus_client import Counter, Gauge
 
-from ...audit.thread import WriterThread
 from ...errors import ConfigError, Conflict, Overloaded
 from . import db
 from .table import KeyTable
@@ -67,7 +66,9 @@ class KeyService:
         self.poll_s = poll_s
         self.rev = 0
         self._opened = False
-        self._thread = WriterThread("aiserve-keys")
+        #: The database calls run one at a time in a thread (never Trio's shared limiter,
+        #: whose threads resolve upstream host names).
+        self._limiter = trio.CapacityLimiter(1)
         #: None until the first poll; then whether the last one reached the database.
         self.db_up: bool | None = None
         #: Unix time of the first failed poll of the current outage.
@@ -106,7 +107,7 @@ class KeyService:
                 run(db.migrate, write=True, create=True)
             return run(fn, write=write)  # type: ignore[no-any-return]
 
-        result = await self._thread.call(job)
+        result = await trio.to_thread.run_sync(job, limiter=self._limiter, abandon_on_cancel=True)
         self._opened = True
         return result
 
@@ -241,7 +242,6 @@ class KeyService:
             self._scope.cancel()
         with trio.CancelScope(shield=True), trio.move_on_after(2.0):
             await self.flush(force=True)
-        self._thread.stop()
 
     # --- the admin audit trail ----------------------------------------------------
 
