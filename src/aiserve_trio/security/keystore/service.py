@@ -242,6 +242,8 @@ class KeyService:
             self._scope.cancel()
         with trio.CancelScope(shield=True), trio.move_on_after(2.0):
             await self.flush(force=True)
+            # PostgreSQL's connection, closed in the thread that uses it.
+            await trio.to_thread.run_sync(self.connector.close, limiter=self._limiter)
 
     # --- the admin audit trail ----------------------------------------------------
 
