@@ -308,3 +308,27 @@ def auth_config_app() -> object:
     from aiserve_trio.asgi import App
 
     return App(auth_config(auth_toml()))
+
+
+async def test_a_keys_model_allow_list_is_enforced_and_inherited(tmp_path: Path) -> None:
+    app = keys_app(tmp_path)
+    async with running(app) as client:
+        other = (await create(client, models=["some-other-model"])).json()["key"]
+        r = await chat(client, other)
+        assert (r.status, r.json()["error"]["code"]) == (403, "model_not_allowed")
+        mock = (await create(client, models=["aiserve-mock"])).json()["key"]
+        assert (await chat(client, mock)).status == 200
+        r = await client.request(
+            "PUT", "/admin/teams/lending", json_body={"models": ["some-other-model"]},
+            headers=h(KEY_ADMIN),
+        )  # fmt: skip
+        assert r.status == 200
+        inherits = (await create(client, team="lending")).json()["key"]
+        r = await chat(client, inherits)
+        assert (r.status, r.json()["error"]["code"]) == (403, "model_not_allowed")
+        r = await client.request(
+            "POST", "/v1/messages", headers=h(inherits),
+            json_body={"model": "aiserve-mock", "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "hi"}]},
+        )  # fmt: skip
+        assert r.status == 403

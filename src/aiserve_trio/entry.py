@@ -219,6 +219,7 @@ class Entry:
             headers=headers,
             trace=self.tracing.start(route.label, headers, request.arrival),
             key_id=request.principal.key_id if request.principal is not None else None,
+            models=request.principal.models if request.principal is not None else None,
         )
         # Its place in the worker's queue of requests starting (http/turns.py): the parse
         # stage takes its turn once the body is in, the inference stage gives it back.

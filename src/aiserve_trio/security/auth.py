@@ -141,6 +141,9 @@ class Principal:
     roles: frozenset[str] = frozenset()
     #: MCP tools this key may list and call (``server/tool``, ``server/*``); none by default.
     mcp_tools: tuple[str, ...] = ()
+    #: The models this key may call (a database key's own or its team's or tenant's,
+    #: ``security/keystore``); None: every model of its routes.
+    models: frozenset[str] | None = None
 
     def check_route(self, path: str) -> None:
         """Raises Forbidden unless this key may call ``path``."""

@@ -24,6 +24,7 @@ from ..apis.responses import EFFORTS
 from ..apis.shape import check_shape
 from ..errors import (
     BadRequest,
+    Forbidden,
     NotFound,
     PayloadTooLarge,
     StageDeadlineExceeded,
@@ -497,6 +498,15 @@ class ParseStage:
                 f"(models: {', '.join(route.adapter.models)})",
                 param="model",
                 code="model_not_found",
+            )
+        allowed = self.info.models
+        if allowed is not None and req.model not in allowed:
+            # A database key's (or its team's) model allow-list (issue 47, item 3).
+            raise Forbidden(
+                f"this API key may not call the model {req.model!r} "
+                f"(its models: {', '.join(sorted(allowed)) or 'none'})",
+                param="model",
+                code="model_not_allowed",
             )
         served = route.adapter.serving(req.model)
         if (

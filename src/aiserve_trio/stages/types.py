@@ -95,6 +95,8 @@ class RequestInfo:
     trace: RequestTrace
     #: The API key's id (None with auth off).
     key_id: str | None = None
+    #: The models the key may call (``Principal.models``); None: every model of the route.
+    models: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
