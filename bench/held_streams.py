@@ -52,9 +52,15 @@ def loadgen(url: str, key: str | None, *args: str) -> list[str]:
     return pinned(cmd, LOAD_CPU)
 
 
-def open_streams(sim: systems.Running) -> int:
-    with urllib.request.urlopen(sim.base + "/sim/stats", timeout=10) as r:
-        return int(json.loads(r.read())["open_streams"])
+def open_streams(sim: systems.Running, last: int = 0) -> int:
+    """The sim's open streams; ``last`` when it is too busy to say."""
+    try:
+        with urllib.request.urlopen(sim.base + "/sim/stats", timeout=10) as r:
+            return int(json.loads(r.read())["open_streams"])
+    except OSError:
+        if sim.proc.poll() is not None:
+            raise RuntimeError(f"the simulator exited ({sim.proc.returncode})") from None
+        return last
 
 
 def run_json(cmd: list[str], timeout: float) -> dict[str, Any]:
@@ -123,20 +129,27 @@ def main(argv: list[str] | None = None) -> int:
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             opened = 0
             end = time.monotonic() + ramp_s * 3 + 60
-            while time.monotonic() < end and opened < n:
-                time.sleep(1)
-                opened = open_streams(sim)
-            time.sleep(3)
-            held_tree, held_worker = gw.rss_mb(), gw.worker_rss_mb()
-            opened = open_streams(sim)
+            try:
+                while time.monotonic() < end and opened < n:
+                    time.sleep(1)
+                    opened = open_streams(sim, opened)
+                    say(f"{opened} upstream streams open")
+                time.sleep(3)
+                held_tree, held_worker = gw.rss_mb(), gw.worker_rss_mb()
+                opened = open_streams(sim, opened)
+            except BaseException:
+                hold.kill()
+                raise
             say(f"held {opened} upstream streams: tree {held_tree:.1f} MB, "
                 f"worker {held_worker:.1f} MB")
             res["memory"] = {
                 "idle_tree_mb": idle_tree, "idle_worker_mb": idle_worker,
                 "held_tree_mb": held_tree, "held_worker_mb": held_worker,
                 "upstream_streams": opened,
-                "kb_per_stream_tree": (held_tree - idle_tree) * 1024 / n,
-                "kb_per_stream_worker": (held_worker - idle_worker) * 1024 / n,
+                # Over the streams open upstream at the time: on a busy machine the
+                # first may have ended before the last opened.
+                "kb_per_stream_tree": (held_tree - idle_tree) * 1024 / max(opened, 1),
+                "kb_per_stream_worker": (held_worker - idle_worker) * 1024 / max(opened, 1),
             }
             probe = run_json(loadgen(url, key, "--concurrency", "1", "--duration",
                                      str(ns.probe_s), "--max-tokens", "1"), ns.probe_s + 120)
