@@ -332,3 +332,13 @@ async def test_a_keys_model_allow_list_is_enforced_and_inherited(tmp_path: Path)
                        "messages": [{"role": "user", "content": "hi"}]},
         )  # fmt: skip
         assert r.status == 403
+        r = await client.request(
+            "POST", "/v1/embeddings", headers=h(inherits),
+            json_body={"model": "aiserve-mock", "input": "hi"},
+        )  # fmt: skip
+        assert (r.status, r.json()["error"]["code"]) == (403, "model_not_allowed")
+        r = await client.request(
+            "POST", "/v1/embeddings", headers=h(mock),
+            json_body={"model": "aiserve-mock", "input": "hi"},
+        )  # fmt: skip
+        assert r.status == 200

@@ -20,7 +20,7 @@ import trio
 from .adapters.base import EmbeddingRequest, Usage
 from .budgets import TIMEOUT_HEADER, effective_timeout_ms
 from .config import Config
-from .errors import BadRequest, GatewayError, NotFound, StageDeadlineExceeded
+from .errors import BadRequest, Forbidden, GatewayError, NotFound, StageDeadlineExceeded
 from .http.body import read_body
 from .http.endpoints import Request
 from .http.types import JSON_HEADERS
@@ -142,6 +142,15 @@ class Embeddings:
                 f"(models: {', '.join(adapter.models)})",
                 param="model",
                 code="model_not_found",
+            )
+        allowed = request.principal.models if request.principal is not None else None
+        if allowed is not None and model not in allowed:
+            # A database key's (or its team's) model allow-list (issue 47, item 3).
+            raise Forbidden(
+                f"this API key may not call the model {model!r} "
+                f"(its models: {', '.join(sorted(allowed)) or 'none'})",
+                param="model",
+                code="model_not_allowed",
             )
         check_input(fields.get("input"))
         if not adapter.capabilities.embeddings:
