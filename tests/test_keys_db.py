@@ -342,3 +342,26 @@ async def test_a_keys_model_allow_list_is_enforced_and_inherited(tmp_path: Path)
             json_body={"model": "aiserve-mock", "input": "hi"},
         )  # fmt: skip
         assert r.status == 200
+
+
+async def test_a_database_keys_budget_is_enforced(tmp_path: Path) -> None:
+    from .spendcfg import PRICES
+
+    app = keys_app(tmp_path, PRICES)
+    async with running(app) as client:
+        made = (await create(client, budget=0.00001, budget_period="day")).json()
+        assert (await chat(client, made["key"])).status == 200  # it spends the budget
+        r = await chat(client, made["key"])
+        assert r.status == 429
+        assert r.json()["error"]["param"] == f"key:{made['id']}"
+        # A key of a team whose record caps its keys inherits that cap.
+        r = await client.request(
+            "PUT", "/admin/teams/tiny", json_body={"budget": 0.00001, "budget_period": "day"},
+            headers=h(KEY_ADMIN),
+        )  # fmt: skip
+        assert r.status == 200
+        capped = (await create(client, team="tiny")).json()["key"]
+        assert (await chat(client, capped)).status == 200
+        assert (await chat(client, capped)).status == 429
+        free = (await create(client)).json()["key"]
+        assert [(await chat(client, free)).status for _ in range(3)] == [200] * 3

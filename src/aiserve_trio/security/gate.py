@@ -41,7 +41,7 @@ from ..http.endpoints import Admission as Admit
 from ..http.endpoints import Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, STRIKE, Scope
 from ..sessions.bus import check_session_id
-from ..spend.budget import Budgets, check, route_reserves
+from ..spend.budget import Budgets, Limit, check, route_reserves
 from ..spend.ledger import NO_HOLD, Hold, Ledger, LedgerMetrics, Seed
 from . import roles
 from .admission import Admission
@@ -192,7 +192,7 @@ class Gate:
         self.budgets = Budgets.of(config)
         self.currency = config.pricing.currency
         #: What a request of each route (by path) holds against its budgets.
-        self.reserves = route_reserves(config) if self.budgets else {}
+        self.reserves = route_reserves(config) if self.budgets or self.dbkeys is not None else {}
         self.ledger: Ledger = (
             previous.ledger
             if previous is not None
@@ -516,9 +516,7 @@ class Gate:
         Raises:
             BudgetExceeded: naming the budget and when it resets (``Retry-After``).
         """
-        if not self.budgets:
-            return NO_HOLD
-        limits = self.budgets.limits(principal.key_id if principal else None, tenant)
+        limits = self._limits_of(principal.key_id if principal else None, tenant)
         if not limits:
             return NO_HOLD
         now = time.time()
@@ -528,6 +526,16 @@ class Gate:
         reserve = self.reserves.get(path)
         return self.ledger.hold(limits, reserve.amount(body_bytes) if reserve else 0.0, now)
 
+    def _limits_of(self, key_id: str | None, tenant: str) -> list[Limit]:
+        """The budgets a request counts against: the config's (the key's and the
+        tenant's) and a database key's own (``security/keystore``)."""
+        limits = self.budgets.limits(key_id, tenant) if self.budgets else []
+        if self.dbkeys is not None and key_id is not None:
+            own = self.dbkeys.budget(key_id)
+            if own is not None:
+                limits = [own, *limits]
+        return limits
+
     async def after_chat(self, principal: Principal | None, outcome: Outcome) -> None:
         """Charge a finished chat request's tokens to its key, and its cost to its budgets."""
         # A key without a token rate has nothing to charge: no shielded scope for it.
@@ -535,8 +543,8 @@ class Gate:
             used = outcome.usage.prompt_tokens + outcome.usage.completion_tokens
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 await self.limiter.charge(principal, used)
-        if outcome.cost > 0 and self.budgets:
-            limits = self.budgets.limits(outcome.key_id, outcome.tenant)
+        if outcome.cost > 0 and (self.budgets or self.dbkeys is not None):
+            limits = self._limits_of(outcome.key_id, outcome.tenant)
             if limits:
                 with trio.CancelScope(shield=True), trio.move_on_after(2.0):
                     await self.ledger.charge(limits, outcome.cost, time.time())

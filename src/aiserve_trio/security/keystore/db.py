@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from ...spend.budget import Limit
 from .records import Grant, KeySpec, effective, principal_of
 from .schema import CREATE_VERSION_TABLE, pending
 from .table import Entry
@@ -34,6 +35,8 @@ KEY_COLUMNS = (
 )  # fmt: skip
 AUDIT_COLUMNS = ("ts", "actor", "tenant", "client", "action", "target", "detail")
 _MIGRATION_LOCK = 0x6B657973  # "keys"
+#: A database key's budget alerts (``aiserve_budget_*``) at this share, as a config key's.
+BUDGET_ALERT_AT = 0.8
 _spec_decoder = msgspec.json.Decoder(KeySpec)
 _grant_decoder = msgspec.json.Decoder(Grant)
 
@@ -200,6 +203,9 @@ def load(ex: Exec, since: int) -> tuple[int, dict[str, Entry | None]]:
             old_digest=bytes.fromhex(old.removeprefix("sha256$")) if old else None,
             old_until=float(old_until or 0.0),
             expires_at=expires,
+            budget=None
+            if eff.budget is None
+            else Limit("key", key_id, eff.budget, eff.budget_period, BUDGET_ALERT_AT),
         )
     return rev, changed
 

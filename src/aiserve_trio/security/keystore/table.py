@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass
 
 from ...errors import Unauthorized
+from ...spend.budget import Limit
 from ..auth import Principal
 
 
@@ -27,6 +28,8 @@ class Entry:
     old_digest: bytes | None = None
     old_until: float = 0.0
     expires_at: float | None = None
+    #: Its spend budget (its own, or its team's or tenant's cap when it sets none).
+    budget: Limit | None = None
 
 
 class KeyTable:
@@ -49,6 +52,11 @@ class KeyTable:
 
     def get(self, key_id: str) -> Entry | None:
         return self._by_id.get(key_id)
+
+    def budget(self, key_id: str) -> Limit | None:
+        """The spend budget of database key ``key_id`` (None: none, or not a database key)."""
+        entry = self._by_id.get(key_id)
+        return entry.budget if entry is not None else None
 
     def apply(self, changed: dict[str, Entry | None]) -> None:
         """Put ``changed`` in the table (None: the key is gone -- revoked or deleted)."""
