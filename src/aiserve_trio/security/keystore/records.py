@@ -171,7 +171,5 @@ def principal_of(key_id: str, tenant: str, team: str, spec: KeySpec) -> Principa
         sessions=spec.sessions,
         team=team,
         roles=roles,
-        models=None
-        if spec.models is None or WILDCARD in spec.models
-        else frozenset(spec.models),
+        models=None if spec.models is None or WILDCARD in spec.models else frozenset(spec.models),
     )
