@@ -588,6 +588,13 @@ def _alert(conn: _Conn) -> None:
     tls.decrypt()
 
 
+#: What a new TLS 1.3 connection that ended before any session ticket most likely was.
+_REFUSED_WITHOUT_ALERT = (
+    "the backend closed the connection right after the TLS handshake, before any "
+    "session ticket: it refused the client certificate without an alert"
+)
+
+
 def _dropped_after_handshake(conn: _Conn) -> bool:
     """Whether a new TLS 1.3 connection was closed before the backend sent even a session
     ticket: the sign of a refused client certificate from a backend that closes without
@@ -866,16 +873,16 @@ class Response:
             except ReadError as exc:
                 if reused and first:
                     raise ClosedAfterSend(str(exc)) from exc
+                if first and _dropped_after_handshake(conn):
+                    # Reset, not closed: the request written after the backend's close
+                    # made its kernel answer with a reset, which can discard the alert.
+                    raise TLSError(_REFUSED_WITHOUT_ALERT) from exc
                 raise
             if not data:
                 if reused and first:
                     raise ClosedAfterSend("the server closed the connection without a response")
                 if first and _dropped_after_handshake(conn):
-                    raise TLSError(
-                        "the backend closed the connection right after the TLS handshake, "
-                        "before any session ticket: it refused the client certificate "
-                        "without an alert"
-                    )
+                    raise TLSError(_REFUSED_WITHOUT_ALERT)
                 raise RemoteProtocolError("the server closed the connection without a response")
             first = False
             self._feed(data)
