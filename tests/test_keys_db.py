@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
+from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError
 from aiserve_trio.security.auth import hash_key
 
-from .asgi_client import Client
+from .asgi_client import Client, chat_body
 from .authcfg import auth_config, auth_toml
-from .keyscfg import KEY_ADMIN, KEY_KM, KEY_TADMIN, chat, create, h, keys_app
+from .keyscfg import KEY_ADMIN, KEY_KM, KEY_TADMIN, chat, create, h, keys_app, keys_toml
 from .sim_gateway import running
 
 
@@ -365,3 +367,24 @@ async def test_a_database_keys_budget_is_enforced(tmp_path: Path) -> None:
         assert (await chat(client, capped)).status == 429
         free = (await create(client)).json()["key"]
         assert [(await chat(client, free)).status for _ in range(3)] == [200] * 3
+
+
+async def test_a_database_keys_max_streams_is_enforced(tmp_path: Path) -> None:
+    # The mock's first token after a second: a stream stays open while others are asked.
+    app = App(auth_config(keys_toml(tmp_path), ttft_ms="1000"))
+    async with running(app) as client:
+        one = (await create(client, max_streams=1)).json()["key"]
+        other = (await create(client)).json()["key"]
+        body = chat_body(stream=True)
+        async with client.open(
+            "POST", "/v1/chat/completions", json_body=body, headers=h(one)
+        ) as first:
+            await trio.testing.wait_all_tasks_blocked()
+            second = await client.chat(body, h(one))
+            assert second.status == 429
+            assert second.json()["error"]["code"] == "key_stream_limit"
+            assert second.headers["retry-after"]
+            assert (await client.chat(body, h(other))).status == 200  # its own cap only
+        assert first.response.status == 200
+        assert (await client.chat(body, h(one))).status == 200  # the slot given back
+        assert app.gate.admission.by_key == {}

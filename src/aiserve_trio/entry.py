@@ -220,6 +220,7 @@ class Entry:
             trace=self.tracing.start(route.label, headers, request.arrival),
             key_id=request.principal.key_id if request.principal is not None else None,
             models=request.principal.models if request.principal is not None else None,
+            key_max_streams=request.principal.max_streams if request.principal else 0,
         )
         # Its place in the worker's queue of requests starting (http/turns.py): the parse
         # stage takes its turn once the body is in, the inference stage gives it back.

@@ -23,6 +23,7 @@ class Admission:
 
     __slots__ = (
         "by_client",
+        "by_key",
         "by_tenant",
         "inflight",
         "max_inflight",
@@ -60,6 +61,8 @@ class Admission:
         self.streams = 0
         #: Open streams per tenant (only tenants that hold one).
         self.by_tenant: dict[str, int] = {}
+        #: Open streams per key with a cap of its own (only keys that hold one).
+        self.by_key: dict[str, int] = {}
         #: Requests refused so far (for logs and tests).
         self.shed = 0
 
@@ -110,12 +113,14 @@ class Admission:
         self.receiving += 1
         return BodySlot(self)
 
-    def open_stream(self, tenant: str | None = None) -> None:
-        """Take a stream slot (and one of ``tenant``'s); pair with :meth:`close_stream`.
+    def open_stream(self, tenant: str | None = None, key: Key | None = None) -> None:
+        """Take a stream slot (and one of ``tenant``'s, and of ``key``'s); pair with
+        :meth:`close_stream`.
 
         Raises:
             Overloaded: ``max_streams`` streams are already open.
-            RateLimited: ``tenant`` holds ``tenant_max_streams`` already.
+            RateLimited: ``tenant`` holds ``tenant_max_streams`` already, or ``key``
+                (its id and its own cap) holds its cap.
         """
         if self.streams >= self.max_streams:
             raise self._refuse("open streams", self.max_streams)
@@ -128,26 +133,34 @@ class Admission:
                     code="tenant_stream_limit",
                     headers={"Retry-After": str(self.retry_after_s)},
                 )
-            self.by_tenant[tenant] = held + 1
+        if key is not None and _taken(self.by_key, key[0]) >= key[1]:
+            self.shed += 1
+            raise RateLimited(
+                f"this API key has {key[1]} streams open, its max_streams in this worker",
+                code="key_stream_limit",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
+        if tenant is not None and self.tenant_max_streams:
+            self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + 1
+        if key is not None:
+            self.by_key[key[0]] = self.by_key.get(key[0], 0) + 1
         self.streams += 1
 
-    def close_stream(self, tenant: str | None = None) -> None:
+    def close_stream(self, tenant: str | None = None, key: Key | None = None) -> None:
         self.streams -= 1
-        if tenant is not None and tenant in self.by_tenant:
-            left = self.by_tenant[tenant] - 1
-            if left:
-                self.by_tenant[tenant] = left
-            else:
-                del self.by_tenant[tenant]
+        if tenant is not None:
+            _give_back(self.by_tenant, tenant)
+        if key is not None:
+            _give_back(self.by_key, key[0])
 
     @contextmanager
-    def stream(self, tenant: str | None = None) -> Iterator[None]:
+    def stream(self, tenant: str | None = None, key: Key | None = None) -> Iterator[None]:
         """Hold one stream slot for the block (see :meth:`open_stream`)."""
-        self.open_stream(tenant)
+        self.open_stream(tenant, key)
         try:
             yield
         finally:
-            self.close_stream(tenant)
+            self.close_stream(tenant, key)
 
 
 class Held:
@@ -249,3 +262,19 @@ class BodyPace:
             bounds.append((floor, f"the request body arrived slower than {self.min_rate} B/s"))
         return min(bounds)
 
+
+
+#: A key with a stream cap of its own: its id and the cap.
+Key = tuple[str, int]
+
+
+def _taken(held: dict[str, int], name: str) -> int:
+    return held.get(name, 0)
+
+
+def _give_back(held: dict[str, int], name: str) -> None:
+    left = held.get(name, 0) - 1
+    if left > 0:
+        held[name] = left
+    else:
+        held.pop(name, None)

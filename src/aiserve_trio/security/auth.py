@@ -141,6 +141,8 @@ class Principal:
     roles: frozenset[str] = frozenset()
     #: MCP tools this key may list and call (``server/tool``, ``server/*``); none by default.
     mcp_tools: tuple[str, ...] = ()
+    #: Streams this key may hold open at once in a worker (0: no cap of its own).
+    max_streams: int = 0
     #: The models this key may call (a database key's own or its team's or tenant's,
     #: ``security/keystore``); None: every model of its routes.
     models: frozenset[str] | None = None

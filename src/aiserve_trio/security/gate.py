@@ -306,7 +306,9 @@ class Gate:
             RateLimited: the tenant holds ``limits.tenant_max_streams`` streams.
         """
         if endpoint.admission is Admit.STREAM:
-            return self.admission.stream(self.tenant(principal, self.default_tenant))
+            tenant = self.tenant(principal, self.default_tenant)
+            key = (principal.key_id, principal.max_streams) if principal else None
+            return self.admission.stream(tenant, key if key and key[1] else None)
         return contextlib.nullcontext()
 
     async def authenticate(self, endpoint: Endpoint, request: Request) -> Principal | None:

@@ -524,7 +524,10 @@ class ParseStage:
             check_capabilities(req, served, consumed)
         if req.stream and self.admission is not None:
             # 503 (429 for the tenant's cap) before the head.
-            self.slots.enter_context(self.admission.stream(self.info.tenant))
+            info = self.info
+            cap = info.key_max_streams
+            key = (info.key_id, cap) if info.key_id is not None and cap else None
+            self.slots.enter_context(self.admission.stream(info.tenant, key))
         self.result = req
         await hand_on(self.out, req)
 

@@ -97,6 +97,9 @@ class RequestInfo:
     key_id: str | None = None
     #: The models the key may call (``Principal.models``); None: every model of the route.
     models: frozenset[str] | None = None
+    #: Streams the key may hold open at once in this worker (``Principal.max_streams``;
+    #: 0: no cap of its own).
+    key_max_streams: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,4 +172,5 @@ def principal_of(key_id: str, tenant: str, team: str, spec: KeySpec) -> Principa
         team=team,
         roles=roles,
         models=None if spec.models is None or WILDCARD in spec.models else frozenset(spec.models),
+        max_streams=spec.max_streams,
     )
