@@ -44,7 +44,6 @@ from .adapters.tls import check_tls_files
 from .audit.settings import AuditConfig as AuditConfig
 from .budgets import BudgetsConfig, DeadlineConfig
 from .cache.settings import CacheConfig as CacheConfig
-from .cache.settings import RouteCache
 from .chains.steps import StepConfig as StepConfig
 from .decoding import Section as _Section
 from .decoding import as_field, config_roots, confined, decode_toml, field_error, outside
@@ -60,7 +59,15 @@ from .policies import registry
 from .policies.base import BuildContext, Policy, PolicySpec
 from .policies.registry import decode_policies, known_policies
 from .record.settings import RecordConfig, check_record
-from .routes import LABEL_RE, chain_policies, check_routing, check_steps, check_wire, route_label
+from .routes import (
+    LABEL_RE,
+    chain_policies,
+    check_cache,
+    check_routing,
+    check_steps,
+    check_wire,
+    route_label,
+)
 from .routes import RouteConfig as RouteConfig
 from .security.settings import AuthConfig, KeysFile, read_keys_file
 from .security.settings import LimitsConfig as LimitsConfig
@@ -344,7 +351,7 @@ def _check_route(i: int, route: RouteConfig, cfg: Config, fail: Fail, seen: set[
     if route.kind == "embeddings" and route.policies:
         raise fail(f"{key}.policies", "policies apply to chat routes, not to embeddings")
     if route.cache is not None:
-        _check_cache(key, route.cache, route, cfg, fail)
+        check_cache(i, route, route.cache, cfg.adapters, fail)
     policy_names = known_policies(cfg.policy_specs)
     for j, policy in enumerate(route.policies):
         if policy not in policy_names:
@@ -364,23 +371,6 @@ def _check_route(i: int, route: RouteConfig, cfg: Config, fail: Fail, seen: set[
         raise fail(f"{key}.deadline.{field}", why)
     if route.steps:
         check_steps(i, route, cfg.adapters, policy_names, cfg.build_policies, fail)
-
-
-def _check_cache(key: str, cache: RouteCache, route: RouteConfig, cfg: Config, fail: Fail) -> None:
-    """A route's ``cache``: on a chat route, for models its adapter serves, with a
-    configured embeddings adapter when semantic."""
-    if route.kind == "embeddings":
-        raise fail(f"{key}.cache", "the response cache is for chat routes")
-    served = getattr(cfg.adapters[route.adapter], "models", None)
-    for j, model in enumerate(cache.models):
-        if served is not None and model not in served:
-            why = f"{model!r} is not served by adapter {route.adapter!r}"
-            raise fail(f"{key}.cache.models[{j}]", why)
-    sem = cache.semantic
-    if sem is not None and sem.embeddings not in cfg.adapters:
-        known = ", ".join(sorted(cfg.adapters))
-        why = f"unknown adapter {sem.embeddings!r} (known: {known})"
-        raise fail(f"{key}.cache.semantic.embeddings", why)
 
 
 def policy_context(cfg: Config) -> BuildContext:

@@ -204,3 +204,23 @@ def check_steps(
         (policy,) = build([name])
         if type(policy).output_filter is Policy.output_filter:
             raise fail(f"{key}.steps[{j}].policy", f"{name!r} does not rewrite output")
+
+
+def check_cache(
+    i: int, route: RouteConfig, cache: RouteCache, adapters: Mapping[str, AdapterConfig], fail: Fail
+) -> None:
+    """Route ``i``'s ``cache``: on a chat route, for models its adapter serves, with a
+    configured embeddings adapter when semantic."""
+    key = f"routes[{i}]"
+    if route.kind == "embeddings":
+        raise fail(f"{key}.cache", "the response cache is for chat routes")
+    served = getattr(adapters[route.adapter], "models", None)
+    for j, model in enumerate(cache.models):
+        if served is not None and model not in served:
+            why = f"{model!r} is not served by adapter {route.adapter!r}"
+            raise fail(f"{key}.cache.models[{j}]", why)
+    sem = cache.semantic
+    if sem is not None and sem.embeddings not in adapters:
+        known = ", ".join(sorted(adapters))
+        why = f"unknown adapter {sem.embeddings!r} (known: {known})"
+        raise fail(f"{key}.cache.semantic.embeddings", why)
