@@ -25,8 +25,8 @@ from tests.authcfg import OFF
 from tests.conftest import config_text
 from tests.spendcfg import KEY_DAN, auth, running, spend_toml
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 
 PROMPT = "lorem ipsum " * 8_500  # 102,000 characters
 

@@ -5,7 +5,7 @@
 The gateway (the work tree's ``src/``, auth off) is served by hypercorn in a process
 of this script's own (``hypercorn.trio.serve``, pinned to CPU 0), so that
 ``gc.callbacks`` can time every collection; wrk streams through it from CPU 1 against
-``bench/node/upstream.js``. Twice: CPython's defaults, then :func:`aiserve_trio.gctune.tune`.
+``bench/node/upstream.js``. Twice: CPython's defaults, then :func:`aiserve_trio.util.gctune.tune`.
 Per generation: collections, their time as a share of the process's CPU, objects
 collected. Writes ``bench/results/<date>/gc_cost.md``.
 """
@@ -36,7 +36,8 @@ def _serve(port: int, seconds: float, tuned: bool) -> dict[str, Any]:
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
-    from aiserve_trio import app, gctune
+    from aiserve_trio import app
+    from aiserve_trio.util import gctune
 
     config = Config.from_toml(str(ROOT / "bench" / "configs" / "hypercorn-bench.toml"))
     config.bind = [f"127.0.0.1:{port}"]

@@ -26,7 +26,7 @@ import msgspec
 import trio
 
 from aiserve_trio.config import parse_config
-from aiserve_trio.errors import Unauthorized
+from aiserve_trio.core.errors import Unauthorized
 from aiserve_trio.security.auth import hash_key, new_key
 from aiserve_trio.security.gate import Gate
 from aiserve_trio.security.keystore import db

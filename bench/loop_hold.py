@@ -34,8 +34,8 @@ from tests.asgi_client import Client
 from tests.sim_process import run_sim
 from tests.test_loop_hold import IBANISH, _config, _probe, gateway_text, largest_body, written
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 
 
 class StepTimer(trio.abc.Instrument):
@@ -119,9 +119,9 @@ async def _lateness(stop: trio.Event, late: list[float]) -> None:
 
 
 async def _compare_one(mode: str, text: str) -> tuple[float, list[float]]:
+    from aiserve_trio.core.slices import run_sliced
     from aiserve_trio.policies.redact import build_rules
     from aiserve_trio.policies.stream import Rewriter
-    from aiserve_trio.slices import run_sliced
 
     rw = Rewriter(build_rules())
     late: list[float] = []

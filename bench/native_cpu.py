@@ -38,8 +38,8 @@ from tests.conftest import config_text
 from tests.sim_gateway import running
 from tests.sim_process import run_sim
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 
 SIM_ARGS = [
     *("--prefill-overhead-ms", "0", "--prefill-per-token-ms", "0", "--ttft-std-ms", "0"),

@@ -23,8 +23,8 @@ from typing import Any
 import trio
 from opentelemetry.sdk.trace import TracerProvider
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import load_config, parse_config
+from aiserve_trio.runtime.asgi import App
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = json.dumps(

@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.asgi_client import Client, chat_body
 from tests.conftest import config_text
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
 from aiserve_trio.policies.compliance import Compliance
 from aiserve_trio.policies.redact import build_rules
 from aiserve_trio.policies.stream import Rewriter
+from aiserve_trio.runtime.asgi import App
 
 PLAIN = (
     "The quick brown fox jumps over the lazy dog while the adviser explains the mortgage "

@@ -12,7 +12,7 @@ b would be served a's stored answer on the same route, tenant and conversation:
 the guard's facts (``cache/facts.py``) are equal and the cosine similarity of the
 two questions' vectors is at or above ``--threshold``.
 
-The vectors are the lexical ones of the mock and aiserve-sim (``vectors.py``) unless
+The vectors are the lexical ones of the mock and aiserve-sim (``util/vectors.py``) unless
 ``--url`` names an OpenAI-compatible embeddings endpoint (a local TEI or vLLM
 server, or a gateway's ``/v1/embeddings`` route): run it on your own questions with
 your own model before you choose a threshold. The report gives paraphrase hit rate
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from aiserve_trio.cache.facts import facts
-from aiserve_trio.vectors import DEFAULT_DIMENSIONS, vector
+from aiserve_trio.util.vectors import DEFAULT_DIMENSIONS, vector
 
 PAIRS = Path(__file__).with_name("semantic_pairs.jsonl")
 SWEEP = (0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.96, 0.98)

@@ -9,7 +9,7 @@ variants, alternating within each round (the best round counts):
 
 - ``exact``: ``cache = {}`` -- every request an exact miss (each question is new);
 - ``semantic``: ``cache = { semantic = { embeddings = "vec", ... } }`` with ``vec`` a
-  second mock adapter (the lexical vectors of ``vectors.py``, no delay) -- every
+  second mock adapter (the lexical vectors of ``util/vectors.py``, no delay) -- every
   request an exact miss and then a semantic miss: the question embedded through the
   adapter, its facts read, its guard's questions searched, and its own filed.
 
@@ -103,7 +103,7 @@ async def _drive(semantic: bool, requests: int, fill: int, seed: int) -> dict[st
         await started.wait()
         if semantic and fill:
             from aiserve_trio.cache.semantic import Item, unit
-            from aiserve_trio.vectors import DEFAULT_DIMENSIONS, vector
+            from aiserve_trio.util.vectors import DEFAULT_DIMENSIONS, vector
 
             # The guard of a fact-free question on this route: filed by one request.
             probe_text = _question(rng)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, parse_config
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.security.auth import hash_key
 
 from .conftest import config_text

@@ -10,11 +10,11 @@ import trio
 
 from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest, Usage
 from aiserve_trio.adapters.retry import Progress
-from aiserve_trio.asgi import App
 from aiserve_trio.cache.backend import CacheBackend
 from aiserve_trio.cache.entry import Entry
 from aiserve_trio.config import parse_config
-from aiserve_trio.errors import UpstreamError, UpstreamTimeout
+from aiserve_trio.core.errors import UpstreamError, UpstreamTimeout
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Response
 from .conftest import config_text

@@ -9,8 +9,8 @@ import pytest
 
 from aiserve_trio import server
 from aiserve_trio.adapters import tokens
-from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, default_config_text, parse_config
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client
 from .redis_cluster import redis_cluster, redis_sentinel  # noqa: F401 - shared session fixtures

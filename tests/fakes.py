@@ -9,7 +9,7 @@ import trio
 
 from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest
 from aiserve_trio.adapters.retry import Progress
-from aiserve_trio.errors import UpstreamError
+from aiserve_trio.core.errors import UpstreamError
 from aiserve_trio.observability.events import UpstreamHook
 from aiserve_trio.sessions.bus import Event, Session, SessionBus, Turn
 

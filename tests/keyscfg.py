@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.security.auth import hash_key
 
 from .asgi_client import Client, Response, chat_body

@@ -10,8 +10,8 @@ from typing import Any
 import httpx2
 import trio
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import Config
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response
 from .conftest import make_config

@@ -23,7 +23,7 @@ from aiserve_trio.adapters.base import (
 )
 from aiserve_trio.adapters.retry import NO_RETRIES, Progress, RetryPolicy
 from aiserve_trio.config import MockAdapterConfig, OpenAIAdapterConfig, VllmWsAdapterConfig
-from aiserve_trio.errors import (
+from aiserve_trio.core.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,

@@ -22,7 +22,7 @@ from aiserve_trio.adapters.retry import Progress, RetryPolicy, is_retryable, run
 from aiserve_trio.adapters.sse_parser import Event, SSEDecodeError, SSEParser
 from aiserve_trio.adapters.transport import ClientPool, parse_retry_after, translate_errors
 from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
-from aiserve_trio.errors import (
+from aiserve_trio.core.errors import (
     BadRequest,
     UpstreamConnectError,
     UpstreamError,

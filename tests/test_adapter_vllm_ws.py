@@ -12,7 +12,7 @@ from aiserve_trio.adapters.base import Delta, InferenceRequest, Message
 from aiserve_trio.adapters.vllm_ws import VllmWsAdapter, close_error
 from aiserve_trio.adapters.ws_reply import message_error
 from aiserve_trio.config import VllmWsAdapterConfig
-from aiserve_trio.errors import (
+from aiserve_trio.core.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,

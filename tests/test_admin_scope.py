@@ -10,8 +10,8 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.security.auth import hash_key
 
 from .asgi_client import Client, chat_body

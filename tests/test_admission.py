@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from aiserve_trio.errors import Overloaded
+from aiserve_trio.core.errors import Overloaded
 from aiserve_trio.http.sse import shutdown_event
 from aiserve_trio.security.admission import Admission, BodyPace
 

@@ -16,13 +16,13 @@ from aiserve_trio.adapters.anthropic import AnthropicAdapter, messages_body
 from aiserve_trio.adapters.anthropic_stream import AnthropicStreamDecoder
 from aiserve_trio.adapters.base import Delta, InferenceRequest
 from aiserve_trio.config import AnthropicAdapterConfig
-from aiserve_trio.errors import (
+from aiserve_trio.core.errors import (
     BadRequest,
     PayloadTooLarge,
     UpstreamProtocolError,
     UpstreamStatusError,
 )
-from aiserve_trio.messages import FunctionCall, Message, Part, ToolCall
+from aiserve_trio.core.messages import FunctionCall, Message, Part, ToolCall
 
 from . import stream_cases
 

@@ -10,7 +10,7 @@ import pytest
 
 from aiserve_trio.adapters.base import Message
 from aiserve_trio.config import ConfigError, build_policies
-from aiserve_trio.errors import PolicyViolation
+from aiserve_trio.core.errors import PolicyViolation
 from aiserve_trio.policies.antifraud import AntiFraud
 from aiserve_trio.policies.base import PolicyContext
 

@@ -18,12 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Delta, ToolCallDelta, Usage
-from aiserve_trio.api import ChunkDelta, FunctionDelta, ToolCallChunk
-from aiserve_trio.api import Usage as WireUsage
 from aiserve_trio.apis import CODECS
 from aiserve_trio.apis import messages as anthropic_api
 from aiserve_trio.apis import responses as responses_api
-from aiserve_trio.errors import (
+from aiserve_trio.core.api import ChunkDelta, FunctionDelta, ToolCallChunk
+from aiserve_trio.core.api import Usage as WireUsage
+from aiserve_trio.core.errors import (
     BadRequest,
     GatewayError,
     Overloaded,

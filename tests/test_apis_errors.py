@@ -11,8 +11,8 @@ import trio
 
 from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest, Usage
 from aiserve_trio.adapters.retry import Progress
-from aiserve_trio.asgi import App
-from aiserve_trio.errors import UpstreamStatusError
+from aiserve_trio.core.errors import UpstreamStatusError
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response
 from .authcfg import KEY_B, auth_app

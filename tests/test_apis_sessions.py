@@ -9,8 +9,8 @@ from typing import Any
 import trio
 
 from aiserve_trio.adapters.mock import MockAdapter
-from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response
 from .authcfg import KEY_ADMIN, KEY_B, auth_app, auth_config

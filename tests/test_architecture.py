@@ -148,7 +148,7 @@ def test_no_import_cycles_in_the_package() -> None:
 # --- the package map ----------------------------------------------------------------
 
 #: Every module may import these (docs/architecture.md's table says so in its header).
-ANYONE = ("errors", "api", "config", "budgets")
+ANYONE = ("core", "config")
 
 #: What each package (``name/``) or top-level module (``name.py``) may import of ours
 #: besides :data:`ANYONE` and itself. An entry allows a module and everything under it;
@@ -156,17 +156,9 @@ ANYONE = ("errors", "api", "config", "budgets")
 #: docs/architecture.md's package map shows this as its last column
 #: (``test_the_documented_map_is_the_enforced_one``).
 PACKAGE_MAP: dict[str, tuple[str, ...]] = {
-    "errors.py": (),
-    "budgets.py": ("decoding",),
-    "api.py": (),
-    "messages.py": (),
-    "vectors.py": (),
-    "tenants.py": (),
-    "decoding.py": (),
-    "redisconn.py": ("decoding",),
+    "core/": (),
+    "util/": (),
     "routes.py": (
-        "decoding",
-        "tenants",
         "adapters.settings",
         "cache.settings",
         "chains.plan",
@@ -174,8 +166,6 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "policies.base",
     ),
     "config.py": (
-        "decoding",
-        "tenants",
         "adapters.settings",
         "adapters.tls",
         "cache.settings",
@@ -192,62 +182,41 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "routes",
         "mcp.settings",
     ),
-    "intents.py": (),
-    "wav.py": (),
-    "wavtool.py": ("wav",),
     "chains/": (
-        "decoding",
-        "intents",
-        "messages",
-        "wav",
+        "util.intents",
+        "util.wav",
         "adapters.base",
         "policies.base",
         "routes:types",
         "stages.types:types",
     ),
-    "http/": ("decoding", "security.auth:types"),
-    "observability/": ("decoding", "http.endpoints:types", "stages.outcome:types"),
-    "policies/": ("decoding", "messages", "slices", "adapters.base:types"),
+    "http/": ("security.auth:types",),
+    "observability/": ("http.endpoints:types", "stages.outcome:types"),
+    "policies/": ("adapters.base:types",),
     "adapters/": (
-        "decoding",
-        "intents",
-        "messages",
-        "slices",
-        "vectors",
-        "wav",
+        "util.intents",
+        "util.vectors",
+        "util.wav",
         "observability.events",
         "observability.annotate",
         "routes",
     ),
-    "sessions/": (
-        "decoding",
-        "http",
-        "messages",
-        "redisconn",
-        "slices",
-        "tenants",
-        "observability.metrics:types",
-        "stages.outcome:types",
-    ),
+    "sessions/": ("http", "util.redisconn", "observability.metrics:types", "stages.outcome:types"),
     "security/": (
-        "decoding",
         "http",
-        "redisconn",
+        "util.redisconn",
         "sessions.bus",
         "spend.budget",
         "spend.ledger",
         "spend.settings",
-        "tenants",
         "stages.outcome:types",
     ),
     "server/": ("http.types", "security.edge"),
     "cache/": (
-        "decoding",
         "adapters.base",
         "adapters.retry",
         "observability.events",
-        "redisconn",
-        "slices",
+        "util.redisconn",
         "routes:types",
     ),
     "apis/": ("http.sse", "security.settings"),
@@ -258,151 +227,77 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "chains.plan",
         "chains.state",
         "http",
-        "messages",
         "observability",
         "policies",
-        "security.admission:types",
         "security.settings",
         "sessions.bus",
-        "slices",
         "spend.prices",
         "routes:types",
-    ),
-    "pipeline.py": (
-        "stages",
-        "http",
         "server",
-        "adapters.base",
-        "apis",
-        "cache.service",
-        "observability.annotate",
         "security.admission",
-        "sessions.bus:types",
         "sessions.outbox:types",
     ),
-    "asgi.py": (
-        "gateway",
-        "lifespan",
-        "adapters:types",
-        "admin:types",
-        "audit.log:types",
-        "cache.service:types",
-        "console.handlers:types",
-        "http:types",
-        "observability:types",
-        "pipeline:types",
-        "record.recorder:types",
-        "reload:types",
-        "runtime:types",
-        "security.gate:types",
-        "sessions:types",
-        "stages.types:types",
-        "telemetry:types",
-    ),
-    "gateway.py": (
+    "runtime/": (
         "adapters",
-        "admin",
+        "endpoints.admin",
         "audit.log",
         "audit.usage",
-        "builder",
         "cache.service",
         "console",
-        "entry",
-        "fdlimit",
-        "gctune",
+        "util.fdlimit",
+        "util.gctune",
         "server",
         "observability",
         "record.recorder",
         "reload",
-        "runtime",
         "security.gate",
         "sessions",
         "spend.ledger",
         "spend.metrics",
         "spend.prices",
         "stages.types",
-        "startup",
-        "telemetry",
         "mcp.hub",
         "security.keystore.service",
-    ),
-    "entry.py": (
         "apis",
         "http",
-        "server",
-        "observability",
-        "sessions.bus",
         "stages.outcome",
-        "stages.types",
-        "runtime:types",
         "security.auth:types",
-    ),
-    "lifespan.py": ("gateway", "server", "startup", "http.types:types"),
-    "builder.py": (
-        "adapters",
-        "apis",
-        "cache.service",
         "chains.run",
-        "count_tokens",
-        "embeddings",
-        "http",
-        "pipeline",
+        "endpoints.count_tokens",
+        "endpoints.embeddings",
+        "stages.pipeline",
         "policies.base",
         "routes",
-        "runtime",
-        "security.gate",
-        "sessions.http",
-        "slices",
-        "spend.prices",
-        "stages.types",
-        "admin:types",
-        "audit.usage:types",
-        "console.handlers:types",
-        "observability:types",
-        "sessions.bus:types",
-        "sessions.outbox:types",
-        "spend.ledger:types",
         "mcp.endpoint",
-        "mcp.hub:types",
         "security.keystore.http",
-        "security.keystore.service:types",
+        "cache:types",
     ),
     "mcp/": (
-        "decoding",
-        "tenants",
         "adapters.h1",
         "server",
         "audit.row",
         "audit.schema",
         "http",
         "policies.base",
-        "slices",
         "audit.log:types",
         "observability.tracing:types",
         "security.gate:types",
     ),
-    "admin.py": (
+    "endpoints/": (
         "http",
         "audit.usage:types",
         "observability:types",
         "reload:types",
-        "runtime:types",
+        "runtime.generation:types",
         "sessions.bus:types",
         "security.keystore.service:types",
-    ),
-    "telemetry.py": ("adapters.group", "observability", "routes", "runtime:types"),
-    "runtime.py": (
         "adapters",
-        "cache:types",
-        "embeddings:types",
-        "http:types",
-        "observability.events:types",
-        "pipeline:types",
-        "security.gate:types",
-        "sessions.http:types",
-        "stages.types:types",
+        "observability.metrics",
+        "spend.prices",
+        "stages",
+        "util.vectors",
     ),
-    "reload.py": ("decoding", "adapters.settings"),
+    "reload.py": ("adapters.settings",),
     "console/": (
         "http",
         "observability",
@@ -412,30 +307,8 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "security.gate:types",
         "security.keystore.service:types",
     ),
-    "count_tokens.py": (
-        "adapters",
-        "http",
-        "messages",
-        "slices",
-        "stages.parse",
-        "stages.types",
-    ),
-    "embeddings.py": (
-        "adapters.base",
-        "http",
-        "observability.metrics",
-        "spend.prices",
-        "stages",
-        "vectors",
-    ),
-    "startup.py": (),
-    "slices.py": (),
-    "gctune.py": (),
-    "fdlimit.py": (),
-    "sim/": ("adapters.tokens", "intents", "vectors", "wav"),
+    "sim/": ("adapters.tokens", "util.intents", "util.vectors", "util.wav"),
     "record/": (
-        "decoding",
-        "slices",
         "policies",
         "observability.metrics",
         "routes",
@@ -444,18 +317,14 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
     ),
     "replay/": ("record.schema", "record.settings"),
     "spend/": (
-        "decoding",
         "observability.metrics",
-        "redisconn",
+        "util.redisconn",
         "adapters.base:types",
         "stages.outcome:types",
     ),
     "audit/": (
-        "decoding",
         "http",
         "observability.debug",
-        # content = "redacted": the default gdpr-redact detectors, for the routes whose
-        # own policies do not redact (issue 51, item 5), as record/ uses them.
         "policies.redact",
         "policies.stream",
         "stages.outcome:types",
@@ -521,12 +390,12 @@ def test_the_map_checker_refuses_what_the_map_does_not_allow() -> None:
     graph = {
         "aiserve_trio.policies.registry": {"aiserve_trio.stages.outcome": False},
         "aiserve_trio.observability.events": {"aiserve_trio.stages.outcome": True},
-        "aiserve_trio.wav": {"aiserve_trio.errors": True},
+        "aiserve_trio.util.wav": {"aiserve_trio.core.errors": True},
     }
     package_map = {
         "policies/": (),
         "observability/": ("stages.outcome:types",),
-        "wav.py": (),
+        "util/": (),
     }
     assert map_refusals(graph, package_map) == [
         "aiserve_trio.observability.events imports aiserve_trio.stages.outcome, "
@@ -883,7 +752,7 @@ def test_importing_the_package_leaves_hypercorn_alone() -> None:
     probe = (
         "from hypercorn.trio import run\n"
         "before = run.TCPServer\n"
-        "import aiserve_trio, aiserve_trio.asgi, aiserve_trio.server\n"
+        "import aiserve_trio, aiserve_trio.runtime.asgi, aiserve_trio.server\n"
         "aiserve_trio.app.get()\n"
         "assert run.TCPServer is before, 'importing aiserve_trio patched hypercorn'\n"
         "print(aiserve_trio.server.install())\n"
@@ -940,7 +809,7 @@ def test_the_server_log_says_whether_the_seam_is_installed() -> None:
 # --- the core never asks which API it serves (issue 45, item 2) ---------------------
 
 #: The pipeline's core: it reads ``info.route.codec`` and asks the codec what it can do.
-CORE = ("stages", "pipeline.py", "entry.py")
+CORE = ("stages", "runtime/entry.py")
 
 
 def api_types() -> set[str]:
@@ -1007,3 +876,27 @@ def test_the_core_never_asks_which_api_it_serves() -> None:
                 for where in api_questions(path.read_text(), types)
             ]
     assert offenders == []
+
+
+# --- the picture of the packages (issue 45) -----------------------------------------
+
+
+def pictured() -> set[str]:
+    """The names docs/architecture.md's picture of the packages shows: ``x/`` or ``x.py``."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## The packages at a glance", 1)[1].split("\n## ", 1)[0]
+    tree = section.split("```", 2)[1]
+    return set(re.findall(r"(?<![\w./])([a-z_]+/|[a-z_]+\.py)(?=\s)", tree)) - {"aiserve_trio/"}
+
+
+def test_the_picture_of_the_packages_is_the_folder_listing() -> None:
+    """Every package and top-level module is in the picture, each with a paragraph
+    below it, and the picture names nothing that is not there."""
+    listing = {f"{p.name}/" for p in PKG.iterdir() if (p / "__init__.py").exists()}
+    listing |= {p.name for p in PKG.glob("*.py")}
+    assert pictured() == listing
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## The packages at a glance", 1)[1].split("\n## ", 1)[0]
+    paragraphs = section.split("```", 2)[2]
+    missing = [p for p in sorted(listing) if p.endswith("/") and f"`{p}`" not in paragraphs]
+    assert missing == [], "packages without a paragraph"

@@ -14,7 +14,7 @@ from aiserve_trio.apis import CODECS
 from aiserve_trio.apis.common import State
 from aiserve_trio.apis.responses import ResponsesRequest
 from aiserve_trio.config import build_policies
-from aiserve_trio.errors import StageDeadlineExceeded, UpstreamProtocolError
+from aiserve_trio.core.errors import StageDeadlineExceeded, UpstreamProtocolError
 from aiserve_trio.policies.base import OutputFilter, PolicyContext
 from aiserve_trio.stages.assembler import AssemblerStateError, ResponseAssembler
 

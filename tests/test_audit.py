@@ -20,8 +20,6 @@ import trio
 import trio.testing
 from prometheus_client import CollectorRegistry
 
-from aiserve_trio.api import encoder
-from aiserve_trio.asgi import App
 from aiserve_trio.audit import sqlite as sqlite_module
 from aiserve_trio.audit.log import AuditLog, AuditMetrics
 from aiserve_trio.audit.row import Row, RowBuilder
@@ -30,7 +28,9 @@ from aiserve_trio.audit.settings import AuditConfig
 from aiserve_trio.audit.sqlite import SQLiteDatabase
 from aiserve_trio.audit.usage import UsageEndpoints, UsageQuery, parse_query
 from aiserve_trio.config import parse_config
-from aiserve_trio.errors import BadRequest, Overloaded, Unauthorized
+from aiserve_trio.core.api import encoder
+from aiserve_trio.core.errors import BadRequest, Overloaded, Unauthorized
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.stages.outcome import Outcome
 
 from .asgi_client import chat_body

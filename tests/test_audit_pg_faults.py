@@ -15,7 +15,7 @@ import psycopg
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Response
 from .conftest import config_text, make_config

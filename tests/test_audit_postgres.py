@@ -14,10 +14,10 @@ import httpx
 import psycopg
 import pytest
 
-from aiserve_trio.asgi import App
 from aiserve_trio.audit.postgres import PostgresDatabase
 from aiserve_trio.audit.row import RowBuilder
 from aiserve_trio.audit.schema import COLUMNS, VERSION
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.stages.outcome import Outcome
 
 from .asgi_client import chat_body

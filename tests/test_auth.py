@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from aiserve_trio.config import ConfigError
-from aiserve_trio.errors import Forbidden, Unauthorized
+from aiserve_trio.core.errors import Forbidden, Unauthorized
 from aiserve_trio.security import auth
 from aiserve_trio.security.auth import (
     KeyEntry,
@@ -229,7 +229,7 @@ def test_keys_file_is_read_relative_to_the_config(tmp_path: Any) -> None:
 
 
 def test_auth_off_warns_loudly(caplog: pytest.LogCaptureFixture) -> None:
-    from aiserve_trio.asgi import App
+    from aiserve_trio.runtime.asgi import App
 
     from .conftest import make_config
 
@@ -285,8 +285,8 @@ async def test_route_not_allowed_is_403() -> None:
         '[[routes]]\npath = "/v1/other"\nname = "other"\nadapter = "mock"\n'
         'default_model = "aiserve-mock"\n'
     )
-    from aiserve_trio.asgi import App
     from aiserve_trio.config import parse_config
+    from aiserve_trio.runtime.asgi import App
 
     from .conftest import config_text
 

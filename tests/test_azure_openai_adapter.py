@@ -12,8 +12,8 @@ import pytest
 from aiserve_trio.adapters.azure_openai import AzureOpenAIAdapter, FilteredStreamDecoder
 from aiserve_trio.adapters.base import InferenceRequest
 from aiserve_trio.config import AzureOpenAIAdapterConfig, ConfigError, parse_config
-from aiserve_trio.errors import BadRequest, UpstreamStatusError
-from aiserve_trio.messages import Message
+from aiserve_trio.core.errors import BadRequest, UpstreamStatusError
+from aiserve_trio.core.messages import Message
 
 SAFE = {"hate": {"filtered": False, "severity": "safe"}}
 

@@ -17,8 +17,8 @@ from aiserve_trio.adapters.bedrock import BedrockAdapter, converse_body
 from aiserve_trio.adapters.bedrock_stream import BedrockStreamDecoder
 from aiserve_trio.adapters.eventstream import EventStreamDecoder, EventStreamError
 from aiserve_trio.config import BedrockAdapterConfig, ConfigError, parse_config
-from aiserve_trio.errors import BadRequest, UpstreamProtocolError, UpstreamStatusError
-from aiserve_trio.messages import FunctionCall, Message, ToolCall
+from aiserve_trio.core.errors import BadRequest, UpstreamProtocolError, UpstreamStatusError
+from aiserve_trio.core.messages import FunctionCall, Message, ToolCall
 from aiserve_trio.sim.bedrock import encode_message, event
 
 from . import stream_cases

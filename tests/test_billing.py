@@ -25,9 +25,9 @@ import trio
 from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest, Usage
 from aiserve_trio.adapters.retry import Progress
 from aiserve_trio.adapters.tokens import count_prompt
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
-from aiserve_trio.errors import UpstreamProtocolError
+from aiserve_trio.core.errors import UpstreamProtocolError
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response
 from .authcfg import OFF

@@ -13,8 +13,8 @@ import trio.testing
 
 from aiserve_trio.adapters.base import InferenceRequest
 from aiserve_trio.adapters.tokens import REPLY_PRIMING, count_prompt, message_bound
-from aiserve_trio.gateway import build_gateway
-from aiserve_trio.messages import Message
+from aiserve_trio.core.messages import Message
+from aiserve_trio.runtime.gateway import build_gateway
 from aiserve_trio.stages import billing
 from aiserve_trio.stages.types import Route
 

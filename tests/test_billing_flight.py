@@ -9,8 +9,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response
 from .cachefakes import CountingModel, ask, cache_config_text, opened

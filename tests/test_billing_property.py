@@ -24,7 +24,7 @@ import trio
 from aiserve_trio.adapters.base import Delta, DeltaSink, InferenceRequest, Usage
 from aiserve_trio.adapters.retry import Progress
 from aiserve_trio.adapters.tokens import count_prompt
-from aiserve_trio.errors import UpstreamProtocolError
+from aiserve_trio.core.errors import UpstreamProtocolError
 
 from .spendcfg import KEY_DAN, auth, running
 from .test_billing import (

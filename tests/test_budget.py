@@ -15,9 +15,9 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError
-from aiserve_trio.errors import BudgetExceeded
+from aiserve_trio.core.errors import BudgetExceeded
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.spend.budget import Limit, check, window
 from aiserve_trio.spend.ledger import Ledger, LedgerMetrics
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.spend.budget import Limit, window
 from aiserve_trio.spend.ledger import Ledger
 

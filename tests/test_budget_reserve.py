@@ -15,8 +15,8 @@ import trio
 
 from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest, Usage
 from aiserve_trio.adapters.retry import Progress
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.spend.budget import Reserve
 
 from .asgi_client import chat_body

@@ -15,9 +15,9 @@ import pytest
 import trio
 import trio.testing
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
-from aiserve_trio.errors import ConfigError
+from aiserve_trio.core.errors import ConfigError
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.spend.budget import Limit
 from aiserve_trio.spend.ledger import SYNC_EVERY_S, SYNC_SHARE, Ledger
 

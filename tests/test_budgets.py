@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiserve_trio.budgets import effective_timeout_ms, plan
-from aiserve_trio.errors import BadRequest
+from aiserve_trio.core.budgets import effective_timeout_ms, plan
+from aiserve_trio.core.errors import BadRequest
 
 
 def test_cut_points_are_cumulative_shares_of_deadline_minus_arrival():

@@ -8,8 +8,8 @@ from __future__ import annotations
 from functools import partial
 
 from aiserve_trio.apis import CODECS
-from aiserve_trio.gateway import Gateway, build_gateway
 from aiserve_trio.http.endpoints import Admission, Auth, Endpoint
+from aiserve_trio.runtime.gateway import Gateway, build_gateway
 
 from .conftest import make_config
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
 from aiserve_trio.cache.backend import CacheBackend
 from aiserve_trio.cache.entry import Entry
 from aiserve_trio.config import CORS_EXPOSE_HEADERS, ConfigError, parse_config
-from aiserve_trio.errors import UpstreamStatusError
+from aiserve_trio.core.errors import UpstreamStatusError
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response
 from .authcfg import KEY_A, KEY_B, OFF, auth_toml

@@ -24,7 +24,7 @@ from aiserve_trio.cache.entry import (
 )
 from aiserve_trio.cache.flight import Flight, FlightLog, FlightState, FlightStateError, FlightTable
 from aiserve_trio.cache.lru import ByteLRU
-from aiserve_trio.errors import UpstreamTimeout
+from aiserve_trio.core.errors import UpstreamTimeout
 from aiserve_trio.policies.base import OutputFilter
 from aiserve_trio.stages.assembler import ResponseAssembler
 

@@ -18,12 +18,12 @@ import msgspec
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
 from aiserve_trio.cache.entry import Replayed, decode_pieces, encode, encode_pieces, new_entry
 from aiserve_trio.cache.key import request_key
 from aiserve_trio.cache.redis import RedisBackend
 from aiserve_trio.config import parse_config
-from aiserve_trio.messages import decode_message
+from aiserve_trio.core.messages import decode_message
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response
 from .cachefakes import CountingModel, ask, cache_config_text, metric, reply_text, scrubbed

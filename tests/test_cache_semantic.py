@@ -10,8 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import CORS_EXPOSE_HEADERS, ConfigError, parse_config
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client
 from .authcfg import KEY_A, KEY_B, OFF, auth_toml

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client
 from .cachefakes import ask, metric, reply_text

@@ -10,7 +10,7 @@ import trio
 from aiserve_trio.adapters.base import InferenceRequest
 from aiserve_trio.cache.entry import Replayed, encode, new_entry
 from aiserve_trio.cache.service import Cache, Ticket, build_cache
-from aiserve_trio.messages import Message
+from aiserve_trio.core.messages import Message
 
 from .conftest import make_config
 

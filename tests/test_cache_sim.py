@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response
 from .cachefakes import reply_text, scrubbed

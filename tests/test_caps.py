@@ -10,7 +10,7 @@ import trio.testing
 
 from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest, Usage
 from aiserve_trio.adapters.retry import Progress
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response, chat_body
 from .authcfg import KEY_A, KEY_ADMIN, KEY_B, auth_app, bearer

@@ -14,13 +14,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from aiserve_trio.adapters.base import Adapter, InferenceRequest, TranscriptionRequest
 from aiserve_trio.adapters.mock import MockAdapter, count_tokens
-from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig
 from aiserve_trio.record.labels import LabelRules
 from aiserve_trio.record.line import LineBuilder
 from aiserve_trio.record.settings import default_rules
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.stages.outcome import Outcome
-from aiserve_trio.wav import audio_part, make_wav
+from aiserve_trio.util.wav import audio_part, make_wav
 
 from .asgi_client import Client, Response
 from .conftest import make_config

@@ -14,8 +14,8 @@ from typing import Any
 import httpx2
 import pytest
 
-from aiserve_trio.asgi import App
-from aiserve_trio.wav import audio_part, make_wav
+from aiserve_trio.runtime.asgi import App
+from aiserve_trio.util.wav import audio_part, make_wav
 
 from .conftest import make_config
 from .sim_gateway import running, sim_reset

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Delta, Usage
 from aiserve_trio.adapters.chat_stream import ChatStreamDecoder
-from aiserve_trio.errors import UpstreamProtocolError
+from aiserve_trio.core.errors import UpstreamProtocolError
 
 
 def event(obj: object, eol: str = "\n") -> bytes:

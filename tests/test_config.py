@@ -207,7 +207,7 @@ def test_server_whose_start_up_fails_says_one_line_and_exits_non_zero(tmp_path, 
 async def test_outside_hypercorn_a_bad_config_fails_the_lifespan_start_up(tmp_path, monkeypatch):
     # Not a hypercorn process (pytest): nothing exits, the ASGI way is kept.
     from aiserve_trio import _DeferredApp
-    from aiserve_trio.startup import hypercorn_process
+    from aiserve_trio.runtime.startup import hypercorn_process
 
     assert hypercorn_process() is None
     monkeypatch.setenv("AISERVE_CONFIG", str(tmp_path / "nope.toml"))
@@ -236,7 +236,7 @@ def test_loading_never_changes_what_was_decoded(tmp_path):
     # What the loader adds (source, base_dir, the keys of keys_file) goes into a
     # new Struct: the one msgspec decoded is left as it was.
     from aiserve_trio.config import Config, _loaded
-    from aiserve_trio.decoding import decode_toml
+    from aiserve_trio.core.decoding import decode_toml
 
     from .authcfg import auth_toml
 

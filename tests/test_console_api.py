@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
-from aiserve_trio.budgets import STAGES
 from aiserve_trio.console.handlers import FILES
+from aiserve_trio.core.budgets import STAGES
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.security.gate import CONSOLE_SUBJECT
 
 from .asgi_client import Client, Exchange, Response, chat_body, make_scope

@@ -9,8 +9,8 @@ import time
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.security.gate import CONSOLE_SUBJECT, Revoked
 
 from .authcfg import KEY_ADMIN, OFF, auth_app, auth_toml, bearer

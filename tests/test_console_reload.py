@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client
 from .authcfg import KEY_A, KEY_ADMIN, OFF, auth_toml, bearer

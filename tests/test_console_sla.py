@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from aiserve_trio.budgets import STAGES
 from aiserve_trio.console import sla
+from aiserve_trio.core.budgets import STAGES
 from aiserve_trio.observability.metrics import STAGE_BUCKETS, Metrics
 
 

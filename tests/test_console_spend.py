@@ -12,8 +12,8 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from aiserve_trio.asgi import App
 from aiserve_trio.console.spend import spend_view
+from aiserve_trio.runtime.asgi import App
 
 from .authcfg import OFF
 from .conftest import config_text

@@ -17,7 +17,7 @@ import trio.testing
 from aiserve_trio.config import Config, parse_config
 from aiserve_trio.console.edit import read_steps
 from aiserve_trio.console.handlers import Console, Result
-from aiserve_trio.errors import (
+from aiserve_trio.core.errors import (
     BadRequest,
     Conflict,
     GatewayError,

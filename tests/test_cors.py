@@ -11,7 +11,6 @@ import re
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import (
     CORS_ALLOW_HEADERS,
     CORS_EXPOSE_HEADERS,
@@ -20,6 +19,7 @@ from aiserve_trio.config import (
     default_config_text,
     parse_config,
 )
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, chat_body
 from .authcfg import KEY_A, OFF, auth_toml, bearer

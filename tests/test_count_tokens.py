@@ -15,8 +15,8 @@ import anthropic
 import httpx2
 import pytest
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.security.auth import hash_key
 
 from .asgi_client import Client

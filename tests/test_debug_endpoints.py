@@ -14,8 +14,8 @@ import trio
 import trio.testing
 
 from aiserve_trio.adapters.openai import OpenAIAdapter
-from aiserve_trio.asgi import App
 from aiserve_trio.config import OpenAIAdapterConfig
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Exchange, Response, chat_body, make_scope
 from .authcfg import KEY_A, KEY_ADMIN, auth_app, bearer

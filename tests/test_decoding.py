@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from aiserve_trio.decoding import convert, describe, field_error, join_key
-from aiserve_trio.errors import ConfigError
+from aiserve_trio.core.decoding import convert, describe, field_error, join_key
+from aiserve_trio.core.errors import ConfigError
 
 
 class Inner(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -11,7 +11,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.server.disconnect import EXTENSION, ServerCall
 from aiserve_trio.sessions.bus import Session
 

@@ -16,9 +16,9 @@ from typing import cast
 
 from tools import errors_reference, metrics_reference
 
-from aiserve_trio import errors
-from aiserve_trio.asgi import App
+from aiserve_trio.core import errors
 from aiserve_trio.http.endpoints import Auth, Endpoint
+from aiserve_trio.runtime.asgi import App
 
 from .conftest import make_config
 from .servers import ROOT

@@ -15,9 +15,9 @@ import trio
 import trio.testing
 
 from aiserve_trio.adapters.mock import MockAdapter
-from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, MockAdapterConfig, parse_config
 from aiserve_trio.http.turns import Turns
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, chat_body
 from .conftest import config_text

@@ -44,9 +44,9 @@ import pytest
 import trio
 
 from aiserve_trio.adapters.openai import OpenAIAdapter
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
 from aiserve_trio.observability.metrics import STAGES
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.sim.model import token_text
 
 from .asgi_client import Client, Response

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from aiserve_trio import fdlimit
+from aiserve_trio.util import fdlimit
 
 from .servers import ROOT, hypercorn_gateway
 

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from aiserve_trio.adapters.mock import MockAdapter
-from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig, parse_config
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response
 from .conftest import config_text, make_config

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiserve_trio.config import LimitsConfig
-from aiserve_trio.errors import GatewayError
+from aiserve_trio.core.errors import GatewayError
 from aiserve_trio.stages.parse import decode_request
 
 from .asgi_client import Client
@@ -105,7 +105,7 @@ def test_app_answers_hostile_bodies_with_documented_statuses(body: bytes, ctype:
     app_cfg = make_config("", ttft_ms="0", inter_token_ms="0")
 
     async def one() -> Any:
-        from aiserve_trio.asgi import App
+        from aiserve_trio.runtime.asgi import App
 
         client = Client(App(app_cfg))
         with trio.fail_after(10):

@@ -12,10 +12,10 @@ import pytest
 import trio
 
 from aiserve_trio.adapters.base import Adapter
-from aiserve_trio.asgi import App
 from aiserve_trio.audit.schema import SchemaTooNew
 from aiserve_trio.config import Config
-from aiserve_trio.gateway import ORDER, build_gateway, open_gateway, opened
+from aiserve_trio.runtime.asgi import App
+from aiserve_trio.runtime.gateway import ORDER, build_gateway, open_gateway, opened
 from aiserve_trio.sessions.memory import MemoryBus
 
 from .conftest import make_config

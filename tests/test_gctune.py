@@ -1,4 +1,4 @@
-"""The garbage collector's tuning (``gctune.py``): what it does, and where it is applied."""
+"""The garbage collector's tuning (``util/gctune.py``): what it does, and where it is applied."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from aiserve_trio import gctune
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
+from aiserve_trio.util import gctune
 
 from .conftest import make_config
 from .servers import hypercorn_gateway
@@ -20,7 +20,7 @@ from .sim_gateway import running
 def test_tune_freezes_what_is_alive_and_raises_generation_0s_threshold() -> None:
     # In a process of its own: freezing this one would keep the suite's objects for good.
     code = (
-        "import gc, json; from aiserve_trio import gctune; "
+        "import gc, json; from aiserve_trio.util import gctune; "
         "before = gc.get_threshold(); said = gctune.tune(); "
         "print(json.dumps([before, gc.get_threshold(), gc.get_freeze_count(), said]))"
     )

@@ -16,8 +16,8 @@ from aiserve_trio.adapters.base import Delta, InferenceRequest
 from aiserve_trio.adapters.gemini import GeminiAdapter, gemini_body
 from aiserve_trio.adapters.gemini_stream import GeminiStreamDecoder
 from aiserve_trio.config import GeminiAdapterConfig
-from aiserve_trio.errors import BadRequest, UpstreamProtocolError, UpstreamStatusError
-from aiserve_trio.messages import FunctionCall, Message, Part, ToolCall
+from aiserve_trio.core.errors import BadRequest, UpstreamProtocolError, UpstreamStatusError
+from aiserve_trio.core.messages import FunctionCall, Message, Part, ToolCall
 
 from . import stream_cases
 

@@ -28,9 +28,8 @@ from aiserve_trio.adapters.base import (
 from aiserve_trio.adapters.group import GroupAdapter, Member, carries
 from aiserve_trio.adapters.health import State
 from aiserve_trio.adapters.retry import Progress
-from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, GroupAdapterConfig, GroupDeployment
-from aiserve_trio.errors import (
+from aiserve_trio.core.errors import (
     BadRequest,
     NoFallbackFits,
     NoHealthyDeployment,
@@ -40,6 +39,7 @@ from aiserve_trio.errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, chat_body
 from .conftest import make_config

@@ -36,8 +36,8 @@ import trio
 
 from aiserve_trio.adapters.group import GroupAdapter
 from aiserve_trio.adapters.health import State
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response
 from .servers import BIN, ROOT, free_port, wait_http

@@ -28,7 +28,7 @@ from aiserve_trio.adapters.base import Delta, EmbeddingRequest, InferenceRequest
 from aiserve_trio.adapters.openai import OpenAIAdapter
 from aiserve_trio.adapters.transport import H1Transport, Httpx2Transport
 from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
-from aiserve_trio.errors import UpstreamConnectError, UpstreamStatusError
+from aiserve_trio.core.errors import UpstreamConnectError, UpstreamStatusError
 
 from .fakes import RecordingHook
 

@@ -22,8 +22,8 @@ import trio
 from bench.h2_window import PATH, Upstream, chat_body, gateway_toml
 
 from aiserve_trio.adapters import openai
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 
 from .sim_gateway import running
 

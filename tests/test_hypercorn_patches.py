@@ -26,7 +26,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from aiserve_trio import server
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.server import datecache
 from aiserve_trio.server.fingerprints import PINNED, SUPPORTED, fingerprint, problems
 from aiserve_trio.server.tcp import GatewayTCPServer

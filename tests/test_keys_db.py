@@ -15,8 +15,8 @@ import pytest
 import trio
 import trio.testing
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.security.auth import hash_key
 
 from .asgi_client import Client, chat_body
@@ -307,7 +307,7 @@ async def test_without_an_audit_database_there_is_no_keys_api() -> None:
 
 
 def auth_config_app() -> object:
-    from aiserve_trio.asgi import App
+    from aiserve_trio.runtime.asgi import App
 
     return App(auth_config(auth_toml()))
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 
 from .authcfg import auth_config, auth_toml
 from .keyscfg import KEY_ADMIN, ROLE_KEYS, chat, create, h

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 
 from .authcfg import OFF
 from .conftest import config_text

@@ -20,10 +20,10 @@ import trio.lowlevel
 
 from aiserve_trio.adapters.base import Message
 from aiserve_trio.config import build_policies
+from aiserve_trio.core.slices import Steps, finish, run_sliced
 from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.policies.redact import build_rules
 from aiserve_trio.policies.stream import Rewriter
-from aiserve_trio.slices import Steps, finish, run_sliced
 
 from .conftest import config_text, make_config
 from .servers import hypercorn_gateway

@@ -27,13 +27,13 @@ import trio
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from aiserve_trio.asgi import App
 from aiserve_trio.cache.key import canonical, canonical_bytes, canonical_steps
 from aiserve_trio.config import build_policies
-from aiserve_trio.messages import decode_message
+from aiserve_trio.core.messages import decode_message
+from aiserve_trio.core.slices import CHARS_PER_STEP, ITEM_UNITS, UNITS_PER_STEP, Meter, Steps
 from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.policies.reach import Walker, decoded, decoded_steps
-from aiserve_trio.slices import CHARS_PER_STEP, ITEM_UNITS, UNITS_PER_STEP, Meter, Steps
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.stages.parse import scan_steps
 
 from .asgi_client import Client
@@ -55,7 +55,7 @@ def steps_cpu(steps: Steps[Any]) -> tuple[Any, float, int]:
     (or the start and the first, the last and the end) and the number of yields.
 
     The collector is off meanwhile: when it runs is the worker's business
-    (``gctune.py``), not the walker's; what is measured is the walker's own work."""
+    (``util/gctune.py``), not the walker's; what is measured is the walker's own work."""
     clock = time.thread_time
     longest = 0.0
     n = 0

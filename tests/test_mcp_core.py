@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from aiserve_trio.config import ConfigError, build_policies, parse_config
+from aiserve_trio.core.slices import finish
 from aiserve_trio.mcp import jsonrpc
 from aiserve_trio.mcp.endpoint import _cut, _page, _redact_fields, _redact_result
 from aiserve_trio.mcp.grants import EVERYTHING, Grants
@@ -21,7 +22,6 @@ from aiserve_trio.mcp.jsonrpc import Message, Reply, RpcError
 from aiserve_trio.mcp.settings import McpServerConfig
 from aiserve_trio.mcp.upstream import HttpUpstream, _Exchange
 from aiserve_trio.policies.base import PolicyContext
-from aiserve_trio.slices import finish
 
 from .conftest import config_text, make_config
 

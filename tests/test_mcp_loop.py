@@ -13,8 +13,8 @@ import time
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 
 from .conftest import config_text
 from .sim_gateway import running

@@ -9,8 +9,8 @@ import pytest
 
 from aiserve_trio.adapters.base import InferenceRequest
 from aiserve_trio.adapters.wire import chat_body
-from aiserve_trio.errors import BadRequest
-from aiserve_trio.messages import Message, decode_message, map_json_strings
+from aiserve_trio.core.errors import BadRequest
+from aiserve_trio.core.messages import Message, decode_message, map_json_strings
 
 
 def raw(obj: object, *, text: str | None = None) -> msgspec.Raw:

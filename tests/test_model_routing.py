@@ -14,9 +14,9 @@ import trio
 
 from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest, Usage
 from aiserve_trio.adapters.retry import Progress, RetryPolicy
-from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, parse_config
-from aiserve_trio.errors import UpstreamStatusError
+from aiserve_trio.core.errors import UpstreamStatusError
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client
 from .fakes import RecordingHook

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from aiserve_trio.config import parse_config
-from aiserve_trio.errors import ConfigError
+from aiserve_trio.core.errors import ConfigError
 
 from .conftest import config_text
 from .servers import hypercorn_gateway

@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.util.types import AnyValue
 
 from aiserve_trio.adapters.mock import MockAdapter
-from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig
 from aiserve_trio.observability.metrics import Metrics
 from aiserve_trio.observability.sched import SchedulerLag
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, chat_body
 from .conftest import make_config

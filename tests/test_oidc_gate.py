@@ -15,7 +15,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response, chat_body
 from .authcfg import KEY_ADMIN, auth_app, auth_toml

@@ -15,11 +15,11 @@ import pytest
 
 from aiserve_trio.adapters.base import InferenceRequest, ServedBy, Usage
 from aiserve_trio.adapters.mock import MockAdapter
-from aiserve_trio.budgets import plan
 from aiserve_trio.cache.service import Ticket
 from aiserve_trio.chains.plan import ChainReport
 from aiserve_trio.config import MockAdapterConfig
-from aiserve_trio.errors import (
+from aiserve_trio.core.budgets import plan
+from aiserve_trio.core.errors import (
     PolicyViolation,
     ReplyCapExceeded,
     StageDeadlineExceeded,
@@ -27,7 +27,7 @@ from aiserve_trio.errors import (
     UpstreamTimeout,
     WriteTimeout,
 )
-from aiserve_trio.messages import FunctionCall, ToolCall
+from aiserve_trio.core.messages import FunctionCall, ToolCall
 from aiserve_trio.observability.tracing import NOOP_TRACE
 from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.spend.prices import Pricing

@@ -12,9 +12,9 @@ import trio.testing
 from aiserve_trio.adapters.base import Adapter, Delta, DeltaSink, InferenceRequest
 from aiserve_trio.adapters.mock import MockAdapter
 from aiserve_trio.adapters.retry import Progress
-from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig
-from aiserve_trio.errors import UpstreamProtocolError
+from aiserve_trio.core.errors import UpstreamProtocolError
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.sessions.bus import Session, SessionBus
 
 from .asgi_client import Client, chat_body

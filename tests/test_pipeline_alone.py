@@ -13,13 +13,13 @@ import trio
 import trio.testing
 
 from aiserve_trio.adapters.mock import MockAdapter
-from aiserve_trio.budgets import plan
 from aiserve_trio.config import MockAdapterConfig
-from aiserve_trio.gateway import build_gateway
+from aiserve_trio.core.budgets import plan
 from aiserve_trio.http.responder import Responder
 from aiserve_trio.observability.tracing import NOOP_TRACE
-from aiserve_trio.pipeline import Pipeline
+from aiserve_trio.runtime.gateway import build_gateway
 from aiserve_trio.stages.outcome import NullRequestHook, Outcome
+from aiserve_trio.stages.pipeline import Pipeline
 from aiserve_trio.stages.types import RequestInfo
 
 from .conftest import make_config

@@ -13,8 +13,8 @@ import trio
 from aiserve_trio.adapters.base import DeltaSink, InferenceRequest
 from aiserve_trio.adapters.mock import MockAdapter
 from aiserve_trio.adapters.retry import Progress
-from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig, load_config
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, chat_body
 

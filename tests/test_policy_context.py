@@ -23,7 +23,7 @@ async def test_each_redacted_session_read_has_a_context_of_its_own(
         seen.append((ctx, len(ctx.actions)))
         return redact_values(values, policies, ctx, clear)
 
-    monkeypatch.setattr("aiserve_trio.builder.redact_values", spy)
+    monkeypatch.setattr("aiserve_trio.runtime.builder.redact_values", spy)
     async with running(app()) as a:
         client = Client(a)
         await fill(client)

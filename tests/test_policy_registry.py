@@ -16,7 +16,7 @@ from aiserve_trio.config import (
     load_config,
     parse_config,
 )
-from aiserve_trio.decoding import decode_toml
+from aiserve_trio.core.decoding import decode_toml
 from aiserve_trio.policies import registry
 from aiserve_trio.policies.base import (
     BuildContext,

@@ -18,9 +18,9 @@ from aiserve_trio.adapters.base import Delta, Usage
 from aiserve_trio.adapters.bedrock_stream import BedrockStreamDecoder
 from aiserve_trio.adapters.chat_stream import ChatStreamDecoder
 from aiserve_trio.adapters.gemini_stream import GeminiStreamDecoder
-from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, ConfigError, parse_config
 from aiserve_trio.console.spend import spend_view
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.sim.bedrock import event as bedrock_event
 from aiserve_trio.sim.prompt_cache import PromptCache
 from aiserve_trio.spend.prices import Pricing

@@ -15,8 +15,8 @@ import httpx2
 import openai
 import pytest
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client
 from .servers import ROOT, hypercorn_gateway

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import trio
 
-from aiserve_trio.errors import RateLimited
+from aiserve_trio.core.errors import RateLimited
 from aiserve_trio.security.auth import Principal
 from aiserve_trio.security.ratelimit import Bucket, MemoryLimiter, RedisLimiter, decide
 
@@ -141,8 +141,8 @@ async def test_two_gateways_share_the_redis_limit_and_shut_down_cleanly(redis_up
     # shutdown shield (Trio closes cancel scopes in reverse order of opening).
     import secrets
 
-    from aiserve_trio.asgi import App
     from aiserve_trio.config import parse_config
+    from aiserve_trio.runtime.asgi import App
 
     from .conftest import config_text
     from .test_sessions_http import running

@@ -16,11 +16,11 @@ import pytest
 import trio
 import trio.testing
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import Config, parse_config
 from aiserve_trio.record.line import hash_session
 from aiserve_trio.record.recorder import Chunk, RecFile, Rotation, ThreadDisk, expired
 from aiserve_trio.record.schema import decoder
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, chat_body
 from .authcfg import KEY_A, auth_toml

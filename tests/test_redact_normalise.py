@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiserve_trio.config import build_policies
-from aiserve_trio.messages import Message, decode_message
+from aiserve_trio.core.messages import Message, decode_message
+from aiserve_trio.core.slices import finish
 from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.policies.redact import build_rules
 from aiserve_trio.policies.stream import IGNORABLE, MAX_DROPPED_RUN, Rewriter
-from aiserve_trio.slices import finish
 
 from .conftest import make_config
 

@@ -20,16 +20,16 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import build_policies
-from aiserve_trio.errors import PolicyViolation
-from aiserve_trio.messages import Message, decode_message
+from aiserve_trio.core.errors import PolicyViolation
+from aiserve_trio.core.messages import Message, decode_message
+from aiserve_trio.core.slices import finish
 from aiserve_trio.policies.base import PolicyContext
 from aiserve_trio.policies.reach import Walker
 from aiserve_trio.policies.redact import GdprRedact, build_rules
 from aiserve_trio.policies.stream import Rewriter
 from aiserve_trio.record.recorder import ThreadDisk
-from aiserve_trio.slices import finish
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client
 from .conftest import make_config
@@ -165,7 +165,7 @@ def test_every_top_level_field_is_redacted(field: str, value: Any) -> None:
 
 
 def test_an_integer_too_long_to_read_is_invalid_json_not_a_500() -> None:
-    from aiserve_trio.errors import BadRequest
+    from aiserve_trio.core.errors import BadRequest
 
     raw = b'{"role":"user","content":"hi","x":' + b"7" * 5000 + b"}"
     with pytest.raises(BadRequest) as info:

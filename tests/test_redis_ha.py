@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
-from aiserve_trio.errors import RateLimited
+from aiserve_trio.core.errors import RateLimited
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.security.ratelimit import RedisLimiter
 
 from .asgi_client import Client, Response, chat_body

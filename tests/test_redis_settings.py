@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from aiserve_trio.config import ConfigError, parse_config
-from aiserve_trio.redisconn import client_for_url
+from aiserve_trio.util.redisconn import client_for_url
 
 BASE = (
     "[auth]\nenabled = false\n"

@@ -19,9 +19,9 @@ import trio
 import trio.testing
 
 from aiserve_trio.adapters.base import Adapter
-from aiserve_trio.asgi import App
 from aiserve_trio.config import load_config
 from aiserve_trio.reload import write_atomically
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Exchange, Response, make_scope
 from .authcfg import KEY_A, KEY_ADMIN, KEY_B, auth_toml, bearer

@@ -556,8 +556,8 @@ def test_a_recording_with_nothing_to_replay_exits_2(tmp_path: Path, capsys: pyte
 def test_traffic_recorded_by_the_app_replays_against_a_real_gateway(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiserve_trio.asgi import App
     from aiserve_trio.config import parse_config
+    from aiserve_trio.runtime.asgi import App
 
     from .asgi_client import Client
     from .authcfg import KEY_A, OFF, auth_toml, bearer

@@ -16,9 +16,9 @@ import pytest
 
 from aiserve_trio.adapters.mock import MockAdapter
 from aiserve_trio.apis import responses
-from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig
-from aiserve_trio.errors import BadRequest
+from aiserve_trio.core.errors import BadRequest
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client
 from .conftest import make_config

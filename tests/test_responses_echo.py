@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import trio.testing
 
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client
 from .conftest import make_config

@@ -12,7 +12,7 @@ import pytest
 
 from aiserve_trio.adapters.base import Delta
 from aiserve_trio.adapters.responses_stream import ResponsesStreamDecoder
-from aiserve_trio.errors import UpstreamProtocolError, UpstreamStatusError
+from aiserve_trio.core.errors import UpstreamProtocolError, UpstreamStatusError
 from aiserve_trio.sim.core import Prepared, SimCore
 from aiserve_trio.sim.model import SimSettings
 from aiserve_trio.sim.responses import ResponsesDialect

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from aiserve_trio.config import ConfigError
-from aiserve_trio.errors import Forbidden
+from aiserve_trio.core.errors import Forbidden
 from aiserve_trio.http.endpoints import Auth
 from aiserve_trio.security import roles
 from aiserve_trio.security.auth import Principal, hash_key

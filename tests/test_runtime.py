@@ -1,4 +1,4 @@
-"""A runtime and its generations, directly (``runtime.py``): which adapters a reload
+"""A runtime and its generations, directly (``runtime/generation.py``): which adapters a reload
 reuses, when a retired runtime is drained, and what is closed then -- only what no live
 runtime still holds. The app-level reload tests (``test_reload.py``) see the same through
 requests; here each rule is one small case."""
@@ -11,9 +11,9 @@ import trio.testing
 
 from aiserve_trio.adapters import build_adapters
 from aiserve_trio.config import Config
-from aiserve_trio.gateway import build_gateway
 from aiserve_trio.observability.events import NULL_HOOK
-from aiserve_trio.runtime import Generations, Held, Runtime, carry_adapters
+from aiserve_trio.runtime.gateway import build_gateway
+from aiserve_trio.runtime.generation import Generations, Held, Runtime, carry_adapters
 
 from .conftest import make_config
 

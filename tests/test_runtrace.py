@@ -12,7 +12,6 @@ import trio.testing
 from aiserve_trio.adapters.base import DeltaSink, InferenceRequest
 from aiserve_trio.adapters.mock import MockAdapter
 from aiserve_trio.adapters.retry import Progress
-from aiserve_trio.asgi import App
 from aiserve_trio.config import MockAdapterConfig
 from aiserve_trio.observability import runtrace
 from aiserve_trio.observability.annotate import TaskLabel
@@ -27,6 +26,7 @@ from aiserve_trio.observability.runtrace import (
     build_trace,
     trace_run,
 )
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, chat_body
 from .conftest import make_config
@@ -36,7 +36,7 @@ from .trace_events import check_trace_events
 REQ = "chatcmpl-1"
 INF = TaskLabel(REQ, "chat", "inference")
 SSE = TaskLabel(REQ, "chat", "sse")
-STAGE_TASK = "aiserve_trio.pipeline.Pipeline._stage"
+STAGE_TASK = "aiserve_trio.stages.pipeline.Pipeline._stage"
 # Task keys (the tracer uses id(task)).
 REQ_T, INF_T, SSE_T, OTHER_T, MODELS_T = 101, 102, 103, 104, 105
 LIVE = {REQ_T: ("hypercorn.app", TaskLabel(REQ, "chat")), INF_T: (STAGE_TASK, INF), SSE_T: (STAGE_TASK, SSE),

@@ -11,7 +11,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from aiserve_trio.vectors import vector
+from aiserve_trio.util.vectors import vector
 
 from .stack import stack as stack
 

@@ -13,9 +13,9 @@ import pytest
 import trio
 import trio.testing
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, load_config, parse_config
 from aiserve_trio.http.types import STRIKE
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.security.auth import hash_key
 from aiserve_trio.security.browser import BrowserGuard
 from aiserve_trio.security.edge import (

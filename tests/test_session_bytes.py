@@ -11,8 +11,8 @@ import msgspec
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, parse_config
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.sessions.bus import Turn, var_bytes
 from aiserve_trio.sessions.memory import (
     EVENT_OVERHEAD,

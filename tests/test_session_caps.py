@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import InferenceRequest, Message
 from aiserve_trio.adapters.tokens import fit_request, get_encoding, text_tokens_steps
-from aiserve_trio.asgi import App
 from aiserve_trio.config import SessionsConfig, parse_config
-from aiserve_trio.errors import BadRequest
+from aiserve_trio.core.errors import BadRequest
+from aiserve_trio.core.slices import finish
 from aiserve_trio.observability.metrics import Metrics
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.sessions.bus import SessionBus, SessionVarsFull, VarCaps
 from aiserve_trio.sessions.memory import MemoryBus
 from aiserve_trio.sessions.redis_streams import RedisBus
-from aiserve_trio.slices import finish
 
 from .asgi_client import Client, chat_body
 from .conftest import config_text

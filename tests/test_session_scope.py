@@ -9,8 +9,8 @@ import json
 
 import trio
 
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.security.auth import hash_key
 
 from .asgi_client import Client, chat_body

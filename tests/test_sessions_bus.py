@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from aiserve_trio.config import SessionsConfig
-from aiserve_trio.errors import BadRequest
+from aiserve_trio.core.errors import BadRequest
 from aiserve_trio.observability.metrics import Metrics
 from aiserve_trio.sessions.bus import (
     Event,

@@ -14,8 +14,8 @@ import trio
 
 from aiserve_trio.adapters.base import DeltaSink, InferenceRequest
 from aiserve_trio.adapters.retry import Progress
-from aiserve_trio.asgi import App
 from aiserve_trio.config import parse_config
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Exchange, Response, chat_body
 from .conftest import config_text

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import trio
 
-from aiserve_trio.asgi import App
-from aiserve_trio.budgets import DeadlineConfig, plan
 from aiserve_trio.config import parse_config
+from aiserve_trio.core.budgets import DeadlineConfig, plan
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import Client, Response, chat_body
 from .conftest import config_text

@@ -13,10 +13,10 @@ import trio
 import trio.testing
 
 from aiserve_trio.adapters.transcription import multipart_body, read_transcript
-from aiserve_trio.intents import DEFAULT_PROMPT, prompt
 from aiserve_trio.sim import SimApp, SimSettings, Timing
 from aiserve_trio.sim.audio import FormError, parse_form
-from aiserve_trio.wav import make_wav
+from aiserve_trio.util.intents import DEFAULT_PROMPT, prompt
+from aiserve_trio.util.wav import make_wav
 
 from .asgi_client import Client, Response
 

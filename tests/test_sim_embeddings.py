@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from aiserve_trio.sim import SimApp, SimSettings, Timing
-from aiserve_trio.vectors import DEFAULT_DIMENSIONS, cosine, vector
+from aiserve_trio.util.vectors import DEFAULT_DIMENSIONS, cosine, vector
 
 from .asgi_client import Client, Response
 

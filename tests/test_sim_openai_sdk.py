@@ -16,7 +16,7 @@ import trio
 import trio.testing
 from pydantic import BaseModel
 
-from aiserve_trio.vectors import vector
+from aiserve_trio.util.vectors import vector
 
 from .test_sim_chat import TOOL_RESULT, Weather, sim
 

@@ -15,7 +15,7 @@ from .test_architecture import ROOT
 PROBE = """
 import sys, trio
 import aiserve_trio
-from aiserve_trio.asgi import App
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.config import load_config
 from tests.asgi_client import Client, chat_body
 

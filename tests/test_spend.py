@@ -10,8 +10,8 @@ import msgspec
 import pytest
 
 from aiserve_trio.adapters.base import Adapter, Usage
-from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, parse_config
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.spend.prices import Pricing, decimal, unpriced_models
 from aiserve_trio.spend.settings import ModelPrice, PricingConfig
 

@@ -3,8 +3,8 @@
 import json
 from typing import Any
 
-from aiserve_trio.api import Usage
-from aiserve_trio.errors import StageDeadlineExceeded
+from aiserve_trio.core.api import Usage
+from aiserve_trio.core.errors import StageDeadlineExceeded
 from aiserve_trio.http.sse import DONE
 from aiserve_trio.http.sse import ChatFramer as SSEFramer
 from aiserve_trio.policies.base import OutputFilter, apply_filters, finish_filters

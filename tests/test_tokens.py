@@ -14,7 +14,7 @@ from aiserve_trio.adapters.tokens import (
     get_encoding,
     message_counter,
 )
-from aiserve_trio.errors import BadRequest
+from aiserve_trio.core.errors import BadRequest
 
 
 def one_per_message(m: Message) -> int:

@@ -25,9 +25,9 @@ import trustme
 
 from aiserve_trio.adapters import h1
 from aiserve_trio.adapters.tls import TLSSettings
-from aiserve_trio.asgi import App
 from aiserve_trio.config import ConfigError, load_config, parse_config
 from aiserve_trio.reload import watched_files
+from aiserve_trio.runtime.asgi import App
 from aiserve_trio.sim.cli import build_parser, tls_error
 from aiserve_trio.sim.model import token_text
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from aiserve_trio.asgi import App
 from aiserve_trio.audit.usage import MAX_TS, parse_query
-from aiserve_trio.errors import BadRequest
+from aiserve_trio.core.errors import BadRequest
+from aiserve_trio.runtime.asgi import App
 
 from .asgi_client import chat_body
 from .spendcfg import KEY_DAN, KEY_OPS, auth, running, spend_config

@@ -1,4 +1,4 @@
-"""``vectors.py``: lexical vectors that the mock, aiserve-sim and the semantic cache's tests use."""
+"""``util/vectors.py``: lexical vectors that the mock, aiserve-sim and the semantic cache's tests use."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiserve_trio.vectors import DEFAULT_DIMENSIONS, cosine, normalise, vector, words
+from aiserve_trio.util.vectors import DEFAULT_DIMENSIONS, cosine, normalise, vector, words
 
 
 def wide(text: str) -> str:
@@ -70,7 +70,7 @@ async def test_a_large_input_is_embedded_off_the_event_loop(
     # 200 KB of text is ~250 ms of hashing: the mock and aiserve-sim hand it to a
     # worker thread; a short input is embedded at once.
     from aiserve_trio.adapters import mock
-    from aiserve_trio.asgi import App
+    from aiserve_trio.runtime.asgi import App
     from aiserve_trio.sim import SimApp, SimSettings, Timing
     from aiserve_trio.sim import app as sim_app
 

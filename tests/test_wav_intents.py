@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from aiserve_trio.intents import DEFAULT_PROMPT, parse_label, prompt, simulated_label
-from aiserve_trio.wav import WavError, make_wav, read_wav, transcript
-from aiserve_trio.wavtool import main
+from aiserve_trio.util.intents import DEFAULT_PROMPT, parse_label, prompt, simulated_label
+from aiserve_trio.util.wav import WavError, make_wav, read_wav, transcript
+from aiserve_trio.util.wavtool import main
 
 LABELS = ["mortgage", "instalment", "card_limit"]
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from aiserve_trio.adapters.base import Delta, Usage
 from aiserve_trio.adapters.ws_reply import WsReplyDecoder
-from aiserve_trio.errors import (
+from aiserve_trio.core.errors import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamStatusError,

@@ -1,6 +1,6 @@
 """The error reference (docs/reference/errors.md), written from the code.
 
-Each error a client can see is a ``GatewayError`` subclass in ``aiserve_trio.errors``
+Each error a client can see is a ``GatewayError`` subclass in ``aiserve_trio.core.errors``
 with its HTTP status, envelope ``type``, default ``code`` and docstring; the codes a
 raise site gives instead (``BadRequest("...", code="unsupported_field")``) are found by
 reading ``src/aiserve_trio`` with :mod:`ast`. Nothing is written by hand, so a new code
@@ -29,7 +29,7 @@ class ErrorClass:
 
 
 def error_classes() -> list[ErrorClass]:
-    from aiserve_trio import errors
+    from aiserve_trio.core import errors
 
     out: list[ErrorClass] = []
     for name, cls in vars(errors).items():
@@ -142,7 +142,7 @@ passed on with the code the provider gave where the API has one (Azure OpenAI's
 `content_filter`, for one). A code with `{...}` in it is made when the error is raised.
 
 This page is written from the code at every build: the error classes of
-`aiserve_trio.errors` and every code a raise site in `src/aiserve_trio` names.
+`aiserve_trio.core.errors` and every code a raise site in `src/aiserve_trio` names.
 """
 
 

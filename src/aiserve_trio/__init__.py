@@ -18,18 +18,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
+from .core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from .asgi import App, create_app
     from .config import Config, load_config
+    from .runtime.asgi import App, create_app
 
 __all__ = ["App", "Config", "ConfigError", "__version__", "app", "create_app", "load_config"]
 
 #: What the package names, and the module each comes from (imported on first use).
 _LAZY = {
-    "App": "asgi",
-    "create_app": "asgi",
+    "App": "runtime.asgi",
+    "create_app": "runtime.asgi",
     "Config": "config",
     "load_config": "config",
 }
@@ -70,7 +70,7 @@ class _DeferredApp:
 
     def get(self) -> App:
         if self._app is None:
-            from .asgi import create_app
+            from .runtime.asgi import create_app
 
             self._app = create_app()
         return self._app
@@ -80,7 +80,7 @@ class _DeferredApp:
             try:
                 self.get()
             except ConfigError as exc:
-                from .startup import hypercorn_process, refuse_to_start
+                from .runtime.startup import hypercorn_process, refuse_to_start
 
                 role = hypercorn_process()
                 if role is not None:

@@ -42,14 +42,15 @@ from .adapters.settings import OpenAIAdapterConfig as OpenAIAdapterConfig
 from .adapters.settings import VllmWsAdapterConfig as VllmWsAdapterConfig
 from .adapters.tls import check_tls_files
 from .audit.settings import AuditConfig as AuditConfig
-from .budgets import BudgetsConfig, DeadlineConfig
 from .cache.settings import CacheConfig as CacheConfig
 from .chains.steps import StepConfig as StepConfig
-from .decoding import Section as _Section
-from .decoding import as_field, config_roots, confined, decode_toml, field_error, outside
+from .core.budgets import BudgetsConfig, DeadlineConfig
+from .core.decoding import Section as _Section
+from .core.decoding import as_field, config_roots, confined, decode_toml, field_error, outside
 
 # ConfigError lives with the other errors; re-exported for code that imports it from here.
-from .errors import ConfigError as ConfigError
+from .core.errors import ConfigError as ConfigError
+from .core.tenants import check_tenant
 from .http.settings import CORS_ALLOW_HEADERS as CORS_ALLOW_HEADERS
 from .http.settings import CORS_EXPOSE_HEADERS as CORS_EXPOSE_HEADERS
 from .http.settings import CorsConfig as CorsConfig
@@ -73,7 +74,6 @@ from .security.settings import AuthConfig, KeysFile, read_keys_file
 from .security.settings import LimitsConfig as LimitsConfig
 from .sessions.settings import SessionsConfig as SessionsConfig
 from .spend.settings import PricingConfig, TenantConfig, unkept
-from .tenants import check_tenant
 
 #: The keys file's table (``[auth] keys_file``), as the tests and docs tools name it.
 _KeysFile = KeysFile

@@ -45,7 +45,7 @@ from .config import (
     load_config,
     parse_config,
 )
-from .decoding import config_roots, confined
+from .core.decoding import config_roots, confined
 
 log = logging.getLogger("aiserve_trio.reload")
 

@@ -18,9 +18,9 @@ from .adapters.settings import AdapterConfig, adapter_kind
 from .cache.settings import RouteCache
 from .chains.plan import AdapterFacts, check_chain
 from .chains.steps import StepConfig
-from .decoding import Section, as_field, field_error, positive
+from .core.decoding import Section, as_field, field_error, positive
+from .core.tenants import check_tenant
 from .policies.base import Policy
-from .tenants import check_tenant
 
 #: Metric labels: route names and channels.
 LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")

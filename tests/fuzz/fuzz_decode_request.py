@@ -14,7 +14,7 @@ import atheris
 
 with atheris.instrument_imports():
     from aiserve_trio.config import LimitsConfig
-    from aiserve_trio.errors import GatewayError
+    from aiserve_trio.core.errors import GatewayError
     from aiserve_trio.stages.parse import decode_request
 
 LIMITS = LimitsConfig()

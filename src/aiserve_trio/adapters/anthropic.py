@@ -39,8 +39,8 @@ from typing import Any
 
 import msgspec
 
-from ..errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamStatusError
-from ..messages import Message
+from ..core.errors import BadRequest, GatewayError, PayloadTooLarge, UpstreamStatusError
+from ..core.messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .anthropic_native import AnthropicNativeDecoder
 from .anthropic_stream import AnthropicStreamDecoder

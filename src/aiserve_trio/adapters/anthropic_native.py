@@ -5,7 +5,7 @@ A client that speaks the Messages API to a ``messages`` route whose backend is
 framer). This decoder reads the stream as :class:`~.anthropic_stream.AnthropicStreamDecoder`
 does -- text, thinking, tool input, the stop reason and the usage, for the
 pipeline's policies, sessions, spend and audit -- and hands each event on with
-its bytes (:class:`~aiserve_trio.api.NativeEvents`):
+its bytes (:class:`~aiserve_trio.core.api.NativeEvents`):
 
 - consecutive ``text_delta`` or ``thinking_delta`` events of one block in one
   read become one delta (their bytes joined), as the translated decoder joins them;

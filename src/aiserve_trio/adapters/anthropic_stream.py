@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from ..errors import UpstreamProtocolError, UpstreamStatusError
+from ..core.errors import UpstreamProtocolError, UpstreamStatusError
 from .base import Delta, ToolCallDelta, Usage
 from .pieces import EventReader, Pieces
 from .sse_parser import Event

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 from urllib.parse import quote
 
-from ..errors import BadRequest, GatewayError, UpstreamStatusError
+from ..core.errors import BadRequest, GatewayError, UpstreamStatusError
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .base import Capabilities, Delta, InferenceRequest
 from .chat_stream import ChatStreamDecoder

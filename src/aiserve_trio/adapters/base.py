@@ -1,7 +1,7 @@
 """The adapter interface: how the inference stage talks to a model backend.
 
 An adapter turns one :class:`InferenceRequest` into a stream of :class:`Delta`
-sent into a Trio memory channel, and raises an :class:`~aiserve_trio.errors.UpstreamError`
+sent into a Trio memory channel, and raises an :class:`~aiserve_trio.core.errors.UpstreamError`
 subclass when the backend fails. It owns its connection pool, which lives for
 the app's lifetime: :meth:`Adapter.aopen` runs in lifespan start-up (with the
 app's lifetime nursery, for tasks a pool needs) and :meth:`Adapter.aclose` at
@@ -31,9 +31,9 @@ from typing import Protocol, TypeVar, final
 import msgspec
 import trio
 
-from ..api import NativeEvents
-from ..errors import BadRequest, UpstreamProtocolError, UpstreamTimeout
-from ..messages import Message
+from ..core.api import NativeEvents
+from ..core.errors import BadRequest, UpstreamProtocolError, UpstreamTimeout
+from ..core.messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .retry import NO_RETRIES, Progress, RetryPolicy, run_with_retries
 

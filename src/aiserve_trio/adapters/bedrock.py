@@ -49,8 +49,8 @@ import httpx2
 import msgspec
 import trio
 
-from ..errors import BadRequest, ConfigError, GatewayError, UpstreamStatusError
-from ..messages import Message
+from ..core.errors import BadRequest, ConfigError, GatewayError, UpstreamStatusError
+from ..core.messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .base import InferenceRequest
 from .bedrock_stream import BedrockStreamDecoder

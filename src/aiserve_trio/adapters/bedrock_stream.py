@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..errors import BadRequest, GatewayError, UpstreamProtocolError, UpstreamStatusError
+from ..core.errors import BadRequest, GatewayError, UpstreamProtocolError, UpstreamStatusError
 from .base import Delta, ToolCallDelta, Usage
 from .eventstream import EventStreamDecoder, EventStreamError, Message
 from .pieces import EventReader, Pieces

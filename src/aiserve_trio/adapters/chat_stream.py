@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..errors import UpstreamProtocolError
+from ..core.errors import UpstreamProtocolError
 from .base import Delta, ToolCallDelta, Usage, cache_counts
 from .sse_parser import SSEDecodeError, SSEParser
 

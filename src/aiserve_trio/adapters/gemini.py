@@ -35,8 +35,8 @@ from urllib.parse import quote
 
 import msgspec
 
-from ..errors import BadRequest, GatewayError, UpstreamStatusError
-from ..messages import Message
+from ..core.errors import BadRequest, GatewayError, UpstreamStatusError
+from ..core.messages import Message
 from ..observability.events import NULL_HOOK, UpstreamHook
 from .base import InferenceRequest
 from .gemini_stream import GeminiStreamDecoder

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from ..errors import BadRequest, UpstreamProtocolError
+from ..core.errors import BadRequest, UpstreamProtocolError
 from .base import Delta, ToolCallDelta, Usage
 from .pieces import EventReader, Pieces
 from .sse_parser import Event

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import msgspec
 import trio
 
-from ..errors import (
+from ..core.errors import (
     BadRequest,
     GatewayError,
     NoFallbackFits,

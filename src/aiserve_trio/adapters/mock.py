@@ -10,9 +10,9 @@ policies by hand.
 
 It also plays the parts a chain asks of models (``chains/``), deterministically:
 a classify prompt (a system message with a ``Labels:`` line) is answered with the
-listed label the last user message names, else ``unknown`` (``intents.py``);
+listed label the last user message names, else ``unknown`` (``util/intents.py``);
 speech to text (:meth:`MockAdapter.transcribe_once`) hears a WAV's comment
-(``wav.py``). aiserve-sim answers both the same way.
+(``util/wav.py``). aiserve-sim answers both the same way.
 
 A rule may also give ``reasoning`` (streamed as ``reasoning_content`` before the
 reply) and a ``tool_call`` (a function name and templated JSON arguments): when
@@ -40,11 +40,11 @@ from typing import Any
 import msgspec
 import trio
 
-from ..errors import BadRequest
-from ..intents import simulated_label
+from ..core.errors import BadRequest
 from ..observability.events import NULL_HOOK, UpstreamHook
-from ..vectors import DEFAULT_DIMENSIONS, embedding_inputs, embeddings_body, heavy
-from ..wav import WavError, transcript
+from ..util.intents import simulated_label
+from ..util.vectors import DEFAULT_DIMENSIONS, embedding_inputs, embeddings_body, heavy
+from ..util.wav import WavError, transcript
 from .base import (
     Adapter,
     Capabilities,
@@ -221,7 +221,7 @@ class MockAdapter(Adapter):
         await send.send(Delta(finish_reason=finish, usage=usage))
 
     async def transcribe_once(self, request: TranscriptionRequest) -> str:
-        """A WAV's comment, or a sentence naming its length (``wav.py``), after ``ttft_ms``.
+        """A WAV's comment, or a sentence naming its length (``util/wav.py``), after ``ttft_ms``.
 
         Raises:
             BadRequest: ``format`` is ``wav`` and the audio is not a WAV file.
@@ -236,7 +236,7 @@ class MockAdapter(Adapter):
         return text
 
     async def embed_once(self, request: EmbeddingRequest) -> bytes:
-        """Lexical unit vectors (``vectors.py``): the same text, the same vector; texts
+        """Lexical unit vectors (``util/vectors.py``): the same text, the same vector; texts
         sharing their words are near.
 
         Raises:

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 import msgspec
 import trio
 
-from ..errors import BadRequest, ConfigError, GatewayError, UpstreamConnectError
-from ..messages import Message
+from ..core.errors import BadRequest, ConfigError, GatewayError, UpstreamConnectError
+from ..core.messages import Message
 from ..observability.annotate import upstream_read
 from ..observability.events import NULL_HOOK, UpstreamHook
 from . import h1

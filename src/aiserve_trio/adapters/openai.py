@@ -34,7 +34,7 @@ import httpx2
 import msgspec
 import trio
 
-from ..errors import (
+from ..core.errors import (
     BadRequest,
     ConfigError,
     GatewayError,

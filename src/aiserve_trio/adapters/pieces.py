@@ -13,8 +13,8 @@ from typing import Any, ClassVar, Protocol
 
 import msgspec
 
-from ..api import NativeEvents
-from ..errors import GatewayError, UpstreamProtocolError
+from ..core.api import NativeEvents
+from ..core.errors import GatewayError, UpstreamProtocolError
 from .base import Delta
 from .sse_parser import Event, SSEDecodeError, SSEParser
 

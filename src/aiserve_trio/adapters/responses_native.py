@@ -5,7 +5,7 @@ adapter with ``wire = "responses"``) gets the provider's own events
 (``apis/responses_native.py``'s framer). This decoder reads the stream as
 :class:`~.responses_stream.ResponsesStreamDecoder` does -- text, reasoning, refusals,
 function calls, the usage and the end, for the pipeline's policies, spend, sessions and
-audit -- and hands each event on with its bytes (:class:`~aiserve_trio.api.NativeEvents`,
+audit -- and hands each event on with its bytes (:class:`~aiserve_trio.core.api.NativeEvents`,
 ``index`` the event's ``output_index``):
 
 - consecutive text deltas of one item and kind in one read become one delta (their

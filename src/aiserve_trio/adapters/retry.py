@@ -20,7 +20,7 @@ from typing import Protocol
 
 import trio
 
-from ..errors import (
+from ..core.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamStatusError,

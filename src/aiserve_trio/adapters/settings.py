@@ -16,7 +16,7 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from ..decoding import Section, field_error, not_above, positive
+from ..core.decoding import Section, field_error, not_above, positive
 
 
 class MockToolCall(Section):

@@ -26,8 +26,8 @@ from typing import Final, final
 
 import msgspec
 
-from ..decoding import confined, outside
-from ..errors import ConfigError
+from ..core.decoding import confined, outside
+from ..core.errors import ConfigError
 from .settings import UpstreamTLS
 
 __all__ = ["TLSFileError", "TLSSettings", "check_tls_files", "client_tls_context", "reason"]

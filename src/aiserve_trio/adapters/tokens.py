@@ -29,8 +29,8 @@ from typing import Protocol
 import msgspec
 import trio
 
-from ..errors import BadRequest
-from ..slices import CHARS_PER_STEP, Steps, finish, run_sliced
+from ..core.errors import BadRequest
+from ..core.slices import CHARS_PER_STEP, Steps, finish, run_sliced
 from .base import InferenceRequest, Message
 
 #: Framing tokens per message, and for a ``name`` field (OpenAI's chat accounting).

@@ -5,7 +5,7 @@ path under its ``base_url``, headers, body -- and gets back an exchange: the
 status, the headers, and the body as an async stream of bytes (an event stream is
 decoded by the adapter: ``sse_parser.py``). Every failure of the transport reaches
 the adapter already translated into the gateway's
-:class:`~aiserve_trio.errors.UpstreamError` hierarchy, naming the adapter; a
+:class:`~aiserve_trio.core.errors.UpstreamError` hierarchy, naming the adapter; a
 status is not a failure here, the adapter decides what a 4xx or 5xx means
 (:func:`status_error` is the usual answer).
 
@@ -44,7 +44,7 @@ import httpx2
 import msgspec
 import trio
 
-from ..errors import (
+from ..core.errors import (
     ConfigError,
     UpstreamConnectError,
     UpstreamError,

@@ -42,7 +42,7 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
-from ..errors import (
+from ..core.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError, UpstreamTimeout
+from ..core.errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError, UpstreamTimeout
 from .base import Delta, ToolCallDelta, Usage, cache_counts
 
 _NULL = msgspec.Raw(b"null")

@@ -14,7 +14,7 @@ translating ones:
   response assembler released, ``close(finish_reason, usage) -> bytes`` and
   ``fail(err) -> bytes``, its states in tables;
 - ``body(completion, view) -> bytes``: the whole reply, when the client did not stream;
-- ``error(err) -> (status, body)``: any :class:`~aiserve_trio.errors.GatewayError`
+- ``error(err) -> (status, body)``: any :class:`~aiserve_trio.core.errors.GatewayError`
   in the API's own error shape, before the response head;
 - what sets the API apart, as capabilities the core asks for, never its kind:
   ``native`` (pass-through), ``stored`` (replies stored under their id),

@@ -15,8 +15,8 @@ other APIs, so that the core never asks which API it serves:
 
 from __future__ import annotations
 
-from ..api import ChatCompletion, Usage, encoder, error_json
-from ..errors import GatewayError
+from ..core.api import ChatCompletion, Usage, encoder, error_json
+from ..core.errors import GatewayError
 from ..http.sse import DONE, PING, ChatFramer
 from .common import Codec
 

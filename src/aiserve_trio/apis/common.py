@@ -11,9 +11,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ..api import ChatCompletion, ChunkDelta, NativeEvents
-from ..api import Usage as WireUsage
-from ..errors import BadRequest, GatewayError
+from ..core.api import ChatCompletion, ChunkDelta, NativeEvents
+from ..core.api import Usage as WireUsage
+from ..core.errors import BadRequest, GatewayError
 
 
 class Framer(Protocol):

@@ -34,9 +34,9 @@ from typing import Any
 
 import msgspec
 
-from ..api import ChatCompletion, ChunkDelta, NativeEvents
-from ..api import Usage as WireUsage
-from ..errors import BadRequest, GatewayError, UpstreamProtocolError
+from ..core.api import ChatCompletion, ChunkDelta, NativeEvents
+from ..core.api import Usage as WireUsage
+from ..core.errors import BadRequest, GatewayError, UpstreamProtocolError
 from .common import (
     IMAGE_TYPES,
     Codec,

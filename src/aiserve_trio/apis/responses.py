@@ -37,9 +37,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..api import ChatCompletion, ChunkDelta, error_json
-from ..api import Usage as WireUsage
-from ..errors import BadRequest, GatewayError, UpstreamProtocolError
+from ..core.api import ChatCompletion, ChunkDelta, error_json
+from ..core.api import Usage as WireUsage
+from ..core.errors import BadRequest, GatewayError, UpstreamProtocolError
 from .common import (
     Codec,
     Stream,

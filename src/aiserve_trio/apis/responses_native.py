@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from ..api import ChunkDelta, NativeEvents
-from ..api import Usage as WireUsage
+from ..core.api import ChunkDelta, NativeEvents
+from ..core.api import Usage as WireUsage
 from .common import NativeSpec, State, encoder, rewrite_strings
 from .responses import ResponsesFramer
 

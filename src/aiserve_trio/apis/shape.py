@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..errors import BadRequest
+from ..core.errors import BadRequest
 from ..security.settings import LimitsConfig
 
 #: An absent field (``Raw`` takes any JSON value; ``Raw | None`` would take only null).

@@ -75,7 +75,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 import trio
 from prometheus_client import Counter, Gauge
 
-from ..errors import ConfigError, Overloaded
+from ..core.errors import ConfigError, Overloaded
 from ..policies.redact import GdprRedact, build_rules
 from ..policies.stream import Rewriter
 from .row import Row, RowBuilder, Unredacted, access_line

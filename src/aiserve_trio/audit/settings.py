@@ -30,7 +30,7 @@ from typing import Literal
 
 import msgspec
 
-from ..decoding import field_error
+from ..core.decoding import field_error
 
 
 class AuditConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..api import encoder
-from ..errors import BadRequest, NotFound
+from ..core.api import encoder
+from ..core.errors import BadRequest, NotFound
 from ..http.types import JSON_HEADERS, Headers
 from ..observability.debug import query_params
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import Overloaded, StageDeadlineExceeded, UpstreamError
+from ..core.errors import Overloaded, StageDeadlineExceeded, UpstreamError
 
 
 class CacheUnavailable(Overloaded):

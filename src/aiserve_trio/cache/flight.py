@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import trio
 
 if TYPE_CHECKING:
-    from ..errors import GatewayError
+    from ..core.errors import GatewayError
     from .entry import Replayed
 
 

@@ -37,8 +37,8 @@ from typing import Any
 
 import msgspec
 
-from ..errors import BadRequest
-from ..slices import ITEM_UNITS, Meter, Steps, finish
+from ..core.errors import BadRequest
+from ..core.slices import ITEM_UNITS, Meter, Steps, finish
 
 #: Changes when what the key covers or how an entry is encoded changes.
 KEY_VERSION = 1

@@ -33,7 +33,7 @@ import coredis
 import coredis.exceptions
 from coredis.tokens import PureToken
 
-from ..redisconn import client_for_url
+from ..util.redisconn import client_for_url
 from .backend import CacheBackend, Claim, Record
 from .entry import Entry, decode
 from .errors import CacheUnavailable

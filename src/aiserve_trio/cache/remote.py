@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 import msgspec
 import trio
 
-from ..errors import GatewayError
+from ..core.errors import GatewayError
 from ..observability.events import CacheHook
 from .backend import CacheBackend
 from .entry import decode_pieces, encode_pieces

@@ -42,7 +42,7 @@ import numpy as np
 import trio
 
 from ..adapters.base import EmbeddingRequest
-from ..errors import GatewayError
+from ..core.errors import GatewayError
 from ..observability.events import NULL_HOOK, CacheHook
 from .errors import CacheUnavailable
 from .facts import facts

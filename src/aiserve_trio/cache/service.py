@@ -46,9 +46,9 @@ import msgspec
 import trio
 
 from ..adapters.retry import is_retryable
-from ..errors import GatewayError, InternalError, UpstreamError
+from ..core.errors import GatewayError, InternalError, UpstreamError
+from ..core.slices import run_sliced
 from ..observability.events import NULL_HOOK, CacheHook
-from ..slices import run_sliced
 from .backend import CacheBackend, MemoryBackend
 from .entry import (
     Entry,

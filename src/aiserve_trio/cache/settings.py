@@ -9,8 +9,8 @@ from typing import Literal
 
 import msgspec
 
-from ..decoding import Section, field_error, positive
-from ..redisconn import RedisSettings
+from ..core.decoding import Section, field_error, positive
+from ..util.redisconn import RedisSettings
 
 
 class RouteSemantic(Section):

@@ -7,7 +7,7 @@
 filters the awaited draft.
 
 **The budget.** A chain runs inside the inference stage: its budget is the time
-from when the chain starts to the inference cut point (``budgets.py``), time the
+from when the chain starts to the inference cut point (``core/budgets.py``), time the
 context stage did not use included. It is carved like the stages' budget, into
 cumulative cut points in step order: a step must be done by ``start + W x (the
 shares of the steps up to it)``, so time a step does not use rolls over to the
@@ -33,7 +33,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..messages import Message
+from ..core.messages import Message
 from .steps import (
     ClassifyStep,
     GenerateStep,

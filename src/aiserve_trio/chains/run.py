@@ -4,7 +4,7 @@ The inference stage hands a chain route's request to :meth:`Chain.run` instead
 of calling the route's adapter. The steps run in plan order (``plan.py``), each
 in a span of its own (``step NAME``, under the inference span) and, when it
 makes a call, inside a cancel scope at its cut point: a step that passes it
-ends the request with :class:`~aiserve_trio.errors.StepDeadlineExceeded`
+ends the request with :class:`~aiserve_trio.core.errors.StepDeadlineExceeded`
 naming the step (a 504 before the answer began, the final error event after).
 
 What the steps hand each other lives in one :class:`_Work` per request, owned
@@ -56,11 +56,11 @@ from ..adapters.base import (
     TranscriptionRequest,
     Usage,
 )
-from ..errors import BadRequest, GatewayError, StepDeadlineExceeded, UpstreamTimeout
-from ..intents import parse_label, prompt
-from ..messages import Message, Part
+from ..core.errors import BadRequest, GatewayError, StepDeadlineExceeded, UpstreamTimeout
+from ..core.messages import Message, Part
 from ..policies.base import OutputFilter, apply_filters, finish_filters
-from ..wav import FORMATS
+from ..util.intents import parse_label, prompt
+from ..util.wav import FORMATS
 from .plan import Plan, PlannedStep, build_plan, match_rules, route_choice
 from .state import ChainRun
 from .steps import ClassifyStep, GenerateStep, RewriteStep, RouteStep, StepBase, TranscribeStep

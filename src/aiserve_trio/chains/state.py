@@ -13,7 +13,7 @@ import trio
 from .plan import ChainReport, PlannedStep, StepRun
 
 if TYPE_CHECKING:
-    from ..messages import Message
+    from ..core.messages import Message
 
 
 class ChainRun:

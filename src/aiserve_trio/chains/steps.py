@@ -21,8 +21,8 @@ from typing import ClassVar
 
 import msgspec
 
-from ..decoding import field_error
-from ..intents import DEFAULT_PROMPT
+from ..core.decoding import field_error
+from ..util.intents import DEFAULT_PROMPT
 
 #: Step names and labels: they become metric label values and header items.
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")

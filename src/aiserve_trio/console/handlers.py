@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 import trio
 
-from ..budgets import STAGES
 from ..config import ConfigError, parse_config
-from ..errors import (
+from ..core.budgets import STAGES
+from ..core.errors import (
     BadRequest,
     BodyReadTimeout,
     Conflict,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import PayloadTooLarge
+from ..core.errors import PayloadTooLarge
 from .types import Receive
 
 

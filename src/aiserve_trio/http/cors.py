@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..errors import Forbidden
+from ..core.errors import Forbidden
 from .settings import CorsConfig
 from .types import Headers
 

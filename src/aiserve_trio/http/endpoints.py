@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import GatewayError, MethodNotAllowed, NotFound
+from ..core.errors import GatewayError, MethodNotAllowed, NotFound
 from .responder import ErrorShape, Responder
 from .types import Receive, Scope
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import trio
 
-from ..api import error_json
-from ..errors import GatewayError, WriteTimeout
+from ..core.api import error_json
+from ..core.errors import GatewayError, WriteTimeout
 from .types import DEFER, JSON_HEADERS, Headers, Send
 
 #: An error as an API's status and body (``apis/``).

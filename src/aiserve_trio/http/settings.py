@@ -9,7 +9,7 @@ import re
 
 import msgspec
 
-from ..decoding import Section, field_error
+from ..core.decoding import Section, field_error
 
 #: ``[cors] allow_headers`` by default: what the API's browser clients send.
 CORS_ALLOW_HEADERS = (

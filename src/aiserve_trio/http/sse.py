@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ..api import ChatCompletionChunk, ChunkChoice, ChunkDelta, Usage, encoder, error_json
-from ..errors import GatewayError, Overloaded
+from ..core.api import ChatCompletionChunk, ChunkChoice, ChunkDelta, Usage, encoder, error_json
+from ..core.errors import GatewayError, Overloaded
 
 DONE = b"data: [DONE]\n\n"
 #: A comment: keeps proxies and browsers from timing an idle stream out.

@@ -7,7 +7,7 @@ from contextvars import ContextVar
 
 import trio
 
-from ..errors import Shed, StageDeadlineExceeded
+from ..core.errors import Shed, StageDeadlineExceeded
 
 
 class Turns:

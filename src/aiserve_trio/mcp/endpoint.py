@@ -31,12 +31,12 @@ import trio
 
 from ..audit.row import Unredacted
 from ..audit.schema import COLUMNS
-from ..budgets import TIMEOUT_HEADER, effective_timeout_ms
-from ..errors import BadRequest, GatewayError, PayloadTooLarge, RateLimited
+from ..core.budgets import TIMEOUT_HEADER, effective_timeout_ms
+from ..core.errors import BadRequest, GatewayError, PayloadTooLarge, RateLimited
+from ..core.slices import ITEM_UNITS, Meter, Steps, finish, run_sliced
 from ..http.body import read_body
 from ..policies.base import Policy, PolicyContext
 from ..server import server_call
-from ..slices import ITEM_UNITS, Meter, Steps, finish, run_sliced
 from . import jsonrpc
 from .grants import EVERYTHING, Grants
 from .hub import Session

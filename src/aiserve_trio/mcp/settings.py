@@ -7,8 +7,8 @@ import re
 
 import msgspec
 
-from ..decoding import Section, as_field, field_error
-from ..tenants import check_tenant
+from ..core.decoding import Section, as_field, field_error
+from ..core.tenants import check_tenant
 
 #: A server's name: it prefixes its tools (``name__tool``), so it has no ``_``.
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")

@@ -29,7 +29,7 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
-from ..errors import BadRequest, Conflict, Overloaded
+from ..core.errors import BadRequest, Conflict, Overloaded
 from .profile import (
     FORMATS,
     HTML_CSP,

@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..errors import UpstreamError
+    from ..core.errors import UpstreamError
 
 
 class UpstreamHook(Protocol):

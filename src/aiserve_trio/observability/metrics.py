@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
-from ..budgets import STAGES
+from ..core.budgets import STAGES
 from .baseline import Assessment
 
 #: The semantic cache's similarity histogram: fine near the thresholds one tunes.

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 from opentelemetry.trace import Span
 
-from ..errors import Shed, StageDeadlineExceeded
+from ..core.errors import Shed, StageDeadlineExceeded
 from .baseline import BaselineMonitor
 from .metrics import STAGES, Metrics, label_value
 from .tracing import NOOP_TRACE, upstream_attempt
@@ -28,7 +28,7 @@ from .tracing import NOOP_TRACE, upstream_attempt
 if TYPE_CHECKING:
     from prometheus_client import Counter, Histogram
 
-    from ..errors import UpstreamError
+    from ..core.errors import UpstreamError
     from ..stages.outcome import Outcome
 
 log = logging.getLogger("aiserve_trio.observer")

@@ -5,7 +5,7 @@ A leaf module (msgspec and the decoding helpers): the config imports it.
 
 from __future__ import annotations
 
-from ..decoding import Section, field_error, positive
+from ..core.decoding import Section, field_error, positive
 
 
 class MetricsConfig(Section):

@@ -20,9 +20,9 @@ import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..decoding import field_error
-from ..errors import ConfigError, PolicyViolation
-from ..slices import CHARS_PER_STEP, Steps, finish
+from ..core.decoding import field_error
+from ..core.errors import ConfigError, PolicyViolation
+from ..core.slices import CHARS_PER_STEP, Steps, finish
 from .base import BuildContext, Policy, PolicyContext, PolicyKind, PolicySettings, Table, read_pack
 from .stream import ZERO_WIDTH
 

@@ -9,7 +9,7 @@ takes. :mod:`.registry` maps kind names to kinds (the built-in ones and
 third-party ones from entry points) and builds a route's policies.
 
 Input policies see the whole request and return the (possibly rewritten)
-messages or raise :class:`~aiserve_trio.errors.PolicyViolation`. Output
+messages or raise :class:`~aiserve_trio.core.errors.PolicyViolation`. Output
 policies give, per request, an :class:`OutputFilter`: a sans-IO state machine
 over the reply text that may hold back a bounded tail.
 
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
 
 import msgspec
 
-from ..decoding import confined, convert, decode_toml, outside
-from ..errors import ConfigError
-from ..slices import Steps
+from ..core.decoding import confined, convert, decode_toml, outside
+from ..core.errors import ConfigError
+from ..core.slices import Steps
 
 if TYPE_CHECKING:
     from ..adapters.base import Message
@@ -134,7 +134,7 @@ class Table(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tru
 
     Frozen: decoded once at load, never changed (subclasses repeat ``frozen=True``
     for type checkers). ``__post_init__`` methods raise
-    :func:`~aiserve_trio.decoding.field_error` to name the key that is wrong.
+    :func:`~aiserve_trio.core.decoding.field_error` to name the key that is wrong.
     """
 
 

@@ -31,8 +31,8 @@ from typing import Annotated, Any, Self
 import msgspec
 import regex
 
-from ..decoding import convert
-from ..errors import ConfigError
+from ..core.decoding import convert
+from ..core.errors import ConfigError
 from .base import (
     BuildContext,
     OutputFilter,

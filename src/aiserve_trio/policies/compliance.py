@@ -22,7 +22,7 @@ from typing import Any
 
 import regex
 
-from ..decoding import field_error
+from ..core.decoding import field_error
 from .base import (
     BuildContext,
     OutputFilter,

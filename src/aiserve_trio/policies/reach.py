@@ -18,9 +18,9 @@ must see every string that goes upstream, not only the message text:
   ``file_data`` -- cannot be read as text: passed as they are, or refused naming
   the field (:class:`Opaque`), as the policy's ``opaque`` setting says.
 
-Everything is a :data:`~aiserve_trio.slices.Steps` generator: the rewrite of a
+Everything is a :data:`~aiserve_trio.core.slices.Steps` generator: the rewrite of a
 long string yields between slices, and the walk itself yields by the work it has
-done (a :class:`~aiserve_trio.slices.Meter` charged per string, key, number and
+done (a :class:`~aiserve_trio.core.slices.Meter` charged per string, key, number and
 element visited and per character rewritten), so a value of a hundred thousand
 one-character strings yields as often as one long string does (issue 51).
 """
@@ -34,8 +34,8 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 
 import msgspec
 
-from ..errors import BadRequest
-from ..slices import ITEM_UNITS, Meter, Steps
+from ..core.errors import BadRequest
+from ..core.slices import ITEM_UNITS, Meter, Steps
 
 #: Rewrites one text in steps (the policy's rewriter).
 StepRewrite = Callable[[str], Steps[str]]

@@ -34,10 +34,10 @@ import regex
 from stdnum import iban, luhn
 from stdnum.cn import ric
 
-from ..decoding import field_error
-from ..errors import PolicyViolation
-from ..messages import decode_message
-from ..slices import ITEM_UNITS, Steps, finish
+from ..core.decoding import field_error
+from ..core.errors import PolicyViolation
+from ..core.messages import decode_message
+from ..core.slices import ITEM_UNITS, Steps, finish
 from .base import (
     BuildContext,
     OutputFilter,

@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-from ..decoding import convert
-from ..errors import ConfigError
+from ..core.decoding import convert
+from ..core.errors import ConfigError
 from . import antifraud, channel, compliance, redact
 from .base import BuildContext, Policy, PolicyKind, PolicySpec
 

@@ -51,7 +51,7 @@ from typing import Any
 
 import regex
 
-from ..slices import CHARS_PER_STEP, Steps, text_slices
+from ..core.slices import CHARS_PER_STEP, Steps, text_slices
 
 #: Dropped: invisible characters used to split numbers past filters (the first
 #: list; :data:`IGNORABLE` has them all).
@@ -273,7 +273,7 @@ class Rewriter:
         return s.feed(text) + s.finish()
 
     def rewrite_steps(self, text: str, on_hit: Callable[[str], None] | None = None) -> Steps[str]:
-        """:meth:`rewrite` in steps of :data:`~aiserve_trio.slices.CHARS_PER_STEP` characters.
+        """:meth:`rewrite` in steps of :data:`~aiserve_trio.core.slices.CHARS_PER_STEP` characters.
 
         Each step is bounded: the stream is fed one slice at a time, so every
         regular-expression search covers at most a slice and the held-back tail.

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ..core.slices import Steps, finish
 from ..policies.base import Policy, PolicyContext
 from ..policies.redact import redacted_sides
-from ..slices import Steps, finish
 from .labels import LabelRules
 from .schema import (
     CHANNEL_HEADER,

@@ -47,8 +47,8 @@ from typing import IO, TYPE_CHECKING, Protocol, TypeVar
 import trio
 from prometheus_client import Counter, Gauge
 
+from ..core.slices import run_sliced
 from ..routes import route_label
-from ..slices import run_sliced
 from ..stages.outcome import Outcome
 from .labels import LabelRules
 from .line import LineBuilder

@@ -46,7 +46,7 @@ from typing import Literal
 
 import msgspec
 
-from ..decoding import field_error
+from ..core.decoding import field_error
 
 #: Label names: the alphabet of Prometheus label values (and of ``--weights``).
 LABEL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from ..errors import Overloaded, RateLimited
+from ..core.errors import Overloaded, RateLimited
 
 
 class Admission:

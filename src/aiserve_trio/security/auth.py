@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import BadRequest, Forbidden, Unauthorized
+from ..core.errors import BadRequest, Forbidden, Unauthorized
 
 log = logging.getLogger("aiserve_trio.security")
 KEY_RE = re.compile(r"^aik_(?P<id>[a-z0-9]{1,32})_(?P<secret>[A-Za-z0-9_-]{16,128})$")

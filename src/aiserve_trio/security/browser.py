@@ -23,7 +23,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from ..errors import Forbidden, UnsupportedMediaType
+from ..core.errors import Forbidden, UnsupportedMediaType
 
 #: Bodies the guarded endpoints take: neither can be sent cross-origin without a preflight.
 BODY_TYPES = frozenset({"application/json", "application/toml"})

@@ -34,9 +34,9 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
-from ..api import encoder
-from ..decoding import config_roots
-from ..errors import BadRequest, ConfigError, Forbidden, Unauthorized
+from ..core.api import encoder
+from ..core.decoding import config_roots
+from ..core.errors import BadRequest, ConfigError, Forbidden, Unauthorized
 from ..http.endpoints import Admission as Admit
 from ..http.endpoints import Auth, Endpoint, Request
 from ..http.types import JSON_HEADERS, STRIKE, Scope
@@ -595,7 +595,7 @@ class Revoked:
     ) -> None:  # fmt: skip
         self._client: Any = None
         if redis_url is not None:
-            from ..redisconn import client_for_url  # late: coredis is optional
+            from ..util.redisconn import client_for_url  # late: coredis is optional
 
             # A pool of at least a Redis Cluster's node count: coredis warns below it.
             self._client = client_for_url(redis_url, 8, REVOKED_REDIS_TIMEOUT_S)

@@ -37,8 +37,8 @@ import jwt
 import msgspec
 import trio
 
-from ..decoding import confined, outside
-from ..errors import ConfigError
+from ..core.decoding import confined, outside
+from ..core.errors import ConfigError
 from .auth import Principal
 from .settings import OidcIssuer
 
@@ -315,7 +315,7 @@ def principal_of(claims: Mapping[str, Any], settings: OidcIssuer) -> Principal:
     Raises:
         TokenRefused: no subject, or no valid tenant (``token_claims``).
     """
-    from ..tenants import check_tenant  # a leaf; late only to keep this module's head short
+    from ..core.tenants import check_tenant  # a leaf; late only to keep this module's head short
 
     subject = claim(claims, settings.subject_claim)
     if not isinstance(subject, str) or not subject:

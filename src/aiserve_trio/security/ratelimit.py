@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from ..errors import RateLimited
+from ..core.errors import RateLimited
 
 if TYPE_CHECKING:
     from .auth import Principal
@@ -151,7 +151,7 @@ class RedisLimiter:
     """
 
     def __init__(self, url: str, prefix: str, pool_size: int = 8) -> None:
-        from ..redisconn import client_for_url  # late: coredis is optional
+        from ..util.redisconn import client_for_url  # late: coredis is optional
 
         self._client = client_for_url(url, pool_size, 1.0)
         self._script = self._client.register_script(_LUA)

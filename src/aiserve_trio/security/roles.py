@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from ..errors import Forbidden
+from ..core.errors import Forbidden
 
 if TYPE_CHECKING:
     from .auth import Principal

@@ -13,10 +13,10 @@ from typing import Literal
 
 import msgspec
 
-from ..decoding import Section, as_field, decode_toml, field_error, not_above, positive
-from ..errors import ConfigError
+from ..core.decoding import Section, as_field, decode_toml, field_error, not_above, positive
+from ..core.errors import ConfigError
+from ..core.tenants import check_tenant
 from ..spend.settings import Period, check_budget
-from ..tenants import check_tenant
 from .auth import check_hash
 from .keystore.records import is_db_key_id
 from .roles import check_roles

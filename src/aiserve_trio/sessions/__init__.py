@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .bus import Event, Session, SessionBus, SessionBusError, Turn, VarCaps, check_tenant
 from .memory import MemoryBus
 

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import msgspec
 import trio
 
-from ..errors import BadRequest, Overloaded, PayloadTooLarge
-from ..messages import ToolCall
+from ..core.errors import BadRequest, Overloaded, PayloadTooLarge
+from ..core.messages import ToolCall
 
 # Re-exported: the tenant rule is shared with the config (see ``tenants``).
-from ..tenants import TENANT_RE as TENANT_RE
-from ..tenants import check_tenant as check_tenant
+from ..core.tenants import TENANT_RE as TENANT_RE
+from ..core.tenants import check_tenant as check_tenant
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,127}$")
 EVENT_ID_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")

@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, TypeVar
 import msgspec
 import trio
 
-from ..api import encoder
-from ..errors import (
+from ..core.api import encoder
+from ..core.errors import (
     BadRequest,
     StageDeadlineExceeded,
     UnsupportedMediaType,
 )
+from ..core.slices import Steps, run_sliced
 from ..http.body import read_body
 from ..http.sse import CLOSE, PING, RETRY, bus_error_event, session_event
 from ..http.types import JSON_HEADERS, SSE_HEADERS
-from ..slices import Steps, run_sliced
 from .bus import (
     Event,
     SessionBus,

@@ -33,8 +33,8 @@ import coredis
 import coredis.exceptions
 import msgspec
 
-from ..messages import ToolCall
-from ..redisconn import client_for_url
+from ..core.messages import ToolCall
+from ..util.redisconn import client_for_url
 from .bus import Event, Session, SessionBus, SessionBusError, Turn, VarCaps
 
 if TYPE_CHECKING:

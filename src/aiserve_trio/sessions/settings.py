@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ..decoding import field_error, not_above, positive
-from ..redisconn import RedisSettings
+from ..core.decoding import field_error, not_above, positive
+from ..util.redisconn import RedisSettings
 
 
 class SessionsConfig(RedisSettings):

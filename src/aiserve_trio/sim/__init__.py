@@ -85,11 +85,11 @@ HTTP (OpenAI-compatible)
     ``POST /v1/audio/transcriptions`` -- OpenAI's ``multipart/form-data``: a
     ``file`` part (wav or mp3, by file name or ``Content-Type``), a ``model``
     field, ``response_format`` ``json`` (default: ``{"text": ...}``) or
-    ``text``. The sim cannot hear speech; it answers the way ``wav.py`` says
+    ``text``. The sim cannot hear speech; it answers the way ``util/wav.py`` says
     (the gateway's mock model does the same): a WAV's ``LIST``/``INFO``
     comment (``ICMT``) is its transcript, a WAV without one is ``[1.5 seconds
     of audio without speech]``, mp3 audio ``[N bytes of mp3 audio without
-    speech]``. ``python -m aiserve_trio.wavtool make TEXT FILE`` writes such a
+    speech]``. ``python -m aiserve_trio.util.wavtool make TEXT FILE`` writes such a
     WAV. After the prefill time of the transcript's words; the fault headers
     and the budget apply as for chat; a form it cannot read is a 400.
 

@@ -16,7 +16,7 @@ import msgspec
 import trio
 
 from ..adapters.tokens import encoding_name_for, get_encoding
-from ..vectors import DEFAULT_DIMENSIONS, embeddings_body, heavy
+from ..util.vectors import DEFAULT_DIMENSIONS, embeddings_body, heavy
 from .anthropic import AnthropicDialect
 from .audio import hear, parse_form
 from .azure import AzureDialect

@@ -4,7 +4,7 @@
 ``file`` part (the audio; its format from the file name's extension, else its
 ``Content-Type``) and a ``model`` field, optionally ``response_format``
 (``json``, the default, or ``text``). The sim cannot recognise speech: what it
-hears is decided by ``wav.py``, the same rule the gateway's mock model follows
+hears is decided by ``util/wav.py``, the same rule the gateway's mock model follows
 -- a WAV's ``LIST``/``INFO`` comment, else a sentence naming its length; mp3
 audio as a sentence naming its size.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..wav import FORMATS, WavError, transcript
+from ..util.wav import FORMATS, WavError, transcript
 
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.I)
 _DISPOSITION = re.compile(rb'name="([^"]*)"(?:; *filename="([^"]*)")?', re.I)
@@ -90,7 +90,7 @@ def _format(filename: str, head: bytes) -> str | None:
 
 
 def hear(request: Transcription) -> str:
-    """The transcript (``wav.py``'s rule).
+    """The transcript (``util/wav.py``'s rule).
 
     Raises:
         FormError: a ``wav`` file that is not a WAV file.

@@ -16,7 +16,7 @@ them, in this order:
 3. the last message is a ``tool`` result -> text quoting it;
 4. a classify prompt (a system message with a ``Labels:`` line, as a chain's
    ``classify`` step sends) -> exactly the label the last user message names,
-   else ``unknown`` (``intents.py``, the rule the gateway's mock follows too);
+   else ``unknown`` (``util/intents.py``, the rule the gateway's mock follows too);
 5. image parts -> text that opens with how many images it saw;
 6. otherwise the sim's usual words (:func:`~.model.token_text`).
 
@@ -33,7 +33,7 @@ from typing import Any
 
 import msgspec
 
-from ..intents import simulated_label
+from ..util.intents import simulated_label
 from .model import Plan, token_text
 from .request import ResponseFormat, SimMessage, Tool, ToolChoice
 from .schema import instance

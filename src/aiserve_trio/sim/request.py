@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from ..vectors import embedding_inputs as embedding_inputs
+from ..util.vectors import embedding_inputs as embedding_inputs
 
 #: What one image part costs in prompt tokens (OpenAI's low-detail base cost).
 IMAGE_TOKENS = 85

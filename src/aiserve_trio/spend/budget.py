@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import BudgetExceeded
+from ..core.errors import BudgetExceeded
 from .prices import dearest, served_models
 
 if TYPE_CHECKING:

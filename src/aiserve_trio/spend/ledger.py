@@ -150,7 +150,7 @@ class Ledger:
         """
         self._client: Any = None
         if redis_url is not None:
-            from ..redisconn import client_for_url  # late: coredis is optional
+            from ..util.redisconn import client_for_url  # late: coredis is optional
 
             self._client = client_for_url(redis_url, 8, REDIS_TIMEOUT_S)
         self._prefix = prefix

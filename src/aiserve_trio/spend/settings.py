@@ -31,7 +31,7 @@ from typing import Literal
 
 import msgspec
 
-from ..decoding import field_error
+from ..core.decoding import field_error
 
 Period = Literal["day", "week", "month", "total"]
 

@@ -43,7 +43,10 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ..adapters.base import ToolCallDelta, Usage, prompt_details
-from ..api import (
+from ..apis import chat
+from ..apis.common import State  # one reply's states, framers and the assembler alike
+from ..cache.entry import Replayed
+from ..core.api import (
     ChatCompletion,
     Choice,
     ChunkDelta,
@@ -55,12 +58,9 @@ from ..api import (
     ToolCallChunk,
     ToolCallOut,
 )
-from ..api import Usage as WireUsage
-from ..apis import chat
-from ..apis.common import State  # one reply's states, framers and the assembler alike
-from ..cache.entry import Replayed
-from ..errors import GatewayError, ReplyCapExceeded, UpstreamProtocolError
-from ..messages import FunctionCall, ToolCall
+from ..core.api import Usage as WireUsage
+from ..core.errors import GatewayError, ReplyCapExceeded, UpstreamProtocolError
+from ..core.messages import FunctionCall, ToolCall
 from ..policies.base import apply_filters, finish_filters
 from ..policies.jsonstream import JsonStringFilter
 

@@ -22,10 +22,10 @@ import trio
 from ..adapters.base import InferenceRequest, Message
 from ..apis.common import NativeSpec, Stored
 from ..cache.service import Cache, Ticket
-from ..errors import BadRequest, NotFound, StageDeadlineExceeded
+from ..core.errors import BadRequest, NotFound, StageDeadlineExceeded
+from ..core.slices import run_sliced
 from ..policies.base import OutputFilter, Policy, PolicyContext, redact_values
 from ..sessions.bus import Session, SessionBusError, Turn, check_vars, is_response_id
-from ..slices import run_sliced
 from .channel import Inbox, Outbox
 from .handoff import hand_on
 from .report import ContextReport

@@ -19,7 +19,7 @@ the stage's cut passes, the error names the step that was running.
 
 Under overload (``[deadline] queue_share`` and ``ttft_ms``, both off by default) a
 request that reaches this stage past its queue budget, or a stream past its TTFT
-budget, is shed at once (:class:`~aiserve_trio.errors.Shed`: 503 with
+budget, is shed at once (:class:`~aiserve_trio.core.errors.Shed`: 503 with
 ``Retry-After``) instead of starting a call whose answer would come too late; and a
 stream whose upstream has not started answering by its TTFT budget (it waited for a
 pooled connection, or the backend is slow to start) is cut and shed the same way,
@@ -38,7 +38,7 @@ import trio
 from ..adapters.base import Delta
 from ..cache.service import Cache
 from ..chains.state import ChainRun
-from ..errors import GatewayError, Shed, StageDeadlineExceeded, StepDeadlineExceeded
+from ..core.errors import GatewayError, Shed, StageDeadlineExceeded, StepDeadlineExceeded
 from ..http.turns import end_turn
 from .assembler import ResponseAssembler
 from .channel import Inbox, Outbox

@@ -19,8 +19,8 @@ from ..observability.metrics import label_value, status_label
 if TYPE_CHECKING:
     from ..adapters.base import ServedBy, Usage
     from ..chains.plan import ChainReport
-    from ..errors import GatewayError
-    from ..messages import ToolCall
+    from ..core.errors import GatewayError
+    from ..core.messages import ToolCall
     from ..policies.base import PolicyContext
     from .types import Prepared, RequestInfo
 

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
-from ..api import ChatCompletionRequest, request_decoder
 from ..apis.common import json_schema, tool_name
 from ..apis.responses import EFFORTS
 from ..apis.shape import check_shape
-from ..errors import (
+from ..core.api import ChatCompletionRequest, request_decoder
+from ..core.errors import (
     BadRequest,
     Forbidden,
     NotFound,
@@ -30,10 +30,10 @@ from ..errors import (
     StageDeadlineExceeded,
     UnsupportedMediaType,
 )
+from ..core.messages import Message, decode_message, invalid_field
+from ..core.slices import Steps, finish, run_sliced
 from ..http.turns import take_turn
-from ..messages import Message, decode_message, invalid_field
 from ..security.settings import LimitsConfig
-from ..slices import Steps, finish, run_sliced
 from .channel import Inbox, Outbox
 from .handoff import hand_on
 from .report import ParseReport

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..errors import ReplyCapExceeded
+from ..core.errors import ReplyCapExceeded
 from .metering import Settled, needs_prompt_count, settle
 from .outcome import Outcome, status_of
 
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from ..adapters.base import Delta, ServedBy, Usage
     from ..cache.service import Ticket
     from ..chains.plan import ChainReport
-    from ..errors import GatewayError
-    from ..messages import ToolCall
+    from ..core.errors import GatewayError
+    from ..core.messages import ToolCall
     from ..policies.base import PolicyContext
     from .types import Prepared, RequestInfo
 

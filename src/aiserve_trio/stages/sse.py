@@ -23,7 +23,7 @@ import trio
 
 from ..adapters.base import Delta, InferenceRequest, ServedBy, Usage
 from ..cache.entry import Replayed
-from ..errors import GatewayError, ReplyCapExceeded, StageDeadlineExceeded, WriteTimeout
+from ..core.errors import GatewayError, ReplyCapExceeded, StageDeadlineExceeded, WriteTimeout
 from ..http.responder import Responder
 from ..http.types import JSON_HEADERS, SSE_HEADERS, Headers
 from ..security.settings import LimitsConfig

@@ -20,17 +20,17 @@ import msgspec
 
 from ..apis import chat
 from ..apis.common import Codec
-from ..budgets import STAGES
+from ..core.budgets import STAGES
 from ..observability.metrics import label_value
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter, DeltaSink, InferenceRequest, ServedBy
-    from ..api import ChatCompletionRequest
-    from ..budgets import Budget
     from ..cache.service import Ticket
     from ..chains.state import ChainRun
+    from ..core.api import ChatCompletionRequest
+    from ..core.budgets import Budget
+    from ..core.messages import Message
     from ..http.types import Headers
-    from ..messages import Message
     from ..observability.tracing import RequestTrace
     from ..policies.base import OutputFilter, Policy, PolicyContext
     from ..routes import RouteConfig

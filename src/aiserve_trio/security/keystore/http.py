@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
-from ...api import encoder
-from ...errors import BadRequest, Forbidden, NotFound, StageDeadlineExceeded, Unprocessable
+from ...core.api import encoder
+from ...core.errors import BadRequest, Forbidden, NotFound, StageDeadlineExceeded, Unprocessable
 from ...http.body import read_body
 from ...http.types import JSON_HEADERS
 from .. import roles

@@ -37,7 +37,7 @@ import msgspec
 import trio
 from prometheus_client import Counter, Gauge
 
-from ...errors import ConfigError, Conflict, Overloaded
+from ...core.errors import ConfigError, Conflict, Overloaded
 from . import db
 from .table import KeyTable
 
@@ -75,7 +75,7 @@ class KeyService:
         self.connector = connector
         self._redis: Any = None
         if redis_url is not None:
-            from ...redisconn import client_for_url  # late: coredis is optional
+            from ...util.redisconn import client_for_url  # late: coredis is optional
 
             self._redis = client_for_url(redis_url, 8, SIGNAL_TIMEOUT_S)
         self._signal_key = f"{prefix}:keys:rev"

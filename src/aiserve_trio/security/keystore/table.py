@@ -13,7 +13,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 
-from ...errors import Unauthorized
+from ...core.errors import Unauthorized
 from ...spend.budget import Limit
 from ..auth import Principal
 

@@ -1,12 +1,12 @@
-"""``python -m aiserve_trio.wavtool``: WAVs that carry their transcript, from a shell.
+"""``python -m aiserve_trio.util.wavtool``: WAVs that carry their transcript, from a shell.
 
 ::
 
-    python -m aiserve_trio.wavtool make "I want to pay my card in instalments" ask.wav
-    python -m aiserve_trio.wavtool chat ask.wav --model aiserve-mock --stream > body.json
+    python -m aiserve_trio.util.wavtool make "I want to pay my card in instalments" ask.wav
+    python -m aiserve_trio.util.wavtool chat ask.wav --model aiserve-mock --stream > body.json
 
 ``make`` writes a WAV (silence with the text as its ``LIST``/``INFO`` comment,
-which the mock model and aiserve-sim hear as its transcript: ``wav.py``);
+which the mock model and aiserve-sim hear as its transcript: ``util/wav.py``);
 ``chat`` prints a Chat Completions request whose user message is the file as an
 ``input_audio`` part, ready for ``curl -d @-``. A module of its own, so that
 ``python -m`` does not run one the package has already imported.
@@ -26,7 +26,7 @@ from .wav import FORMATS, audio_part, make_wav
 def main(argv: Sequence[str] | None = None) -> int:
     """Make a WAV, or print a chat request carrying one."""
     summary = (__doc__ or "").split("\n")[0]
-    p = argparse.ArgumentParser(prog="python -m aiserve_trio.wavtool", description=summary)
+    p = argparse.ArgumentParser(prog="python -m aiserve_trio.util.wavtool", description=summary)
     sub = p.add_subparsers(dest="command", required=True)
     make = sub.add_parser("make", help="write a WAV whose transcript is TEXT")
     make.add_argument("text")

@@ -10,10 +10,10 @@ agree on a deterministic stand-in for speech to text:
 - audio in another format (``mp3``) as ``[4096 bytes of mp3 audio without speech]``.
 
 :func:`make_wav` builds such a file: silence of the given length with the
-comment. ``python -m aiserve_trio.wavtool`` does it from a shell, and prints a
-chat request carrying a WAV as an ``input_audio`` part (``wavtool.py``).
+comment. ``python -m aiserve_trio.util.wavtool`` does it from a shell, and prints a
+chat request carrying a WAV as an ``input_audio`` part (``util/wavtool.py``).
 
-Like ``vectors.py``, imported by the mock model and by ``aiserve-sim``, so the
+Like ``util/vectors.py``, imported by the mock model and by ``aiserve-sim``, so the
 two hear the same thing.
 """
 

@@ -17,19 +17,19 @@ import secrets
 import msgspec
 import trio
 
-from .adapters.base import EmbeddingRequest, Usage
-from .budgets import TIMEOUT_HEADER, effective_timeout_ms
-from .config import Config
-from .errors import BadRequest, Forbidden, GatewayError, NotFound, StageDeadlineExceeded
-from .http.body import read_body
-from .http.endpoints import Request
-from .http.types import JSON_HEADERS
-from .observability.metrics import status_label
-from .spend.prices import decimal
-from .stages.outcome import Outcome, RequestHook
-from .stages.parse import check_content_type, check_depth
-from .stages.types import Route
-from .vectors import embedding_inputs
+from ..adapters.base import EmbeddingRequest, Usage
+from ..config import Config
+from ..core.budgets import TIMEOUT_HEADER, effective_timeout_ms
+from ..core.errors import BadRequest, Forbidden, GatewayError, NotFound, StageDeadlineExceeded
+from ..http.body import read_body
+from ..http.endpoints import Request
+from ..http.types import JSON_HEADERS
+from ..observability.metrics import status_label
+from ..spend.prices import decimal
+from ..stages.outcome import Outcome, RequestHook
+from ..stages.parse import check_content_type, check_depth
+from ..stages.types import Route
+from ..util.vectors import embedding_inputs
 
 _raw_body = msgspec.json.Decoder(dict[str, msgspec.Raw])
 class _Counted(msgspec.Struct):

@@ -33,26 +33,26 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
-from .adapters.base import Delta
-from .cache.service import Cache
-from .errors import (
+from ..adapters.base import Delta
+from ..cache.service import Cache
+from ..core.errors import (
     BodyReadTimeout,
     GatewayError,
     InternalError,
     StageDeadlineExceeded,
     UpstreamError,
 )
-from .observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
-from .security.admission import BodyPace
-from .server import Disconnect, ReceiveWatcher, queued
-from .stages.billing import local_prompt
-from .stages.channel import Inbox, Receiver, Sender, open_channel
-from .stages.context import ContextStage
-from .stages.handoff import hand_on
-from .stages.inference import InferenceStage
-from .stages.outcome import NULL_REQUEST_HOOK, Outcome, RequestHook
-from .stages.parse import ParseStage
-from .stages.report import (
+from ..observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
+from ..security.admission import BodyPace
+from ..server import Disconnect, ReceiveWatcher, queued
+from .billing import local_prompt
+from .channel import Inbox, Receiver, Sender, open_channel
+from .context import ContextStage
+from .handoff import hand_on
+from .inference import InferenceStage
+from .outcome import NULL_REQUEST_HOOK, Outcome, RequestHook
+from .parse import ParseStage
+from .report import (
     ContextReport,
     InferenceReport,
     ParseReport,
@@ -63,19 +63,19 @@ from .stages.report import (
     needs_local_prompt,
     outcome_of,
 )
-from .stages.sse import SSEStage
-from .stages.types import STAGES, ParsedRequest, Prepared, RequestInfo, response_headers
+from .sse import SSEStage
+from .types import STAGES, ParsedRequest, Prepared, RequestInfo, response_headers
 
 if TYPE_CHECKING:
-    from .config import Config
-    from .http.responder import Responder
-    from .http.types import Message, Receive
-    from .security.admission import Admission, BodySlot
-    from .server import ServerCall
-    from .sessions.bus import SessionBus
-    from .sessions.outbox import WriteBack
+    from ..config import Config
+    from ..http.responder import Responder
+    from ..http.types import Message, Receive
+    from ..security.admission import Admission, BodySlot
+    from ..server import ServerCall
+    from ..sessions.bus import SessionBus
+    from ..sessions.outbox import WriteBack
 
-log = logging.getLogger("aiserve_trio.pipeline")
+log = logging.getLogger("aiserve_trio.stages.pipeline")
 _ORDER = {name: i for i, name in enumerate(STAGES)}
 _In = TypeVar("_In", contravariant=True)
 

@@ -6,7 +6,7 @@ chat request's spend budget, admission (a fast 503 or 429 before any body is
 read), the stream slot -- and then the endpoint's handler. Every error a client
 sees is the API's error envelope with a correct status.
 
-:meth:`Entry.chat` is a chat route's handler (``builder.py`` binds it to a
+:meth:`Entry.chat` is a chat route's handler (``runtime/builder.py`` binds it to a
 runtime's parts): the request's id, its deadline, channel and session, then the
 :class:`~.pipeline.Pipeline`; :meth:`Entry.embed` serves an embeddings route.
 """
@@ -21,28 +21,28 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
-from .errors import BadRequest, GatewayError, PayloadTooLarge
-from .http.endpoints import Admission, Auth, Request
-from .http.responder import Responder
-from .http.sse import SHUTTING_DOWN, shutdown_event
-from .http.turns import CURRENT_PLACE, Place, Turns
-from .observability.annotate import TASK_LABEL, TaskLabel
-from .observability.metrics import status_label
-from .server import server_call
-from .sessions.bus import check_session_id
-from .stages.outcome import Outcome
-from .stages.types import RequestInfo
+from ..core.budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
+from ..core.errors import BadRequest, GatewayError, PayloadTooLarge
+from ..http.endpoints import Admission, Auth, Request
+from ..http.responder import Responder
+from ..http.sse import SHUTTING_DOWN, shutdown_event
+from ..http.turns import CURRENT_PLACE, Place, Turns
+from ..observability.annotate import TASK_LABEL, TaskLabel
+from ..observability.metrics import status_label
+from ..server import server_call
+from ..sessions.bus import check_session_id
+from ..stages.outcome import Outcome
+from ..stages.types import RequestInfo
 
 if TYPE_CHECKING:
-    from .config import Config
-    from .http.endpoints import Endpoint
-    from .http.types import Receive, Scope, Send
-    from .observability.observer import RequestObserver
-    from .observability.tracing import Tracing
-    from .runtime import Generations, Parts, Runtime
-    from .security.auth import Principal
-    from .stages.types import Route
+    from ..config import Config
+    from ..http.endpoints import Endpoint
+    from ..http.types import Receive, Scope, Send
+    from ..observability.observer import RequestObserver
+    from ..observability.tracing import Tracing
+    from ..security.auth import Principal
+    from ..stages.types import Route
+    from .generation import Generations, Parts, Runtime
 
 
 @dataclass(frozen=True, slots=True, eq=False)

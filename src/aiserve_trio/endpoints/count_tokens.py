@@ -24,18 +24,18 @@ from typing import Any
 import msgspec
 import trio
 
-from .adapters.anthropic import AnthropicAdapter
-from .adapters.tokens import PART_TOKENS, count_prompt
-from .adapters.transport import translate_errors
-from .config import Config
-from .errors import BadRequest, StageDeadlineExceeded, UpstreamConnectError
-from .http.body import read_body
-from .http.endpoints import Request
-from .http.types import JSON_HEADERS
-from .messages import Message
-from .slices import run_sliced
-from .stages.parse import check_content_type, scan_steps
-from .stages.types import Route
+from ..adapters.anthropic import AnthropicAdapter
+from ..adapters.tokens import PART_TOKENS, count_prompt
+from ..adapters.transport import translate_errors
+from ..config import Config
+from ..core.errors import BadRequest, StageDeadlineExceeded, UpstreamConnectError
+from ..core.messages import Message
+from ..core.slices import run_sliced
+from ..http.body import read_body
+from ..http.endpoints import Request
+from ..http.types import JSON_HEADERS
+from ..stages.parse import check_content_type, scan_steps
+from ..stages.types import Route
 
 #: The response header that says where a count came from.
 SOURCE_HEADER = b"x-aiserve-token-count"

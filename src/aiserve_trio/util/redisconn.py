@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from .decoding import Section, field_error, positive
+from ..core.decoding import Section, field_error, positive
 
 
 class RedisSettings(Section):

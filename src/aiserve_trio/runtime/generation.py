@@ -1,6 +1,6 @@
 """A generation: everything the app builds from one :class:`~.config.Config`.
 
-The gateway (``gateway.py``) is a long-lived shell -- metrics, the observer, tracing,
+The gateway (``runtime/gateway.py``) is a long-lived shell -- metrics, the observer, tracing,
 the session bus, write-back, the recorder, the background tasks -- around the
 *current* :class:`Runtime`: the config, the adapters, the routes with their
 policies, the gate's config-dependent parts, the pipeline, the response cache,
@@ -15,7 +15,7 @@ resources only it used -- an adapter whose settings changed or that was
 removed, a cache backend -- are closed (:class:`Generations`); those the
 newer runtime took over (the same object) stay open.
 
-A runtime is built whole (``builder.py``): its handlers are bound to its
+A runtime is built whole (``runtime/builder.py``): its handlers are bound to its
 :class:`Parts`, built first, so no field of a :class:`Runtime` is assigned after
 it exists.
 """
@@ -30,22 +30,22 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .adapters import Adapter, build_adapter, build_adapters
-from .adapters.group import GroupAdapter
-from .adapters.settings import AdapterConfig, GroupAdapterConfig
-from .api import Model, ModelList, encoder
+from ..adapters import Adapter, build_adapter, build_adapters
+from ..adapters.group import GroupAdapter
+from ..adapters.settings import AdapterConfig, GroupAdapterConfig
+from ..core.api import Model, ModelList, encoder
 
 if TYPE_CHECKING:
-    from .cache.service import Cache
-    from .config import Config
-    from .embeddings import Embeddings
-    from .http.cors import Cors
-    from .http.endpoints import EndpointTable
-    from .observability.events import UpstreamHook
-    from .pipeline import Pipeline
-    from .security.gate import Gate
-    from .sessions.http import SessionEndpoints
-    from .stages.types import Route
+    from ..cache.service import Cache
+    from ..config import Config
+    from ..endpoints.embeddings import Embeddings
+    from ..http.cors import Cors
+    from ..http.endpoints import EndpointTable
+    from ..observability.events import UpstreamHook
+    from ..security.gate import Gate
+    from ..sessions.http import SessionEndpoints
+    from ..stages.pipeline import Pipeline
+    from ..stages.types import Route
 
 log = logging.getLogger("aiserve_trio")
 

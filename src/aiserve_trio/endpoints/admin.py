@@ -15,26 +15,26 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .api import encoder
-from .errors import (
+from ..core.api import encoder
+from ..core.errors import (
     BadRequest,
     Overloaded,
     StageDeadlineExceeded,
     Unprocessable,
     UnsupportedMediaType,
 )
-from .http.body import read_body
-from .http.types import JSON_HEADERS, METRICS_HEADERS
+from ..http.body import read_body
+from ..http.types import JSON_HEADERS, METRICS_HEADERS
 
 if TYPE_CHECKING:
-    from .audit.usage import UsageEndpoints
-    from .http.endpoints import Request
-    from .observability.metrics import Metrics
-    from .observability.observer import RequestObserver
-    from .reload import Reloader
-    from .runtime import Parts
-    from .security.keystore.service import KeyService
-    from .sessions.bus import SessionBus
+    from ..audit.usage import UsageEndpoints
+    from ..http.endpoints import Request
+    from ..observability.metrics import Metrics
+    from ..observability.observer import RequestObserver
+    from ..reload import Reloader
+    from ..runtime.generation import Parts
+    from ..security.keystore.service import KeyService
+    from ..sessions.bus import SessionBus
 
 #: The largest config text ``POST /admin/config/reload`` takes.
 MAX_CONFIG_BYTES = 1_048_576

@@ -3,7 +3,7 @@
 ``App`` is what hypercorn serves. It only dispatches: an HTTP request goes to
 the per-request entry (``entry.py``: the endpoint table, the gate, the chat
 deadline and pipeline) with the gateway's current runtime, the lifespan to
-``lifespan.py``, which opens and closes the gateway (``gateway.opened``).
+``runtime/lifespan.py``, which opens and closes the gateway (``gateway.opened``).
 Everything it serves with is built by :func:`~.gateway.build_gateway`.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .config import Config, load_config
+from ..config import Config, load_config
 from .gateway import Gateway, build_gateway, start
 from .lifespan import lifespan
 
@@ -20,24 +20,24 @@ if TYPE_CHECKING:
     import trio
     from opentelemetry.trace import TracerProvider
 
-    from .adapters import Adapter
-    from .admin import Admin
-    from .audit.log import AuditLog
-    from .cache.service import Cache
-    from .console.handlers import Console
-    from .http.endpoints import EndpointTable
-    from .http.types import Receive, Scope, Send
-    from .observability.metrics import Metrics
-    from .observability.observer import RequestObserver
-    from .observability.tracing import Tracing
-    from .pipeline import Pipeline
-    from .record.recorder import Recorder
-    from .reload import Reloader
-    from .runtime import Generations, Runtime
-    from .security.gate import Gate
-    from .sessions.bus import SessionBus
-    from .sessions.outbox import WriteBack
-    from .stages.types import Route
+    from ..adapters import Adapter
+    from ..audit.log import AuditLog
+    from ..cache.service import Cache
+    from ..console.handlers import Console
+    from ..endpoints.admin import Admin
+    from ..http.endpoints import EndpointTable
+    from ..http.types import Receive, Scope, Send
+    from ..observability.metrics import Metrics
+    from ..observability.observer import RequestObserver
+    from ..observability.tracing import Tracing
+    from ..record.recorder import Recorder
+    from ..reload import Reloader
+    from ..security.gate import Gate
+    from ..sessions.bus import SessionBus
+    from ..sessions.outbox import WriteBack
+    from ..stages.pipeline import Pipeline
+    from ..stages.types import Route
+    from .generation import Generations, Runtime
     from .telemetry import Telemetry
 
 

@@ -15,7 +15,7 @@ or when a part fails to open half-way through start-up -- closes what was
 opened and nothing else, in reverse order, by construction (:data:`ORDER`).
 
 The ASGI app (``asgi.App``) is a frozen shell over a :class:`Gateway`; its
-lifespan (``lifespan.py``) opens it with :func:`opened`.
+lifespan (``runtime/lifespan.py``) opens it with :func:`opened`.
 """
 
 from __future__ import annotations
@@ -29,33 +29,34 @@ from dataclasses import dataclass, field
 import trio
 from opentelemetry.trace import TracerProvider
 
-from . import fdlimit, gctune, server
-from .adapters import Adapter, build_adapters
-from .admin import Admin
-from .audit.log import AuditLog, build_audit
-from .audit.usage import UsageEndpoints, period_spend
+from .. import server
+from ..adapters import Adapter, build_adapters
+from ..audit.log import AuditLog, build_audit
+from ..audit.usage import UsageEndpoints, period_spend
+from ..cache.service import Cache
+from ..config import Config, ConfigError
+from ..console import sla
+from ..console.handlers import WINDOW_S, Console, static_files
+from ..endpoints.admin import Admin
+from ..mcp.hub import McpHub
+from ..observability.debug import DebugEndpoints
+from ..observability.metrics import Metrics
+from ..observability.observer import RequestObserver
+from ..record.recorder import Recorder, build_recorder, recorded_routes
+from ..reload import Reloader
+from ..security.gate import Gate, build_ledger
+from ..security.keystore.service import KeyService, build_keys
+from ..sessions import build_bus
+from ..sessions.bus import SessionBus
+from ..sessions.outbox import WriteBack
+from ..spend.ledger import LedgerMetrics
+from ..spend.metrics import SpendMetrics
+from ..spend.prices import unpriced_models
+from ..stages.types import Route
+from ..util import fdlimit, gctune
 from .builder import RuntimeBuilder, open_cache
-from .cache.service import Cache
-from .config import Config, ConfigError
-from .console import sla
-from .console.handlers import WINDOW_S, Console, static_files
 from .entry import Entry
-from .mcp.hub import McpHub
-from .observability.debug import DebugEndpoints
-from .observability.metrics import Metrics
-from .observability.observer import RequestObserver
-from .record.recorder import Recorder, build_recorder, recorded_routes
-from .reload import Reloader
-from .runtime import Closer, Generations, Runtime, carry_adapters, close_all
-from .security.gate import Gate, build_ledger
-from .security.keystore.service import KeyService, build_keys
-from .sessions import build_bus
-from .sessions.bus import SessionBus
-from .sessions.outbox import WriteBack
-from .spend.ledger import LedgerMetrics
-from .spend.metrics import SpendMetrics
-from .spend.prices import unpriced_models
-from .stages.types import Route
+from .generation import Closer, Generations, Runtime, carry_adapters, close_all
 from .startup import hypercorn_process, refuse_to_start, unusable_tls_files
 from .telemetry import Telemetry
 

@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING
 import trio
 from opentelemetry.trace import TracerProvider
 
-from .adapters.group import GroupAdapter
-from .config import Config
-from .observability.baseline import BaselineMonitor
-from .observability.metrics import Metrics
-from .observability.observer import RecordSink, RequestObserver
-from .observability.sched import SchedulerLag
-from .observability.tracing import Tracing, configure_otlp
-from .routes import route_label
+from ..adapters.group import GroupAdapter
+from ..config import Config
+from ..observability.baseline import BaselineMonitor
+from ..observability.metrics import Metrics
+from ..observability.observer import RecordSink, RequestObserver
+from ..observability.sched import SchedulerLag
+from ..observability.tracing import Tracing, configure_otlp
+from ..routes import route_label
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .generation import Runtime
 
 
 class Telemetry:

@@ -13,13 +13,13 @@ import logging
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
 
-from . import server
+from .. import server
 from .gateway import opened
 from .startup import hypercorn_process, refuse_to_start, show_startup_logs
 
 if TYPE_CHECKING:
+    from ..http.types import Receive, Send
     from .gateway import Gateway
-    from .http.types import Receive, Send
 
 log = logging.getLogger("aiserve_trio")
 

@@ -19,38 +19,38 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .adapters import Adapter, route_adapter
-from .apis import CODECS, codec_of
-from .cache.service import Cache, build_cache, cache_plans
-from .chains.run import build_chain
-from .config import Config, build_policies
-from .count_tokens import SUFFIX, CountTokens
-from .embeddings import Embeddings
-from .http.cors import Cors
-from .http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
-from .mcp.endpoint import McpEndpoint, mcp_healthz, rpc_error
-from .pipeline import Pipeline
-from .policies.base import Policy, PolicyContext, redact_values
-from .routes import route_label
-from .runtime import CacheHold, Held, Lifetime, Models, Parts, Runtime
-from .security.gate import Gate
-from .security.keystore.http import KeyEndpoints, Routes
-from .sessions.http import EVERYTHING, ReadScope, SessionEndpoints
-from .slices import Steps
-from .spend.prices import build_pricing
-from .stages.types import Route
+from ..adapters import Adapter, route_adapter
+from ..apis import CODECS, codec_of
+from ..cache.service import Cache, build_cache, cache_plans
+from ..chains.run import build_chain
+from ..config import Config, build_policies
+from ..core.slices import Steps
+from ..endpoints.count_tokens import SUFFIX, CountTokens
+from ..endpoints.embeddings import Embeddings
+from ..http.cors import Cors
+from ..http.endpoints import Admission, Auth, Endpoint, EndpointTable, Request
+from ..mcp.endpoint import McpEndpoint, mcp_healthz, rpc_error
+from ..policies.base import Policy, PolicyContext, redact_values
+from ..routes import route_label
+from ..security.gate import Gate
+from ..security.keystore.http import KeyEndpoints, Routes
+from ..sessions.http import EVERYTHING, ReadScope, SessionEndpoints
+from ..spend.prices import build_pricing
+from ..stages.pipeline import Pipeline
+from ..stages.types import Route
+from .generation import CacheHold, Held, Lifetime, Models, Parts, Runtime
 
 if TYPE_CHECKING:
-    from .admin import Admin
-    from .audit.usage import UsageEndpoints
-    from .console.handlers import Console
-    from .mcp.hub import McpHub
-    from .observability.debug import DebugEndpoints
-    from .observability.observer import RequestObserver
-    from .security.keystore.service import KeyService
-    from .sessions.bus import SessionBus
-    from .sessions.outbox import WriteBack
-    from .spend.ledger import Ledger
+    from ..audit.usage import UsageEndpoints
+    from ..console.handlers import Console
+    from ..endpoints.admin import Admin
+    from ..mcp.hub import McpHub
+    from ..observability.debug import DebugEndpoints
+    from ..observability.observer import RequestObserver
+    from ..security.keystore.service import KeyService
+    from ..sessions.bus import SessionBus
+    from ..sessions.outbox import WriteBack
+    from ..spend.ledger import Ledger
 
 #: A database keys' handler, bound to the runtime's gate.
 GateHandler = Callable[[Gate, Request], Awaitable[None]]

@@ -12,7 +12,7 @@ The ``mock`` model and ``aiserve-sim`` answer such a prompt the same
 deterministic way (:func:`simulated_label`): the listed label that the last
 user message names first -- a word that begins with the label, so ``mortgages``
 names ``mortgage``; ``card_limit`` is named by ``card limit`` -- else
-``unknown``. Like ``vectors.py``, imported by both.
+``unknown``. Like ``util/vectors.py``, imported by both.
 """
 
 from __future__ import annotations

@@ -1,0 +1,3 @@
+"""The endpoints besides the chat routes that the app answers itself: probes, metrics,
+admin, token counting, embeddings.
+"""
