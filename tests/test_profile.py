@@ -94,7 +94,7 @@ def test_a_profile_under_load_has_the_gateways_frames_by_stage(busy_gateway: str
     where = {(f["name"], Path(f.get("file") or "").as_posix()) for f in seen}
     def has(name: str, path: str) -> bool:
         return any(n == name and p.endswith(path) for n, p in where)
-    assert has("_stage", "aiserve_trio/pipeline.py")
+    assert has("_stage", "aiserve_trio/stages/pipeline.py")
     assert any("aiserve_trio/stages/" in p for _, p in where)
     assert any("aiserve_trio/adapters/" in p for _, p in where)
     # the Trio-aware marker: the run loop's time split by the stage of the task it stepped
