@@ -23,6 +23,7 @@ import itertools
 import logging
 import os
 import subprocess
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,8 +88,9 @@ class _Pending:
         self.note = note
 
 
-class Upstream:
-    """One upstream server: its state, its lists, and calls to it."""
+class Upstream(ABC):
+    """One upstream server: its state, its lists, and calls to it (a transport --
+    :class:`StdioUpstream`, :class:`HttpUpstream` -- supplies the three abstract methods)."""
 
     def __init__(self, name: str, config: McpServerConfig) -> None:
         self.name = name
@@ -139,6 +141,7 @@ class Upstream:
 
     # --- requests ----------------------------------------------------------------------
 
+    @abstractmethod
     async def request(
         self, method: str, params: dict[str, Any], note: Note | None = None,
         sized: list[int] | None = None,
@@ -152,10 +155,10 @@ class Upstream:
         Raises:
             UpstreamError: the upstream's error, or it is down, died or answered garbage.
         """
-        raise NotImplementedError
 
+    @abstractmethod
     async def notify(self, method: str, params: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Send notification ``method`` (no answer)."""
 
     async def _cancelled(self, rid: int, reason: str) -> None:
         """Tell the upstream a request is no longer wanted (shielded, bounded)."""
@@ -193,7 +196,7 @@ class Upstream:
         self._on_session(init)
         await self.notify("notifications/initialized", {})
 
-    def _on_session(self, init: dict[str, Any]) -> None:
+    def _on_session(self, init: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Hook: the handshake's result arrived (HTTP keeps its headers' session)."""
 
     async def _list_all(self, method: str, key: str) -> list[dict[str, Any]]:
@@ -244,8 +247,9 @@ class Upstream:
             except (UpstreamError, trio.TooSlowError) as exc:
                 log.warning("mcp %s: listing again failed: %s", self.name, exc)
 
+    @abstractmethod
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        raise NotImplementedError
+        """Connect (or start the child), list, and keep the server up until cancelled."""
 
 
 _NAME = {"tools": "name", "prompts": "name", "resources": "uri", "resourceTemplates": "uriTemplate"}
