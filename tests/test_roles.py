@@ -13,37 +13,12 @@ from aiserve_trio.config import ConfigError
 from aiserve_trio.core.errors import Forbidden
 from aiserve_trio.http.endpoints import Auth
 from aiserve_trio.security import roles
-from aiserve_trio.security.auth import Principal, hash_key
+from aiserve_trio.security.auth import Principal
 
 from .asgi_client import Client, chat_body
 from .authcfg import KEY_A, KEY_ADMIN, auth_app, auth_config, auth_toml
-from .keyscfg import KEY_TADMIN, h, keys_app
+from .keyscfg import KEY_KM, KEY_TADMIN, KEY_USER, KEY_VIEW, ROLE_KEYS, h, keys_app
 from .sim_gateway import running
-
-KEY_VIEW = "aik_vera_" + "v" * 32  # viewer, tenant bank-a
-KEY_KM = "aik_kim_" + "k" * 32  # key-manager of team payments, tenant bank-a
-KEY_USER = "aik_ulla_" + "u" * 32  # roles = ["user"] only
-
-ROLE_KEYS = f"""
-[[auth.keys]]
-id = "vera"
-hash = "{hash_key(KEY_VIEW)}"
-tenant = "bank-a"
-roles = ["viewer"]
-
-[[auth.keys]]
-id = "kim"
-hash = "{hash_key(KEY_KM)}"
-tenant = "bank-a"
-team = "payments"
-roles = ["key-manager"]
-
-[[auth.keys]]
-id = "ulla"
-hash = "{hash_key(KEY_USER)}"
-tenant = "bank-a"
-roles = ["user"]
-"""
 
 
 def who(**kw: Any) -> Principal:
