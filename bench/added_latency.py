@@ -181,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Machine: {platform.machine()}, {platform.system()} {platform.release()}, "
         f"Python {platform.python_version()}; code at {sha}; sim with zero-delay timing, {ns.tokens} tokens per "
         "streamed reply; gateway = hypercorn (1 Trio worker, bench/configs/hypercorn-bench.toml) "
-        "with configs/examples/sim-openai.toml (openai adapter, httpx2); client = bench/loadgen.py "
+        "with configs/examples/sim-openai.toml (openai adapter, the lean HTTP/1.1 client); client = bench/loadgen.py "
         "(h11 over Trio, one keep-alive connection per task), closed loop. "
         "Sim and client share CPU 1, the gateway has CPU 0 (when `taskset` is available).\n\n"
     )
