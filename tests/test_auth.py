@@ -256,6 +256,8 @@ async def test_no_key_is_401_envelope(client: Client) -> None:
     assert r.status == 401
     assert envelope(r)["type"] == "authentication_error"
     assert envelope(r)["code"] == "missing_api_key"
+    # Nothing was sent: the challenge names the scheme, and no error (RFC 6750 3.1).
+    assert r.headers["www-authenticate"] == 'Bearer realm="aiserve-trio"'
 
 
 async def test_wrong_key_is_401_and_not_echoed(client: Client) -> None:
@@ -263,6 +265,9 @@ async def test_wrong_key_is_401_and_not_echoed(client: Client) -> None:
     r = await client.chat(chat_body(), auth_headers(wrong))
     assert r.status == 401
     assert wrong not in r.body.decode()
+    challenge = r.headers["www-authenticate"]
+    assert 'error="invalid_token"' in challenge
+    assert wrong not in challenge
 
 
 async def test_good_key_streams(client: Client) -> None:

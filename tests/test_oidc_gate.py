@@ -131,6 +131,10 @@ async def test_each_refusal_is_a_401_in_the_envelope_with_its_reason() -> None:
                 else:
                     r = await client.request(method, path, headers=bearer(token))
                 assert (r.status, code(r)) == (401, reason), (path, r.body)
+                # An OAuth client reads the refusal from the challenge too (RFC 6750 3.1).
+                assert r.headers["www-authenticate"] == (
+                    f'Bearer realm="aiserve-trio", error="invalid_token", error_description="{reason}"'
+                )
         # Fetched once: the unknown key id came within min_refresh_s of that fetch.
         assert iss.jwks_fetches == 1
 

@@ -82,6 +82,17 @@ _KEY_HEADERS = frozenset({Auth.CHAT, Auth.KEY})
 CONSOLE_SUBJECT = "console"
 
 
+def challenge(err: Unauthorized, headers: Mapping[str, str]) -> str:
+    """The ``WWW-Authenticate`` of a 401: every 401 names its scheme (RFC 9110 11.6.1),
+    and a credential that was sent and refused -- a wrong key, a bad or expired token --
+    is ``invalid_token`` with the refusal's code as its description (RFC 6750 3.1), so
+    an OAuth client knows to sign in again rather than that it sent nothing."""
+    sent = any(headers.get(name) for name in ("authorization", "x-api-key", "api-key"))
+    if not sent:
+        return 'Bearer realm="aiserve-trio"'
+    return f'Bearer realm="aiserve-trio", error="invalid_token", error_description="{err.code}"'
+
+
 class StreamToken(msgspec.Struct, kw_only=True):
     token: str
     session_id: str
@@ -345,8 +356,7 @@ class Gate:
             principal = await self._principal(endpoint, request)
         except Unauthorized as err:
             self._failed(request.scope, err)
-            if endpoint.name == "mcp":  # MCP clients read the scheme (RFC 9110 11.6.1)
-                err.headers.setdefault("WWW-Authenticate", 'Bearer realm="aiserve-trio"')
+            err.headers.setdefault("WWW-Authenticate", challenge(err, request.headers))
             raise
         if need in (Auth.ADMIN, Auth.METRICS, Auth.ADMIN_OR_CONSOLE_TOKEN):
             # What each role may do is security/roles.py's (issue 47, item 4).
