@@ -39,8 +39,8 @@ from ..policies.base import Policy, PolicyContext
 from ..server import server_call
 from . import jsonrpc
 from .grants import EVERYTHING, Grants
-from .hub import Session
 from .jsonrpc import Message, Reply, RpcError
+from .sessions import Session
 from .upstream import BIG_MESSAGE, Upstream, UpstreamError
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ class McpEndpoint:
                 return
             for scope in s.calls.values():
                 scope.cancel()
-            del self.sessions[sid]
+            self.sessions.remove(sid)
             await request.responder.complete(200, _JSON, b"{}")
             return
         try:
@@ -216,7 +216,6 @@ class McpEndpoint:
                 raise HttpStatus(
                     404, RpcError(jsonrpc.INVALID_REQUEST, "session not found: initialize again")
                 )
-            self.sessions.move_to_end(sid)
             return s
         for m in messages:
             if not isinstance(m, Message) or m.method in ("initialize", "server/discover", "ping"):
@@ -243,9 +242,8 @@ class McpEndpoint:
             return jsonrpc.error(err), None
         version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[-1]
         sid = secrets.token_urlsafe(24)
-        self.sessions[sid] = Session(_key_id(request), version)
-        while len(self.sessions) > self.settings.max_sessions:
-            self.sessions.popitem(last=False)
+        self.sessions.limit = self.settings.max_sessions  # a reload may have changed it
+        self.sessions.add(sid, Session(_key_id(request), version, self._tenant(request)))
         result = {
             "protocolVersion": version,
             "capabilities": CAPABILITIES,

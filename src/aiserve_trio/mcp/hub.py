@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import collections
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from .sessions import SessionTable
 from .settings import McpConfig, McpServerConfig
 from .upstream import Upstream, build_upstream
 
@@ -46,16 +46,6 @@ class McpMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-
-
-@dataclass(slots=True)
-class Session:
-    """A client's ``Mcp-Session-Id``: whose it is, at which protocol version."""
-
-    key_id: str | None
-    version: str
-    #: In-flight calls by request id: their cancel scopes (``notifications/cancelled``).
-    calls: dict[Any, trio.CancelScope] = field(default_factory=dict)
 
 
 class _Running:
@@ -88,7 +78,7 @@ class McpHub:
         #: The last tool calls (``GET /admin/mcp``), newest last.
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT)
         #: ``/mcp``'s client sessions, worker-wide (a reload keeps them).
-        self.sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
+        self.sessions = SessionTable(McpConfig().max_sessions)
 
     def configure(self, config: McpConfig) -> None:
         """The servers ``config`` names are the ones to run (applied by :meth:`run`)."""
