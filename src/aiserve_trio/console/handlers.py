@@ -211,6 +211,8 @@ class Overview(msgspec.Struct, kw_only=True):
     total: sla.Table
     #: Chat requests in their sse stage now.
     open_streams: int
+    #: The audit database keeps keys: the API keys and audit trail sections are shown.
+    keys: bool = False
 
 
 @dataclass
@@ -346,6 +348,7 @@ class Console:
             window=sla.overview(sla.since(snap, start), span, STAGES, names),
             total=sla.overview(snap, None, STAGES, names),
             open_streams=round(snap.live.get("sse", 0.0)),
+            keys=self.keys is not None,
         )
         await self._json(request, out)
 

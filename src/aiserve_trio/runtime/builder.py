@@ -184,7 +184,9 @@ class RuntimeBuilder:
         gate, req = parts.gate, Admission.REQUEST
 
         def ep(path: str, methods: tuple[str, ...], handler: GateHandler, name: str) -> Endpoint:
-            return Endpoint(path, methods, Auth.ADMIN, req, partial(handler, gate), name)
+            # The console's keys and audit pages call them with its token (issue 47, 1 and 5).
+            auth = Auth.ADMIN_OR_CONSOLE_TOKEN
+            return Endpoint(path, methods, auth, req, partial(handler, gate), name)
 
         return [
             ep("/admin/keys", ("GET", "POST"), r.keys, "admin_keys"),

@@ -36,7 +36,8 @@ async function api(method, path, { body, key } = {}) {
     headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
   }
-  const response = await fetch(`api/${path}`, init);
+  // "overview" is the console's own API (/admin/api/overview); "/admin/keys" the admin API.
+  const response = await fetch(path.startsWith("/") ? path : `api/${path}`, init);
   let data = null;
   try {
     data = await response.json();
@@ -507,6 +508,136 @@ function renderSpend(out) {
   $("budgets").tBodies[0].replaceChildren(...rows);
 }
 
+// --- API keys and the admin audit trail (the audit database's, issue 47) -----------------
+
+const at = (t) => (t === null || t === undefined ? "-" : new Date(t * 1000).toISOString().slice(0, 19).replace("T", " "));
+
+// A section this sign-in's role may not read (403) stays hidden.
+async function optional(section, read) {
+  try {
+    await read();
+    $(section).hidden = false;
+  } catch (err) {
+    if (err.status === 403) $(section).hidden = true;
+    else throw err;
+  }
+}
+
+function keyState(k) {
+  if (k.revoked_at !== null) return `revoked ${at(k.revoked_at)}`;
+  if (k.expires_at !== null && k.expires_at * 1000 <= Date.now()) return "expired";
+  if (k.old_secret_valid_until !== null) return `rotated; old secret until ${at(k.old_secret_valid_until)}`;
+  return "active";
+}
+
+function keyRow(k) {
+  const actions = el("td", { class: "actions" });
+  if (k.revoked_at === null) {
+    const rotate = el("button", { type: "button", class: "rotate", text: "Rotate",
+      title: "A new secret; the old one stays valid for an hour" });
+    rotate.addEventListener("click", () => keyAction(k.id, "rotate", { grace_s: 3600 }));
+    // Two clicks: a revoked key cannot be brought back.
+    const revoke = el("button", { type: "button", class: "revoke", text: "Revoke" });
+    revoke.addEventListener("click", () => {
+      if (revoke.dataset.armed) return keyAction(k.id, "revoke", {});
+      revoke.dataset.armed = "1";
+      revoke.textContent = "Confirm revoke";
+    });
+    actions.append(rotate, " ", revoke);
+  }
+  return el(
+    "tr",
+    { "data-id": k.id, class: k.revoked_at !== null ? "off" : "" },
+    el("td", {}, el("code", { text: k.id })),
+    el("td", { text: k.label || "" }),
+    el("td", { text: k.tenant }),
+    el("td", { text: k.team || "" }),
+    el("td", { text: k.models ? k.models.join(", ") : "all" }),
+    el("td", { class: "n", text: k.budget === null || k.budget === undefined ? "-" : `${money(k.budget)} / ${k.budget_period}` }),
+    el("td", { text: k.expires_at === null ? "never" : at(k.expires_at) }),
+    el("td", { text: at(k.last_used) }),
+    el("td", { class: "state", text: keyState(k) }),
+    actions,
+  );
+}
+
+async function loadKeys() {
+  const out = await api("GET", "/admin/keys?revoked=1&limit=500");
+  const rows = out.keys.map(keyRow);
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "10", class: "empty", text: "No keys yet." })));
+  $("keys-table").tBodies[0].replaceChildren(...rows);
+}
+
+function showSecret(what, key) {
+  $("key-secret-what").textContent = what;
+  $("key-secret-value").textContent = key;
+  $("key-secret").hidden = false;
+}
+
+async function keyAction(id, action, body) {
+  $("keys-error").textContent = "";
+  try {
+    const out = await api("POST", `/admin/keys/${encodeURIComponent(id)}/${action}`, { body });
+    if (out.key) showSecret(`New secret of ${id}:`, out.key);
+    await Promise.all([loadKeys(), loadAudit()]);
+  } catch (err) {
+    $("keys-error").textContent = err.message;
+  }
+}
+
+async function createKey(event) {
+  event.preventDefault();
+  $("keys-error").textContent = "";
+  const body = { label: $("key-label").value.trim() };
+  for (const field of ["tenant", "team"]) {
+    const value = $(`key-${field}`).value.trim();
+    if (value) body[field] = value;
+  }
+  const models = $("key-models").value.split(",").map((m) => m.trim()).filter(Boolean);
+  if (models.length) body.models = models;
+  if ($("key-budget").value !== "") body.budget = Number($("key-budget").value);
+  if ($("key-days").value !== "") body.expires_at = Date.now() / 1000 + Number($("key-days").value) * 86400;
+  try {
+    const out = await api("POST", "/admin/keys", { body });
+    showSecret(`New key ${out.id}:`, out.key);
+    $("key-form").reset();
+    await Promise.all([loadKeys(), loadAudit()]);
+  } catch (err) {
+    $("keys-error").textContent = err.message;
+  }
+}
+
+async function loadAudit() {
+  const query = new URLSearchParams({ limit: "100" });
+  for (const field of ["actor", "action", "target"]) {
+    const value = $(`audit-${field}`).value.trim();
+    if (value) query.set(field, value);
+  }
+  const out = await api("GET", `/admin/audit?${query}`);
+  const rows = out.rows.map((r) =>
+    el(
+      "tr",
+      {},
+      el("td", { text: at(r.ts) }),
+      el("td", { text: r.actor }),
+      el("td", { text: r.client || "-" }),
+      el("td", { text: r.tenant || "" }),
+      el("td", { text: r.action }),
+      el("td", {}, el("code", { text: r.target || "" })),
+      el("td", { class: "detail", text: JSON.stringify(r.detail) }),
+    ),
+  );
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "7", class: "empty", text: "No admin actions in the last 7 days." })));
+  $("audit-table").tBodies[0].replaceChildren(...rows);
+}
+
+// Keys and the audit trail live in the audit database: without one the gateway has no
+// such endpoints and the sections stay hidden.
+async function loadAdmin(overview) {
+  if (!overview.keys) return;
+  await Promise.all([optional("keys", loadKeys), optional("audit", loadAudit)]);
+}
+
 let last = null;
 let polls = 0;
 
@@ -522,7 +653,10 @@ async function refresh() {
     renderSlow(slow);
     renderCache(cache);
     // Spend is read from the audit database: every fifth poll is enough.
-    if (polls % 5 === 0) renderSpend(await api("GET", "spend"));
+    if (polls % 5 === 0) {
+      renderSpend(await api("GET", "spend"));
+      await loadAdmin(overview);
+    }
     polls += 1;
     await loadRoutes();
     showError("");
@@ -546,6 +680,11 @@ async function start() {
   $("login-form").addEventListener("submit", login);
   $("logout").addEventListener("click", logout);
   $("span").addEventListener("change", () => last && renderOverview(last));
+  $("key-form").addEventListener("submit", createKey);
+  $("audit-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    loadAudit().catch((err) => showError(err.message));
+  });
   try {
     // With a token from earlier in this tab, or with auth off on loopback, no login.
     await enter();
