@@ -20,6 +20,11 @@ DEFER: Final = "aiserve.body_follows"
 #: The seam puts its worker's penalty box there (``server/worker.py``); without the seam
 #: there is none, and nothing is counted.
 STRIKE: Final = "aiserve.strike"
+#: ``scope["extensions"]`` key: when the server read the request's head, in
+#: ``trio.current_time()`` seconds (a float). The seam stamps it (``server/directio.py``);
+#: the request's deadline counts from it (``runtime/entry.py``). Without it (hypercorn as
+#: shipped, another server), from the moment the app starts.
+ARRIVED: Final = "aiserve.arrived"
 
 JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
 SSE_HEADERS: Headers = [

@@ -110,6 +110,13 @@ class Metrics:
             ["stage"],
             registry=r,
         )
+        self.server_wait = Histogram(
+            "aiserve_server_wait_seconds",
+            "From the server's read of a request's head to its app task's start (with the "
+            "hypercorn seam): inside the request's deadline, before any stage.",
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
         self.shed = Counter(
             "aiserve_shed",
             "Requests shed under overload (503 with Retry-After), by reason: queue (waited "

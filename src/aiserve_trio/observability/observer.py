@@ -189,6 +189,10 @@ class RequestObserver:
 
     # --- the end of a request -------------------------------------------------
 
+    def server_wait(self, seconds: float) -> None:
+        """A request waited ``seconds`` in the server (its head read, its app not started)."""
+        self.metrics.server_wait.observe(seconds)
+
     def request_complete(self, outcome: Outcome) -> None:
         """Count and keep what a request did, then offer it to the sinks (the audit log,
         the spend counters): a failure in one never keeps the others from it -- a row and

@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
+import trio
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
@@ -63,7 +64,9 @@ class RequestTrace:
         self, tracer: trace.Tracer, route: str, headers: dict[str, str], arrival: float
     ) -> None:
         self._tracer = tracer
-        self._wall0 = time.time_ns()
+        # ``arrival`` may be earlier than now (the server's read of the request's head,
+        # ``runtime/entry.py``): the span starts then, its wait in the server inside it.
+        self._wall0 = time.time_ns() - max(0, int((trio.current_time() - arrival) * 1e9))
         self._clock0 = arrival
         parent = propagate.extract(headers) if "traceparent" in headers else None
         self.span: Span = tracer.start_span(

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..core.budgets import TIMEOUT_HEADER, effective_timeout_ms, plan
-from ..core.errors import BadRequest, GatewayError, PayloadTooLarge
+from ..core.errors import BadRequest, GatewayError, PayloadTooLarge, Shed
 from ..http.endpoints import Admission, Auth, Request
 from ..http.responder import Responder
 from ..http.sse import SHUTTING_DOWN, shutdown_event
 from ..http.turns import CURRENT_PLACE, Place, Turns
+from ..http.types import ARRIVED
 from ..observability.annotate import TASK_LABEL, TaskLabel
 from ..observability.metrics import status_label
 from ..server import server_call
@@ -58,7 +59,12 @@ class Entry:
         self, generations: Generations, scope: Scope, receive: Receive, send: Send
     ) -> None:
         """Serve one HTTP request with the runtime current when it arrives."""
-        arrival = trio.current_time()  # the deadline counts from here, auth included
+        # The deadline counts from here, auth included: when the server read the request's
+        # head (the seam's stamp), else now.
+        now = trio.current_time()
+        arrival = arrived(scope, now)
+        if arrival < now:
+            self.observer.server_wait(now - arrival)
         # The runtime this request uses from start to end, whatever a reload does meanwhile.
         rt = generations.current
         rt.enter()
@@ -183,6 +189,24 @@ class Entry:
             if declared is not None and declared.isdigit() and int(declared) > limit:
                 # Shed before reading a byte of a body that cannot be accepted.
                 raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            budget = plan(
+                request.arrival,
+                timeout_ms,
+                reserve_ms=d.reserve_ms,
+                min_inference_ms=d.min_inference_ms,
+                context=cfg.budgets.context,
+                inference=cfg.budgets.inference,
+                queue_share=d.queue_share,
+                ttft_ms=d.ttft_ms,
+            )
+            if trio.current_time() >= budget.queue_end:
+                # It waited in the server (its head read, its app not yet started) past
+                # its queue budget: shed now, before a byte of its body is read.
+                raise Shed(
+                    "queue",
+                    "the gateway is overloaded: the request waited past its queue budget "
+                    "before the gateway could start it",
+                )
         except GatewayError as err:
             await request.responder.error(err, [(b"x-request-id", request_id.encode())])
             now = trio.current_time()
@@ -198,16 +222,6 @@ class Entry:
             )
             self.observer.request_complete(refused)
             return
-        budget = plan(
-            request.arrival,
-            timeout_ms,
-            reserve_ms=d.reserve_ms,
-            min_inference_ms=d.min_inference_ms,
-            context=cfg.budgets.context,
-            inference=cfg.budgets.inference,
-            queue_share=d.queue_share,
-            ttft_ms=d.ttft_ms,
-        )
         info = RequestInfo(
             request_id=request_id,
             route=route,
@@ -240,6 +254,17 @@ class Entry:
         """An embeddings route's handler."""
         outcome = await rt.embeddings.serve(route, request)
         await rt.gate.after_chat(request.principal, outcome)
+
+
+def arrived(scope: Scope, now: float) -> float:
+    """When the request arrived: the server's stamp of its head's read
+    (``http.types.ARRIVED``, the seam's), or ``now`` without one (hypercorn as shipped,
+    another server) or with one that is not a time before ``now``."""
+    extensions = scope.get("extensions")
+    at = extensions.get(ARRIVED) if extensions else None
+    if type(at) is float and at <= now:
+        return at
+    return now
 
 
 def _tenant_of(rt: Runtime, path: str, principal: Principal | None) -> str:

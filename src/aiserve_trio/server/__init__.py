@@ -56,8 +56,10 @@ What the app sees
     :class:`ServerCall` that tells the pipeline of a disconnect (:func:`server_call`;
     elsewhere a :class:`ReceiveWatcher` behind the same :class:`Disconnect`) and the
     worker's count of failed authentications (``http.types.STRIKE``, which the gate
-    calls); and it reads the app's promise that a body follows a response head at once
-    (``http.types.DEFER``). On hypercorn as shipped the scope carries neither, and
+    calls), and when the server read the request's head (``http.types.ARRIVED``,
+    ``directio.Arrivals``: the request's deadline counts from it); and it reads the
+    app's promise that a body follows a response head at once (``http.types.DEFER``).
+    On hypercorn as shipped the scope carries none of these, and
     ``DEFER`` is a key hypercorn ignores. The keys the app and the seam share are
     ``http/types.py``'s: ``http/`` and ``security/`` stand below the seam and import
     nothing of it.

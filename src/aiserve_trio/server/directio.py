@@ -28,6 +28,10 @@ loop reaches a Trio checkpoint once it has handed on :data:`YIELD_BYTES` bytes o
 made :data:`YIELD_READS` reads since it last waited or yielded (``docs/hypercorn.md``
 has the measurement behind the numbers). No two writes interleave: the direct one
 is synchronous and only runs while no other write holds the lock.
+
+The read loop also notes when the bytes it hands on arrived (:class:`Arrivals`): the
+request a read completes is stamped with it (``http.types.ARRIVED``), and its deadline
+counts from there, not from when its app task first runs.
 """
 
 from __future__ import annotations
@@ -62,15 +66,38 @@ def write_now(stream: Any, data: bytes) -> int | None:
         return None
 
 
-async def read_loop(server: Any, sock: Any, closed: type, raw_data: type) -> None:
-    """hypercorn's read loop, reading the socket directly (see the module docstring)."""
+class Arrivals:
+    """When the bytes a connection's protocol is handling arrived (``trio.current_time()``).
+
+    ``read_at`` starts as the connection's accept: bytes the read loop finds at its first
+    read, without waiting, were there before its handler ran -- sent with the connect, and
+    waiting in the kernel while the worker started the connections accepted before. After
+    that, each read's time: a read that waited is made when they came (one scheduler pass
+    later at most), a read that did not wait, when the bytes are taken. A request's head is
+    parsed in the read that completes it, so the time in force when the app is spawned is
+    its arrival (a pipelined HTTP/1.1 request: the read its bytes came in).
+    """
+
+    __slots__ = ("read_at",)
+
+    def __init__(self, accepted: float) -> None:
+        self.read_at = accepted
+
+
+async def read_loop(
+    server: Any, sock: Any, closed: type, raw_data: type, arrivals: Arrivals | None = None
+) -> None:
+    """hypercorn's read loop, reading the socket directly (see the module docstring);
+    each read's time noted in ``arrivals``."""
     timeout = server.config.read_timeout or math.inf
     protocol = server.protocol
     unyielded = reads = 0
+    fresh = True  # no read made and no wait yet: bytes found now came with the connect
     while True:
         try:
             data = os.read(sock.fileno(), MAX_RECV)  # -1 once closed: an OSError
         except BlockingIOError:
+            fresh = False
             try:
                 if timeout == math.inf:
                     await trio.lowlevel.wait_readable(sock)
@@ -83,6 +110,10 @@ async def read_loop(server: Any, sock: Any, closed: type, raw_data: type) -> Non
             continue
         except OSError:  # reset, or closed under us
             break
+        if fresh:
+            fresh = False  # the accept's time stands
+        elif arrivals is not None:
+            arrivals.read_at = trio.current_time()
         await protocol.handle(raw_data(data=data))
         if not data:
             break

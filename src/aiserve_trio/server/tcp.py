@@ -40,7 +40,7 @@ from hypercorn.trio.task_group import TaskGroup, _handle
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.utils import parse_socket_addr
 
-from ..http.types import STRIKE
+from ..http.types import ARRIVED, STRIKE
 from ..security.edge import PenaltyBox, peer_key
 from . import directio
 from .coalesce import HeldWrites, send_coalesced
@@ -67,6 +67,8 @@ class GatewayTCPServer(TCPServer):
     ) -> None:
         super().__init__(app, worker.dated(config), context, state, stream)
         self.worker = worker
+        # Built in the step its connection is accepted (serve_listeners' start_soon).
+        self.arrivals = directio.Arrivals(trio.current_time())
         self.idle_task = IdleTimer()  # type: ignore[assignment]
 
     async def run(self) -> None:
@@ -103,7 +105,7 @@ class GatewayTCPServer(TCPServer):
         try:
             client = parse_socket_addr(sock.family, sock.getpeername())
             server = parse_socket_addr(sock.family, sock.getsockname())
-            async with GatewayTaskGroup(self.worker) as task_group:
+            async with GatewayTaskGroup(self.worker, self.arrivals) as task_group:
                 self._task_group = task_group
                 self.protocol = GatewayProtocols(
                     self.app,
@@ -150,7 +152,7 @@ class GatewayTCPServer(TCPServer):
             if type(stream) is not trio.SocketStream:  # TLS: hypercorn's loop (it yields per read)
                 await super()._read_data()
                 return
-            await directio.read_loop(self, stream.socket, Closed, RawData)
+            await directio.read_loop(self, stream.socket, Closed, RawData, self.arrivals)
         finally:
             timer: Any = self.idle_task
             timer.reading_ended()
@@ -183,12 +185,15 @@ async def refused(stream: Any, box: PenaltyBox | None) -> bool:
 
 
 class GatewayTaskGroup(TaskGroup):
-    """Starts each app with the disconnect call and the worker's strike count in its scope,
-    HTTP/1.1 writes coalesced."""
+    """Starts each app with the disconnect call, the worker's strike count and when its
+    request arrived in its scope, HTTP/1.1 writes coalesced."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, arrivals: directio.Arrivals) -> None:
         super().__init__()
         self._strike = worker.strike
+        #: The connection's read times (``directio.Arrivals``); TLS: stamped in
+        #: ``GatewayProtocols.handle``, hypercorn's own read loop knowing nothing of them.
+        self.arrivals = arrivals
 
     async def spawn_app(
         self,
@@ -206,6 +211,8 @@ class GatewayTaskGroup(TaskGroup):
             extensions = scope["extensions"]
             extensions[EXTENSION] = call
             extensions[STRIKE] = self._strike
+            # The read that completed this request's head: its deadline counts from there.
+            extensions[ARRIVED] = self.arrivals.read_at
             put = partial(_put, call, put)
             # send is the HTTPStream's app_send; its send, the protocol's stream_send.
             protocol = getattr(
@@ -265,6 +272,7 @@ class GatewayProtocols(ProtocolWrapper):
         self.send = send
         self.state = state
         self.worker = worker
+        self.arrivals: directio.Arrivals = task_group.arrivals
         kind = GatewayH2 if alpn_protocol == "h2" else GatewayH11
         self.protocol = self._make(kind)
 
@@ -285,6 +293,8 @@ class GatewayProtocols(ProtocolWrapper):
         return GatewayH11(*args)
 
     async def handle(self, event: Event) -> None:
+        if self.ssl and type(event) is RawData:  # hypercorn's read loop: stamp its reads
+            self.arrivals.read_at = trio.current_time()
         try:
             return await self.protocol.handle(event)
         except H2ProtocolAssumedError as error:
