@@ -656,6 +656,37 @@ def test_admin_lists_servers_tools_and_recent_calls_of_its_tenants(gw: str) -> N
     assert r.status_code == 403  # not an admin
 
 
+def test_the_console_shows_each_servers_state_tools_and_the_recent_calls(gw: str) -> None:
+    from playwright.sync_api import expect
+
+    from .test_console_browser import browser_page, log_in
+
+    rpc = Rpc(gw, KEY)
+    rpc.call("everything__echo", {"message": "seen in the console"})
+    refused = rpc.post({"method": "tools/call", "params": {"name": "everything__get-env"}})
+    assert refused.json()["error"]["code"] == -32003
+    with browser_page() as page:
+        page.goto(f"{gw}/admin/")
+        log_in(page, KEY_OPS)
+        expect(page.locator("#mcp")).to_be_visible()
+        row = page.locator("#mcp-servers tbody tr[data-server=everything]")
+        expect(row.locator("td.state")).to_have_text("ready")
+        cells = row.locator("td").all_inner_texts()
+        assert cells[2] == "stdio"
+        listed = httpx.get(gw + "/admin/mcp", headers={"authorization": f"Bearer {KEY_OPS}"})
+        assert int(cells[3]) == listed.json()["servers"]["everything"]["tools"] > 0
+        row.locator("summary").click()
+        expect(row.locator("details span")).to_contain_text("get-env")
+        expect(
+            page.locator("#mcp-servers tbody tr[data-server=faultyhttp] td").nth(5)
+        ).to_have_text("bank-b: ready")
+        calls = page.locator("#mcp-calls tbody tr")
+        newest, before = calls.nth(0).locator("td"), calls.nth(1).locator("td")
+        expect(newest.nth(3)).to_have_text("everything__get-env")
+        expect(newest.nth(4)).to_have_text("denied")
+        assert before.all_inner_texts()[1:5] == ["agent", "bank-a", "everything__echo", "ok"]
+
+
 def test_a_hung_http_upstream_hits_the_deadline_and_is_cancelled_upstream(gw: str) -> None:
     rpc = Rpc(gw, KEY)
     before = int(_text(rpc.call("faultyhttp__cancelled")))

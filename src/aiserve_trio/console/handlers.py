@@ -213,6 +213,8 @@ class Overview(msgspec.Struct, kw_only=True):
     open_streams: int
     #: The audit database keeps keys: the API keys and audit trail sections are shown.
     keys: bool = False
+    #: MCP servers are configured: the MCP section is shown.
+    mcp: bool = False
 
 
 @dataclass
@@ -349,6 +351,7 @@ class Console:
             total=sla.overview(snap, None, STAGES, names),
             open_streams=round(snap.live.get("sse", 0.0)),
             keys=self.keys is not None,
+            mcp=bool(self.host.config.mcp.servers),
         )
         await self._json(request, out)
 

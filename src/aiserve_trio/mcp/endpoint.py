@@ -580,8 +580,13 @@ class McpEndpoint:
     async def admin(self, request: Request) -> None:
         """``GET /admin/mcp``: each server's state and tools, and the recent tool calls
         (an admin of one tenant sees its tenant's calls only)."""
+        health = self.hub.health()  # with each tenant's own upstream session
         servers = {
-            name: {**up.health(), "tool_names": [t["name"] for t in up.tools]}
+            name: {
+                **health.get(name, {}),
+                **up.health(),
+                "tool_names": [t["name"] for t in up.tools],
+            }
             for name, up in sorted(self.hub.upstreams.items())
         }
         p = request.principal

@@ -168,9 +168,10 @@ class RuntimeBuilder:
             return []
         mcp = McpEndpoint(parts.config, self.mcp, parts.gate)
         methods, req = ("POST", "DELETE"), Admission.REQUEST
+        console = Auth.ADMIN_OR_CONSOLE_TOKEN  # the console's MCP section reads /admin/mcp
         return [
             Endpoint("/mcp", methods, Auth.KEY, req, mcp.handle, "mcp", rpc_error),
-            Endpoint("/admin/mcp", ("GET",), Auth.ADMIN, req, mcp.admin, "admin_mcp"),
+            Endpoint("/admin/mcp", ("GET",), console, req, mcp.admin, "admin_mcp"),
         ]
 
     def _key_endpoints(self, parts: Parts) -> list[Endpoint]:

@@ -631,6 +631,47 @@ async function loadAudit() {
   $("audit-table").tBodies[0].replaceChildren(...rows);
 }
 
+// --- MCP servers (issue 52): their state, tools and the recent tool calls ---------------
+
+function renderMcp(out) {
+  const servers = Object.entries(out.servers).map(([name, s]) => {
+    const tools = el("details", {}, el("summary", { text: `${s.tools}` }), el("span", { text: s.tool_names.join(", ") }));
+    const tenants = Object.entries(s.tenants || {}).map(([t, state]) => `${t}: ${state}`).join(", ");
+    return el(
+      "tr",
+      { "data-server": name, class: s.state === "ready" ? "" : "bad" },
+      el("td", {}, el("code", { text: name })),
+      el("td", { class: "state", text: s.state }),
+      el("td", { text: s.transport }),
+      el("td", { class: "n" }, tools),
+      el("td", { class: "n", text: `${s.restarts}` }),
+      el("td", { text: tenants || "-" }),
+      el("td", { class: "detail", text: s.error || "" }),
+    );
+  });
+  $("mcp-servers").tBodies[0].replaceChildren(...servers);
+  const calls = out.calls.slice(0, 50).map((c) =>
+    el(
+      "tr",
+      { class: c.status === "ok" ? "" : "bad" },
+      el("td", { text: at(c.ts) }),
+      el("td", { text: c.key_id || "-" }),
+      el("td", { text: c.tenant }),
+      el("td", {}, el("code", { text: `${c.server}__${c.tool}` })),
+      el("td", { class: "state", text: c.status }),
+      el("td", { class: "n", text: `${c.ms.toFixed(1)} ms` }),
+      el("td", { class: "n", text: `${c.bytes}` }),
+    ),
+  );
+  if (!calls.length) calls.push(el("tr", {}, el("td", { colspan: "7", class: "empty", text: "No tool calls yet." })));
+  $("mcp-calls").tBodies[0].replaceChildren(...calls);
+}
+
+async function loadMcp(overview) {
+  $("mcp").hidden = !overview.mcp;
+  if (overview.mcp) renderMcp(await api("GET", "/admin/mcp"));
+}
+
 // Keys and the audit trail live in the audit database: without one the gateway has no
 // such endpoints and the sections stay hidden.
 async function loadAdmin(overview) {
@@ -652,6 +693,7 @@ async function refresh() {
     renderOverview(overview);
     renderSlow(slow);
     renderCache(cache);
+    await loadMcp(overview);
     // Spend is read from the audit database: every fifth poll is enough.
     if (polls % 5 === 0) {
       renderSpend(await api("GET", "spend"));
