@@ -1,6 +1,7 @@
 """The tail under overload, side by side in one run: p50, p99, p99.9 and max at
 c = 1, 16, 64, 256 and 1,024, streamed and non-streamed, for the direct upstream, nginx
-relaying it (``proxy_buffering off``) and the gateway (one worker), with shedding off and on.
+relaying it (``proxy_buffering off``), the gateway (one worker) with shedding off and on,
+and Portkey and LiteLLM (one worker each) where they are installed.
 
     .venv/bin/python -m bench.tail                        # ~12 min: 6 s points, 20 s at c >= 256
     .venv/bin/python -m bench.tail --rounds 2 --duration 4 --concs 256,1024
@@ -8,6 +9,9 @@ relaying it (``proxy_buffering off``) and the gateway (one worker), with sheddin
 
 The upstream is ``bench/node/upstream.js`` (zero delay, 16 deltas) with wrk on the load
 CPU; each system under test (nginx's one worker, the gateway's one worker) on the other.
+``portkey`` and ``litellm`` are ``bench/throughput.py``'s (installed as ``bench/README.md``
+says, in ``bench/work``); one that is not installed is left out with the reason printed,
+and the run goes on without it. Both run on their own defaults.
 Points are interleaved -- at each (mode, c), every system in turn -- so the systems see
 the same moment of a shared machine; compare within a round, as ratios.
 wrk runs with ``--timeout 30s``: a late answer is a latency, not a socket error.
@@ -40,10 +44,18 @@ from typing import Any
 from . import systems
 from .ab import _JSON, node_upstream, wrk_start
 from .systems import LOAD_CPU, ROOT, SYSTEM_CPU, WORK, Running, free_port
-from .throughput import System, aiserve
+from .throughput import System, aiserve, litellm, portkey
 
 CONCS = (1, 16, 64, 256, 1024)
-ALL = ("direct", "nginx", "aiserve", "aiserve-shed")
+ALL = ("direct", "nginx", "portkey", "litellm", "aiserve", "aiserve-shed")
+#: The peers a run leaves out, with the reason printed, when they are not installed.
+PEERS = {"portkey": portkey, "litellm": litellm}
+#: Why Portkey's streamed points fail on this machine (its log, bench/work/logs/portkey.log).
+PORTKEY_STREAMS = (
+    " Portkey 1.15.2 on Node 20 answers every stream 500 (`Something went wrong`; its log:"
+    " `TypeError: immutable` appending a header to the upstream's fetch response), as in"
+    " bench.throughput's streamed points."
+)
 
 NGINX_CONF = """worker_processes 1;
 worker_rlimit_nofile 16384;
@@ -169,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
             elif n == "aiserve":
                 s = stack.enter_context(aiserve(up, name="aiserve"))
                 targets.append(s)
+            elif n in PEERS:
+                try:
+                    targets.append(stack.enter_context(PEERS[n](up)))
+                except RuntimeError as err:  # not installed: say so, go on without it
+                    print(f"{n}: skipped: {err}", flush=True)
+                    results.setdefault("skipped", {})[n] = str(err)
             elif n == "aiserve-shed":
                 extra = f"\n[deadline]\n{args.shed}\n"
                 s = stack.enter_context(aiserve(up, name="aiserve-shed", extra=extra))
@@ -209,13 +227,17 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
         f"{args.warmup:g} s of warm-up; systems interleaved "
         f"at each point; aiserve-shed: `[deadline] {' '.join(args.shed.split())}`, its "
         f"requests with `X-Request-Timeout-Ms: {args.timeout_ms}`; the others on the defaults."
-        + (f" aiserve-before: the gateway at {results['before']}." if "before" in results else ""),
+        + (f" aiserve-before: the gateway at {results['before']}." if "before" in results else "")
+        + "".join(f" {n}: skipped ({why})." for n, why in results.get("skipped", {}).items()),
         "",
         "| round | mode | c | system | req/s | p50 ms | p99 ms | p99.9 ms | max ms | p99/p50 "
         "| p99.9/p50 | errors | non-2xx |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    failed = []
     for p in results["points"]:
+        if p["requests"] and p["non2xx"] + p["errors"] >= p["requests"]:
+            failed.append(f"{p['system']} {p['mode']} c={p['c']}")
         r99 = p["p99_ms"] / p["p50_ms"] if p["p50_ms"] else 0.0
         r999 = p["p999_ms"] / p["p50_ms"] if p["p50_ms"] else 0.0
         lines.append(
@@ -223,6 +245,10 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
             f"{p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {p['p999_ms']:.1f} | {p['max_ms']:.1f} | "
             f"{r99:.1f} | {r999:.1f} | {p['errors']} | {p['non2xx']} |"
         )
+    if failed:
+        lines += ["", "Every answer an error (its latencies are of the errors, not of "
+                  f"answers): {', '.join(failed)}." + PORTKEY_STREAMS * any(
+                      f.startswith("portkey stream") for f in failed)]
     return "\n".join(lines) + "\n"
 
 
