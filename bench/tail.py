@@ -25,7 +25,10 @@ percentiles are of every answer, 503s included.
 Writes ``bench/results/<date>/tail.md`` and ``tail.json``; ``--rev`` (default HEAD)
 is the gateway's source: a snapshot of that revision's ``src/``, so a work tree in the
 middle of others' edits does not matter. ``--before REV`` adds that revision's gateway
-as ``aiserve-before``, for a before/after table from one run.
+as ``aiserve-before``, for a before/after table from one run; ``aiserve-before-shed`` in
+``--systems`` is that gateway with ``aiserve-shed``'s shedding and timeout:
+
+    .venv/bin/python -m bench.tail --before 3fbbeaf --systems aiserve-before-shed,aiserve-shed
 """
 
 from __future__ import annotations
@@ -151,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     names = [n for n in args.systems.split(",") if n]
-    if args.before and "aiserve-before" not in names:
+    if "aiserve-before-shed" in names and not args.before:
+        raise SystemExit("aiserve-before-shed needs --before REV")
+    if args.before and not {"aiserve-before", "aiserve-before-shed"} & set(names):
         names.insert(names.index("aiserve") if "aiserve" in names else len(names), "aiserve-before")
     concs = [int(c) for c in args.concs.split(",")]
     modes = [m for m in args.modes.split(",") if m]
@@ -171,12 +176,16 @@ def main(argv: list[str] | None = None) -> int:
                 targets.append(System("direct", up.base + "/v1/chat/completions"))
             elif n == "nginx":
                 targets.append(stack.enter_context(nginx(up)))
-            elif n == "aiserve-before":
+            elif n in ("aiserve-before", "aiserve-before-shed"):
                 before, before_sha = systems.snapshot(args.before)
                 results["before"] = before_sha
                 systems.SNAPSHOT = before
-                s = stack.enter_context(aiserve(up, name="aiserve-before"))
+                shed = n == "aiserve-before-shed"
+                extra = f"\n[deadline]\n{args.shed}\n" if shed else ""
+                s = stack.enter_context(aiserve(up, name=n, extra=extra))
                 systems.SNAPSHOT = src
+                if shed:
+                    s.headers = hdr
                 targets.append(s)
             elif n == "aiserve":
                 s = stack.enter_context(aiserve(up, name="aiserve"))
