@@ -6,18 +6,30 @@ seam's against the real server."""
 from __future__ import annotations
 
 import json
+import ssl
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import h11
 import pytest
 import trio
+import trustme
+from hypercorn.config import Config
+from hypercorn.events import Closed, RawData
+from hypercorn.trio import serve
 
 from aiserve_trio.http.types import ARRIVED
 from aiserve_trio.runtime.asgi import App
 from aiserve_trio.runtime.entry import arrived
+from aiserve_trio.server import directio
 
 from .asgi_client import Exchange, Response, chat_body, make_scope
+from .conftest import seam_on
+from .servers import free_port
 from .test_coalesce import HEAD, Scope, body, exchange, server
 from .test_observability import traced_app
 from .test_shed import assert_shed, shed_app, shed_count
@@ -158,3 +170,97 @@ async def test_the_seam_stamps_when_it_read_each_request() -> None:
         assert nxt == slow  # read in the same read
         assert nxt_app - nxt >= 0.3  # it waited behind the slow one, inside its deadline
         await stream.aclose()
+
+
+async def test_the_read_loop_stamps_each_read_and_keeps_the_accept_for_bytes_already_there(
+    autojump_clock: Any,
+) -> None:
+    """Bytes waiting when the loop first reads came with the connect: the accept's time
+    stands for them; bytes the loop waited for get the time it read them."""
+    a, b = trio.socket.socketpair()
+    accepted = trio.current_time()
+    arrivals = directio.Arrivals(accepted)
+    seen: list[tuple[bytes, float]] = []
+
+    class Recording:
+        async def handle(self, event: Any) -> None:
+            if isinstance(event, RawData) and event.data:
+                seen.append((event.data, arrivals.read_at))
+
+    class Server:
+        config = Config()
+        protocol = Recording()
+
+    async def client() -> None:
+        await trio.sleep(1.5)  # the loop has read the first bytes and waits
+        await a.send(b"second")
+        a.close()
+
+    await a.send(b"first")
+    await trio.sleep(0.5)  # the handler starts after its accept
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client)
+        await directio.read_loop(Server(), b, Closed, RawData, arrivals)
+    b.close()
+    assert seen == [(b"first", accepted), (b"second", pytest.approx(accepted + 2.0, abs=0.01))]
+
+
+@asynccontextmanager
+async def tls_server(app: Any, tmp_path: Path) -> AsyncIterator[tuple[int, ssl.SSLContext]]:
+    """The seam's hypercorn over TLS, ``app`` answering after the body: (port, client
+    context)."""
+    seam_on()
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    certfile, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(certfile))
+    cert.private_key_pem.write_to_path(str(keyfile))
+    port = free_port()
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    config.certfile, config.keyfile = str(certfile), str(keyfile)
+    done = trio.Event()
+
+    async def asgi(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await receive()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await app(scope, receive, send)
+
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(serve, asgi, config, shutdown_trigger=done.wait))  # type: ignore[arg-type]
+        yield port, ctx
+        done.set()
+
+
+@pytest.mark.seam
+@pytest.mark.slow
+async def test_tls_requests_are_stamped_with_their_own_read(tmp_path: Path) -> None:
+    """Over TLS (hypercorn's read loop, stamped by the seam's protocol wrapper): a request
+    sent 0.2 s after the first on the same connection is stamped with its own read."""
+    seen: list[tuple[float, float]] = []
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        seen.append((scope["extensions"][ARRIVED], trio.current_time()))
+        await send({**HEAD, "headers": [(b"content-length", b"2")]})
+        await send(body(b"ok"))
+
+    async with tls_server(app, tmp_path) as (port, ctx):
+        tcp = await trio.open_tcp_stream("127.0.0.1", port)
+        stream = trio.SSLStream(tcp, ctx, server_hostname="127.0.0.1")
+        conn = h11.Connection(h11.CLIENT)
+        assert await exchange(stream, conn) == (200, b"ok")  # type: ignore[arg-type]
+        await trio.sleep(0.2)
+        assert await exchange(stream, conn) == (200, b"ok")  # type: ignore[arg-type]
+        await stream.aclose()
+    (first, first_app), (second, second_app) = seen
+    assert first <= first_app
+    assert second <= second_app
+    assert second - first >= 0.2
+    assert second_app - second < 0.1

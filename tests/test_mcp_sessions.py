@@ -1,52 +1,49 @@
-"""/mcp's session table: a tenant that opens sessions in bulk evicts its own first."""
+"""/mcp's session ids: signed, so any worker with the secret reads them; nothing stored."""
 
 from __future__ import annotations
 
-import pytest
+import base64
 
-from aiserve_trio.mcp.sessions import Session, SessionTable
+from aiserve_trio.mcp.sessions import MAX_ID, Ended, SessionIds
 
-
-def _open(table: SessionTable, tenant: str, n: int) -> list[str]:
-    sids = [f"{tenant}-{i}" for i in range(n)]
-    for sid in sids:
-        table.add(sid, Session(f"key-{tenant}", "2025-06-18", tenant))
-    return sids
+SECRET = b"s" * 32
 
 
-def test_a_tenant_flooding_the_table_evicts_its_own_sessions_not_anothers() -> None:
-    table = SessionTable(limit=100)
-    bank = _open(table, "bank", 10)
-    flood = _open(table, "flood", 1_000)
-    assert len(table) == 100
-    assert all(table.get(sid) is not None for sid in bank)
-    # The flooder keeps its newest 90; its oldest went first.
-    assert [sid for sid in flood if table.get(sid) is not None] == flood[-90:]
+def test_an_id_is_read_back_by_any_reader_with_the_same_key() -> None:
+    issued = SessionIds(SECRET).issue("agent", "2025-06-18")
+    read = SessionIds(SECRET).read(issued)  # another worker
+    assert read is not None
+    assert (read.sid, read.key_id, read.version) == (issued, "agent", "2025-06-18")
+    assert SessionIds(SECRET).issue("agent", "2025-06-18") != issued  # a nonce each
+    assert issued.isascii()
+    assert issued.isprintable()  # visible ASCII, as the transport asks
 
 
-def test_within_a_tenant_the_least_recently_used_goes_first() -> None:
-    table = SessionTable(limit=3)
-    first, second, third = _open(table, "t", 3)
-    assert table.get(first) is not None  # used: now the tenant's most recent
-    evicted = table.add("t-new", Session("key-t", "2025-06-18", "t"))
-    assert [s.key_id for s in evicted] == ["key-t"]
-    assert table.get(second) is None
-    assert table.get(first) is not None
-    assert table.get(third) is not None
+def test_another_secrets_id_or_an_altered_one_is_not_a_session() -> None:
+    ids = SessionIds(SECRET)
+    issued = ids.issue("agent", "2025-06-18")
+    assert SessionIds(b"t" * 32).read(issued) is None
+    body, _, sig = issued.rpartition(".")
+    # The same signature over a body naming another key.
+    forged = base64.urlsafe_b64encode(b"2025-06-18|xyz|admin").decode().rstrip("=")
+    assert ids.read(f"{forged}.{sig}") is None
+    assert ids.read(body) is None
+    assert ids.read(issued[:-2] + ("AA" if not issued.endswith("AA") else "BB")) is None
+    assert ids.read("x" * (MAX_ID + 1)) is None
+    assert ids.read("not base64!.sig") is None
 
 
-def test_while_there_is_room_a_tenant_may_use_all_of_it() -> None:
-    table = SessionTable(limit=50)
-    sids = _open(table, "alone", 50)
-    assert all(table.get(sid) is not None for sid in sids)
+def test_a_session_without_a_key_reads_back_as_none() -> None:
+    ids = SessionIds(SECRET)
+    read = ids.read(ids.issue(None, "2024-11-05"))
+    assert read is not None
+    assert read.key_id is None
 
 
-def test_a_deleted_session_is_gone_and_frees_its_room() -> None:
-    table = SessionTable(limit=2)
-    a, b = _open(table, "t", 2)
-    assert table.remove(a).tenant == "t"
-    assert table.get(a) is None
-    assert table.add("t-c", Session("key-t", "2025-06-18", "t")) == []
-    assert table.get(b) is not None
-    with pytest.raises(KeyError):
-        table.remove(a)
+def test_ended_ids_are_remembered_up_to_the_limit_newest_kept() -> None:
+    ended = Ended(limit=3)
+    for sid in ("a", "b", "c", "d"):
+        ended.add(sid)
+    assert len(ended) == 3
+    assert "a" not in ended
+    assert all(sid in ended for sid in ("b", "c", "d"))

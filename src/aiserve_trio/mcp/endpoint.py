@@ -40,7 +40,7 @@ from ..server import server_call
 from . import jsonrpc
 from .grants import EVERYTHING, Grants
 from .jsonrpc import Message, Reply, RpcError
-from .sessions import Session
+from .sessions import Session, SessionIds
 from .upstream import BIG_MESSAGE, Upstream, UpstreamError
 
 if TYPE_CHECKING:
@@ -114,8 +114,8 @@ class McpEndpoint:
         self.policies = [p for p in policies if type(p).redact_text is not Policy.redact_text]
         self.tenants = {n: t.mcp_tools for n, t in config.tenants.items()}
         self.default_tenant = config.server.default_tenant
-        #: Client sessions, worker-wide (a reload keeps them): the hub's.
-        self.sessions = hub.sessions
+        #: Session ids are signed with the gate's secret, so every worker reads them.
+        self.ids = SessionIds(gate.derived_key("mcp session"))
         self._grants: dict[str, Grants] = {}
 
     # --- HTTP -------------------------------------------------------------------------
@@ -123,14 +123,16 @@ class McpEndpoint:
     async def handle(self, request: Request) -> None:
         if request.method == "DELETE":
             sid = request.headers.get("mcp-session-id", "")
-            s = self.sessions.get(sid)
-            if s is None or s.key_id != _key_id(request):
+            s = self._known(request, sid)
+            if s is None:
                 raise_404 = HttpStatus(404, RpcError(jsonrpc.INVALID_REQUEST, "unknown session"))
                 await self._refuse(request, raise_404)
                 return
-            for scope in s.calls.values():
-                scope.cancel()
-            self.sessions.remove(sid)
+            for call, scope in list(self.hub.calls.items()):
+                if call[0] == sid:
+                    scope.cancel()
+            self.hub.ended.limit = self.settings.max_sessions  # a reload may have changed it
+            self.hub.ended.add(sid)
             await request.responder.complete(200, _JSON, b"{}")
             return
         try:
@@ -211,8 +213,8 @@ class McpEndpoint:
                 the client starts a new one; 400 for a handshake-era request without one.
         """
         if sid is not None:
-            s = self.sessions.get(sid)
-            if s is None or s.key_id != _key_id(request):
+            s = self._known(request, sid)
+            if s is None:
                 raise HttpStatus(
                     404, RpcError(jsonrpc.INVALID_REQUEST, "session not found: initialize again")
                 )
@@ -231,6 +233,14 @@ class McpEndpoint:
                 )
         return None
 
+    def _known(self, request: Request, sid: str) -> Session | None:
+        """The session ``sid`` names, if this gateway signed it for the caller's key
+        and it was not ended here."""
+        s = self.ids.read(sid)
+        if s is None or s.key_id != _key_id(request) or sid in self.hub.ended:
+            return None
+        return s
+
     def _initialize(self, request: Request, m: Message) -> tuple[dict[str, Any], str | None]:
         if m.notification:
             return jsonrpc.error(RpcError(jsonrpc.INVALID_REQUEST, "initialize is a request")), None
@@ -241,9 +251,7 @@ class McpEndpoint:
             )
             return jsonrpc.error(err), None
         version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[-1]
-        sid = secrets.token_urlsafe(24)
-        self.sessions.limit = self.settings.max_sessions  # a reload may have changed it
-        self.sessions.add(sid, Session(_key_id(request), version, self._tenant(request)))
+        sid = self.ids.issue(_key_id(request), version)
         result = {
             "protocolVersion": version,
             "capabilities": CAPABILITIES,
@@ -259,7 +267,7 @@ class McpEndpoint:
     ) -> dict[str, Any] | None:
         if m.notification:
             if m.method == "notifications/cancelled" and session is not None:
-                scope = session.calls.get(m.params.get("requestId"))
+                scope = self.hub.calls.get((session.sid, m.params.get("requestId")))
                 if scope is not None:
                     scope.cancel()
             return None
@@ -483,7 +491,7 @@ class McpEndpoint:
         gone = server_call(request.scope)
         with trio.move_on_at(deadline) as scope:
             if session is not None and m.id is not None:
-                session.calls[m.id] = scope
+                self.hub.calls[session.sid, m.id] = scope
             if gone is not None:
                 gone.set(scope.cancel)
             try:
@@ -499,7 +507,7 @@ class McpEndpoint:
                 if gone is not None:
                     gone.clear()
                 if session is not None:
-                    session.calls.pop(m.id, None)
+                    self.hub.calls.pop((session.sid, m.id), None)
         if scope.cancelled_caught:
             if trio.current_time() >= deadline:
                 record.status = "timeout"

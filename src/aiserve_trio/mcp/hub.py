@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from .sessions import SessionTable
+from .sessions import Ended
 from .settings import McpConfig, McpServerConfig
 from .upstream import Upstream, build_upstream
 
@@ -78,7 +78,10 @@ class McpHub:
         #: The last tool calls (``GET /admin/mcp``), newest last.
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT)
         #: ``/mcp``'s client sessions, worker-wide (a reload keeps them).
-        self.sessions = SessionTable(McpConfig().max_sessions)
+        #: ``/mcp``'s sessions ended by DELETE here, and the calls running here by
+        #: (session, request id) for ``notifications/cancelled``; a reload keeps both.
+        self.ended = Ended(McpConfig().max_sessions)
+        self.calls: dict[tuple[str, Any], trio.CancelScope] = {}
 
     def configure(self, config: McpConfig) -> None:
         """The servers ``config`` names are the ones to run (applied by :meth:`run`)."""

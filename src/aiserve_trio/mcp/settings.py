@@ -95,7 +95,8 @@ class McpConfig(Section):
     max_message_bytes: int = 1_048_576
     #: Messages in one JSON-RPC batch at most.
     max_batch: int = 32
-    #: Client sessions (``Mcp-Session-Id``) a worker keeps at most (the oldest go first).
+    #: Sessions ended by ``DELETE`` a worker remembers (to answer them 404), the newest;
+    #: live sessions cost nothing (their ids are signed, mcp/sessions.py).
     max_sessions: int = 10_000
 
     def __post_init__(self) -> None:

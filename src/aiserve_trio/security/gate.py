@@ -455,6 +455,12 @@ class Gate:
             )
         return principal
 
+    def derived_key(self, purpose: str) -> bytes:
+        """A key for signing what only this gateway's workers issue (``purpose`` keeps
+        one use's signatures from checking for another): from the secret the console
+        and stream tokens use, shared by the workers when ``token_secret_env`` is set."""
+        return hmac.new(self._secret, f"aiserve-trio {purpose}".encode(), "sha256").digest()
+
     def signed_on(self, request: Request) -> tuple[str, int] | None:
         """The issuer's JWT ``request`` was authenticated with, and the seconds it has
         left; None for a key. The console keeps it as its token (every worker checks it)."""
