@@ -129,6 +129,46 @@ async def test_the_round_trip_after_the_tools_output_ends_with_text_quoting_it(
     assert err.value.code == "invalid_encrypted_content"
 
 
+#: A ``namespace`` tool as Codex CLI offers an MCP server's tools (``mcp__<server>``).
+CRM: Any = {
+    "type": "namespace",
+    "name": "mcp__crm",
+    "description": "The CRM server's tools.",
+    "tools": [
+        {"type": "function", "name": "lookup", "parameters": {"type": "object"}},
+        {"type": "function", "name": "orders", "parameters": {"type": "object"}},
+    ],
+}
+
+
+async def test_a_function_in_a_namespace_is_called_with_its_namespace(
+    autojump_clock: trio.testing.MockClock, client: openai.AsyncOpenAI
+) -> None:
+    """``sim-call: <namespace>__<function>`` calls a namespaced function as OpenAI's API
+    does: its own ``name`` and the ``namespace`` (Codex CLI routes the call by both); the
+    round trip with that call in the history ends with text quoting the output."""
+    ask = 'who is 7?\nsim-call: mcp__crm__orders {"id": 7}'
+    first = await client.responses.create(model="sim-model", input=ask, tools=[SHELL, CRM])
+    (call,) = first.output
+    assert call.type == "function_call"
+    assert (call.model_dump().get("namespace"), call.name) == ("mcp__crm", "orders")
+    async with client.responses.stream(model="sim-model", input=ask, tools=[SHELL, CRM]) as stream:
+        added = [e async for e in stream if e.type == "response.output_item.added"]
+    assert added[0].item.model_dump().get("namespace") == "mcp__crm"
+    # A function outside any namespace is called without one.
+    plain = await client.responses.create(
+        model="sim-model", input='sim-call: shell {"command": "ls"}', tools=[SHELL, CRM]
+    )
+    assert "namespace" not in plain.output[0].model_dump(exclude_none=True)
+    history: Any = [
+        {"role": "user", "content": ask},
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": TOOL_RESULT},
+    ]
+    second = await client.responses.create(model="sim-model", input=history, tools=[CRM])
+    assert second.output_text.startswith(f"The tool returned: {TOOL_RESULT}")
+
+
 async def test_structured_output_parses(
     autojump_clock: trio.testing.MockClock, client: openai.AsyncOpenAI
 ) -> None:

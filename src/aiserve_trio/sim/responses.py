@@ -8,8 +8,10 @@ system message), ``input`` -- a string, or items: ``message`` (``user``,
 ``function_call_output`` and ``custom_tool_call_output`` (tool messages),
 ``reasoning`` (skipped: its ``encrypted_content``, if any, must be one the sim
 wrote, else a 400 ``invalid_encrypted_content``, as OpenAI refuses another
-deployment's) -- ``tools`` of type ``function`` (other tools, e.g. ``web_search``
-or a ``namespace``, are offered to nobody: the sim cannot run them),
+deployment's) -- ``tools`` of type ``function`` and the functions of a ``namespace``
+tool, known as ``<namespace>__<function>`` (a ``sim-call:`` line names them so, and the
+call comes back with its own ``name`` and the ``namespace``, as OpenAI's does and Codex
+CLI routes its MCP tools by; other tools, e.g. ``web_search``, are offered to nobody),
 ``tool_choice`` (``none`` / ``auto`` / ``required`` / ``{"type": "function",
 "name"}``), ``text.format`` (``json_schema`` / ``json_object``),
 ``reasoning.effort``, ``max_output_tokens``, ``include``, ``stream``. Any other
@@ -165,7 +167,10 @@ def messages(req: _Request) -> list[SimMessage]:
             args = item.get("arguments") if kind == "function_call" else item.get("input")
             call = ToolCallIn(
                 id=str(item.get("call_id", "")),
-                function=FunctionCall(name=str(item.get("name", "")), arguments=str(args or "")),
+                function=FunctionCall(
+                    name=qualified(item.get("namespace"), str(item.get("name", ""))),
+                    arguments=str(args or ""),
+                ),
             )
             if calls is None:
                 calls = []
@@ -191,20 +196,51 @@ def messages(req: _Request) -> list[SimMessage]:
     return out
 
 
+def _functions(req: _Request) -> list[tuple[str | None, str, dict[str, Any]]]:
+    """The request's functions in order: (namespace, name, definition), the namespace
+    ``None`` for a ``function`` tool, else the ``namespace`` tool's name it is in."""
+    out: list[tuple[str | None, str, dict[str, Any]]] = []
+    for t in req.tools or ():
+        if t.get("type") == "function":
+            out.append((None, str(t.get("name", "")), t))
+        elif t.get("type") == "namespace" and isinstance(t.get("tools"), list):
+            ns = str(t.get("name", ""))
+            out.extend(
+                (ns, str(f.get("name", "")), f)
+                for f in t["tools"]
+                if isinstance(f, dict) and f.get("type") == "function"
+            )
+    return out
+
+
+def qualified(namespace: str | None, name: str) -> str:
+    """The name the sim knows a function by (``sim-call:`` names it so): its own, or for
+    one in a namespace the namespace's name, ``__`` and its own."""
+    return f"{namespace}__{name}" if namespace else name
+
+
 def _tools(req: _Request) -> list[Tool] | None:
     funcs = [
         Tool(
             function=FunctionDef(
-                name=str(t.get("name", "")),
+                name=qualified(ns, name),
                 description=t.get("description"),
                 parameters=t.get("parameters"),
                 strict=t.get("strict"),
             )
         )
-        for t in req.tools or ()
-        if t.get("type") == "function"
+        for ns, name, t in _functions(req)
     ]
     return funcs or None
+
+
+def _split(req: _Request, known_as: str) -> tuple[str | None, str]:
+    """(namespace, name) of the function the sim knows as ``known_as``; one the request
+    does not offer keeps its name, with no namespace."""
+    for ns, name, _ in _functions(req):
+        if ns is not None and qualified(ns, name) == known_as:
+            return ns, name
+    return None, known_as
 
 
 def _choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -350,14 +386,16 @@ class ResponsesDialect:
         item_id = self._ids(ready)[1]
         text = script.visible_text(shown)
         if script.tool is not None:
-            return {
+            namespace, name = _split(self._req, script.tool.name)
+            call = {
                 "id": item_id,
                 "type": "function_call",
                 "call_id": script.tool.call_id,
-                "name": script.tool.name,
+                "name": name,
                 "arguments": text,
                 "status": status,
             }
+            return call if namespace is None else call | {"namespace": namespace}
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         return {
             "id": item_id,
