@@ -26,7 +26,6 @@ memory channel's ends also are: tests may hand a stage either.
 
 from __future__ import annotations
 
-from collections import deque
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -62,12 +61,19 @@ class Outbox(Protocol[T_contra]):
     def close(self) -> None: ...
 
 
+#: The empty buffer (a value of its own: None is a value a stage may send).
+_EMPTY: Any = object()
+
+
 class _State(Generic[T]):
-    __slots__ = ("buffer", "capacity", "receiver", "receiving", "sender", "sending", "value")
+    __slots__ = ("capacity", "held", "receiver", "receiving", "sender", "sending", "value")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.buffer: deque[T] = deque()
+        #: The buffer: its one value, or ``_EMPTY``. A slot, not a deque: a deque's
+        #: first block is ~600 bytes, and a held stream keeps its five channels
+        #: (3 KB of the stream's memory, ``bench/memprobe.py``).
+        self.held: Any = _EMPTY
         #: The task waiting in ``receive`` / in ``send`` (and the value it sends).
         self.receiver: trio.lowlevel.Task | None = None
         self.sender: trio.lowlevel.Task | None = None
@@ -112,8 +118,8 @@ class Sender(Generic[T]):
         if s.receiver is not None:
             task, s.receiver = s.receiver, None
             trio.lowlevel.reschedule(task, outcome.Value(value))
-        elif len(s.buffer) < s.capacity:
-            s.buffer.append(value)
+        elif s.capacity and s.held is _EMPTY:
+            s.held = value
         else:
             raise trio.WouldBlock
 
@@ -146,7 +152,7 @@ class Sender(Generic[T]):
         if s.sender is not None:  # a send on this end, waiting: it cannot finish now
             task, s.sender, s.value = s.sender, None, None
             trio.lowlevel.reschedule(task, outcome.Error(trio.ClosedResourceError()))
-        if s.receiver is not None and not s.buffer:
+        if s.receiver is not None and s.held is _EMPTY:
             task, s.receiver = s.receiver, None
             trio.lowlevel.reschedule(task, outcome.Error(trio.EndOfChannel()))
 
@@ -185,12 +191,13 @@ class Receiver(Generic[T]):
         s = self._state
         if not s.receiving:
             raise trio.ClosedResourceError
-        if s.buffer:
-            value = s.buffer.popleft()
+        value: T
+        if s.held is not _EMPTY:
+            value = s.held
+            s.held = _EMPTY
             if s.sender is not None:  # its value takes the freed place
                 task, s.sender = s.sender, None
-                s.buffer.append(s.value)
-                s.value = None
+                s.held, s.value = s.value, None
                 trio.lowlevel.reschedule(task, outcome.Value(None))
             return value
         if s.sender is not None:  # a rendezvous: take it from the waiting sender
@@ -226,7 +233,7 @@ class Receiver(Generic[T]):
         if not s.receiving:
             return
         s.receiving = False
-        s.buffer.clear()
+        s.held = _EMPTY
         if s.sender is not None:
             task, s.sender, s.value = s.sender, None, None
             trio.lowlevel.reschedule(task, outcome.Error(trio.BrokenResourceError()))
