@@ -1,16 +1,22 @@
 """Real MCP clients through the gateway's /mcp (issue 52): Claude Code (``claude mcp add
 --transport http`` with the key in a header, then a ``-p`` task that needs a gateway
-tool, its model the aiserve-sim the test runs) and the MCP Inspector's CLI mode
+tool, its model the aiserve-sim the test runs), Codex CLI (``[mcp_servers.gw]`` with
+``url`` and ``bearer_token_env_var`` in its config.toml, then a ``codex exec`` task that
+needs a gateway tool, its model the sim's Responses API) and the MCP Inspector's CLI mode
 (``tools/list``). The upstream is ``@modelcontextprotocol/server-everything`` over stdio
 (tests/mcp-node); the key is granted ``everything/echo`` and ``everything/get-sum`` only."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,6 +27,7 @@ from .claude_code import claude_binary, claude_env, message_requests
 from .conftest import config_text
 from .servers import ROOT, hypercorn_gateway
 from .sim_process import run_sim
+from .test_codex_cli import codex_config
 
 NODE = ROOT / "tests" / "mcp-node" / "node_modules"
 EVERYTHING = NODE / "@modelcontextprotocol/server-everything/dist/index.js"
@@ -34,8 +41,19 @@ pytestmark = [
 ]
 
 
+#: The gateway's Responses route passing Codex's requests through to the sim (``wire =
+#: "responses"``, docs/coding-agents.md): every tool Codex offers reaches the model.
+RESPONSES_ROUTE = "/codex/v1/responses"
+
+
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def sim() -> Iterator[str]:
+    with run_sim() as addr:
+        yield addr
+
+
+@pytest.fixture(scope="module")
+def gw(sim: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("mcp-clients")
     auth = f"""[auth]
 enabled = true
@@ -47,9 +65,24 @@ mcp_tools = ["everything/echo", "everything/get-sum"]
 """
     text = config_text().replace("[auth]\nenabled = false\n", auth)
     text += f'\n[mcp.servers.everything]\ncommand = ["node", "{EVERYTHING}", "stdio"]\n'
+    text += f"""
+[adapters.sim_responses]
+kind = "openai"
+wire = "responses"
+base_url = "http://{sim}/v1"
+models = ["sim-model"]
+api_key_env = "MCP_CLIENTS_SIM_KEY"
+
+[[routes]]
+path = "{RESPONSES_ROUTE}"
+name = "codex"
+kind = "responses"
+adapter = "sim_responses"
+default_model = "sim-model"
+"""
     cfg = tmp / "gw.toml"
     cfg.write_text(text)
-    with hypercorn_gateway(cfg) as (base, _proc):
+    with hypercorn_gateway(cfg, env={"MCP_CLIENTS_SIM_KEY": "sim-key"}) as (base, _proc):
         end = time.monotonic() + 30
         while httpx.get(base + "/healthz").json()["mcp"]["everything"]["state"] != "ready":
             assert time.monotonic() < end, "server-everything did not start"
@@ -90,6 +123,86 @@ def test_claude_code_completes_a_task_with_a_gateway_tool(gw: str, tmp_path: Pat
     # The tool's result (from the upstream, through /mcp) went back to the model.
     (result,) = [b for b in turns[-1]["messages"][-1]["content"] if b["type"] == "tool_result"]
     assert result["content"][0]["text"] == f"Echo: {WORD}"
+
+
+def codex_mcp_config(model_base_url: str, gw: str) -> str:
+    """Codex's config.toml (docs/guides/mcp.md): its model at ``model_base_url``, and the
+    gateway's /mcp as the Streamable HTTP MCP server ``gw``, the key read from the same
+    variable as the model provider's (``AISERVE_API_KEY``)."""
+    mcp = f"""
+[mcp_servers.gw]
+url = "{gw}/mcp"
+bearer_token_env_var = "AISERVE_API_KEY"
+"""
+    return codex_config(model_base_url, "sim-model") + mcp
+
+
+def sim_responses(sim: str) -> list[dict[str, Any]]:
+    """The Responses requests the sim has had, oldest first (``headers``, ``body``)."""
+    with urllib.request.urlopen(f"http://{sim}/sim/requests", timeout=5) as r:
+        asked = json.loads(r.read())["requests"]
+    return [x for x in asked if x["path"] == "/v1/responses"]
+
+
+@pytest.mark.skipif(shutil.which("codex") is None, reason="the Codex CLI is not installed")
+@pytest.mark.parametrize("model_via", ["sim", "gateway"])
+def test_codex_cli_completes_a_task_with_a_gateway_tool(
+    gw: str, sim: str, model_via: str, tmp_path: Path
+) -> None:
+    """Codex's model straight at the sim's Responses API, or at the gateway's Responses
+    route in front of it (one key for both), and the gateway's /mcp as its MCP server."""
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),  # nothing of the machine's ~/.codex
+        "CODEX_HOME": str(home),
+        "AISERVE_API_KEY": KEY,  # the gateway's key (the sim takes any)
+        "NO_COLOR": "1",
+    }
+    model = (
+        f"http://{sim}/v1"
+        if model_via == "sim"
+        else gw + RESPONSES_ROUTE.removesuffix("/responses")
+    )
+    (home / "config.toml").write_text(codex_mcp_config(model, gw))
+    last = tmp_path / "last-message.txt"
+    # Codex offers a server's tools as a Responses ``namespace`` tool (``mcp__gw``); the
+    # sim knows a namespaced function as ``<namespace>__<function>`` and calls it with
+    # the call's ``namespace`` set, as OpenAI's API does.
+    call = json.dumps({"message": WORD})
+    prompt = (
+        f"Echo {WORD} with the gateway's echo tool.\nsim-call: mcp__gw__everything__echo {call}"
+    )
+    before = len(sim_responses(sim))
+    done = subprocess.run(
+        ["codex", "exec", "--strict-config", "--skip-git-repo-check", "--ephemeral",
+         "--color", "never", "--output-last-message", str(last), prompt],
+        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=180, check=False,
+    )  # fmt: skip
+    asked = sim_responses(sim)[before:]
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert len(asked) == 2, done.stderr[-4000:]  # the call, then the answer
+    # Through the gateway, the model's requests carry the adapter's key, not the client's.
+    via = {f"Bearer {KEY}": "sim", "Bearer sim-key": "gateway"}
+    assert {via[x["headers"]["authorization"]] for x in asked} == {model_via}
+    turns = [json.loads(x["body"]) for x in asked]
+    # Codex listed the gateway's tools -- the granted ones only -- to the model, as the
+    # namespace ``mcp__gw`` (its names: ``get-sum`` becomes ``get_sum``).
+    (listed,) = [t for t in turns[0]["tools"] if t.get("name") == "mcp__gw"]
+    assert listed["type"] == "namespace"
+    assert {f["name"] for f in listed["tools"]} == {"everything__echo", "everything__get_sum"}
+    # The model called echo; Codex sent the call to /mcp and the upstream's answer back.
+    called, output = turns[1]["input"][-2:]
+    assert (called["namespace"], called["name"]) == ("mcp__gw", "everything__echo")
+    assert output["type"] == "function_call_output"
+    assert output["call_id"] == called["call_id"]
+    assert f"Echo: {WORD}" in json.dumps(output["output"])
+    # And the final answer quotes it.
+    assert f"Echo: {WORD}" in last.read_text(), done.stderr[-4000:]
 
 
 @pytest.mark.skipif(not INSPECTOR.exists(), reason="npm ci --prefix tests/mcp-node not run")
