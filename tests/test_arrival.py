@@ -14,6 +14,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.events
 import h11
 import pytest
 import trio
@@ -258,6 +261,44 @@ async def test_tls_requests_are_stamped_with_their_own_read(tmp_path: Path) -> N
         assert await exchange(stream, conn) == (200, b"ok")  # type: ignore[arg-type]
         await trio.sleep(0.2)
         assert await exchange(stream, conn) == (200, b"ok")  # type: ignore[arg-type]
+        await stream.aclose()
+    (first, first_app), (second, second_app) = seen
+    assert first <= first_app
+    assert second <= second_app
+    assert second - first >= 0.2
+    assert second_app - second < 0.1
+
+
+@pytest.mark.seam
+@pytest.mark.slow
+async def test_h2_streams_are_stamped_with_the_read_of_their_headers() -> None:
+    """HTTP/2 (prior knowledge): a stream opened 0.2 s after the first on the same
+    connection is stamped with the read that brought its HEADERS."""
+    seen: list[tuple[float, float]] = []
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        seen.append((scope["extensions"][ARRIVED], trio.current_time()))
+        await send({**HEAD, "headers": [(b"content-length", b"2")]})
+        await send(body(b"ok"))
+
+    async def one(stream: trio.SocketStream, conn: h2.connection.H2Connection) -> None:
+        sid = conn.get_next_available_stream_id()
+        head = [(":method", "GET"), (":path", "/"), (":scheme", "http"), (":authority", "x")]
+        conn.send_headers(sid, head, end_stream=True)
+        await stream.send_all(conn.data_to_send())
+        while True:
+            events = conn.receive_data(await stream.receive_some(65536))
+            await stream.send_all(conn.data_to_send())
+            if any(isinstance(e, h2.events.StreamEnded) and e.stream_id == sid for e in events):
+                return
+
+    async with server(app) as port:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        await one(stream, conn)
+        await trio.sleep(0.2)
+        await one(stream, conn)
         await stream.aclose()
     (first, first_app), (second, second_app) = seen
     assert first <= first_app
