@@ -294,6 +294,22 @@ async def test_slow_requests_have_stage_times_without_debug_requests() -> None:
     assert r.status == 404
 
 
+async def test_an_admin_of_one_tenant_sees_its_tenants_slow_requests_only() -> None:
+    from .authcfg import KEY_B, auth_toml
+    from .keyscfg import KEY_TADMIN, ROLE_KEYS
+
+    app = auth_app(auth_toml() + ROLE_KEYS)
+    c = Client(app)
+    a = await c.chat(chat_body("hello from bank-a"), headers=bearer(KEY_A))
+    b = await c.chat(chat_body("hello from bank-b"), headers=bearer(KEY_B))
+    ids = {a.json()["id"]: "bank-a", b.json()["id"]: "bank-b"}
+    every = await call(app, "GET", "/admin/api/slow", headers=bearer(KEY_ADMIN))
+    assert {r["request_id"]: r["tenant"] for r in every.json()["requests"]} == ids
+    token = await login(app, KEY_TADMIN)  # tara: an admin of bank-a only
+    own = await call(app, "GET", "/admin/api/slow", headers=bearer(token))
+    assert [r["request_id"] for r in own.json()["requests"]] == [a.json()["id"]]
+
+
 def test_every_file_of_the_page_is_package_data() -> None:
     """A non-editable install ships what ``static_files()`` serves (pyproject's package-data)."""
     root = Path(__file__).resolve().parent.parent

@@ -356,8 +356,11 @@ class Console:
         await self._json(request, out)
 
     async def slow(self, request: Request) -> None:
-        """``GET /admin/api/slow``: the slowest of the recent requests, with stage times."""
-        await self._json(request, self.host.observer.slowest())
+        """``GET /admin/api/slow``: the slowest of the recent requests, with stage times
+        (an admin of one tenant sees that tenant's requests only)."""
+        p = request.principal
+        tenant = p.admin_tenant if p is not None else None
+        await self._json(request, self.host.observer.slowest(tenant))
 
     async def cache(self, request: Request) -> None:
         """``GET /admin/api/cache``: see :mod:`.cacheview`."""

@@ -59,6 +59,8 @@ class RecentRequest(msgspec.Struct, kw_only=True):
     client_bytes: int = 0
     upstream_reads: int = 0
     upstream_bytes: int = 0
+    #: The tenant it acted for ("" with auth off).
+    tenant: str = ""
 
 
 class RecentList(msgspec.Struct, kw_only=True):
@@ -69,7 +71,7 @@ class RecentList(msgspec.Struct, kw_only=True):
 #: fields of :class:`RecentRequest` as the outcome had them (see ``_listed``).
 _Recent = tuple[
     float, float | None, str, str, str, str, str, Mapping[str, tuple[float, float]], str | None,
-    str | None, int, int, int, int,
+    str | None, int, int, int, int, str,
 ]
 
 
@@ -322,18 +324,21 @@ class RequestObserver:
                 outcome.client_bytes,
                 outcome.upstream_reads,
                 outcome.upstream_bytes,
+                outcome.tenant,
             )
         )
 
-    def slowest(self) -> RecentList:
-        """The slowest of the recent requests, slowest first."""
-        ranked = sorted(self._recent, key=lambda r: r[0], reverse=True)[: self.keep_recent]
+    def slowest(self, tenant: str | None = None) -> RecentList:
+        """The slowest of the recent requests, slowest first; of one ``tenant``'s only
+        when given (what an admin of that tenant may see)."""
+        kept = self._recent if tenant is None else [r for r in self._recent if r[14] == tenant]
+        ranked = sorted(kept, key=lambda r: r[0], reverse=True)[: self.keep_recent]
         return RecentList(requests=[_listed(r) for r in ranked])
 
 
 def _listed(r: _Recent) -> RecentRequest:
     (total, ttft, request_id, route, model, channel, status, stages, trace_id, error_stage,
-     writes, written, reads, read) = r
+     writes, written, reads, read, tenant) = r
     return RecentRequest(
         request_id=request_id,
         route=route,
@@ -349,6 +354,7 @@ def _listed(r: _Recent) -> RecentRequest:
         client_bytes=written,
         upstream_reads=reads,
         upstream_bytes=read,
+        tenant=tenant,
     )
 
 
