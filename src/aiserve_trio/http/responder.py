@@ -21,10 +21,10 @@ class Responder:
     The head is sent lazily, so that an error before the first byte can still
     become a proper HTTP status. With ``write_timeout`` (seconds) every write is
     bounded by its own cancel scope: a client that takes no byte for that long
-    is given up on (:class:`WriteTimeout`). Chat streams pass None and are
-    watched instead by the sse stage's keep-alive task, which reads
-    ``writing_since`` (cheaper than a scope per token). Writes are serialised,
-    so a heartbeat may go out between the stage's writes. ``headers`` go into
+    is given up on (:class:`WriteTimeout`). Chat streams pass None: the sse
+    stage bounds its writes and sends its heartbeats itself, on one cancel scope
+    whose deadline it moves (cheaper than a scope per token). Writes are
+    serialised. ``headers`` go into
     every head this responder sends, whoever starts it (the CORS headers,
     computed once per request). ``errors`` renders an error in the API the
     endpoint speaks (``apis/``); without it, errors are the OpenAI envelope.
@@ -41,7 +41,6 @@ class Responder:
         "started",
         "write_timeout",
         "writes",
-        "writing_since",
     )
 
     def __init__(
@@ -60,8 +59,6 @@ class Responder:
         self.write_timeout = write_timeout
         #: When the last write completed (``trio.current_time()``).
         self.last_write = 0.0
-        #: When the write under way started; None when none is.
-        self.writing_since: float | None = None
         #: ASGI sends (each is at least one socket write by the server) and body bytes sent.
         self.writes = 0
         self.bytes_written = 0
@@ -74,7 +71,6 @@ class Responder:
         except trio.WouldBlock:
             await self._lock.acquire()
         try:
-            self.writing_since = trio.current_time()
             self.writes += 1
             if self.write_timeout is None:
                 await self._send(message)
@@ -86,7 +82,6 @@ class Responder:
                     raise WriteTimeout("the client stopped reading the response")
             self.last_write = trio.current_time()
         finally:
-            self.writing_since = None
             self._lock.release()
 
     async def start(self, status: int, headers: Headers, *, body_follows: bool = False) -> None:
@@ -106,11 +101,6 @@ class Responder:
             self.finished = True
         self.bytes_written += len(data)
         await self._write({"type": "http.response.body", "body": data, "more_body": more})
-
-    async def ping(self, comment: bytes) -> None:
-        """An SSE comment, if the stream is open and no write is under way."""
-        if self.started and not self.finished and not self._lock.locked():
-            await self.body(comment)
 
     async def complete(self, status: int, headers: Headers, data: bytes) -> None:
         """A whole response in one go (errors, JSON bodies)."""

@@ -80,7 +80,7 @@ class Entry:
         endpoint, params = rt.endpoints.resolve(scope["method"], path)
         # For /debug/trace and /debug/profile: what this task serves (its own context copy).
         TASK_LABEL.set(TaskLabel(None, endpoint.name))
-        # Chat streams are watched by the sse stage's keep-alive task instead
+        # Chat streams are bounded by the sse stage's own write deadline instead
         # of a cancel scope around every write.
         chat = endpoint.auth is Auth.CHAT
         write_timeout = None if chat else rt.config.limits.write_timeout_ms / 1000.0

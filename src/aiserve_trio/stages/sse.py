@@ -4,9 +4,10 @@ It reads deltas from the inference stage and writes what the
 :class:`~.assembler.ResponseAssembler` makes of them: an event stream (the
 head goes out with the first delta, so that failures before it are still
 proper HTTP statuses) or, when the client did not ask to stream, one
-``chat.completion`` JSON body. While a stream is open, a keep-alive task sends
-``: ping`` when it has been idle ``heartbeat_s`` and gives up on a client that
-has taken no byte for ``write_timeout_ms``.
+``chat.completion`` JSON body. While a stream is open, it sends ``: ping`` when
+it has been idle ``heartbeat_s`` and gives up on a client that has taken no byte
+for ``write_timeout_ms`` -- in its own task, on the deadlines of one cancel scope
+(:class:`_Clock`), not in a keep-alive task beside it.
 
 Deltas the response cache replays (:class:`~aiserve_trio.cache.entry.Replayed`:
 a stored reply, or one shared with identical requests) have already been
@@ -18,12 +19,13 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from types import TracebackType
 
 import trio
 
 from ..adapters.base import Delta, InferenceRequest, ServedBy, Usage
 from ..cache.entry import Replayed
-from ..core.errors import GatewayError, ReplyCapExceeded, StageDeadlineExceeded, WriteTimeout
+from ..core.errors import ReplyCapExceeded, StageDeadlineExceeded, WriteTimeout
 from ..http.responder import Responder
 from ..http.types import JSON_HEADERS, SSE_HEADERS, Headers
 from ..security.settings import LimitsConfig
@@ -166,31 +168,11 @@ class SSEStage:
         await self.responder.complete(200, [*JSON_HEADERS, *headers], body)
 
     async def _streamed(self, asm: ResponseAssembler, first: Delta, headers: Headers) -> None:
+        # The first events are in hand: the head may go out with them. A short reply
+        # whose every delta is in hand goes out in one write.
         batch = self._queued(first)
-        if batch[-1].finish_reason is not None:
-            # The whole reply is in hand (a short one from a fast backend): one write,
-            # bounded by the write deadline; no keep-alive task, nothing to keep alive.
-            await self.responder.start(200, [*SSE_HEADERS, *headers], body_follows=True)
-            with trio.move_on_after(self.limits.write_timeout_ms / 1000.0) as stalled:
-                await self._stream(asm, batch)
-            if stalled.cancelled_caught:
-                self.responder.finished = True  # nothing more can usefully be sent
-                raise WriteTimeout("the client stopped reading the response")
-            return
-        error: GatewayError | None = None
-        async with trio.open_nursery() as nursery:
-            # The first events are in hand: the head may go out with them.
-            await self.responder.start(200, [*SSE_HEADERS, *headers], body_follows=True)
-            nursery.start_soon(self._keepalive, nursery.cancel_scope)
-            try:
-                await self._stream(asm, batch)
-            except GatewayError as exc:
-                error = exc
-            nursery.cancel_scope.cancel(reason="stream written")
-        if self._stalled:
-            raise WriteTimeout("the client stopped reading the response")
-        if error is not None:
-            raise error
+        await self.responder.start(200, [*SSE_HEADERS, *headers], body_follows=True)
+        await self._stream(asm, batch)
 
     def _queued(self, first: Delta) -> list[Delta]:
         """``first`` and the deltas queued behind it."""
@@ -202,42 +184,57 @@ class SSEStage:
                 return batch
 
     async def _stream(self, asm: ResponseAssembler, batch: list[Delta]) -> None:
+        """Write the events of ``batch`` and of every delta after it, with heartbeats
+        and the write deadline (see :class:`_Clock`)."""
         deltas = self.inbox
+        responder = self.responder
+        clock = _Clock(self.limits, responder)
         out = b""
         # The head was promised a body at once (it may be held until one is written):
         # the first write goes now, even empty (a filter may hold back all of it).
         owed = True
+        pending: list[Delta] = batch
         while True:
-            now = trio.current_time()
-            for delta in batch:
-                out += asm.feed(delta, now)
-            # Deltas that queued up while the last write was in flight go out
-            # in one write: fewer sends under load, no added wait when idle. Up to
-            # WRITE_BYTES: what is left waits in the channel, whose sender (the
-            # upstream's reader) then waits too -- a client that stops reading
-            # holds one write of events here, not all that was queued.
-            while len(out) < WRITE_BYTES and asm.finish_reason is None and asm.capped is None:
-                try:
-                    delta = deltas.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                out += asm.feed(delta, now)
-            # With the finish in hand, what is left goes out with the final
-            # events, in one write.
-            if (out or owed) and asm.finish_reason is None:
-                await self.responder.body(out)
-                out = b""
-            owed = False
-            if asm.capped is not None or asm.finish_reason is not None:
-                break  # the reply is over (nothing follows a finish; a cap ends it)
-            try:
-                batch = [await deltas.receive()]
-            except trio.EndOfChannel:
-                break
-        if asm.finish_reason is None:
-            return  # the inference stage failed and says why
-        await self._settle(asm)
-        await self.responder.body(out + asm.finish(trio.current_time()), more=False)
+            with clock:
+                while True:
+                    now = trio.current_time()
+                    for delta in pending:
+                        out += asm.feed(delta, now)
+                    pending = []
+                    # Deltas that queued up while the last write was in flight go out
+                    # in one write: fewer sends under load, no added wait when idle. Up to
+                    # WRITE_BYTES: what is left waits in the channel, whose sender (the
+                    # upstream's reader) then waits too -- a client that stops reading
+                    # holds one write of events here, not all that was queued.
+                    while (
+                        len(out) < WRITE_BYTES and asm.finish_reason is None and asm.capped is None
+                    ):
+                        try:
+                            delta = deltas.receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                        out += asm.feed(delta, now)
+                    # With the finish in hand, what is left goes out with the final
+                    # events, in one write.
+                    if (out or owed) and asm.finish_reason is None:
+                        await clock.write(out)
+                        out = b""
+                    owed = False
+                    if asm.capped is not None or asm.finish_reason is not None:
+                        break  # the reply is over (nothing follows a finish; a cap ends it)
+                    try:
+                        pending = [await clock.idle(deltas)]
+                    except trio.EndOfChannel:
+                        break
+                if asm.finish_reason is not None:
+                    clock.pause()  # the count below has its own bound (it is shielded)
+                    await self._settle(asm)
+                    await clock.write(out + asm.finish(trio.current_time()), more=False)
+            if not clock.rang:
+                return  # written, or the inference stage failed and says why
+            # Idle for heartbeat_s: a comment keeps the connection (and its proxies) open.
+            with clock:
+                await clock.write(self.info.route.codec.ping)
 
     async def _settle(self, asm: ResponseAssembler) -> None:
         """The usage the finished reply is billed for, before its usage and cost go out:
@@ -252,33 +249,6 @@ class SSEStage:
         asm.bill(settled.usage)
         self.usage_source = settled.source
         self.distrusted = settled.distrusted
-
-    async def _keepalive(self, stream_scope: trio.CancelScope) -> None:
-        """Heartbeats and the write deadline of the stream, in one task.
-
-        One watchdog per stream costs less than a cancel scope per write.
-        """
-        responder = self.responder
-        every = self.limits.heartbeat_s or math.inf
-        ping = self.info.route.codec.ping
-        stall = self.limits.write_timeout_ms / 1000.0
-        while not responder.finished:
-            now = trio.current_time()
-            since = responder.writing_since
-            # Compare with the very sum slept until: `now - last >= every` can
-            # miss by a rounding error and spin at the same instant.
-            if since is None and now >= responder.last_write + every:
-                with trio.move_on_after(stall):
-                    await responder.ping(ping)
-                since = responder.writing_since  # still set: the ping did not go out
-                now = trio.current_time()
-            if since is not None and now >= since + stall:
-                responder.finished = True  # nothing more can usefully be sent
-                self._stalled = True
-                stream_scope.cancel(reason="write deadline")
-                return
-            wake = now + stall if since is None else since + stall
-            await trio.sleep_until(min(wake, responder.last_write + every))
 
     async def expired(self, first: Delta) -> None:
         raise StageDeadlineExceeded("sse")
@@ -310,3 +280,64 @@ class SSEStage:
 
 def _free(usage: Usage | None) -> float:
     return 0.0
+
+
+class _Clock:
+    """A stream's heartbeats and write deadline, on one cancel scope at a time.
+
+    No task of its own: while the stage waits for a delta the scope's deadline is the
+    next heartbeat (``heartbeat_s`` after the last write), while it writes it is the
+    write deadline (``write_timeout_ms`` after the write began). Trio's own deadline
+    queue, shared by every stream of the worker, wakes the stage when either comes.
+    A heartbeat due ends the scope (:attr:`rang`); the stage writes the ping and
+    enters a new one. A write past its deadline ends the stream with
+    :class:`WriteTimeout`. A held stream so costs no keep-alive task, no nursery and
+    no sleeping coroutines (``bench/memprobe.py``).
+    """
+
+    __slots__ = ("every", "rang", "responder", "scope", "stall", "writing")
+
+    def __init__(self, limits: LimitsConfig, responder: Responder) -> None:
+        self.every = limits.heartbeat_s or math.inf
+        self.stall = limits.write_timeout_ms / 1000.0
+        self.responder = responder
+        self.scope = trio.CancelScope()
+        #: The last scope ended because a heartbeat was due.
+        self.rang = False
+        self.writing = False
+
+    def __enter__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.rang = self.writing = False
+        self.scope.__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        handled = self.scope.__exit__(exc_type, exc, tb)
+        if self.scope.cancelled_caught:
+            if self.writing:
+                self.responder.finished = True  # nothing more can usefully be sent
+                raise WriteTimeout("the client stopped reading the response")
+            self.rang = True
+        return handled
+
+    def pause(self) -> None:
+        """No heartbeat and no deadline until the next wait or write."""
+        self.scope.deadline = math.inf
+
+    async def idle(self, deltas: Inbox[Delta]) -> Delta:
+        """The next delta; the scope ends first when a heartbeat is due."""
+        self.scope.deadline = self.responder.last_write + self.every
+        return await deltas.receive()
+
+    async def write(self, data: bytes, *, more: bool = True) -> None:
+        """Write ``data``; the scope ends with :class:`WriteTimeout` when the client
+        takes nothing for ``write_timeout_ms``."""
+        self.scope.deadline = trio.current_time() + self.stall
+        self.writing = True
+        await self.responder.body(data, more=more)
+        self.writing = False
