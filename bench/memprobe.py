@@ -10,6 +10,9 @@ As a script it runs the whole measurement::
 
     python -m bench.memprobe --streams 2000 [--http2] [--tracemalloc 1] [--rev HEAD] [--itl-ms 1000]
 
+With ``--tracemalloc`` N > 1 the file also lists the growth by whole traceback (N
+frames), which names the caller of each coroutine frame and each trio object.
+
 simulator + gateway (one worker) on the bench's CPUs, N streams held (one token
 every 12 s), then the worker's RSS growth per stream and the object census from
 ``bench/work/logs/memprobe.log``.
@@ -20,13 +23,14 @@ from __future__ import annotations
 import os
 import signal
 import tracemalloc
+from collections import Counter
 from types import FrameType
 
 if __name__ != "__main__" and os.environ.get("MEMPROBE_FRAMES", "0") != "0":
     tracemalloc.start(int(os.environ["MEMPROBE_FRAMES"]))
 
 _base: list[tracemalloc.Snapshot] = []
-_types: list[object] = []
+_types: list[Counter[str]] = []
 
 
 def _dump(signum: int, frame: FrameType | None) -> None:
@@ -44,19 +48,26 @@ def _dump(signum: int, frame: FrameType | None) -> None:
             f.write(f"== by {key}: total growth {total / 1e6:.1f} MB\n")
             for s in stats[:40]:
                 f.write(f"{s.size_diff / 1e3:10.0f} KB {s.count_diff:8d}  {s.traceback[0]}\n")
+        if tracemalloc.get_traceback_limit() > 1:
+            # Whole tracebacks: the line that allocated and the calls that led to it
+            # (a coroutine's frame is allocated where it is called).
+            stats = snap.compare_to(_base[0], "traceback")
+            f.write("== by traceback, the allocating line first, then its callers\n")
+            for s in stats[:60]:
+                f.write(f"{s.size_diff / 1e3:10.0f} KB {s.count_diff:8d}\n")
+                for fr in s.traceback.format(most_recent_first=True)[::2]:
+                    f.write(f"      {fr.strip()}\n")
 
 
 def _census(signum: int, frame: FrameType | None) -> None:
     import gc
     import sys
-    from collections import Counter
-
     gc.collect()
     hist = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
     if not _types:
         _types.append(hist)
         return
-    hist.subtract(_types[0])  # type: ignore[arg-type]
+    hist.subtract(_types[0])
     print(f"memprobe: {sum(hist.values())} more GC-tracked objects", file=sys.stderr)
     for name, n in hist.most_common(40):
         print(f"memprobe: {n:9d} {name}", file=sys.stderr, flush=True)
