@@ -282,6 +282,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "audit.log:types",
         "observability.tracing:types",
         "security.gate:types",
+        "record.mcpcall",
     ),
     "endpoints/": (
         "http",

@@ -95,7 +95,7 @@ async def test_a_line_holds_route_body_headers_and_outcome(tmp_path: Path, autoj
     body = chat_body("hello", stream=True, temperature=0.5, user="u-1")
     headers = {"x-channel": "app", "x-session-id": "s-42", "x-request-timeout-ms": "9000"}
     (line,) = await record(tmp_path, body, headers=headers)
-    assert line["v"] == 1
+    assert line["v"] == 2  # schema version 2: a line may be an MCP tool call
     assert line["route"] == "/v1/chat/completions"
     assert line["body"] == {
         "model": "aiserve-mock",

@@ -12,7 +12,8 @@ came; the caller sees and calls only what its grants allow (:mod:`.grants`). Eac
 ``tools/call`` runs under its deadline (the client's ``X-Request-Timeout-Ms`` or the
 server's ``timeout_ms``, whichever ends first), the key's ``rpm``, the ``[mcp]
 policies``' redaction (arguments out, text results back), a cap on the result's size,
-and leaves one audit row and its metrics.
+and leaves one audit row and its metrics, and, with ``[record]`` on, one recorded line
+(:class:`~aiserve_trio.record.mcpcall.ToolCall`, offered without waiting).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import secrets
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import trio
@@ -36,6 +37,7 @@ from ..core.errors import BadRequest, GatewayError, PayloadTooLarge, RateLimited
 from ..core.slices import ITEM_UNITS, Meter, Steps, finish, run_sliced
 from ..http.body import read_body
 from ..policies.base import Policy, PolicyContext
+from ..record.mcpcall import REPLAY_HEADER, ToolCall
 from ..server import server_call
 from . import jsonrpc
 from .grants import EVERYTHING, Grants
@@ -72,6 +74,14 @@ _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store")
 _CUT_MARKER = "\n[aiserve: result cut to {cap} bytes of {size} by [mcp] max_result_bytes]"
 
 
+class CallRecorder(Protocol):
+    """Where each tool call goes to be recorded (``record.recorder.Recorder``)."""
+
+    def offer_call(self, call: ToolCall) -> None:
+        """Queue ``call`` if ``/mcp`` is recorded; never blocks."""
+        ...
+
+
 class HttpStatus(Exception):
     """The whole POST is refused with this HTTP status and JSON-RPC error."""
 
@@ -101,12 +111,17 @@ class Call:
     known: bool = True
     #: Its OpenTelemetry span (when tracing records).
     span: Any = None
+    #: The arguments as the upstream got them (after ``[mcp] policies``), for the
+    #: recording; None while the call has not got that far.
+    arguments: dict[str, Any] | None = None
 
 
 class McpEndpoint:
     """The ``/mcp`` handler of one runtime (its config's grants, policies and limits)."""
 
-    def __init__(self, config: Config, hub: McpHub, gate: Gate) -> None:
+    def __init__(
+        self, config: Config, hub: McpHub, gate: Gate, recorder: CallRecorder | None = None
+    ) -> None:
         self.settings: McpConfig = config.mcp
         self.hub = hub
         self.gate = gate
@@ -117,6 +132,8 @@ class McpEndpoint:
         #: Session ids are signed with the gate's secret, so every worker reads them.
         self.ids = SessionIds(gate.derived_key("mcp session"))
         self._grants: dict[str, Grants] = {}
+        #: ``[record]``: each tool call is offered to it (None: not recording).
+        self.recorder = recorder
 
     # --- HTTP -------------------------------------------------------------------------
 
@@ -404,6 +421,9 @@ class McpEndpoint:
         # are not labels.
         known = any(t.get("name") == tool for t in up.tools)
         record = Call(server, tool, known=known)
+        args = m.params.get("arguments")
+        if not self.policies and isinstance(args, dict):
+            record.arguments = args  # what the upstream gets (no policy rewrites it)
         tracing = self.hub.tracing
         if tracing is not None and tracing.enabled:
             record.span = tracing.start("/mcp", request.headers, request.arrival).span
@@ -414,9 +434,33 @@ class McpEndpoint:
             record.status = "error" if record.status == "ok" else record.status
             record.error_code = record.error_code or str(err.code)
             self._done(request, record, started)
+            self._record(request, m, record, started)
             raise
         self._done(request, record, started)
+        self._record(request, m, record, started)
         return result
+
+    def _record(self, request: Request, m: Message, record: Call, started: float) -> None:
+        """Offer the call to the recording (a ``send_nowait``: the call never waits)."""
+        recorder = self.recorder
+        if recorder is None:
+            return
+        recorder.offer_call(
+            ToolCall(
+                arrival=started,
+                ended=trio.current_time(),
+                server=record.server,
+                tool=record.tool,
+                known=record.known,
+                message_id=m.id,
+                arguments=record.arguments,
+                status=record.status,
+                error_code=record.error_code,
+                result_bytes=record.size,
+                timeout=request.headers.get(TIMEOUT_HEADER),
+                replayed=REPLAY_HEADER in request.headers,
+            )
+        )
 
     async def _admitted(
         self, request: Request, m: Message, session: Session | None, note: Any, up: Any,
@@ -482,6 +526,7 @@ class McpEndpoint:
                 record.status = "refused"
                 raise RpcError(jsonrpc.INVALID_PARAMS, exc.message) from None
             args = redacted["arguments"]
+            record.arguments = args
             record.redacted = changed
             record.policies = True
         record.args = jsonrpc.encode(args).decode()[:4096]

@@ -17,6 +17,13 @@ request path. What goes in (``schema.py`` has the format):
 - the labels of ``labels.py``, computed on the recorded body, whose ``metadata``
   has what a chain's classify steps decided (``intent``...), as the model got it;
 - the outcome: status, TTFT, total time, tokens, stage times.
+
+A tool call through ``/mcp`` (:class:`~.mcpcall.ToolCall`) is a line too
+(:meth:`LineBuilder.call_line`): its JSON-RPC ``tools/call`` message made stateless
+(the 2026-07-28 version in ``_meta``), its arguments as ``[mcp] policies`` left them
+with the recording's redaction on top (every string, key and number, as a chat body's
+other fields), the channel ``mcp``, the labels ``server`` and ``tool``, and its status,
+time and result bytes.
 """
 
 from __future__ import annotations
@@ -32,8 +39,12 @@ from ..core.slices import Steps, finish
 from ..policies.base import Policy, PolicyContext
 from ..policies.redact import redacted_sides
 from .labels import LabelRules
+from .mcpcall import ToolCall
 from .schema import (
     CHANNEL_HEADER,
+    MCP_ROUTE,
+    MCP_VERSION,
+    MCP_VERSION_META,
     NO_BODY,
     SESSION_HEADER,
     TIMEOUT_HEADER,
@@ -41,12 +52,17 @@ from .schema import (
     RecordedOutcome,
     encoder,
 )
+from .settings import LABEL_VALUE_RE
 
 if TYPE_CHECKING:
     from ..stages.outcome import Outcome
     from ..stages.types import Prepared, Route
 
 _any = msgspec.json.Decoder()
+#: A tool call's channel (as its audit row has it).
+MCP_CHANNEL = "mcp"
+#: A tool's label when it is not one the upstream lists, or no label value.
+OTHER = "other"
 
 
 def route_redacts_input(route: Route) -> bool:
@@ -162,6 +178,64 @@ class LineBuilder:
             metadata = _any.decode(out["metadata"]) if "metadata" in out else None
             out["metadata"] = {**(metadata if isinstance(metadata, dict) else {}), **labels}
         return encoder.encode(out)
+
+    # --- a tool call through /mcp ---------------------------------------------------
+
+    def call_line(self, call: ToolCall) -> bytes:
+        """The JSON line (with its newline) of one tool call."""
+        return finish(self.call_line_steps(call))
+
+    def call_line_steps(self, call: ToolCall) -> Steps[bytes]:
+        """:meth:`call_line` in bounded steps (the recorder runs them sliced)."""
+        record = yield from self.call_record_steps(call)
+        return encoder.encode(record) + b"\n"
+
+    def call_record_steps(self, call: ToolCall) -> Steps[Record]:
+        arguments: Any = {}
+        if call.arguments is not None:
+            arguments = call.arguments
+            if self.redactor is not None:
+                ctx = PolicyContext(route=MCP_ROUTE, channel="", tenant="", request_id="")
+                fields = {"arguments": msgspec.Raw(encoder.encode(arguments))}
+                fields = yield from self.redactor.fields_steps(fields, ctx)
+                arguments = _any.decode(fields["arguments"])
+        message_id = call.message_id if isinstance(call.message_id, int) else 1
+        message = {
+            "jsonrpc": "2.0",
+            "id": message_id,
+            "method": "tools/call",
+            "params": {
+                "name": f"{call.server}__{call.tool}",
+                "arguments": arguments,
+                "_meta": {MCP_VERSION_META: MCP_VERSION},
+            },
+        }
+        headers = {CHANNEL_HEADER: MCP_CHANNEL}
+        if call.timeout is not None and call.timeout.strip().isdigit():
+            headers[TIMEOUT_HEADER] = call.timeout.strip()
+        status, error = call.recorded_status()
+        return Record(
+            started=self.started,
+            offset=round(call.arrival - self.clock_start, 6),
+            route=MCP_ROUTE,
+            body=msgspec.Raw(encoder.encode(message)),
+            headers=headers,
+            labels={
+                "server": _label(call.server),
+                "tool": _label(call.tool) if call.known else OTHER,
+            },
+            outcome=RecordedOutcome(
+                status=status,
+                total_ms=_ms(call.ended - call.arrival),
+                error=error,
+                result_bytes=call.result_bytes,
+            ),
+        )
+
+
+def _label(value: str) -> str:
+    """``value`` as a label value, or :data:`OTHER` when the weights' syntax could not name it."""
+    return value if LABEL_VALUE_RE.match(value) else OTHER
 
 
 def _context(route: Route) -> PolicyContext:

@@ -27,6 +27,10 @@ is closed ``rotate_s`` after it was started at the latest. So the directory hold
 most ``keep_bytes`` plus what the workers wrote within the last ``rotate_s``. Issue 55:
 rotation opened new files and nothing removed the old ones.
 
+A tool call through ``/mcp`` comes the same way: ``mcp/endpoint.py`` offers a
+:class:`~.mcpcall.ToolCall` (:meth:`Recorder.offer_call`) when ``/mcp`` is recorded
+(``routes`` empty, or naming it), into the same queue and files.
+
 At shutdown :meth:`Recorder.aclose` closes the queue and gives the writer a moment
 to write what is left.
 """
@@ -52,7 +56,8 @@ from ..routes import route_label
 from ..stages.outcome import Outcome
 from .labels import LabelRules
 from .line import LineBuilder
-from .schema import REPLAY_HEADER
+from .mcpcall import ToolCall
+from .schema import MCP_ROUTE, REPLAY_HEADER
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -188,6 +193,8 @@ def private_file(path: Path) -> IO[bytes]:
     # A file created earlier with a looser mode (or under a loose umask) is tightened.
     os.fchmod(fd, 0o600)
     return os.fdopen(fd, "ab")
+
+
 def batch_of(first: _T, inbox: trio.MemoryReceiveChannel[_T], limit: int) -> list[_T]:
     """``first`` and what is queued behind it in ``inbox``, at most ``limit`` in all
     (a writer task's next batch, taken without a trip through the scheduler)."""
@@ -325,7 +332,7 @@ class Recorder:
         self.disk = disk
         self._rng = rng or random.Random()
         self._sample = settings.sample
-        self._outbox, self._inbox = trio.open_memory_channel[Outcome](settings.buffer)
+        self._outbox, self._inbox = trio.open_memory_channel[Outcome | ToolCall](settings.buffer)
         self._rotation = Rotation(settings.rotate_bytes, settings.rotate_s)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started or time.time()))
         self._prefix = f"rec-{stamp}-{os.getpid()}"
@@ -374,10 +381,25 @@ class Recorder:
         ):
             self._dropped["replay"].inc()
             return
+        self._queue(outcome)
+
+    def offer_call(self, call: ToolCall) -> None:
+        """Queue a tool call through ``/mcp`` if ``/mcp`` is recorded and it is sampled.
+
+        Never blocks: a full queue drops the record and counts it.
+        """
+        if MCP_ROUTE not in self.routes:
+            return
+        if call.replayed and not self.settings.include_replays:
+            self._dropped["replay"].inc()
+            return
+        self._queue(call)
+
+    def _queue(self, item: Outcome | ToolCall) -> None:
         if self._sample < 1.0 and self._rng.random() >= self._sample:
             return
         try:
-            self._outbox.send_nowait(outcome)
+            self._outbox.send_nowait(item)
         except trio.WouldBlock:
             self._dropped["buffer_full"].inc()
         except trio.ClosedResourceError:
@@ -418,7 +440,7 @@ class Recorder:
 
     async def _loop(self) -> None:
         while True:
-            first: Outcome | None = None
+            first: Outcome | ToolCall | None = None
             with trio.move_on_at(min(self._rotation.deadline(), self._next_prune)):
                 try:
                     first = await self._inbox.receive()
@@ -434,17 +456,25 @@ class Recorder:
                 continue
             await self._write(await self._lines(batch_of(first, self._inbox, MAX_BATCH)))
 
-    async def _lines(self, batch: list[Outcome]) -> list[bytes]:
+    async def _lines(self, batch: list[Outcome | ToolCall]) -> list[bytes]:
         lines = []
-        for outcome in batch:
+        for item in batch:
             try:
                 # Redaction is CPU by the character: in slices, between which
                 # the requests in flight run.
-                steps = self.builder.line_steps(outcome, self.routes[outcome.route])
+                if isinstance(item, ToolCall):
+                    steps = self.builder.call_line_steps(item)
+                else:
+                    steps = self.builder.line_steps(item, self.routes[item.route])
                 lines.append(await run_sliced(steps))
             except Exception:
                 # A request the builder cannot record must not stop the recording.
-                log.exception("recording: request %s could not be recorded", outcome.request_id)
+                what = (
+                    f"tool call {item.server}/{item.tool}"
+                    if isinstance(item, ToolCall)
+                    else f"request {item.request_id}"
+                )
+                log.exception("recording: %s could not be recorded", what)
                 self._dropped["unrecordable"].inc()
             await trio.lowlevel.checkpoint()
         return lines
@@ -523,9 +553,14 @@ class Recorder:
 
 
 def recorded_routes(cfg: Config) -> dict[str, str]:
-    """The routes ``[record]`` records, label -> path: those it names, else every chat route."""
-    paths = set(cfg.record.routes) or {rc.path for rc in cfg.routes if rc.kind == "chat"}
-    return {route_label(rc): rc.path for rc in cfg.routes if rc.path in paths}
+    """The routes ``[record]`` records, label -> path: those it names, else every chat route
+    and ``/mcp`` (whose label is its path)."""
+    named = set(cfg.record.routes)
+    paths = named or {rc.path for rc in cfg.routes if rc.kind == "chat"}
+    out = {route_label(rc): rc.path for rc in cfg.routes if rc.path in paths}
+    if not named or MCP_ROUTE in named:
+        out[MCP_ROUTE] = MCP_ROUTE
+    return out
 
 
 def build_recorder(cfg: Config, metrics: Metrics) -> Recorder | None:

@@ -9,6 +9,20 @@
      "outcome":{"status":"ok","ttft_ms":61.2,"total_ms":240.8,"prompt_tokens":42,
                 "completion_tokens":17,"stages_ms":{"parse":0.2,...}}}
 
+A tool call through ``/mcp`` (version 2) is a line of its own::
+
+    {"v":2,"started":1764547200.0,"offset":13.002,"route":"/mcp",
+     "body":{"jsonrpc":"2.0","id":1,"method":"tools/call",
+             "params":{"name":"tickets__search","arguments":{"q":"[EMAIL]"},
+                       "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}},
+     "headers":{"x-channel":"mcp"},
+     "labels":{"server":"tickets","tool":"search"},
+     "outcome":{"status":"ok","total_ms":41.3,"result_bytes":812}}
+
+Its ``body`` is the JSON-RPC ``tools/call`` message, stateless (the 2026-07-28 protocol
+version in its ``_meta``, no session), so that it can be sent again as it is; the
+arguments as the ``[mcp] policies`` left them, then the recording's redaction.
+
 ``started`` is when the recording began (Unix seconds; one value for every line a
 worker writes, also across its rotated files) and ``offset`` the request's arrival
 in seconds after it, so lines of several files and workers merge onto one time
@@ -23,7 +37,13 @@ from __future__ import annotations
 
 import msgspec
 
-VERSION = 1
+#: 2: a line may be a ``/mcp`` tool call (``route`` :data:`MCP_ROUTE`, ``result_bytes``);
+#: a line of version 1 reads as before.
+VERSION = 2
+#: The route of a recorded MCP tool call, and the protocol version its message carries.
+MCP_ROUTE = "/mcp"
+MCP_VERSION = "2026-07-28"
+MCP_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 
 #: The request headers a record keeps (never ``Authorization``, never cookies).
 CHANNEL_HEADER = "x-channel"
@@ -40,7 +60,9 @@ NO_BODY = msgspec.Raw(b"null")
 class RecordedOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How the request ended when it was recorded."""
 
-    #: ``ok``, ``client_closed``, or the HTTP status's name (``gateway_timeout``...).
+    #: ``ok``, ``client_closed``, or the HTTP status's name (``gateway_timeout``...);
+    #: a tool call: ``ok``, ``denied``, ``invalid``, ``timeout``, ``client_closed`` or
+    #: ``error`` (``error`` then says which: ``upstream_error:-32603``, ``tool_error``...).
     status: str
     total_ms: float
     #: The model that answered (a fallback or a chain's step may be another than asked).
@@ -56,6 +78,8 @@ class RecordedOutcome(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: The error's code and the stage it came from, when it failed.
     error: str | None = None
     error_stage: str | None = None
+    #: A tool call: the bytes of the result the upstream answered.
+    result_bytes: int | None = None
 
 
 class Record(msgspec.Struct, kw_only=True):

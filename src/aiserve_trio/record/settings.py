@@ -11,7 +11,7 @@
     keep_s = 1209600             # ... or older than this (14 days) are deleted, oldest
                                  # first, never one a worker may still write (0: no bound)
     sample = 0.1                 # fraction of requests recorded
-    routes = ["/v1/chat/completions"]   # default: every chat route
+    routes = ["/v1/chat/completions"]   # default: every chat route and /mcp
     redact = true                # see below
     buffer = 1024                # records queued for the writer; beyond, dropped
 
@@ -125,7 +125,7 @@ class RecordConfig(_Section):
     keep_s: float = 14 * 86_400.0
     #: Fraction of the requests recorded, 0..1.
     sample: float = 1.0
-    #: Route paths recorded; empty: every chat route.
+    #: Route paths recorded (``/mcp``: its tool calls); empty: every chat route and ``/mcp``.
     routes: list[str] = msgspec.field(default_factory=list)
     #: False only when written: the recording then keeps what the route let through.
     redact: bool = True
@@ -165,7 +165,7 @@ def check_record(chat: Collection[str], record: RecordConfig) -> tuple[str, str]
         chat: the paths of the config's chat routes.
     """
     for i, path in enumerate(record.routes):
-        if path not in chat:
+        if path not in chat and path != "/mcp":  # /mcp: its tool calls
             known = ", ".join(sorted(chat)) or "none"
             return f"record.routes[{i}]", f"no chat route serves {path!r} (chat routes: {known})"
     return None

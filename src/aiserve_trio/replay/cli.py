@@ -40,6 +40,7 @@ import httpx2
 import msgspec
 import trio
 
+from ..record.schema import MCP_ROUTE
 from .client import HttpSender
 from .recording import Recording, read_recording
 from .runner import Progress, run
@@ -246,6 +247,7 @@ async def replay(
         transport=transport,
     )
     streams = _streams(recording)
+    rpc = [r.route == MCP_ROUTE for r in recording.records]
     progress = Progress()
     try:
         if warmup:
@@ -256,6 +258,7 @@ async def replay(
                 streams=streams.__getitem__,
                 concurrency=1,
                 request_timeout=request_timeout,
+                rpc=rpc.__getitem__,
             )
         async with trio.open_nursery() as nursery:
             if progress_out is not None:
@@ -271,6 +274,7 @@ async def replay(
                 request_timeout=request_timeout,
                 max_inflight=max_inflight,
                 progress=progress,
+                rpc=rpc.__getitem__,
             )
             elapsed = trio.current_time() - start
             nursery.cancel_scope.cancel()

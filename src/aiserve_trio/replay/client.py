@@ -3,6 +3,9 @@
 :class:`HttpSender` is the ``send`` of :func:`~.runner.run`: it posts a record's
 body as it was recorded, with its recorded headers (channel, hashed session id,
 timeout) and the API key, and reports the response to the timer chunk by chunk.
+A ``/mcp`` line (a recorded tool call) goes as the stateless 2026-07-28 request it
+was recorded as: its JSON-RPC message (the version in its ``_meta``), the
+``MCP-Protocol-Version`` header, no session.
 It sets no timeout of its own: the runner bounds every request.
 """
 
@@ -15,7 +18,14 @@ from urllib.parse import urlsplit
 import httpx2
 import trio
 
-from ..record.schema import HEADERS, REPLAY_HEADER, SESSION_HEADER, Record
+from ..record.schema import (
+    HEADERS,
+    MCP_ROUTE,
+    MCP_VERSION,
+    REPLAY_HEADER,
+    SESSION_HEADER,
+    Record,
+)
 from .schedule import Slot
 from .timing import StreamTimer
 
@@ -39,12 +49,18 @@ def request_headers(
     ``sessions``: send the (hashed) session id, so a target with sessions builds
     the conversations' history again as the recording goes on.
     """
-    keep = HEADERS if sessions else tuple(h for h in HEADERS if h != SESSION_HEADER)
+    mcp = record.route == MCP_ROUTE
+    keep = HEADERS if sessions and not mcp else tuple(h for h in HEADERS if h != SESSION_HEADER)
     headers = [
         ("content-type", "application/json"),
         ("user-agent", _USER_AGENT),
         (REPLAY_HEADER, run_id),
     ]
+    if mcp:  # stateless: the version says so, and no Mcp-Session-Id is sent
+        headers += [
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", MCP_VERSION),
+        ]
     headers += [(k, v) for k, v in record.headers.items() if k in keep]
     if api_key:
         headers.append(("authorization", f"Bearer {api_key}"))

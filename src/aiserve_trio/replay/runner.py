@@ -69,9 +69,10 @@ class Progress:
 
 
 async def _one(
-    slot: Slot, scheduled: float, send: Send, deadline: float, stream: bool, progress: Progress
-) -> Result:
-    timer = StreamTimer(slot.n, slot.record, scheduled, stream=stream)
+    slot: Slot, scheduled: float, send: Send, deadline: float, stream: bool, progress: Progress,
+    rpc: bool = False,
+) -> Result:  # fmt: skip
+    timer = StreamTimer(slot.n, slot.record, scheduled, stream=stream, rpc=rpc)
     progress.sent += 1
     progress.inflight += 1
     try:
@@ -97,6 +98,7 @@ async def run(
     request_timeout: float = 60.0,
     max_inflight: int = 512,
     progress: Progress | None = None,
+    rpc: Callable[[int], bool] | None = None,
 ) -> list[Result]:
     """Send every slot; return the results by their number.
 
@@ -110,6 +112,7 @@ async def run(
         request_timeout: seconds from a request's scheduled start to giving up on it.
         max_inflight: paced requests in flight at most (see the module docstring).
         progress: counts updated as requests end.
+        rpc: whether a record is an MCP tool call (a JSON-RPC answer; default: none is).
     """
     prog = progress if progress is not None else Progress()
     start = trio.current_time()
@@ -119,7 +122,8 @@ async def run(
 
     async def one(slot: Slot, scheduled: float) -> None:
         deadline = scheduled + request_timeout
-        result = await _one(slot, scheduled, send, deadline, streams(slot.record), prog)
+        is_rpc = rpc is not None and rpc(slot.record)
+        result = await _one(slot, scheduled, send, deadline, streams(slot.record), prog, is_rpc)
         results.append(result)
         prog.add(result)
 

@@ -13,6 +13,10 @@ chunk of the body with the time it came -- and gives a :class:`Result`:
   stream (its code), a stream that ends without ``[DONE]`` (``truncated``), or
   what the caller reports (``timeout``, the transport's exception).
 
+A replayed MCP tool call (``rpc=True``) is one JSON-RPC answer: a JSON-RPC error is
+an error (``rpc_-32003``), and so is a result the tool marked ``isError``
+(``tool_error``); it has a total and no first token.
+
 Times are the caller's clock; measuring from the *scheduled* start counts the
 time a request waited to be sent (no coordinated omission).
 """
@@ -64,6 +68,37 @@ class _Event(msgspec.Struct):
 _event = msgspec.json.Decoder(_Event)
 
 
+class _RpcError(msgspec.Struct):
+    code: int = 0
+
+
+class _RpcResult(msgspec.Struct):
+    isError: bool = False
+
+
+class _RpcAnswer(msgspec.Struct):
+    result: _RpcResult | None = None
+    error: _RpcError | None = None
+
+
+_rpc = msgspec.json.Decoder(_RpcAnswer)
+
+
+def rpc_error(body: bytes) -> str | None:
+    """The error of a JSON-RPC answer to ``tools/call`` (None: the tool answered)."""
+    try:
+        answer = _rpc.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return "malformed_body"
+    if answer.error is not None:
+        return f"rpc_{answer.error.code}"
+    if answer.result is None:
+        return "malformed_body"
+    if answer.result.isError:
+        return "tool_error"
+    return None
+
+
 def _token(event: _Event) -> bool:
     for choice in event.choices:
         d = choice.delta
@@ -75,9 +110,12 @@ def _token(event: _Event) -> bool:
 class StreamTimer:
     """Measures one response (see the module docstring)."""
 
-    def __init__(self, n: int, record: int, scheduled: float, *, stream: bool) -> None:
+    def __init__(
+        self, n: int, record: int, scheduled: float, *, stream: bool, rpc: bool = False
+    ) -> None:
         self.result = Result(n=n, record=record, scheduled=scheduled)
-        self.stream = stream
+        self.stream = stream and not rpc
+        self.rpc = rpc
         self._buffer = b""
         self._last: float | None = None
         self._done = False
@@ -147,6 +185,10 @@ class StreamTimer:
         r.total = now - r.scheduled
         if r.status != 200:
             self._error(f"http_{r.status}" if r.status else "no_response")
+        elif self.rpc:
+            error = rpc_error(bytes(self._body))
+            if error is not None:
+                self._error(error)
         elif not self.stream:
             try:
                 body = _event.decode(bytes(self._body))

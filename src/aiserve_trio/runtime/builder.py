@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from ..mcp.hub import McpHub
     from ..observability.debug import DebugEndpoints
     from ..observability.observer import RequestObserver
+    from ..record.recorder import Recorder
     from ..security.keystore.service import KeyService
     from ..sessions.bus import SessionBus
     from ..sessions.outbox import WriteBack
@@ -79,6 +80,8 @@ class RuntimeBuilder:
     keys: KeyService | None = None
     #: The upstream MCP servers (``[mcp]``), worker-wide; None: no ``/mcp``.
     mcp: McpHub | None = None
+    #: ``[record]``'s recorder: ``/mcp`` offers it each tool call; None: not recording.
+    recorder: Recorder | None = None
 
     def build(
         self, config: Config, adapters: dict[str, Adapter], previous: Runtime | None
@@ -166,7 +169,7 @@ class RuntimeBuilder:
         self.mcp.configure(parts.config.mcp)
         if not parts.config.mcp.servers:
             return []
-        mcp = McpEndpoint(parts.config, self.mcp, parts.gate)
+        mcp = McpEndpoint(parts.config, self.mcp, parts.gate, self.recorder)
         methods, req = ("POST", "DELETE"), Admission.REQUEST
         console = Auth.ADMIN_OR_CONSOLE_TOKEN  # the console's MCP section reads /admin/mcp
         return [

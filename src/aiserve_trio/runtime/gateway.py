@@ -358,6 +358,7 @@ def build_gateway(
         embed=entry.embed,
         keys=keys,
         mcp=McpHub(metrics.registry, audit, t.tracing),
+        recorder=recorder,
     )
     built = build_adapters(config.adapters, observer, adapters)
     generations.begin(builder.build(config, built, None))
