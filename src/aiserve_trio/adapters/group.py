@@ -82,6 +82,7 @@ from .base import Adapter, Capabilities, Delta, DeltaSink, InferenceRequest, Mes
 from .health import HealthPolicy, Outliers, State
 from .retry import NO_RETRIES, Progress
 from .settings import GroupAdapterConfig
+from .sidecalls import SideCall, chars_of, record, tokenizer_of
 
 log = logging.getLogger("aiserve_trio.adapters.group")
 #: Rounding room in "does it fit": a try cut to leave the next one exactly its
@@ -242,7 +243,7 @@ class _Race:
 class _TrySink:
     """Where a member's try sends its deltas: the race's judge, then the reply."""
 
-    __slots__ = ("_out", "_race", "_stall", "_try", "finished")
+    __slots__ = ("_out", "_race", "_stall", "_try", "finished", "lost")
 
     def __init__(self, race: _Race, t: _Try, out: DeltaSink, stall: float) -> None:
         self._race = race
@@ -251,6 +252,8 @@ class _TrySink:
         #: Seconds of silence after the first token that cut the try (inf: never).
         self._stall = stall
         self.finished = False
+        #: The first delta of a try that lost the race (billed, never delivered).
+        self.lost: Delta | None = None
 
     async def send(self, value: Delta, /) -> None:
         t, race = self._try, self._race
@@ -267,6 +270,7 @@ class _TrySink:
             else:
                 # Lost the race: the winner cancelled this try's scope, so this
                 # raises Cancelled at once and the token never reaches the client.
+                self.lost = value
                 await trio.sleep_forever()
         if value.finish_reason is not None:
             self.finished = True
@@ -612,8 +616,29 @@ class GroupAdapter(Adapter):
             self.outstanding[name] -= 1
             if not verdict:
                 self.health.abandon(name)
+            if t.scope.cancelled_caught and race.winner is not t:
+                self._bill_abandoned(t, request, sink.lost)
             t.done = True
             race.wake()
+
+    @staticmethod
+    def _bill_abandoned(t: _Try, request: InferenceRequest, lost: Delta | None) -> None:
+        """A try the group cut that did not serve (a hedge that lost the race, or a try
+        it moved on from): the provider read its prompt, so the request is billed for it
+        -- its usage if it came, else its prompt counted locally and any token that came
+        (``adapters/sidecalls.py``). A nested group's try is billed here once: the
+        tries inside it end by this cancel, not by their own scopes."""
+        adapter = t.member.adapter
+        record(
+            SideCall(
+                model=t.model,
+                request=request,
+                tokenizer=tokenizer_of(adapter),
+                usage=lost.usage if lost is not None else None,
+                generated=lost.tokens if lost is not None else 0,
+                generated_chars=chars_of(lost) if lost is not None else 0,
+            )
+        )
 
     def _judge_cut(self, race: _Race, t: _Try, now: float, stall: float) -> bool:
         """Judge a try the deadline cut (or broke off as it passed); True if judged.

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..core.messages import Message
 from .steps import (
@@ -43,6 +44,9 @@ from .steps import (
     StepConfig,
     TranscribeStep,
 )
+
+if TYPE_CHECKING:
+    from ..adapters.base import InferenceRequest, Usage
 
 #: Default shares by kind, for the calling steps that have no ``share``.
 DEFAULT_WEIGHTS: Mapping[str, float] = {
@@ -402,6 +406,24 @@ class StepRun:
 
 
 @dataclass(frozen=True, slots=True)
+class StepCall:
+    """A model call a step made before the streaming step, as it ended: billed on its
+    own when the reply's final usage does not count it (the reply was cut)."""
+
+    #: The model it was asked for, by the name the gateway prices it under.
+    model: str
+    #: What it was sent (its prompt is counted from this when no usage came).
+    request: InferenceRequest
+    #: The adapter's ``tokenizer`` setting (None: by model family).
+    tokenizer: str | None = None
+    #: The provider's usage, when the call brought one.
+    usage: Usage | None = None
+    #: Upstream tokens (events) that reached the gateway, and their characters.
+    generated: int = 0
+    generated_chars: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ChainReport:
     """What a request's chain did: read by the observer, the recording and the session
     write-back once the request has ended."""
@@ -413,6 +435,9 @@ class ChainReport:
     #: The request's own turns after transcription (audio parts as their text), for
     #: the session; None when no step changed them.
     new_turns: tuple[Message, ...] | None = None
+    #: The steps' calls the reply's usage does not count (it never came with the
+    #: final delta, which folds them in when it does): billed on their own.
+    calls: tuple[StepCall, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -61,7 +61,7 @@ from ..core.messages import Message, Part
 from ..policies.base import OutputFilter, apply_filters, finish_filters
 from ..util.intents import parse_label, prompt
 from ..util.wav import FORMATS
-from .plan import Plan, PlannedStep, build_plan, match_rules, route_choice
+from .plan import Plan, PlannedStep, StepCall, build_plan, match_rules, route_choice
 from .state import ChainRun
 from .steps import ClassifyStep, GenerateStep, RewriteStep, RouteStep, StepBase, TranscribeStep
 
@@ -113,17 +113,25 @@ class _Work:
 class _Collect:
     """A delta sink that keeps an awaited call's text and usage."""
 
-    __slots__ = ("parts", "usage")
+    __slots__ = ("chars", "generated", "parts", "usage")
 
     def __init__(self) -> None:
         self.parts: list[str] = []
         self.usage: Usage | None = None
+        #: Upstream tokens (events) and their characters: billed if no usage comes.
+        self.generated = 0
+        self.chars = 0
 
     async def send(self, value: Delta, /) -> None:
         if value.text:
             self.parts.append(value.text)
         if value.usage is not None:
             self.usage = value.usage
+        self.generated += value.tokens
+        self.chars += (
+            len(value.text) + len(value.reasoning) + len(value.refusal)
+            + sum(len(c.arguments or "") for c in value.tool_calls or ())
+        )  # fmt: skip
 
     @property
     def text(self) -> str:
@@ -133,7 +141,9 @@ class _Collect:
 class _ChainSink:
     """The streaming step's deltas on their way to the sse stage (see the module docstring)."""
 
-    __slots__ = ("_filters", "_first", "_out", "_reasoning", "_served", "_steps", "_work")
+    __slots__ = (
+        "_filters", "_first", "_out", "_reasoning", "_served", "_state", "_steps", "_work",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -143,7 +153,9 @@ class _ChainSink:
         filters: list[OutputFilter],
         reasoning: list[OutputFilter],
         work: _Work,
+        state: ChainRun,
     ) -> None:
+        self._state = state
         self._out = out
         self._steps = steps
         self._served = served
@@ -173,12 +185,15 @@ class _ChainSink:
                 if not (value.text or value.reasoning):
                     changes["tokens"] = 0  # not a token the backend sent: no cap counts it
             work = self._work
-            if value.usage is not None and (work.prompt_tokens or work.completion_tokens):
-                changes["usage"] = msgspec.structs.replace(
-                    value.usage,
-                    prompt_tokens=value.usage.prompt_tokens + work.prompt_tokens,
-                    completion_tokens=value.usage.completion_tokens + work.completion_tokens,
-                )
+            if value.usage is not None:
+                # The steps before are billed with this usage, not on their own.
+                self._state.folded = True
+                if work.prompt_tokens or work.completion_tokens:
+                    changes["usage"] = msgspec.structs.replace(
+                        value.usage,
+                        prompt_tokens=value.usage.prompt_tokens + work.prompt_tokens,
+                        completion_tokens=value.usage.completion_tokens + work.completion_tokens,
+                    )
         await self._out.send(msgspec.structs.replace(value, **changes) if changes else value)
 
 
@@ -352,7 +367,7 @@ class Chain:
             if not policy.content_only and (g := policy.output_filter(prepared.policy)) is not None:
                 side_filters.append(g)
         served = ServedBy(deployment=adapter.name) if adapter is not self.route_adapter else None
-        sink = _ChainSink(out, ran, served, text_filters, side_filters, work)
+        sink = _ChainSink(out, ran, served, text_filters, side_filters, work, state)
         with ExitStack() as stack:
             stack.enter_context(self._step(step, end, info, state))
             for s in filtering:
@@ -418,7 +433,7 @@ class StepKind(Generic[C]):
     async def call(self, at: _At, cut: float) -> None:
         """The step's call, finished by ``cut``."""
         adapter, request = await self.stream(at, cut)
-        at.work.draft, usage = await _collect(adapter, request)
+        at.work.draft, usage = await _collect(adapter, request, at.state)
         at.work.count(usage)
 
     async def stream(self, at: _At, end: float) -> tuple[Adapter, InferenceRequest]:
@@ -506,7 +521,7 @@ class _Classify(StepKind[ClassifyStep]):
                 temperature=0.0,
                 forward_headers=work.request.forward_headers,
             )
-            answer, usage = await _collect(adapter, request)
+            answer, usage = await _collect(adapter, request, at.state)
             work.count(usage)
             label = parse_label(answer, cfg.labels)
         self._label(cfg, label, at)
@@ -606,10 +621,32 @@ def _rewrite_policy(step: PlannedStep) -> str:
     return str(name)
 
 
-async def _collect(adapter: Adapter, request: InferenceRequest) -> tuple[str, Usage | None]:
-    """An awaited call: its whole text and its usage."""
+async def _collect(
+    adapter: Adapter, request: InferenceRequest, state: ChainRun
+) -> tuple[str, Usage | None]:
+    """An awaited call: its whole text and its usage.
+
+    The call is recorded for the request's bill however it ends (finished, cut by its
+    step's deadline, failed, the client gone): the chain's final delta folds it into
+    its usage when the streaming step finishes with one, and when it does not (the
+    reply was cut) the call is billed on its own (:attr:`ChainReport.calls`).
+    """
     sink = _Collect()
-    await adapter.stream(request, sink)
+    try:
+        await adapter.stream(request, sink)
+    finally:
+        config = getattr(adapter, "config", None)
+        tokenizer = getattr(config, "tokenizer", None)
+        state.calls.append(
+            StepCall(
+                model=request.model,
+                request=request,
+                tokenizer=tokenizer if isinstance(tokenizer, str) else None,
+                usage=sink.usage,
+                generated=sink.generated,
+                generated_chars=sink.chars,
+            )
+        )
     return sink.text, sink.usage
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .plan import ChainReport, PlannedStep, StepRun
+from .plan import ChainReport, PlannedStep, StepCall, StepRun
 
 if TYPE_CHECKING:
     from ..core.messages import Message
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class ChainRun:
     """What one request's chain did so far (owned by the inference stage's task)."""
 
-    __slots__ = ("_open", "labels", "last", "new_turns", "started", "steps")
+    __slots__ = ("_open", "calls", "folded", "labels", "last", "new_turns", "started", "steps")
 
     def __init__(self) -> None:
         #: Names of the steps begun, in order.
@@ -30,6 +30,10 @@ class ChainRun:
         self.labels: dict[str, str] = {}
         self.new_turns: tuple[Message, ...] | None = None
         self._open: dict[str, float] = {}
+        #: The model calls of the steps before the streaming one, and whether the
+        #: reply's final usage counts them (the chain folded them in).
+        self.calls: list[StepCall] = []
+        self.folded = False
 
     def begin(self, name: str) -> None:
         self.started.append(name)
@@ -45,4 +49,5 @@ class ChainRun:
             steps=tuple(sorted(self.steps, key=lambda s: self.started.index(s.name))),
             labels=dict(self.labels),
             new_turns=self.new_turns,
+            calls=() if self.folded else tuple(self.calls),
         )

@@ -1,4 +1,5 @@
-"""The local prompt count a request is billed with when the provider's never came.
+"""The local prompt count a request is billed with when the provider's never came, and
+the settling of its extra upstream calls (a group's lost hedges, a chain's steps).
 
 :func:`~aiserve_trio.stages.metering.settle` is pure; this is the one part of billing
 that awaits: the gateway's tokenizer (``adapters/tokens.py``), whose table loads in a
@@ -11,14 +12,17 @@ left -- and a request is billed whether or not the count could be made: past
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from ..adapters.tokens import REPLY_PRIMING, count_prompt, message_bound
+from .metering import Settled, needs_prompt_count, settle
 
 if TYPE_CHECKING:
-    from ..adapters.base import InferenceRequest
+    from collections.abc import Iterable
+
+    from ..adapters.base import InferenceRequest, Usage
     from .types import Route
 
 log = logging.getLogger("aiserve_trio.spend")
@@ -37,11 +41,51 @@ def _tokenizer(route: Route) -> str | None:
 async def local_prompt(request: InferenceRequest, route: Route) -> int:
     """The prompt tokens of ``request`` as the gateway counts them: the count fitting
     made already, else the tokenizer's; the UTF-8 bound if that cannot be had."""
+    return await _counted(request, _tokenizer(route))
+
+
+async def _counted(request: InferenceRequest, tokenizer: str | None) -> int:
     if request.prompt_tokens is not None:
         return request.prompt_tokens
     with trio.CancelScope(shield=True), trio.move_on_after(COUNT_TIMEOUT_S):
         try:
-            return await count_prompt(request.messages, request.model, _tokenizer(route))
+            return await count_prompt(request.messages, request.model, tokenizer)
         except Exception:
             log.exception("the prompt of a request could not be counted; billed at its bound")
     return REPLY_PRIMING + sum(message_bound(m) for m in request.messages)
+
+
+class Call(Protocol):
+    """An extra upstream call of a request (``adapters/sidecalls.py``'s ``SideCall``, a
+    chain's ``StepCall``): what it was sent and what came of it."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def request(self) -> InferenceRequest: ...
+    @property
+    def tokenizer(self) -> str | None: ...
+    @property
+    def usage(self) -> Usage | None: ...
+    @property
+    def generated(self) -> int: ...
+    @property
+    def generated_chars(self) -> int: ...
+
+
+async def settle_calls(calls: Iterable[Call]) -> tuple[tuple[str, Settled], ...]:
+    """(model, what it is billed for) of each extra call: the provider's usage when it
+    brought a believable one, else its prompt counted here and the tokens that came."""
+    out = []
+    for call in calls:
+        prompt = None
+        if needs_prompt_count(call.usage):
+            prompt = await _counted(call.request, call.tokenizer)
+        settled = settle(
+            call.usage,
+            generated=call.generated,
+            generated_chars=call.generated_chars,
+            prompt=prompt,
+        )
+        out.append((call.model, settled))
+    return tuple(out)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import trio
 
 from ..adapters.base import Delta
+from ..adapters.sidecalls import SIDE_CALLS, SideCalls
 from ..cache.service import Cache
 from ..core.errors import (
     BodyReadTimeout,
@@ -45,7 +46,7 @@ from ..core.errors import (
 from ..observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
 from ..security.admission import BodyPace
 from ..server import Disconnect, ReceiveWatcher, queued
-from .billing import local_prompt
+from .billing import Call, local_prompt, settle_calls
 from .channel import Inbox, Receiver, Sender, open_channel
 from .context import ContextStage
 from .handoff import hand_on
@@ -232,6 +233,8 @@ class Pipeline:
         TASK_LABEL.set(label := TaskLabel(info.request_id, info.route.label))
         upstream = UpstreamReads()
         UPSTREAM_IO.set(upstream)
+        side = SideCalls()  # a group's extra tries, billed too
+        SIDE_CALLS.set(side)
         try:
             if whole is not None:
                 # The server calls on a disconnect: the stages' nursery is the request's.
@@ -266,7 +269,7 @@ class Pipeline:
         except Exception as exc:  # a bug in a stage: log it, tell the client nothing of it
             log.exception("request %s failed inside the gateway", info.request_id, exc_info=exc)
             run.fail("sse", InternalError("the gateway failed while serving this request"))
-        return await self._end(info, responder, run, upstream)
+        return await self._end(info, responder, run, upstream, side)
 
     def _open(
         self, info: RequestInfo, body: Receiver[bytes], responder: Responder, slots: ExitStack
@@ -307,7 +310,12 @@ class Pipeline:
         return (parse, context, inference, sse), (req_recv, inf_recv, delta_recv)
 
     async def _end(
-        self, info: RequestInfo, responder: Responder, run: _Run, upstream: UpstreamReads
+        self,
+        info: RequestInfo,
+        responder: Responder,
+        run: _Run,
+        upstream: UpstreamReads,
+        side: SideCalls,
     ) -> Outcome:
         """After the stages joined: the request's first failure written (unless the
         client left), and its :class:`Outcome` made of what the stages reported."""
@@ -331,6 +339,8 @@ class Pipeline:
             # deadline, a cap, a drop): the request is billed for its prompt as counted
             # here (shielded: the client may be gone).
             prompt = await local_prompt(context.prepared.inference, info.route)
+        extra: list[Call] = [*side.calls, *(inference.chain.calls if inference.chain else ())]
+        settled = await settle_calls(extra) if extra else ()
         end = RequestEnd(
             at=at,
             error=run.error,
@@ -344,6 +354,7 @@ class Pipeline:
             upstream_bytes=upstream.bytes,
             prompt_tokens=prompt,
             flown=flown,
+            side=settled,
         )
         return outcome_of(info, end, parse, context, inference, sse)
 

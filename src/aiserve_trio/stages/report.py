@@ -127,6 +127,10 @@ class RequestEnd(msgspec.Struct, frozen=True):
     #: For the request that launched a cache flight (the upstream call), what the call
     #: produced -- billed to it even when it left before the end (``Cache.paid``).
     flown: Sequence[Delta] | None = None
+    #: The request's extra upstream calls, settled (``billing.settle_calls``): a group's
+    #: hedges that lost and tries it moved on from, a chain's steps its reply's usage
+    #: does not count -- (model, usage) each, billed on top of the reply.
+    side: Sequence[tuple[str, Settled]] = ()
 
 
 def needs_local_prompt(sse: SSEReport, flown: Sequence[Delta] | None = None) -> bool:
@@ -180,7 +184,9 @@ def outcome_of(
 
     Whatever ended it, a reply the backend answered is billed (``stages/metering.py``):
     as the sse stage settled it when it finished, else settled here from what the
-    backend generated so far and the prompt's count in ``end``.
+    backend generated so far and the prompt's count in ``end``. The request's extra
+    upstream calls (``end.side``) are added to its usage and cost, each at its own
+    model's price; one the gateway counted makes the whole ``counted``.
     """
     cache = cache_result(context, inference)
     served_model = sse.served_model
@@ -200,6 +206,15 @@ def outcome_of(
         )
         usage, source, distrusted = settled.usage, settled.source, settled.distrusted
     cost, saved, cache_cost = _priced(info, served_model, usage, cache)
+    for model, extra in end.side:
+        # The provider billed each of these calls too (sent, whatever became of it).
+        more, _, more_cache = _priced(info, model, extra.usage, None)
+        cost += more
+        cache_cost += more_cache
+        usage = extra.usage if usage is None else _plus(usage, extra.usage)
+        if source is None or extra.source == "counted":
+            source = extra.source
+        distrusted = distrusted or extra.distrusted
     error = end.error
     gone = end.disconnected
     return Outcome(
@@ -239,6 +254,17 @@ def outcome_of(
         cache_cost=cache_cost,
         usage_source=source,
         distrusted=distrusted,
+    )
+
+
+def _plus(a: Usage, b: Usage) -> Usage:
+    """Two calls' usage as one (the reply's details kept)."""
+    return msgspec.structs.replace(
+        a,
+        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
+        completion_tokens=a.completion_tokens + b.completion_tokens,
+        cache_read_tokens=a.cache_read_tokens + b.cache_read_tokens,
+        cache_write_tokens=a.cache_write_tokens + b.cache_write_tokens,
     )
 
 
