@@ -22,7 +22,7 @@ from .spendcfg import KEY_CAROL, KEY_DAN, auth, running, spend_config
 
 def carol_key() -> str:
     """carol's day in the test Redis (spend_config's key_prefix)."""
-    return f"spendtest:spend:key:carol:{window('day', time.time()).name}"
+    return f"spendtest:spend:key:shop/carol:{window('day', time.time()).name}"
 
 
 async def spend_carols_budget(app: App) -> None:

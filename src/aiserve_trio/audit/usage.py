@@ -274,8 +274,9 @@ _SCOPES = {"key": "key_id", "tenant": "tenant"}
 async def period_spend(
     audit: AuditLog, scope: str, name: str | None, start: float, end: float
 ) -> dict[str, float]:
-    """The cost the audit log holds for each key (``scope = "key"``) or tenant of a budget
-    period, ``start <= ts < end``: only ``name``'s, or every one's (at most
+    """The cost the audit log holds for each key (``scope = "key"``, named
+    ``tenant/key``) or tenant of a budget period, ``start <= ts < end``: only ``name``'s,
+    or every one's (at most
     :data:`MAX_GROUPS`). The spend ledger re-seeds a period it lost from this
     (``spend/ledger.py``): it is the one record of spend that outlives a Redis flush or
     a worker's restart.
@@ -287,10 +288,24 @@ async def period_spend(
     Raises:
         Overloaded: the readers are busy or the database is away (the ledger tries again).
     """
-    column = _SCOPES[scope]
     p = audit.db.placeholder
     where = f"ts >= {p} AND ts < {p}"
     params: list[Any] = [start, end]
+    if scope == "key":
+        # A key is its tenant's: ``tenant/key`` (a key id given again in another tenant
+        # is another key, and reads none of the old one's spend).
+        if name is not None:
+            tenant, _, key_id = name.partition("/")
+            where += f" AND tenant = {p} AND key_id = {p}"
+            params += [tenant, key_id]
+        sql = (
+            f"SELECT tenant, key_id, coalesce(sum(cost), 0) FROM audit_requests "
+            f"WHERE {where} AND key_id IS NOT NULL GROUP BY tenant, key_id LIMIT {MAX_GROUPS}"
+        )
+        await audit.flush()
+        rows = await audit.query(sql, params)
+        return {f"{t}/{k}": float(cost) for t, k, cost in rows}
+    column = _SCOPES[scope]
     if name is not None:
         where += f" AND {column} = {p}"
         params.append(name)

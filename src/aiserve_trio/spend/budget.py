@@ -65,22 +65,31 @@ def window(period: Period, now: float) -> Window:
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    """One budget: ``scope`` is ``key`` or ``tenant``, ``name`` the key id or tenant."""
+    """One budget: ``scope`` is ``key`` or ``tenant``, ``name`` the key id or tenant;
+    a key's budget also names the key's ``tenant``."""
 
     scope: str
     name: str
     amount: float
     period: Period
     alert_at: float
+    tenant: str | None = None
 
     @property
     def label(self) -> str:
         return f"{self.scope}:{self.name}"
 
+    @property
+    def who(self) -> str:
+        """Whose spend it is, in the ledger and the audit log's sums: a key as
+        ``tenant/key`` (a key id given again in another tenant is another key and
+        inherits nothing -- neither name can hold a ``/``), a tenant by its name."""
+        return self.name if self.tenant is None else f"{self.tenant}/{self.name}"
+
     def slot(self, now: float) -> tuple[str, Window]:
         """The ledger key of the current period, and the period."""
         w = window(self.period, now)
-        return f"{self.scope}:{self.name}:{w.name}", w
+        return f"{self.scope}:{self.who}:{w.name}", w
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +138,7 @@ class Budgets:
     @classmethod
     def of(cls, config: Config) -> Budgets:
         keys = {
-            k.id: Limit("key", k.id, k.budget, k.budget_period, k.budget_alert_at)
+            k.id: Limit("key", k.id, k.budget, k.budget_period, k.budget_alert_at, k.tenant)
             for k in (config.auth.keys if config.auth is not None else [])
             if k.budget is not None
         }

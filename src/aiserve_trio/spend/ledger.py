@@ -87,8 +87,9 @@ SYNC_SHARE = 10.0
 #: Periods waiting for a re-seed at most (more are noticed again on a later read).
 MAX_SEEDS_PENDING = 1024
 
-#: ``(scope, name or None for every one, start, end) -> {name: cost}``: a period's spend
-#: as the audit log holds it (:func:`aiserve_trio.audit.usage.period_spend`).
+#: ``(scope, who or None for every one, start, end) -> {who: cost}``: a period's spend
+#: as the audit log holds it (:func:`aiserve_trio.audit.usage.period_spend`), ``who``
+#: a :attr:`Limit.who` (a key as ``tenant/key``).
 Seed = Callable[[str, "str | None", float, float], Awaitable[dict[str, float]]]
 
 #: Add to a period's key only if it exists: a missing key is a lost period (or a new
@@ -284,10 +285,10 @@ class Ledger:
         if limit.slot(now)[0] != slot:
             return True  # its period is over: the next read asks for the new one
         before = self._local.get(slot, 0.0)  # kept here: its rows are in the sum below
-        found = await self._read(seed, limit.scope, limit.name, w)
+        found = await self._read(seed, limit.scope, limit.who, w)
         if found is None:
             return False
-        total = found.get(limit.name, 0.0)
+        total = found.get(limit.who, 0.0)
         from coredis.tokens import PureToken  # late: coredis only with Redis
 
         args: list[Any] = [self._key(slot), repr(total)]
@@ -335,7 +336,7 @@ class Ledger:
             for limit in limits:
                 slot = limit.slot(now)[0]
                 kept = self._local.get(slot, 0.0) - before.get(slot, 0.0)
-                if (total := found.get(limit.name, 0.0) + kept) > 0:
+                if (total := found.get(limit.who, 0.0) + kept) > 0:
                     self._local[slot] = total
             if first:
                 log.info("spend: %d %s budgets (%s) seeded from the audit log", len(limits),

@@ -205,7 +205,7 @@ def load(ex: Exec, since: int) -> tuple[int, dict[str, Entry | None]]:
             expires_at=expires,
             budget=None
             if eff.budget is None
-            else Limit("key", key_id, eff.budget, eff.budget_period, BUDGET_ALERT_AT),
+            else Limit("key", key_id, eff.budget, eff.budget_period, BUDGET_ALERT_AT, tenant),
         )
     return rev, changed
 
