@@ -62,7 +62,7 @@ class Scripted(Adapter):
             if i == self.drop_after:
                 raise UpstreamProtocolError("the upstream closed the connection")
             await trio.sleep(self.gap)
-            await send.send(Delta(text=f" w{i}"))
+            await send.send(Delta(text=" sea"))  # one token: one event, one token
             self.sent += 1
             if self.sent == 10:
                 self.ten.set()
@@ -223,8 +223,8 @@ async def test_a_reply_cut_at_max_reply_bytes_is_billed_for_what_was_generated(
         row = await check_one_figure(app, client, tmp_path, charges)
     assert row["error_code"] == "max_reply_bytes"
     assert row["usage_source"] == "counted"
-    # " w0".." w9" is 30 bytes, then 4 bytes a word: about 30 words pass 100 bytes.
-    assert 25 <= row["completion_tokens"] <= 35
+    # 4 bytes a word: about 25 words pass 100 bytes.
+    assert 20 <= row["completion_tokens"] <= 30
     assert row["prompt_tokens"] == await expected_prompt(backend.requests[0])
 
 
@@ -392,3 +392,35 @@ async def test_the_clients_own_deadline_bills_what_came_before_it(
     assert spent == pytest.approx(cost)
     assert spend_metric(app) == pytest.approx(cost)
     assert charges.tokens == [prompt + completion]
+
+
+class Phrases(Scripted):
+    """A backend that sends five tokens in each event, as Anthropic's, Gemini's and
+    Bedrock's text deltas do, and never its usage (the client leaves first)."""
+
+    async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
+        self.requests.append(request)
+        for _ in range(WORDS):
+            await trio.sleep(self.gap)
+            await send.send(Delta(text=" the sea and the sky"))  # 5 tokens, one event
+            self.sent += 1
+
+
+@pytest.mark.parametrize("api", list(APIS))
+async def test_a_cut_reply_of_several_tokens_an_event_is_billed_for_its_tokens(
+    tmp_path: Path, api: str
+) -> None:
+    backend = Phrases()
+    app = billing_app(tmp_path, backend)
+    charges = Charges(app)
+    path, body = APIS[api]
+    async with running(app) as client:
+        async with client.open("POST", path, json_body=body, headers=auth(KEY_DAN)) as ex:
+            await ex.wait_for_bytes(12)
+            ex.disconnect()
+        row = await check_one_figure(app, client, tmp_path, charges)
+    assert row["usage_source"] == "counted"
+    # The delivered text's tokens as the gateway counts prompts: five an event, not one.
+    events = row["completion_tokens"] / 5
+    assert events == int(events)
+    assert 5 <= events <= backend.sent <= 20

@@ -72,7 +72,7 @@ class Books(Scripted):
             if i == drop:
                 raise UpstreamProtocolError("the upstream closed the connection")
             await trio.sleep(0.004)
-            await send.send(Delta(text=f" w{i}"))
+            await send.send(Delta(text=" sea"))  # one token: one event, one token
             call.generated += 1
         call.reported = True
         await send.send(

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from ..adapters.tokens import REPLY_PRIMING, count_prompt, message_bound
+from ..adapters.tokens import (
+    REPLY_PRIMING,
+    count_prompt,
+    encoding_name_for,
+    load_encoding,
+    message_bound,
+    text_tokens_steps,
+)
+from ..core.slices import run_sliced
 from .metering import Settled, needs_prompt_count, settle
 
 if TYPE_CHECKING:
@@ -53,6 +61,22 @@ async def _counted(request: InferenceRequest, tokenizer: str | None) -> int:
         except Exception:
             log.exception("the prompt of a request could not be counted; billed at its bound")
     return REPLY_PRIMING + sum(message_bound(m) for m in request.messages)
+
+
+async def local_completion(text: str, model: str, route: Route) -> int | None:
+    """The tokens of a reply's ``text`` as the gateway's tokenizer counts them (the one
+    prompts are counted with), for a reply billed without the provider's count: one
+    upstream event is one token only for OpenAI-style streams, and Anthropic, Gemini
+    and Bedrock send several in one. None if it cannot be counted in time."""
+    if not text:
+        return 0
+    with trio.CancelScope(shield=True), trio.move_on_after(COUNT_TIMEOUT_S):
+        try:
+            enc = await load_encoding(encoding_name_for(model, _tokenizer(route)))
+            return await run_sliced(text_tokens_steps(enc, text))
+        except Exception:
+            log.exception("the reply of a request could not be counted; billed by its events")
+    return None
 
 
 class Call(Protocol):

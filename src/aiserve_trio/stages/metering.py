@@ -6,7 +6,9 @@ when its reply ended with one the gateway can believe, else the gateway's own co
 
 - completion tokens: what the backend generated so far, as the response assembler
   counted it (its upstream events, about one token each: the count the token cap
-  uses), whether the reply finished or not;
+  uses) -- or, where more, its delivered text's tokens as the gateway's tokenizer
+  counts them (``billing.local_completion``: Anthropic, Gemini and Bedrock send
+  several tokens an event) -- whether the reply finished or not;
 - prompt tokens: the local count of the prompt the backend was sent (the gateway's
   tokenizer, ``adapters/tokens.py`` ``count_prompt``).
 

@@ -46,7 +46,7 @@ from ..core.errors import (
 from ..observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
 from ..security.admission import BodyPace
 from ..server import Disconnect, ReceiveWatcher, queued
-from .billing import Call, local_prompt, settle_calls
+from .billing import Call, local_completion, local_prompt, settle_calls
 from .channel import Inbox, Receiver, Sender, open_channel
 from .context import ContextStage
 from .handoff import hand_on
@@ -61,8 +61,10 @@ from .report import (
     SSEReport,
     StageReport,
     cache_result,
+    needs_local_count,
     needs_local_prompt,
     outcome_of,
+    reply_text,
 )
 from .sse import SSEStage
 from .types import STAGES, ParsedRequest, Prepared, RequestInfo, response_headers
@@ -339,6 +341,9 @@ class Pipeline:
             # deadline, a cap, a drop): the request is billed for its prompt as counted
             # here (shielded: the client may be gone).
             prompt = await local_prompt(context.prepared.inference, info.route)
+        completion = None
+        if needs_local_count(sse, flown):
+            completion = await local_completion(reply_text(sse), sse.served_model, info.route)
         extra: list[Call] = [*side.calls, *(inference.chain.calls if inference.chain else ())]
         settled = await settle_calls(extra) if extra else ()
         end = RequestEnd(
@@ -353,6 +358,7 @@ class Pipeline:
             upstream_reads=upstream.reads,
             upstream_bytes=upstream.bytes,
             prompt_tokens=prompt,
+            completion_tokens=completion,
             flown=flown,
             side=settled,
         )

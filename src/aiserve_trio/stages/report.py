@@ -124,6 +124,10 @@ class RequestEnd(msgspec.Struct, frozen=True):
     #: The prompt as the gateway counted it, for a reply that must be billed without
     #: the provider's count (see :func:`needs_local_prompt`); None: not counted.
     prompt_tokens: int | None = None
+    #: The reply's delivered text (and tool-call arguments) as the gateway's tokenizer
+    #: counts it, for a reply billed without the provider's count (several tokens may
+    #: come in one upstream event); None: not counted.
+    completion_tokens: int | None = None
     #: For the request that launched a cache flight (the upstream call), what the call
     #: produced -- billed to it even when it left before the end (``Cache.paid``).
     flown: Sequence[Delta] | None = None
@@ -131,6 +135,20 @@ class RequestEnd(msgspec.Struct, frozen=True):
     #: hedges that lost and tries it moved on from, a chain's steps its reply's usage
     #: does not count -- (model, usage) each, billed on top of the reply.
     side: Sequence[tuple[str, Settled]] = ()
+
+
+def reply_text(sse: SSEReport) -> str:
+    """What a reply generated, as the client got it: its text and tool-call arguments."""
+    if not sse.tool_calls:
+        return sse.delivered
+    return sse.delivered + "".join(c.function.arguments for c in sse.tool_calls)
+
+
+def needs_local_count(sse: SSEReport, flown: Sequence[Delta] | None) -> bool:
+    """Whether the reply ``sse`` reports is billed without the provider's completion
+    count, so the gateway counts its text: the backend answered and the sse stage did
+    not settle it at a finish (and it launched no flight, billed as the call)."""
+    return sse.usage_source is None and bool(sse.served_model) and not flown
 
 
 def needs_local_prompt(sse: SSEReport, flown: Sequence[Delta] | None = None) -> bool:
@@ -200,7 +218,8 @@ def outcome_of(
     elif served_model and source is None:
         settled = settle(
             usage,
-            generated=sse.generated,
+            # The events, or the text's tokens where an event held several.
+            generated=max(sse.generated, end.completion_tokens or 0),
             generated_chars=sse.generated_chars,
             prompt=end.prompt_tokens,
         )
