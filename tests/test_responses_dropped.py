@@ -1,7 +1,9 @@
 """A Responses request as Codex CLI sends it, on a route whose backend speaks Chat Completions:
 what Chat Completions cannot honour and the answer means the same without -- ``include``,
-``reasoning.summary``, ``client_metadata``, tools other than ``function``, a reasoning
-item's ``encrypted_content`` -- is dropped and named in ``X-Aiserve-Dropped``; what would
+``reasoning.summary``, ``client_metadata``, tools other than ``function`` and ``namespace``
+(a namespace's functions go on under flat names: tests/test_responses_namespace.py), a
+namespace's ``description``, a reasoning item's ``encrypted_content`` -- is dropped and
+named in ``X-Aiserve-Dropped``; what would
 change the answer's meaning (a ``tool_choice`` forcing a dropped tool, ``background``, a
 field the codec does not know) is still a 400 naming it. A hint the route's backend cannot
 carry (``prompt_cache_key`` on the mock) is dropped and named too; on chat it is refused."""
@@ -42,6 +44,7 @@ NAMESPACE: dict[str, Any] = {
     "description": "Tools for spawning and managing sub-agents.",
     "tools": [{"type": "function", "name": "close_agent", "parameters": {"type": "object"}}],
 }
+WEB_SEARCH: dict[str, Any] = {"type": "web_search", "external_web_access": True}
 
 
 def codex_body(**over: Any) -> dict[str, Any]:
@@ -63,7 +66,7 @@ def codex_body(**over: Any) -> dict[str, Any]:
                 "content": [{"type": "input_text", "text": "run cat NOTE.txt"}],
             },
         ],
-        "tools": [EXEC, NAMESPACE, {"type": "web_search", "external_web_access": True}],
+        "tools": [EXEC, NAMESPACE, WEB_SEARCH],
         "tool_choice": "auto",
         "parallel_tool_calls": True,
         "reasoning": {"summary": "auto"},
@@ -86,15 +89,23 @@ def test_codex_request_is_carried_and_what_chat_cannot_honour_is_named() -> None
         "include",
         "reasoning.summary",
         "client_metadata",
-        "tools[1]:namespace",
+        "tools[1].description",
         "tools[2]:web_search",
     )
-    # The function tool, the caching hint and the parallel calls go on; the rest does not.
+    # The function tools (the namespace's under a flat name), the caching hint and the
+    # parallel calls go on; the rest does not.
     assert chat["tools"] == [
         {
             "type": "function",
             "function": {k: EXEC[k] for k in ("name", "description", "strict", "parameters")},
-        }
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "multi_agent_v1__close_agent",
+                "parameters": {"type": "object"},
+            },
+        },
     ]
     assert chat["tool_choice"] == "auto"
     assert chat["prompt_cache_key"] == "01a24328-2869-7452-9917-96fbd28600e4"
@@ -143,7 +154,7 @@ def test_a_plain_request_drops_nothing() -> None:
     ("over", "param"),
     [
         # Forcing a call when every tool offered was dropped would change the answer.
-        ({"tools": [NAMESPACE], "tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEB_SEARCH], "tool_choice": "required"}, "tool_choice"),
         ({"tool_choice": {"type": "web_search"}}, "tool_choice"),
         ({"background": True}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
@@ -160,10 +171,10 @@ def test_what_would_change_the_answer_is_still_refused_by_name(
 
 
 def test_only_dropped_tools_and_auto_choice_ask_for_no_tools() -> None:
-    chat, view = decode(codex_body(tools=[NAMESPACE], tool_choice="auto"))
+    chat, view = decode(codex_body(tools=[WEB_SEARCH], tool_choice="auto"))
     assert "tools" not in chat
     assert "tool_choice" not in chat
-    assert view.dropped[-1] == "tools[0]:namespace"
+    assert view.dropped[-1] == "tools[0]:web_search"
 
 
 def recording() -> tuple[Client, RecordingAdapter]:
@@ -184,11 +195,11 @@ async def test_the_client_is_told_what_was_dropped(autojump_clock: Any, stream: 
     assert r.status == 200
     # The mock cannot carry a prompt-cache key either: a hint, dropped and named too.
     assert r.headers["x-aiserve-dropped"] == (
-        "include, reasoning.summary, client_metadata, tools[1]:namespace, tools[2]:web_search, "
-        "prompt_cache_key"
+        "include, reasoning.summary, client_metadata, tools[1].description, "
+        "tools[2]:web_search, prompt_cache_key"
     )
     asked = rec.requests[-1]
-    assert asked.tool_names == ["exec_command"]
+    assert asked.tool_names == ["exec_command", "multi_agent_v1__close_agent"]
     for gone in ("include", "reasoning", "client_metadata", "prompt_cache_key"):
         assert gone not in asked.extra
     if stream:

@@ -4,7 +4,10 @@
 body: ``instructions`` becomes a system message, ``input`` items become messages
 (consecutive ``function_call`` items one assistant message with parallel tool
 calls, ``function_call_output`` a ``tool`` message, a ``reasoning`` item the next
-assistant message's ``reasoning_content``), ``tools`` become function tools,
+assistant message's ``reasoning_content``), ``tools`` become function tools (the
+functions of a ``namespace`` tool -- Codex CLI offers each MCP server's tools so --
+each one under a flat name, ``<namespace>__<function>``, which a call in the reply is
+turned back from: its own ``name`` and the ``namespace``, see :func:`namespaced`),
 ``text.format`` becomes ``response_format``, ``reasoning.effort`` becomes
 ``reasoning_effort``, ``max_output_tokens`` becomes ``max_completion_tokens``.
 A field or item with no Chat Completions equivalent is refused with a 400
@@ -32,6 +35,7 @@ of the reply belongs to (``_ITEM``: a piece of another item closes the open ones
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Generator
 from typing import Any, Literal
 
@@ -118,7 +122,17 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, dict=True):
     def dropped(self) -> tuple[str, ...]:
         """What the translation leaves out, by name (``X-Aiserve-Dropped``): see :data:`DROPPED`."""
         out = [name for name in DROPPED if _present(self, name)]
-        out.extend(f"tools[{i}]:{t.get('type')}" for i, t in _tools(self) if not _function(t))
+        for i, t in _tools(self):
+            if _namespace(t):
+                if t.get("description") is not None:
+                    out.append(f"tools[{i}].description")
+                out.extend(
+                    f"tools[{i}].tools[{j}]:{f.get('type') if isinstance(f, dict) else None}"
+                    for j, f in enumerate(t["tools"])
+                    if not (isinstance(f, dict) and _function(f))
+                )
+            elif not _function(t):
+                out.append(f"tools[{i}]:{t.get('type')}")
         if isinstance(self.input, list):
             out.extend(
                 f"input[{i}].encrypted_content"
@@ -130,8 +144,9 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, dict=True):
 
 #: Fields a Chat Completions upstream cannot honour and the answer means the same without:
 #: dropped and named in ``X-Aiserve-Dropped`` (a reasoning item's ``encrypted_content``,
-#: and tools other than ``function`` -- built-in, ``custom``, ``namespace``, ... -- too: a
-#: tool offered is the model's option, not part of what is asked; a ``tool_choice`` that
+#: and tools other than ``function`` and ``namespace`` -- built-in, ``custom``, ... -- too,
+#: as are a namespace's ``description`` and its tools other than ``function``: a tool
+#: offered is the model's option, not part of what is asked; a ``tool_choice`` that
 #: forces one is refused). What changes the answer's meaning is refused with a 400.
 DROPPED = ("include", "reasoning.summary", "client_metadata")
 
@@ -149,6 +164,33 @@ def _tools(req: ResponsesRequest) -> list[tuple[int, dict[str, Any]]]:
 
 def _function(tool: dict[str, Any]) -> bool:
     return tool.get("type") == "function"
+
+
+def _namespace(tool: dict[str, Any]) -> bool:
+    """A ``namespace`` tool with its list of tools (:func:`decode` refuses one without)."""
+    return tool.get("type") == "namespace" and isinstance(tool.get("tools"), list)
+
+
+#: A tool name a Chat Completions backend takes (OpenAI's pattern): a flat name must be one.
+_CHAT_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+#: What joins a namespace's name and its function's into the flat name.
+SEPARATOR = "__"
+
+
+def flat_name(namespace: str, name: str) -> str:
+    """The name a Chat Completions backend knows a namespace's function by."""
+    return f"{namespace}{SEPARATOR}{name}"
+
+
+def namespaced(view: object) -> dict[str, tuple[str, str]]:
+    """The flat names :func:`decode` gave the request's namespaced functions:
+    flat name -> (namespace, the function's own name). A call of one in the reply goes
+    back to the client under the function's own name, with its ``namespace``."""
+    flat: dict[str, tuple[str, str]] = getattr(view, "_flat", _NONE)
+    return flat
+
+
+_NONE: dict[str, tuple[str, str]] = {}
 
 
 #: ``reasoning.effort``'s values (OpenAI's).
@@ -235,7 +277,7 @@ def decode(body: bytes) -> tuple[bytes, ResponsesRequest]:
             raise invalid("top_logprobs", "must be between 0 and 20")
         chat["logprobs"] = True
         chat["top_logprobs"] = req.top_logprobs
-    tools = [_tool(t, i, found) for i, t in _tools(req) if _function(t)]
+    tools, flat = _chat_tools(req, found)
     if tools:
         chat["tools"] = tools
     if req.tool_choice is not None:
@@ -254,6 +296,8 @@ def decode(body: bytes) -> tuple[bytes, ResponsesRequest]:
             raise invalid("reasoning.effort", f"must be one of {', '.join(EFFORTS)}")
         chat["reasoning_effort"] = req.reasoning.effort
     req._notes = found  # type: ignore[attr-defined]  # a dict=True Struct: not a field
+    if flat:
+        req._flat = flat  # type: ignore[attr-defined]  # as _notes
     return encoder.encode(chat), req
 
 
@@ -291,6 +335,8 @@ def redacted_steps(
         yield
     out = msgspec.structs.replace(view, **changes)
     out._notes = notes(view)  # type: ignore[attr-defined]  # see decode
+    if namespaced(view):
+        out._flat = namespaced(view)  # type: ignore[attr-defined]  # see decode
     return out
 
 
@@ -310,19 +356,87 @@ def _format(f: _Format) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": spec}
 
 
-def _tool(tool: dict[str, Any], i: int, found: Notes) -> dict[str, Any]:
+def _chat_tools(
+    req: ResponsesRequest, found: Notes
+) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
+    """The Chat Completions tools of the request's ``function`` tools and of the functions
+    of its ``namespace`` tools, in order, and the flat names given the latter.
+
+    Raises:
+        BadRequest: a tool with a bad name or schema, a namespace without a name or a
+            list of tools. A flat name a Chat backend cannot take (over 64 characters,
+            other characters than ``[a-zA-Z0-9_-]``) or that another tool has already is
+            noted: refused on a translated route only (a native one sends the namespace).
+    """
+    tools: list[dict[str, Any]] = []
+    flat: dict[str, tuple[str, str]] = {}
+    # Who has each name the backend sees: the plain functions first, whatever their place.
+    taken = {
+        t["name"]: f"tools[{i}]"
+        for i, t in _tools(req)
+        if _function(t) and isinstance(t.get("name"), str)
+    }
+    for i, t in _tools(req):
+        if _function(t):
+            tools.append(_tool(t, f"tools[{i}]", found))
+            continue
+        if t.get("type") != "namespace":
+            continue
+        where = f"tools[{i}]"
+        _only(t, where, ("type", "name", "description", "tools"), found)
+        space = t.get("name")
+        if not isinstance(space, str) or not space:
+            raise invalid(f"{where}.name", "must be a non-empty string")
+        if not isinstance(t.get("tools"), list):
+            raise invalid(f"{where}.tools", "must be a list of tools")
+        for j, f in enumerate(t["tools"]):
+            at = f"{where}.tools[{j}]"
+            if not isinstance(f, dict):
+                raise invalid(at, "must be a tool object")
+            if not _function(f):
+                continue  # named in ``dropped``
+            tool = _tool(f, at, found)
+            name = tool["function"]["name"]
+            known_as = flat_name(space, name)
+            if not _CHAT_NAME.fullmatch(known_as):
+                found.append(
+                    invalid(
+                        f"{at}.name",
+                        f"`{name}` of namespace `{space}` would reach the model as "
+                        f"`{known_as}`, and a Chat Completions backend takes a tool name "
+                        "of 1 to 64 letters, digits, `_` or `-` only",
+                    )
+                )
+                continue
+            if known_as in taken:
+                found.append(
+                    invalid(
+                        f"{at}.name",
+                        f"`{name}` of namespace `{space}` would reach the model as "
+                        f"`{known_as}`, the name `{taken[known_as]}` has already",
+                    )
+                )
+                continue
+            taken[known_as] = at
+            flat[known_as] = (space, name)
+            tool["function"]["name"] = known_as
+            tools.append(tool)
+    return tools, flat
+
+
+def _tool(tool: dict[str, Any], where: str, found: Notes) -> dict[str, Any]:
     fn: dict[str, Any] = {}
     for key in tool:
         if key not in ("type", "name", "description", "parameters", "strict"):
-            _note(found, f"tools[{i}].{key}", "has no equivalent; it is not sent anywhere")
+            _note(found, f"{where}.{key}", "has no equivalent; it is not sent anywhere")
             continue
         if key != "type" and tool[key] is not None:
             fn[key] = tool[key]
     if fn.get("name") is None:
-        raise invalid(f"tools[{i}].name", "is required")
-    tool_name(fn["name"], f"tools[{i}].name")
+        raise invalid(f"{where}.name", "is required")
+    tool_name(fn["name"], f"{where}.name")
     if fn.get("parameters") is not None:
-        json_schema(fn["parameters"], f"tools[{i}].parameters")
+        json_schema(fn["parameters"], f"{where}.parameters")
     return {"type": "function", "function": fn}
 
 
@@ -334,7 +448,13 @@ def _tool_choice(choice: str | dict[str, Any], found: Notes) -> str | dict[str, 
     if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
         _note(found, "tool_choice", "may name a function only (`{type: function, name}`)")
         return "auto"
-    return {"type": "function", "function": {"name": choice["name"]}}
+    name = choice["name"]
+    space = choice.get("namespace")
+    if space is not None:
+        if not isinstance(space, str):
+            raise invalid("tool_choice.namespace", "must be a string")
+        name = flat_name(space, name)  # as the namespace's function was offered
+    return {"type": "function", "function": {"name": name}}
 
 
 def _messages(req: ResponsesRequest, found: Notes) -> list[dict[str, Any]]:
@@ -398,11 +518,17 @@ def _reasoning_text(item: dict[str, Any], where: str, found: Notes) -> str:
 
 
 def _call(item: dict[str, Any], where: str, found: Notes) -> dict[str, Any]:
-    _only(item, where, ("type", "id", "call_id", "name", "arguments", "status"), found)
+    _only(item, where, ("type", "id", "call_id", "name", "namespace", "arguments", "status"), found)
     for key in ("call_id", "name", "arguments"):
         if not isinstance(item.get(key), str):
             raise invalid(f"{where}.{key}", "must be a string")
-    fn = {"name": item["name"], "arguments": item["arguments"]}
+    name = item["name"]
+    space = item.get("namespace")
+    if space is not None:
+        if not isinstance(space, str):
+            raise invalid(f"{where}.namespace", "must be a string")
+        name = flat_name(space, name)  # the call as the backend made it
+    fn = {"name": name, "arguments": item["arguments"]}
     return {"id": item["call_id"], "type": "function", "function": fn}
 
 
@@ -565,11 +691,12 @@ def body(completion: ChatCompletion, view: object) -> bytes:
     if content:
         output.append(_message_item(f"msg_{base}{len(output):02x}", content, "completed"))
     if not isinstance(msg.tool_calls, msgspec.UnsetType):
+        flat = namespaced(view)
         for call in msg.tool_calls:
             item_id = f"fc_{base}{len(output):02x}"
             output.append(
                 _call_item(
-                    item_id, call.id, call.function.name, call.function.arguments, "completed"
+                    item_id, call.id, call.function.name, call.function.arguments, "completed", flat
                 )
             )
     if incomplete and output:
@@ -611,15 +738,27 @@ def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
 
 
-def _call_item(item_id: str, call_id: str, name: str, args: str, status: str) -> dict[str, Any]:
-    return {
+def _call_item(
+    item_id: str,
+    call_id: str,
+    name: str,
+    args: str,
+    status: str,
+    flat: dict[str, tuple[str, str]] = _NONE,
+) -> dict[str, Any]:
+    """A ``function_call`` item; a call of a namespace's function (``name`` one of the
+    request's flat names, ``flat``) under the function's own name, with its ``namespace``."""
+    item: dict[str, Any] = {
         "id": item_id,
         "type": "function_call",
         "call_id": call_id,
         "name": name,
-        "arguments": args,
-        "status": status,
     }
+    if name in flat:
+        item["namespace"], item["name"] = flat[name]
+    item["arguments"] = args
+    item["status"] = status
+    return item
 
 
 #: The output item each kind of piece belongs to; a piece of another item closes the open ones.
@@ -665,6 +804,7 @@ class ResponsesFramer:
         self.model = model
         self._created = created
         self._view = view
+        self._flat = namespaced(view)
         self._stream = Stream()
         self._seq = 0
         self._items: list[_Item] = []
@@ -791,7 +931,7 @@ class ResponsesFramer:
         if item is None or item not in self._open:
             out, _ = self._switch("call")
             if item is None:
-                shell = _call_item("", call_id or "", name or "", "", "in_progress")
+                shell = _call_item("", call_id or "", name or "", "", "in_progress", self._flat)
                 added, item = self._open_item("function_call", "fc", shell)
                 out += added
                 self._calls[index] = item
@@ -841,7 +981,7 @@ class ResponsesFramer:
             out = self._event(
                 b"response.function_call_arguments.done", self._at(item, arguments=args)
             )
-            whole = _call_item(item.id, item.call, item.name, args, status)
+            whole = _call_item(item.id, item.call, item.name, args, status, self._flat)
         else:
             out = self._close_part(item)
             if item.kind == "reasoning":
