@@ -211,6 +211,10 @@ class Gate:
             if ledger is not None
             else build_ledger(config)
         )
+        if self.dbkeys is not None:
+            # Database keys' budgets are seeded at start and read back from the audit log
+            # as the config's are (a restart, or another worker, forgets none).
+            self.ledger.seed_also(self.dbkeys.budgets)
         self.tokens = StreamTokens(self._secret, ttl)
         console_ttl = auth.console_token_ttl_s if auth is not None else 900
         self.console_tokens = StreamTokens(self._secret, console_ttl, purpose="console")
@@ -710,7 +714,8 @@ def build_ledger(
     config: Config, metrics: LedgerMetrics | None = None, seed: Seed | None = None
 ) -> Ledger:
     """The spend ledger: in the session bus's Redis when there is one and a budget
-    to keep, else in this worker (a budget added by a reload is then kept per worker).
+    to keep (the config's, or database keys' that may have one), else in this worker (a
+    budget added by a reload is then kept per worker).
 
     Args:
         metrics: its gauges and counters.
@@ -720,7 +725,10 @@ def build_ledger(
     sc = config.sessions
     budgets = Budgets.of(config)
     limits = [*budgets.keys.values(), *budgets.tenants.values()] if seed is not None else None
-    if sc.backend == "redis" and budgets:
+    # Database keys (auth on, an audit database) may carry budgets of their own.
+    auth, audit = config.auth, config.audit
+    dbkeys = auth is not None and auth.enabled and audit is not None and audit.backend != "off"
+    if sc.backend == "redis" and (budgets or dbkeys):
         return Ledger(sc.url, sc.key_prefix, metrics=metrics, seed=seed, limits=limits)
     return Ledger(metrics=metrics, seed=seed, limits=limits)
 

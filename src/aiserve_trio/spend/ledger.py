@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +171,8 @@ class Ledger:
         self.seed = seed
         #: The budgets the memory ledger seeds at start (the gate's, set with the seed).
         self.limits: list[Limit] = limits if limits is not None else []
+        #: More budgets to seed and re-read, as they are when read (the database keys').
+        self._more: Callable[[], Iterable[Limit]] | None = None
         #: Periods to re-seed, by slot (Redis), and when each may be tried again.
         self._pending: dict[str, Limit] = {}
         self._retry_at: dict[str, float] = {}
@@ -194,6 +196,14 @@ class Ledger:
         also seeds ``limits`` (every budget of the config) when :meth:`run` starts."""
         self.seed = seed
         self.limits = limits
+
+    def seed_also(self, more: Callable[[], Iterable[Limit]]) -> None:
+        """Seed and re-read the budgets ``more()`` gives as well, whatever they are at each
+        read: the database keys' (``security/keystore``), which come and go at runtime."""
+        self._more = more
+
+    def _all_limits(self) -> list[Limit]:
+        return self.limits if self._more is None else [*self.limits, *self._more()]
 
     @property
     def shared(self) -> bool:
@@ -237,7 +247,7 @@ class Ledger:
                 await trio.sleep(SEED_RETRY_S)
             self.seeded.set()
             took = 0.0
-            while self.limits:  # the other workers' spend, as they write it
+            while self.limits or self._more is not None:  # the others' spend, as written
                 # Reading never takes more than a tenth of the time (a big period's sum).
                 await trio.sleep(max(self.sync_every_s, SYNC_SHARE * took))
                 began = trio.current_time()
@@ -325,7 +335,7 @@ class Ledger:
         what this worker charged while it ran; False when the audit log did not answer."""
         now = time.time()
         groups: dict[tuple[str, str], list[Limit]] = {}
-        for limit in self.limits:
+        for limit in self._all_limits():
             groups.setdefault((limit.scope, limit.period), []).append(limit)
         for (scope, period), limits in groups.items():
             w = window(limits[0].period, now)

@@ -58,6 +58,11 @@ class KeyTable:
         entry = self._by_id.get(key_id)
         return entry.budget if entry is not None else None
 
+    def budgets(self) -> list[Limit]:
+        """The budgets of every database key that has one (the ledger seeds and re-reads
+        them from the audit log as it does the config's)."""
+        return [e.budget for e in self._by_id.values() if e.budget is not None]
+
     def apply(self, changed: dict[str, Entry | None]) -> None:
         """Put ``changed`` in the table (None: the key is gone -- revoked or deleted)."""
         for key_id, entry in changed.items():
