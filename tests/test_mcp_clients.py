@@ -2,7 +2,9 @@
 --transport http`` with the key in a header, then a ``-p`` task that needs a gateway
 tool, its model the aiserve-sim the test runs), Codex CLI (``[mcp_servers.gw]`` with
 ``url`` and ``bearer_token_env_var`` in its config.toml, then a ``codex exec`` task that
-needs a gateway tool, its model the sim's Responses API) and the MCP Inspector's CLI mode
+needs a gateway tool, its model the sim's Responses API straight or through the gateway's
+Responses route -- passed on as it is, or translated to the sim's Chat Completions API, the
+MCP tools under flat names) and the MCP Inspector's CLI mode
 (``tools/list``). The upstream is ``@modelcontextprotocol/server-everything`` over stdio
 (tests/mcp-node); the key is granted ``everything/echo`` and ``everything/get-sum`` only."""
 
@@ -44,6 +46,9 @@ pytestmark = [
 #: The gateway's Responses route passing Codex's requests through to the sim (``wire =
 #: "responses"``, docs/coding-agents.md): every tool Codex offers reaches the model.
 RESPONSES_ROUTE = "/codex/v1/responses"
+#: The gateway's Responses route in front of the sim's Chat Completions API: Codex's
+#: namespace ``mcp__gw`` reaches the model as ``mcp__gw__<function>`` tools.
+CHAT_ROUTE = "/codex-chat/v1/responses"
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +83,19 @@ path = "{RESPONSES_ROUTE}"
 name = "codex"
 kind = "responses"
 adapter = "sim_responses"
+default_model = "sim-model"
+
+[adapters.sim_chat]
+kind = "openai"
+base_url = "http://{sim}/v1"
+models = ["sim-model"]
+api_key_env = "MCP_CLIENTS_SIM_KEY"
+
+[[routes]]
+path = "{CHAT_ROUTE}"
+name = "codex_chat"
+kind = "responses"
+adapter = "sim_chat"
 default_model = "sim-model"
 """
     cfg = tmp / "gw.toml"
@@ -137,20 +155,16 @@ bearer_token_env_var = "AISERVE_API_KEY"
     return codex_config(model_base_url, "sim-model") + mcp
 
 
-def sim_responses(sim: str) -> list[dict[str, Any]]:
-    """The Responses requests the sim has had, oldest first (``headers``, ``body``)."""
+def sim_responses(sim: str, path: str = "/v1/responses") -> list[dict[str, Any]]:
+    """The requests at ``path`` the sim has had, oldest first (``headers``, ``body``)."""
     with urllib.request.urlopen(f"http://{sim}/sim/requests", timeout=5) as r:
         asked = json.loads(r.read())["requests"]
-    return [x for x in asked if x["path"] == "/v1/responses"]
+    return [x for x in asked if x["path"] == path]
 
 
-@pytest.mark.skipif(shutil.which("codex") is None, reason="the Codex CLI is not installed")
-@pytest.mark.parametrize("model_via", ["sim", "gateway"])
-def test_codex_cli_completes_a_task_with_a_gateway_tool(
-    gw: str, sim: str, model_via: str, tmp_path: Path
-) -> None:
-    """Codex's model straight at the sim's Responses API, or at the gateway's Responses
-    route in front of it (one key for both), and the gateway's /mcp as its MCP server."""
+def run_codex_echo(model: str, gw: str, tmp_path: Path) -> tuple[str, str]:
+    """``codex exec`` with its model at ``model`` and the gateway's /mcp as ``gw``, on a task
+    whose ``sim-call:`` makes the model call echo; (its stderr, its last message)."""
     home = tmp_path / "codex-home"
     home.mkdir()
     work = tmp_path / "work"
@@ -162,30 +176,43 @@ def test_codex_cli_completes_a_task_with_a_gateway_tool(
         "AISERVE_API_KEY": KEY,  # the gateway's key (the sim takes any)
         "NO_COLOR": "1",
     }
-    model = (
-        f"http://{sim}/v1"
-        if model_via == "sim"
-        else gw + RESPONSES_ROUTE.removesuffix("/responses")
-    )
     (home / "config.toml").write_text(codex_mcp_config(model, gw))
     last = tmp_path / "last-message.txt"
     # Codex offers a server's tools as a Responses ``namespace`` tool (``mcp__gw``); the
-    # sim knows a namespaced function as ``<namespace>__<function>`` and calls it with
-    # the call's ``namespace`` set, as OpenAI's API does.
+    # sim knows a namespaced function as ``<namespace>__<function>`` (on its Responses API
+    # it calls it with the call's ``namespace`` set, as OpenAI's API does; on its Chat API
+    # it calls the tool of that name, which the gateway offered it under the flat name).
     call = json.dumps({"message": WORD})
     prompt = (
         f"Echo {WORD} with the gateway's echo tool.\nsim-call: mcp__gw__everything__echo {call}"
     )
-    before = len(sim_responses(sim))
     done = subprocess.run(
         ["codex", "exec", "--strict-config", "--skip-git-repo-check", "--ephemeral",
          "--color", "never", "--output-last-message", str(last), prompt],
         cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
         timeout=180, check=False,
     )  # fmt: skip
-    asked = sim_responses(sim)[before:]
     assert done.returncode == 0, done.stderr[-4000:]
-    assert len(asked) == 2, done.stderr[-4000:]  # the call, then the answer
+    return done.stderr, last.read_text() if last.exists() else ""
+
+
+@pytest.mark.skipif(shutil.which("codex") is None, reason="the Codex CLI is not installed")
+@pytest.mark.parametrize("model_via", ["sim", "gateway"])
+def test_codex_cli_completes_a_task_with_a_gateway_tool(
+    gw: str, sim: str, model_via: str, tmp_path: Path
+) -> None:
+    """Codex's model straight at the sim's Responses API, or at the gateway's Responses
+    route passing its requests on (``wire = "responses"``; one key for both), and the
+    gateway's /mcp as its MCP server."""
+    model = (
+        f"http://{sim}/v1"
+        if model_via == "sim"
+        else gw + RESPONSES_ROUTE.removesuffix("/responses")
+    )
+    before = len(sim_responses(sim))
+    stderr, answer = run_codex_echo(model, gw, tmp_path)
+    asked = sim_responses(sim)[before:]
+    assert len(asked) == 2, stderr[-4000:]  # the call, then the answer
     # Through the gateway, the model's requests carry the adapter's key, not the client's.
     via = {f"Bearer {KEY}": "sim", "Bearer sim-key": "gateway"}
     assert {via[x["headers"]["authorization"]] for x in asked} == {model_via}
@@ -202,7 +229,43 @@ def test_codex_cli_completes_a_task_with_a_gateway_tool(
     assert output["call_id"] == called["call_id"]
     assert f"Echo: {WORD}" in json.dumps(output["output"])
     # And the final answer quotes it.
-    assert f"Echo: {WORD}" in last.read_text(), done.stderr[-4000:]
+    assert f"Echo: {WORD}" in answer, stderr[-4000:]
+
+
+@pytest.mark.skipif(shutil.which("codex") is None, reason="the Codex CLI is not installed")
+def test_codex_cli_uses_a_gateway_tool_through_a_responses_route_on_a_chat_backend(
+    gw: str, sim: str, tmp_path: Path
+) -> None:
+    """Codex's model at the gateway's Responses route whose backend is the sim's Chat
+    Completions API: the namespace ``mcp__gw`` is translated, not dropped -- its functions
+    reach the model as ``mcp__gw__<function>``, the model's call of one goes back to Codex
+    as the function with its ``namespace``, Codex sends it to /mcp, and the answer quotes
+    the upstream's echo."""
+    model = gw + CHAT_ROUTE.removesuffix("/responses")
+    before = len(sim_responses(sim, "/v1/chat/completions"))
+    stderr, answer = run_codex_echo(model, gw, tmp_path)
+    asked = sim_responses(sim, "/v1/chat/completions")[before:]
+    assert len(asked) == 2, stderr[-4000:]  # the call, then the answer
+    assert {x["headers"]["authorization"] for x in asked} == {"Bearer sim-key"}
+    first, second = (json.loads(x["body"]) for x in asked)
+    # The gateway's tools -- the granted ones only -- under their flat names.
+    names = {t["function"]["name"] for t in first["tools"]}
+    assert {n for n in names if n.startswith("mcp__gw__")} == {
+        "mcp__gw__everything__echo",
+        "mcp__gw__everything__get_sum",
+    }
+    # The model called echo by its flat name; Codex knew it as mcp__gw's everything__echo
+    # (else it would not have sent it to /mcp): the upstream's answer is the tool result,
+    # and the call is in the history under the flat name again.
+    (call,) = second["messages"][-2]["tool_calls"]
+    assert call["function"]["name"] == "mcp__gw__everything__echo"
+    assert json.loads(call["function"]["arguments"]) == {"message": WORD}
+    result = second["messages"][-1]
+    assert result["role"] == "tool"
+    assert result["tool_call_id"] == call["id"]
+    assert f"Echo: {WORD}" in result["content"]
+    # And the final answer quotes it.
+    assert f"Echo: {WORD}" in answer, stderr[-4000:]
 
 
 @pytest.mark.skipif(not INSPECTOR.exists(), reason="npm ci --prefix tests/mcp-node not run")
