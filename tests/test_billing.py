@@ -70,7 +70,7 @@ class Scripted(Adapter):
         await send.send(Delta(finish_reason="stop", usage=usage))
 
 
-def billing_app(tmp: Path, backend: Scripted, caps: str = "") -> App:
+def billing_app(tmp: Path, backend: Adapter, caps: str = "") -> App:
     """The embedded default, priced, audited in SQLite; dan (tenant shop) has a token
     rate and shop a budget, so the limiter and the ledger are charged."""
     audit = f'[audit]\npath = "{tmp / "audit.db"}"\nretention_days = 30\n'
