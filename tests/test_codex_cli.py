@@ -2,8 +2,9 @@
 aiserve-sim speaking Chat Completions (real processes: hypercorn and aiserve-sim).
 
 Codex sends what a Chat Completions backend cannot honour (``include``,
-``reasoning.summary``, ``client_metadata``, ``namespace`` and ``web_search`` tools): the
-gateway drops and names them, and the task needs a tool -- the sim obeys the prompt's
+``reasoning.summary``, ``client_metadata``, a namespace's ``description``, a ``web_search``
+tool): the gateway drops and names them (a namespace's functions go on under flat names,
+tests/test_responses_namespace.py), and the task needs a tool -- the sim obeys the prompt's
 ``sim-call:`` line with a call of Codex's ``exec_command``, Codex runs ``cat NOTE.txt``,
 and the sim's second answer quotes the tool's output, which Codex prints as its answer.
 The second case runs the same task with Codex pointed straight at the sim's own Responses
