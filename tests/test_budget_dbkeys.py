@@ -8,9 +8,13 @@ from pathlib import Path
 
 import trio
 
+from aiserve_trio.config import parse_config
 from aiserve_trio.runtime.asgi import App
 
-from .keyscfg import chat, create, keys_app
+from .authcfg import OFF
+from .conftest import config_text
+from .keyscfg import chat, create, keys_app, keys_toml
+from .redis_server import RedisServer
 from .sim_gateway import running
 from .spendcfg import PRICES
 
@@ -52,4 +56,27 @@ async def test_a_database_key_spent_on_one_worker_is_refused_on_the_other(
             while made["id"] not in (two.gate.dbkeys or ()):  # noqa: ASYNC110 (its poll)
                 await trio.sleep(0.05)
         await settled(two)
+        assert (await chat(second, made["key"])).status == 429
+
+
+def redis_app(tmp: Path, redis: str) -> App:
+    text = config_text().replace(OFF, keys_toml(tmp, PRICES))
+    sessions = f'[sessions]\nbackend = "redis"\nurl = "{redis}"\nkey_prefix = "dbkeyspend"\n'
+    assert '[sessions]\nbackend = "memory"\n' in text
+    return App(parse_config(text.replace('[sessions]\nbackend = "memory"\n', sessions, 1)))
+
+
+async def test_with_redis_a_database_keys_spend_is_in_redis_for_every_worker(
+    tmp_path: Path, redis_up: RedisServer
+) -> None:
+    # The config has no budget of its own: the database keys' alone make the ledger shared.
+    one, two = redis_app(tmp_path, redis_up.url), redis_app(tmp_path, redis_up.url)
+    assert one.gate.ledger.shared
+    async with running(one) as first, running(two) as second:
+        made = (await create(first, budget=0.00001, budget_period="day")).json()
+        assert (await chat(first, made["key"])).status == 200
+        with trio.fail_after(5):  # the other worker's table has the key
+            while made["id"] not in (two.gate.dbkeys or ()):  # noqa: ASYNC110 (its poll)
+                await trio.sleep(0.05)
+        # No wait for a read-back: the charge is in Redis, read at the check.
         assert (await chat(second, made["key"])).status == 429
