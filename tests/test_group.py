@@ -28,6 +28,7 @@ from aiserve_trio.adapters.base import (
 from aiserve_trio.adapters.group import GroupAdapter, Member, carries
 from aiserve_trio.adapters.health import State
 from aiserve_trio.adapters.retry import Progress
+from aiserve_trio.adapters.sidecalls import SIDE_CALLS, SideCalls
 from aiserve_trio.config import ConfigError, GroupAdapterConfig, GroupDeployment
 from aiserve_trio.core.errors import (
     BadRequest,
@@ -801,3 +802,38 @@ async def test_a_quiet_group_serves_one_at_a_time_requests_from_each_deployment_
         r = await client.request("POST", "/v1/pool", json_body=chat_body("hi", model="pooled"))
         served.append(r.headers["x-aiserve-deployment"])
     assert served == ["a", "b", "a", "b", "a", "b"]
+
+
+# --- what the request is billed for (adapters/sidecalls.py) ------------------------------
+
+
+async def test_a_try_cut_to_move_on_is_recorded_for_the_bill(autojump_clock: Any) -> None:
+    # a would answer after 5 s and is cut at 0.9 s for b: its prompt was read upstream.
+    a, b = Fake("a", Script(ttft=5.0)), Fake("b")
+    g = group(a, b, balance="lowest_ttft", priors={"a": 0.05, "b": 0.1})
+    SIDE_CALLS.set(side := SideCalls())
+    deltas, _ = await serve(g, budget=1.0)
+    assert text(deltas) == "b0 b1 b2 "
+    ((model, asked, generated),) = [(c.model, c.request, c.generated) for c in side.calls]
+    assert (model, generated) == ("m", 0)
+    assert asked is a.calls[0][1]
+
+
+async def test_a_failed_try_and_the_winner_are_not_recorded(autojump_clock: Any) -> None:
+    # a fails (the provider answered an error: nothing to bill); b serves (its own reply).
+    a, b = Fake("a", Script(ttft=None)), Fake("b")
+    g = group(a, b, balance="weighted")
+    SIDE_CALLS.set(side := SideCalls())
+    deltas, _ = await serve(g)
+    assert text(deltas) == "b0 b1 b2 "
+    assert side.calls == []
+
+
+async def test_a_hedge_that_lost_is_recorded_for_the_bill(autojump_clock: Any) -> None:
+    # a answers at 0.35, b (hedged at 0.2) at 0.3: a is cut, its prompt was read.
+    a, b = Fake("a", Script(ttft=0.35)), Fake("b", Script(ttft=0.1))
+    g = group(a, b, hedge=True, balance="lowest_ttft", priors={"a": 0.2, "b": 0.3})
+    SIDE_CALLS.set(side := SideCalls())
+    deltas, _ = await serve(g)
+    assert text(deltas) == "b0 b1 b2 "
+    assert [c.request for c in side.calls] == [a.calls[0][1]]
