@@ -28,8 +28,10 @@ spent stays refused; a worker that never read it admits for the reseed's lag (on
 query). A charge made while the period is being re-seeded is kept here and merged
 after; one whose audit row the sum already holds is then counted twice -- the spend
 reads high by the requests of those milliseconds, never low. The memory ledger (no
-Redis) seeds every budget's period from the audit log when the worker starts, so a
-restart does not forget budgets either.
+Redis) seeds every budget's period from the audit log when the worker starts -- the
+config's and the database keys' (:meth:`Ledger.seed_also`) -- so a restart does not
+forget budgets either. A key's period is its tenant's key's (``key:TENANT/KEY:PERIOD``,
+:attr:`~.budget.Limit.who`): a key id given again in another tenant inherits nothing.
 
 Workers without Redis share spend through the audit database (issue 50, item 3): the
 memory ledger re-reads every budget's period from it every :data:`SYNC_EVERY_S` (one
