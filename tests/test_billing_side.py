@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from aiserve_trio.adapters.base import DeltaSink, InferenceRequest, Usage
+from aiserve_trio.adapters.base import Delta, DeltaSink, InferenceRequest, Usage
 from aiserve_trio.adapters.group import GroupAdapter, Member
 from aiserve_trio.adapters.retry import Progress
 from aiserve_trio.adapters.settings import GroupAdapterConfig, GroupDeployment
@@ -168,3 +168,34 @@ async def test_a_finished_chain_bills_its_steps_once(tmp_path: Path) -> None:
     assert (row["prompt_tokens"], row["completion_tokens"]) == (2 * 77, 2 * WORDS)
     assert row["usage_source"] == "provider"
     assert len(audit_rows(tmp_path)) == 1
+
+
+class Phrases(Scripted):
+    """Five tokens an event, and no usage at the end (a backend that never reports it)."""
+
+    async def attempt(self, request: InferenceRequest, send: DeltaSink, progress: Progress) -> None:
+        self.requests.append(request)
+        for _ in range(WORDS):
+            await trio.sleep(self.gap)
+            await send.send(Delta(text=" the sea and the sky"))  # 5 tokens, one event
+            self.sent += 1
+        await send.send(Delta(finish_reason="stop"))
+
+
+async def test_a_cut_chains_step_without_usage_is_billed_for_its_texts_tokens(
+    tmp_path: Path,
+) -> None:
+    backend = Phrases()
+    app = app_with(tmp_path, backend, CHAIN)
+    charges = Charges(app)
+    _, body = APIS["chat"]
+    async with running(app) as client:
+        async with client.open("POST", "/v1/chain", json_body=body, headers=auth(KEY_DAN)) as ex:
+            await ex.wait_for_bytes(12)
+            ex.disconnect()
+        row = await check_one_figure(app, client, tmp_path, charges)
+    draft, answer = backend.requests
+    assert row["prompt_tokens"] == await expected_prompt(draft) + await expected_prompt(answer)
+    # The draft's 100 events of five tokens, then the cut answer's, five an event.
+    assert row["completion_tokens"] % 5 == 0
+    assert 5 * (WORDS + 5) <= row["completion_tokens"] <= 5 * backend.sent <= 5 * (WORDS + 20)

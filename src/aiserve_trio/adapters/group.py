@@ -637,6 +637,7 @@ class GroupAdapter(Adapter):
                 usage=lost.usage if lost is not None else None,
                 generated=lost.tokens if lost is not None else 0,
                 generated_chars=chars_of(lost) if lost is not None else 0,
+                text=lost.text if lost is not None else "",
             )
         )
 

@@ -40,6 +40,8 @@ class SideCall(msgspec.Struct, frozen=True, kw_only=True):
     #: Upstream tokens (events) that reached the gateway, and their characters.
     generated: int = 0
     generated_chars: int = 0
+    #: The text that came (counted with the tokenizer when no usage did).
+    text: str = ""
 
 
 class SideCalls:

@@ -421,6 +421,8 @@ class StepCall:
     #: Upstream tokens (events) that reached the gateway, and their characters.
     generated: int = 0
     generated_chars: int = 0
+    #: The text that came (counted with the tokenizer when no usage did).
+    text: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -645,6 +645,7 @@ async def _collect(
                 usage=sink.usage,
                 generated=sink.generated,
                 generated_chars=sink.chars,
+                text=sink.text,
             )
         )
     return sink.text, sink.usage

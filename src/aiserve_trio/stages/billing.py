@@ -68,11 +68,15 @@ async def local_completion(text: str, model: str, route: Route) -> int | None:
     prompts are counted with), for a reply billed without the provider's count: one
     upstream event is one token only for OpenAI-style streams, and Anthropic, Gemini
     and Bedrock send several in one. None if it cannot be counted in time."""
+    return await _text_tokens(text, model, _tokenizer(route))
+
+
+async def _text_tokens(text: str, model: str, tokenizer: str | None) -> int | None:
     if not text:
         return 0
     with trio.CancelScope(shield=True), trio.move_on_after(COUNT_TIMEOUT_S):
         try:
-            enc = await load_encoding(encoding_name_for(model, _tokenizer(route)))
+            enc = await load_encoding(encoding_name_for(model, tokenizer))
             return await run_sliced(text_tokens_steps(enc, text))
         except Exception:
             log.exception("the reply of a request could not be counted; billed by its events")
@@ -95,19 +99,26 @@ class Call(Protocol):
     def generated(self) -> int: ...
     @property
     def generated_chars(self) -> int: ...
+    @property
+    def text(self) -> str: ...
 
 
 async def settle_calls(calls: Iterable[Call]) -> tuple[tuple[str, Settled], ...]:
     """(model, what it is billed for) of each extra call: the provider's usage when it
-    brought a believable one, else its prompt counted here and the tokens that came."""
+    brought a believable one, else its prompt counted here and the tokens that came (its
+    events, or its text's tokens where more)."""
     out = []
     for call in calls:
         prompt = None
+        generated = call.generated
         if needs_prompt_count(call.usage):
             prompt = await _counted(call.request, call.tokenizer)
+        if call.usage is None:  # several tokens may have come in one event
+            counted = await _text_tokens(call.text, call.model, call.tokenizer)
+            generated = max(generated, counted or 0)
         settled = settle(
             call.usage,
-            generated=call.generated,
+            generated=generated,
             generated_chars=call.generated_chars,
             prompt=prompt,
         )
