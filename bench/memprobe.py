@@ -9,6 +9,7 @@ tracemalloc on, writes the allocation growth by line to ``$MEMPROBE_OUT``.
 As a script it runs the whole measurement::
 
     python -m bench.memprobe --streams 2000 [--http2] [--tracemalloc 1] [--rev HEAD] [--itl-ms 1000]
+                             [--prompt-bytes 8192]
 
 With ``--tracemalloc`` N > 1 the file also lists the growth by whole traceback (N
 frames), which names the caller of each coroutine frame and each trio object.
@@ -99,6 +100,8 @@ def main() -> int:
     ap.add_argument("--rev", default=None,
                     help="the gateway of this revision (a snapshot of its src/); default: the work tree")
     ap.add_argument("--itl-ms", type=int, default=12_000, help="the sim's time between tokens")
+    ap.add_argument("--prompt-bytes", type=int, default=2,
+                    help="the size of each stream's prompt (what a stream holds of it shows)")
     ns = ap.parse_args()
     if ns.rev is not None:
         systems.SNAPSHOT = systems.snapshot(ns.rev)[0]
@@ -126,6 +129,8 @@ def main() -> int:
                    "--hold", str(n), "--ramp", str(ns.ramp), "--duration", str(n / ns.ramp + 60)]
             if auth is not None:
                 cmd += ["--header", f"Authorization: Bearer {auth.plain}"]
+            if ns.prompt_bytes != 2:
+                cmd += ["--prompt", "x" * ns.prompt_bytes]
             load = subprocess.Popen(systems.pinned(cmd, systems.LOAD_CPU), cwd=systems.ROOT,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             open_ = 0

@@ -821,3 +821,71 @@ async def test_a_backend_that_never_lets_the_socket_run_dry_cannot_hold_the_loop
     # one batch of runnable tasks, the start of the next): two windows at most.
     assert max(gaps) <= 2 * (h1.CHECKPOINT_BYTES + h1.READ_SIZE)
     flood.close()
+
+
+async def test_a_response_under_way_holds_no_request_bytes() -> None:
+    # A held stream reads its response for minutes: its request (the prompt, serialized)
+    # went out at the start, and is not kept for as long as the stream lasts.
+    body = b'{"messages": "%s"}' % (b"x" * 100_000)
+    head = HEAD.build([], body)
+
+    async def open_ended(stream: trio.abc.Stream) -> None:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
+        await trio.sleep_forever()
+
+    async with backend(open_ended) as b:
+        async with pool(b).request(head, body, T) as r:
+            assert r.status == 200
+            assert await r.__anext__() == b"hi"
+            holders = gc.get_referrers(body) + gc.get_referrers(head)
+            assert not any(holder is r for holder in holders)
+        assert b.requests == [head + body]
+
+
+@pytest.mark.slow
+async def test_a_held_stream_through_the_adapter_keeps_no_copy_of_its_prompt() -> None:
+    # The prompt stays (the request's messages, for billing); its serialized copy, the
+    # upstream request's body, goes once the response's head came (bench/memprobe.py).
+    import tracemalloc
+
+    first = trio.Event()
+    release = trio.Event()
+
+    async def held(stream: trio.abc.Stream) -> None:
+        part = sse("Hel")[: -len(b"data: [DONE]\n\n")].split(b"\n\n")[0] + b"\n\n"
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n"
+            % (len(part), part)
+        )
+        await release.wait()
+        rest = sse()
+        await stream.send_all(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))
+
+    class Sink:
+        async def send(self, delta: Delta) -> None:
+            first.set()
+
+    up = Upstream(held)
+    prompt = "x" * 1_000_000
+    request = msgspec.structs.replace(
+        chat_request(trio.current_time() + 30), messages=[Message(role="user", content=prompt)]
+    )
+    async with tcp_backend(up.handler) as port, trio.open_nursery() as nursery:
+        adapter = adapter_for(port)
+        await adapter.aopen(nursery)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            async with trio.open_nursery() as inner:
+                inner.start_soon(adapter.stream, request, Sink())
+                await first.wait()
+                gc.collect()
+                held_bytes = tracemalloc.get_traced_memory()[0] - before
+                release.set()
+        finally:
+            tracemalloc.stop()
+        await adapter.aclose()
+    assert len(up.requests[0]) > len(prompt)  # the prompt went out
+    # What the test's backend kept of the request is in the count too.
+    assert held_bytes - len(up.requests[0]) < len(prompt) // 2

@@ -843,6 +843,9 @@ class Response:
         except BaseException:
             self._release(keep=False)
             raise
+        # The head came: the request is never sent again. A stream reads its response
+        # for as long as it lasts; its request's bytes (the prompt, serialized) go now.
+        self._head = self._request_body = b""
         return self
 
     async def _exchange(self, conn: _Conn, *, reused: bool) -> bool:

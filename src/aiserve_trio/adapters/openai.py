@@ -206,10 +206,11 @@ class OpenAIAdapter(TransportOwner, Adapter):
                         await self._raise_status(reply)
                     await self._relay(reply, request, send, ResponsesNativeDecoder(self.name))
             return
-        body = chat_body(request, model)
         with translate_errors(self.name):
+            # The body is no local of this frame: the lean client lets go of it once
+            # the response's head came, not at the end of a stream that may last minutes.
             async with transport.stream(
-                "POST", "/chat/completions", headers, body, request.deadline
+                "POST", "/chat/completions", headers, chat_body(request, model), request.deadline
             ) as reply:
                 if reply.status != 200:
                     await self._raise_status(reply)
