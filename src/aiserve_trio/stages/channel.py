@@ -72,7 +72,7 @@ class _State(Generic[T]):
         self.capacity = capacity
         #: The buffer: its one value, or ``_EMPTY``. A slot, not a deque: a deque's
         #: first block is ~600 bytes, and a held stream keeps its five channels
-        #: (3 KB of the stream's memory, ``bench/memprobe.py``).
+        #: (3 KB of the stream's memory; docs/performance.md).
         self.held: Any = _EMPTY
         #: The task waiting in ``receive`` / in ``send`` (and the value it sends).
         self.receiver: trio.lowlevel.Task | None = None

@@ -292,7 +292,7 @@ class _Clock:
     A heartbeat due ends the scope (:attr:`rang`); the stage writes the ping and
     enters a new one. A write past its deadline ends the stream with
     :class:`WriteTimeout`. A held stream so costs no keep-alive task, no nursery and
-    no sleeping coroutines (``bench/memprobe.py``).
+    no sleeping coroutines (docs/performance.md, where a held stream's memory goes).
     """
 
     __slots__ = ("every", "rang", "responder", "scope", "stall", "writing")
