@@ -6,6 +6,7 @@ the loop's); the upstream is the SDK-written tests/mcp_servers/faulty.py over st
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -68,6 +69,10 @@ timeout_ms = 60000
                                  json_body={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})  # fmt: skip
         headers["mcp-session-id"] = r.headers["mcp-session-id"]
         holds = Holds()
+        # As a hypercorn worker does at start (util/gctune.py): what is alive now is frozen,
+        # so a full collection walks this call's objects, not the whole test session's heap.
+        gc.collect()
+        gc.freeze()
         trio.lowlevel.add_instrument(holds)
         try:
             call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
@@ -75,6 +80,7 @@ timeout_ms = 60000
             r = await client.request("POST", "/mcp", headers=headers, json_body=call)
         finally:
             trio.lowlevel.remove_instrument(holds)
+            gc.unfreeze()
     answer = json.loads(r.body)
     content = answer["result"]["content"]
     assert "[aiserve: result cut to 100000 bytes of" in content[-1]["text"]
