@@ -186,6 +186,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "util.intents",
         "util.wav",
         "adapters.base",
+        "adapters.sidecalls",
         "policies.base",
         "routes:types",
         "stages.types:types",

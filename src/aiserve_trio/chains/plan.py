@@ -34,6 +34,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..adapters.sidecalls import SideCall
 from ..core.messages import Message
 from .steps import (
     ClassifyStep,
@@ -46,7 +47,7 @@ from .steps import (
 )
 
 if TYPE_CHECKING:
-    from ..adapters.base import InferenceRequest, Usage
+    pass
 
 #: Default shares by kind, for the calling steps that have no ``share``.
 DEFAULT_WEIGHTS: Mapping[str, float] = {
@@ -406,26 +407,6 @@ class StepRun:
 
 
 @dataclass(frozen=True, slots=True)
-class StepCall:
-    """A model call a step made before the streaming step, as it ended: billed on its
-    own when the reply's final usage does not count it (the reply was cut)."""
-
-    #: The model it was asked for, by the name the gateway prices it under.
-    model: str
-    #: What it was sent (its prompt is counted from this when no usage came).
-    request: InferenceRequest
-    #: The adapter's ``tokenizer`` setting (None: by model family).
-    tokenizer: str | None = None
-    #: The provider's usage, when the call brought one.
-    usage: Usage | None = None
-    #: Upstream tokens (events) that reached the gateway, and their characters.
-    generated: int = 0
-    generated_chars: int = 0
-    #: The text that came (counted with the tokenizer when no usage did).
-    text: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class ChainReport:
     """What a request's chain did: read by the observer, the recording and the session
     write-back once the request has ended."""
@@ -439,7 +420,7 @@ class ChainReport:
     new_turns: tuple[Message, ...] | None = None
     #: The steps' calls the reply's usage does not count (it never came with the
     #: final delta, which folds them in when it does): billed on their own.
-    calls: tuple[StepCall, ...] = ()
+    calls: tuple[SideCall, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -56,12 +56,13 @@ from ..adapters.base import (
     TranscriptionRequest,
     Usage,
 )
+from ..adapters.sidecalls import SideCall
 from ..core.errors import BadRequest, GatewayError, StepDeadlineExceeded, UpstreamTimeout
 from ..core.messages import Message, Part
 from ..policies.base import OutputFilter, apply_filters, finish_filters
 from ..util.intents import parse_label, prompt
 from ..util.wav import FORMATS
-from .plan import Plan, PlannedStep, StepCall, build_plan, match_rules, route_choice
+from .plan import Plan, PlannedStep, build_plan, match_rules, route_choice
 from .state import ChainRun
 from .steps import ClassifyStep, GenerateStep, RewriteStep, RouteStep, StepBase, TranscribeStep
 
@@ -638,7 +639,7 @@ async def _collect(
         config = getattr(adapter, "config", None)
         tokenizer = getattr(config, "tokenizer", None)
         state.calls.append(
-            StepCall(
+            SideCall(
                 model=request.model,
                 request=request,
                 tokenizer=tokenizer if isinstance(tokenizer, str) else None,

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .plan import ChainReport, PlannedStep, StepCall, StepRun
+from ..adapters.sidecalls import SideCall
+from .plan import ChainReport, PlannedStep, StepRun
 
 if TYPE_CHECKING:
     from ..core.messages import Message
@@ -32,7 +33,7 @@ class ChainRun:
         self._open: dict[str, float] = {}
         #: The model calls of the steps before the streaming one, and whether the
         #: reply's final usage counts them (the chain folded them in).
-        self.calls: list[StepCall] = []
+        self.calls: list[SideCall] = []
         self.folded = False
 
     def begin(self, name: str) -> None:

@@ -12,7 +12,7 @@ left -- and a request is billed whether or not the count could be made: past
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -30,7 +30,8 @@ from .metering import Settled, needs_prompt_count, settle
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from ..adapters.base import InferenceRequest, Usage
+    from ..adapters.base import InferenceRequest
+    from ..adapters.sidecalls import SideCall
     from .types import Route
 
 log = logging.getLogger("aiserve_trio.spend")
@@ -83,27 +84,7 @@ async def _text_tokens(text: str, model: str, tokenizer: str | None) -> int | No
     return None
 
 
-class Call(Protocol):
-    """An extra upstream call of a request (``adapters/sidecalls.py``'s ``SideCall``, a
-    chain's ``StepCall``): what it was sent and what came of it."""
-
-    @property
-    def model(self) -> str: ...
-    @property
-    def request(self) -> InferenceRequest: ...
-    @property
-    def tokenizer(self) -> str | None: ...
-    @property
-    def usage(self) -> Usage | None: ...
-    @property
-    def generated(self) -> int: ...
-    @property
-    def generated_chars(self) -> int: ...
-    @property
-    def text(self) -> str: ...
-
-
-async def settle_calls(calls: Iterable[Call]) -> tuple[tuple[str, Settled], ...]:
+async def settle_calls(calls: Iterable[SideCall]) -> tuple[tuple[str, Settled], ...]:
     """(model, what it is billed for) of each extra call: the provider's usage when it
     brought a believable one, else its prompt counted here and the tokens that came (its
     events, or its text's tokens where more)."""

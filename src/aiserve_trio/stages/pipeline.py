@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import trio
 
 from ..adapters.base import Delta
-from ..adapters.sidecalls import SIDE_CALLS, SideCalls
+from ..adapters.sidecalls import SIDE_CALLS, SideCall, SideCalls
 from ..cache.service import Cache
 from ..core.errors import (
     BodyReadTimeout,
@@ -46,7 +46,7 @@ from ..core.errors import (
 from ..observability.annotate import TASK_LABEL, UPSTREAM_IO, TaskLabel, UpstreamReads
 from ..security.admission import BodyPace
 from ..server import Disconnect, ReceiveWatcher, queued
-from .billing import Call, local_completion, local_prompt, settle_calls
+from .billing import local_completion, local_prompt, settle_calls
 from .channel import Inbox, Receiver, Sender, open_channel
 from .context import ContextStage
 from .handoff import hand_on
@@ -344,7 +344,7 @@ class Pipeline:
         completion = None
         if needs_local_count(sse, flown):
             completion = await local_completion(reply_text(sse), sse.served_model, info.route)
-        extra: list[Call] = [*side.calls, *(inference.chain.calls if inference.chain else ())]
+        extra: list[SideCall] = [*side.calls, *(inference.chain.calls if inference.chain else ())]
         settled = await settle_calls(extra) if extra else ()
         end = RequestEnd(
             at=at,
