@@ -569,21 +569,21 @@ class McpEndpoint:
             raise RpcError(
                 jsonrpc.UPSTREAM_FAILED, "the upstream answered tools/call with no object"
             )
-        if self.policies:
-            steps = _redact_result(result, self.policies, ctx)
-            if big:  # its decode, walk and encode off the loop (slices would take long)
-                result, changed = await trio.to_thread.run_sync(finish, steps)
-            else:
-                result, changed = await run_sliced(steps)
-            record.redacted = record.redacted or changed
-        if big:  # encoded off the loop, as it was decoded
-            body = await trio.to_thread.run_sync(jsonrpc.encode, result)
-        else:
-            body = jsonrpc.encode(result)
-        record.size = len(body)
         cap = self.settings.max_result_bytes
-        if len(body) > cap:
-            result = await run_sliced(_cut(result, cap, len(body)))
+        if big:  # decoded off the loop: redacted, encoded, cut -- and freed -- off it too
+            owned = [result]
+            del result  # the thread holds the last reference: the answer dies there
+            result, changed, record.size = await trio.to_thread.run_sync(
+                _finish_big, owned, self.policies, ctx, cap
+            )
+        else:
+            changed = False
+            if self.policies:
+                result, changed = await run_sliced(_redact_result(result, self.policies, ctx))
+            record.size = len(jsonrpc.encode(result))
+            if record.size > cap:
+                result = await run_sliced(_cut(result, cap, record.size))
+        record.redacted = record.redacted or changed
         if result.get("isError") is True:
             record.status = "tool_error"
         return result
@@ -867,6 +867,23 @@ def _redact_result(
     if "structuredContent" in new:
         out["structuredContent"] = new["structuredContent"]
     return out, changed
+
+
+def _finish_big(
+    owned: list[dict[str, Any]], policies: list[Policy], ctx: PolicyContext, cap: int
+) -> tuple[dict[str, Any], bool, int]:
+    """A big answer (``owned``'s one item, taken out) redacted, measured and cut, on a
+    worker thread: its walk, its encoding and the freeing of its tens of thousands of
+    objects would each hold the event loop for milliseconds. The answer as sent, whether
+    a policy changed it, and its size before the cut."""
+    result = owned.pop()
+    changed = False
+    if policies:
+        result, changed = finish(_redact_result(result, policies, ctx))
+    size = len(jsonrpc.encode(result))
+    if size > cap:
+        result = finish(_cut(result, cap, size))
+    return result, changed, size
 
 
 def _cut(result: dict[str, Any], cap: int, size: int) -> Steps[dict[str, Any]]:

@@ -136,6 +136,6 @@ def encode(value: Any) -> bytes:
     return _encoder.encode(value)
 
 
-def decode(line: bytes | str) -> Any:
+def decode(line: bytes | memoryview | str) -> Any:
     """One message of an upstream (raises msgspec.DecodeError)."""
     return _decoder.decode(line)

@@ -55,7 +55,7 @@ CANCEL_TIMEOUT_S = 1.0
 BIG_MESSAGE = 256 * 1024
 
 
-async def decode(data: bytes) -> Any:
+async def decode(data: bytes | memoryview) -> Any:
     """``data`` decoded; a big one off the event loop (raises msgspec.DecodeError)."""
     if len(data) > BIG_MESSAGE:
         return await trio.to_thread.run_sync(jsonrpc.decode, data)
@@ -432,18 +432,22 @@ class StdioUpstream(Upstream):
                     if len(buf) > MAX_UPSTREAM_MESSAGE:
                         return "wrote a line over 16 MiB"
                     break
-                line = bytes(buf[:end]).strip()
-                del buf[: end + 1]
                 scanned = 0
-                if not line:
-                    continue
                 try:
-                    msg = await decode(line)
+                    # Decoded where it lies: a big line's copies would take milliseconds.
+                    with memoryview(buf) as view, view[:end] as line:
+                        head = bytes(line[:80])
+                        blank = not head.strip() and not bytes(line).strip()
+                        msg = None if blank else await decode(line)
                 except msgspec.DecodeError:
-                    return f"answered garbage (not JSON-RPC): {line[:80]!r}"
+                    return f"answered garbage (not JSON-RPC): {head!r}"
+                del buf[: end + 1]  # from the front: O(1) for a bytearray
+                if msg is None:  # an empty line
+                    continue
                 if not isinstance(msg, dict):
-                    return f"answered garbage (not JSON-RPC): {line[:80]!r}"
-                await self._dispatch(msg, pending, len(line))
+                    return f"answered garbage (not JSON-RPC): {head!r}"
+                await self._dispatch(msg, pending, end)
+                del msg  # a big answer is its caller's to free (off the loop), not ours
             await trio.lowlevel.checkpoint()
 
     async def _dispatch(

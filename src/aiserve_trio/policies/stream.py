@@ -132,6 +132,9 @@ def _drops(boundary: str) -> regex.Pattern[str]:
 
 #: Noncharacters (not text): what joins texts read as one.
 _NONCHARACTERS = tuple(chr(cp) for cp in range(0xFDD0, 0xFDF0))
+# Compiled now, not inside a request's first step (a few ms each).
+_drops("")
+_drops(_NONCHARACTERS[0])
 
 #: Patterns wider than this are refused: they would hold back too much text.
 MAX_REACH = 1024
