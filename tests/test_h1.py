@@ -7,6 +7,7 @@ shows (a server closing an idle connection, a refused connect).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 import json
@@ -889,3 +890,123 @@ async def test_a_held_stream_through_the_adapter_keeps_no_copy_of_its_prompt() -
     assert len(up.requests[0]) > len(prompt)  # the prompt went out
     # What the test's backend kept of the request is in the count too.
     assert held_bytes - len(up.requests[0]) < len(prompt) // 2
+
+
+# --- a connect storm: connects in progress at once are bounded ------------------------
+
+
+class SlowConnects:
+    """A backend whose connects each take ``connect_s`` (virtual), counting how many are
+    in progress at once; each connection answers its requests after ``reply_s``."""
+
+    def __init__(self, nursery: trio.Nursery, connect_s: float, reply_s: float = 0.0) -> None:
+        self.nursery = nursery
+        self.connect_s = connect_s
+        self.reply_s = reply_s
+        self.connections = 0
+        self.in_progress = 0
+        self.most_at_once = 0
+        #: Connects that never finish (their callers' time runs out), the first ones.
+        self.hanging = 0
+
+    async def connect(self) -> trio.abc.Stream:
+        self.in_progress += 1
+        self.most_at_once = max(self.most_at_once, self.in_progress)
+        try:
+            if self.hanging:
+                self.hanging -= 1
+                await trio.sleep_forever()
+            await trio.sleep(self.connect_s)
+        finally:
+            self.in_progress -= 1
+        client, server = trio.testing.memory_stream_pair()
+        self.connections += 1
+        self.nursery.start_soon(self._serve, server)
+        return client
+
+    async def _serve(self, stream: trio.abc.Stream) -> None:
+        buf = bytearray()
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            while await read_request(stream, buf) is not None:
+                await trio.sleep(self.reply_s)
+                await stream.send_all(ok(b"answer"))
+
+
+@asynccontextmanager
+async def slow_connects(connect_s: float, reply_s: float = 0.0) -> AsyncIterator[SlowConnects]:
+    async with trio.open_nursery() as nursery:
+        yield SlowConnects(nursery, connect_s, reply_s)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connect_storm_opens_at_most_max_connecting_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 300 requests at once, each needing a connection of its own (every answer comes
+    # after the last connect): never more than 16 connects in flight, all answered.
+    async with slow_connects(connect_s=0.05, reply_s=5.0) as b:
+        p = h1.H1Pool("up.test", 80, max_connections=300, connect=b.connect, max_connecting=16)
+        got: list[tuple[int, bytes]] = []
+        t0 = trio.current_time()
+        async with trio.open_nursery() as n:
+            for _ in range(300):
+                n.start_soon(_append, got, fetch(p, h1.Timeouts(io=10.0, connect=2.0)))
+        assert got == [(200, b"answer")] * 300
+        assert b.connections == 300
+        assert b.most_at_once == 16
+        # In rounds of 16: 19 connect times, then the answers' 5 s.
+        assert trio.current_time() - t0 == pytest.approx(19 * 0.05 + 5.0)
+
+
+async def test_a_request_waiting_to_connect_takes_a_connection_given_back_meanwhile(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with slow_connects(connect_s=1.0, reply_s=0.5) as b:
+        p = h1.H1Pool("up.test", 80, max_connections=3, connect=b.connect, max_connecting=1)
+        slow = h1.Timeouts(io=5.0, connect=2.0)
+        got: list[tuple[int, bytes]] = []
+        async with trio.open_nursery() as n:
+            # The first connects by 1 s and gives its connection back at 1.5 s; the
+            # second connects from 1.1 s to 2.1 s; the third, come at 1.2 s, waits for
+            # that connect slot and, when it comes, takes the first's connection.
+            n.start_soon(_append, got, fetch(p, slow))
+            await trio.sleep(1.1)
+            n.start_soon(_append, got, fetch(p, slow))
+            await trio.sleep(0.1)
+            n.start_soon(_append, got, fetch(p, slow))
+        assert got == [(200, b"answer")] * 3
+        assert b.connections == 2
+
+
+async def test_the_connect_timeout_bounds_the_wait_for_a_connect_slot_and_frees_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with slow_connects(connect_s=0.1) as b:
+        b.hanging = 1  # the first connect never finishes
+        p = h1.H1Pool("up.test", 80, max_connections=4, connect=b.connect, max_connecting=1)
+        t0 = trio.current_time()
+        async with trio.open_nursery() as n:
+            n.start_soon(_expect_connect_timeout, p, 3.0)
+            await trio.testing.wait_all_tasks_blocked()
+            # One waits for the connect slot and is cancelled; one times out waiting.
+            with trio.move_on_after(0.5):
+                await fetch(p)
+            with pytest.raises(h1.ConnectTimeout):
+                await fetch(p, h1.Timeouts(io=5.0, connect=1.0))
+            assert trio.current_time() - t0 == pytest.approx(1.5)
+            assert b.connections == 0
+        # The hanging connect was cut at 3 s: its slot, and the waiters', are free.
+        assert trio.current_time() - t0 == pytest.approx(3.0)
+        assert await fetch(p) == (200, b"answer")
+        assert b.connections == 1
+        assert p.connections() == (1, 0)
+
+
+async def _expect_connect_timeout(p: h1.H1Pool, connect_s: float) -> None:
+    with pytest.raises(h1.ConnectTimeout):
+        await fetch(p, h1.Timeouts(io=5.0, connect=connect_s))
+
+
+def test_max_connecting_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_connecting"):
+        h1.H1Pool("up.test", 80, max_connections=4, max_connecting=0)

@@ -9,6 +9,12 @@ httpx2's layers (send, redirects, auth, transport, pool, connection, h11):
   connection idle past ``keepalive_expiry`` or that the server closed (it is
   readable while idle) is dropped first, and at most ``max_connections`` are busy
   at once (more requests wait, until their time runs out: :class:`PoolTimeout`);
+- at most ``max_connecting`` connections are being opened at once (connect and TLS
+  handshake): a request that needs a new one waits for a connect slot, within its
+  connect timeout, and when one comes takes an idle connection given back meanwhile
+  if there is one. A storm of new streams would otherwise send the backend thousands
+  of SYNs at once, overflow its listen backlog and wait out SYN retransmits (1, 2, 4,
+  8, 16 s);
 - the request head is built by the caller from a prefix made once
   (:class:`RequestHead`) and goes out with the body in one write;
 - the response is parsed by llhttp (``httptools``, C), sans-IO: each network read
@@ -355,6 +361,12 @@ def _detached(stream: trio.SocketStream) -> socket.socket:
     return sock
 
 
+#: Connections an :class:`H1Pool` opens at once by default: a connect storm (thousands of
+#: requests that each need a new connection) no longer overflows the backend's listen
+#: backlog and waits out SYN retransmits (docs/performance.md, "Ten thousand held streams").
+MAX_CONNECTING: Final = 64
+
+
 class H1Pool:
     """Keep-alive connections to one backend, and the way to make a request on them."""
 
@@ -367,6 +379,7 @@ class H1Pool:
         keepalive_expiry: float = 30.0,
         connect: Connector | None = None,
         tls: TLSSettings | None = None,
+        max_connecting: int = MAX_CONNECTING,
     ) -> None:
         """Args:
         host, port: where the backend listens.
@@ -374,13 +387,22 @@ class H1Pool:
         keepalive_expiry: seconds an idle connection is kept.
         connect: makes a new connection (tests hand in memory streams); default TCP.
         tls: speak TLS on each TCP connection (its context, name and session store).
+        max_connecting: connections being opened (connect and TLS handshake) at once;
+            a request that needs a new one past these waits its turn, within its
+            connect timeout (see the module docstring).
+
+        Raises:
+            ValueError: ``max_connecting`` is below 1.
         """
+        if max_connecting < 1:
+            raise ValueError(f"max_connecting must be at least 1, not {max_connecting}")
         self.host = host
         self.port = port
         self.keepalive_expiry = keepalive_expiry
         self.tls = tls
         self._connect = connect
         self._slots = trio.Semaphore(max_connections)
+        self._connecting = trio.Semaphore(max_connecting)
         self._idle: list[_Conn] = []
         self.busy = 0
         self._closed = False
@@ -436,28 +458,48 @@ class H1Pool:
             conn.close()
         return None
 
-    async def _new(self, timeouts: Timeouts) -> _Conn:
-        where = f"{self.host}:{self.port}"
+    async def _open(self, timeouts: Timeouts, *, reuse: bool) -> tuple[_Conn, bool]:
+        """A connection for a request that found none idle: (it, whether it was idle).
+
+        Waits for one of the ``max_connecting`` connect slots; when one comes, an idle
+        connection given back meanwhile is taken (if ``reuse``) and the slot passed on,
+        else a new connection is opened in it. ``timeouts.connect`` bounds the wait and
+        the connect together.
+
+        Raises:
+            ConnectTimeout: no connection within ``timeouts.connect``.
+            ConnectError, TLSError: the connect or the handshake failed.
+        """
         with trio.move_on_after(timeouts.connect):
-            try:
-                if self._connect is not None:
-                    made = await self._connect()
-                else:
-                    made = await trio.open_tcp_stream(self.host, self.port)
-            except OSError as exc:
-                raise ConnectError(f"cannot connect to {where}: {exc}") from exc
-            if isinstance(made, trio.SocketStream):
-                made = _detached(made)
-            if not isinstance(made, socket.socket):
-                return _Conn(stream=made)  # a test's memory streams
-            if self.tls is None:
-                return _Conn(sock=made)
-            try:
-                return _Conn(sock=made, tls=await _handshake(made, self.tls))
-            except BaseException:
-                made.close()
-                raise
-        raise ConnectTimeout(f"connecting to {where} timed out")
+            async with self._connecting:
+                if reuse:
+                    conn = self._reuse()
+                    if conn is not None:
+                        return conn, True
+                return await self._new(), False
+        raise ConnectTimeout(f"connecting to {self.host}:{self.port} timed out")
+
+    async def _new(self) -> _Conn:
+        """A new connection (the caller bounds the time and holds a connect slot)."""
+        where = f"{self.host}:{self.port}"
+        try:
+            if self._connect is not None:
+                made = await self._connect()
+            else:
+                made = await trio.open_tcp_stream(self.host, self.port)
+        except OSError as exc:
+            raise ConnectError(f"cannot connect to {where}: {exc}") from exc
+        if isinstance(made, trio.SocketStream):
+            made = _detached(made)
+        if not isinstance(made, socket.socket):
+            return _Conn(stream=made)  # a test's memory streams
+        if self.tls is None:
+            return _Conn(sock=made)
+        try:
+            return _Conn(sock=made, tls=await _handshake(made, self.tls))
+        except BaseException:
+            made.close()
+            raise
 
     def _keep(self, conn: _Conn) -> None:
         if self._closed:
@@ -829,8 +871,11 @@ class Response:
         self._slot = True
         try:
             conn = pool._reuse()
-            if conn is not None:
-                self._conn = conn
+            reused = conn is not None
+            if conn is None:
+                conn, reused = await pool._open(timeouts, reuse=True)
+            self._conn = conn
+            if reused:
                 if await self._exchange(conn, reused=True):
                     return self
                 # Closed before a byte of the request went out: once more, on a new one.
@@ -838,7 +883,8 @@ class Response:
                 self._conn = None
                 self._parser = httptools.HttpResponseParser(self)
                 pool.resent += 1
-            conn = self._conn = await pool._new(timeouts)
+                conn, _ = await pool._open(timeouts, reuse=False)
+                self._conn = conn
             await self._exchange(conn, reused=False)
         except BaseException:
             self._release(keep=False)
