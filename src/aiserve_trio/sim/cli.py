@@ -19,6 +19,9 @@ from .model import FaultRates, FaultSpecError, SimSettings, Timing, parse_fault
 from .ws import WS_PATH
 
 DEFAULT_BIND = "127.0.0.1:8100"
+#: The listen backlog: what a production backend has (nginx 511, uvicorn 2048), not
+#: hypercorn's 100, which a connect storm overflows (docs/performance.md).
+DEFAULT_BACKLOG = 4096
 _T = Timing()
 _R = FaultRates()
 
@@ -35,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
         "X-Request-Timeout-Ms. The protocols: pydoc aiserve_trio.sim",
     )
     p.add_argument("--bind", default=DEFAULT_BIND, help=f"host:port (default {DEFAULT_BIND})")
+    p.add_argument(
+        "--backlog",
+        type=_positive,
+        default=DEFAULT_BACKLOG,
+        help=f"the listen backlog: connections the kernel holds for accepting (default "
+        f"{DEFAULT_BACKLOG}, Linux's usual somaxconn, which caps it; hypercorn's own is 100, "
+        "and a burst of new connections past it waits out SYN retransmits)",
+    )
     p.add_argument("--model", action="append", dest="models", help="served model name (repeat)")
     p.add_argument("--seed", type=int, default=None, help="seed for jitter and random faults")
     t = p.add_argument_group("timing (milliseconds)")
@@ -81,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="PEM CA bundle: refuse a client without a certificate it signed (mTLS)",
     )
     return p
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
+    return value
 
 
 def tls_error(ns: argparse.Namespace) -> str | None:
@@ -134,6 +155,23 @@ def settings_from_args(ns: argparse.Namespace) -> SimSettings:
     )
 
 
+def hypercorn_config(ns: argparse.Namespace) -> HypercornConfig:
+    """Hypercorn's configuration for the parsed command line."""
+    config = HypercornConfig()
+    config.bind = [ns.bind]
+    config.backlog = ns.backlog
+    if ns.certfile is not None:
+        config.certfile = ns.certfile
+        config.keyfile = ns.keyfile
+    if ns.require_client_cert is not None:
+        config.ca_certs = ns.require_client_cert
+        config.verify_mode = ssl.CERT_REQUIRED
+    config.accesslog = "-" if ns.access_log else None
+    config.errorlog = "-"
+    config.keep_alive_timeout = 30
+    return config
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aiserve-sim`` console script."""
     parser = build_parser()
@@ -145,17 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = tls_error(ns)
     if problem is not None:
         parser.error(problem)
-    config = HypercornConfig()
-    config.bind = [ns.bind]
-    if ns.certfile is not None:
-        config.certfile = ns.certfile
-        config.keyfile = ns.keyfile
-    if ns.require_client_cert is not None:
-        config.ca_certs = ns.require_client_cert
-        config.verify_mode = ssl.CERT_REQUIRED
-    config.accesslog = "-" if ns.access_log else None
-    config.errorlog = "-"
-    config.keep_alive_timeout = 30
+    config = hypercorn_config(ns)
     scheme = "HTTPS" if ns.certfile is not None else "HTTP"
     print(
         f"aiserve-sim: serving on {ns.bind} ({scheme}, and WebSocket at {WS_PATH})",
