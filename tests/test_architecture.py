@@ -212,7 +212,7 @@ PACKAGE_MAP: dict[str, tuple[str, ...]] = {
         "spend.settings",
         "stages.outcome:types",
     ),
-    "server/": ("http.types", "security.edge"),
+    "server/": ("http.types", "http.turns", "security.edge"),
     "cache/": (
         "adapters.base",
         "adapters.retry",

@@ -37,6 +37,11 @@ class Turns:
     def waiting(self) -> int:
         return len(self._lot)
 
+    @property
+    def full(self) -> bool:
+        """Whether a request arriving now would wait for its turn."""
+        return bool(self.limit) and (self.active >= self.limit or bool(self._lot))
+
     async def take(self, until: float) -> Turn | None:
         """A turn, once every request that arrived before has had its own; None when
         ``until`` (clock seconds) came first."""
@@ -70,13 +75,14 @@ class Turn:
 
 
 class Place:
-    """One request's place in the worker's :class:`Turns`: its turn once taken."""
+    """One request's place in the worker's :class:`Turns`: its turn once taken (``turn``:
+    taken for it before it was read, by the server)."""
 
     __slots__ = ("_turn", "_turns")
 
-    def __init__(self, turns: Turns) -> None:
+    def __init__(self, turns: Turns, turn: Turn | None = None) -> None:
         self._turns = turns
-        self._turn: Turn | None = None
+        self._turn: Turn | None = turn
 
     async def take(self, queue_end: float, context_end: float) -> None:
         """Wait for the turn, at most until the queue budget (then shed: 503) or the
@@ -87,7 +93,14 @@ class Place:
             StageDeadlineExceeded: ``context_end`` came first.
         """
         # Just before the context cut: the parse stage's own cut would name the body.
-        turn = await self._turns.take(min(queue_end, context_end - 0.001))
+        until = min(queue_end, context_end - 0.001)
+        if self._turn is not None:  # taken before the request was read
+            turn: Turn | None = self._turn
+            if trio.current_time() >= until:  # ... and that wait was too long
+                self.release()
+                turn = None
+        else:
+            turn = await self._turns.take(until)
         if turn is None:
             if queue_end <= context_end:
                 raise Shed(

@@ -25,6 +25,15 @@ STRIKE: Final = "aiserve.strike"
 #: the request's deadline counts from it (``runtime/entry.py``). Without it (hypercorn as
 #: shipped, another server), from the moment the app starts.
 ARRIVED: Final = "aiserve.arrived"
+#: ``scope["extensions"]`` key: the worker's queue of requests starting
+#: (``http.turns.Turns``), when the server keeps it: the seam's worker does, so that it can
+#: leave a request unread while the queue is full (``server/preread.py``). Without it the
+#: app keeps its own.
+TURNS: Final = "aiserve.turns"
+#: ``scope["extensions"]`` key: the request's turn (``http.turns.Turn``), when the server
+#: took it before reading the request; the app gives it back (it may hold it until its
+#: upstream call starts), and the seam gives it back at the latest when the app ends.
+TURN: Final = "aiserve.turn"
 
 JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
 SSE_HEADERS: Headers = [

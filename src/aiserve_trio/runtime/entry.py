@@ -26,8 +26,8 @@ from ..core.errors import BadRequest, GatewayError, PayloadTooLarge, Shed
 from ..http.endpoints import Admission, Auth, Request
 from ..http.responder import Responder
 from ..http.sse import SHUTTING_DOWN, shutdown_event
-from ..http.turns import CURRENT_PLACE, Place, Turns
-from ..http.types import ARRIVED
+from ..http.turns import CURRENT_PLACE, Place, Turn, Turns
+from ..http.types import ARRIVED, TURN, TURNS
 from ..observability.annotate import TASK_LABEL, TaskLabel
 from ..observability.metrics import status_label
 from ..server import server_call
@@ -83,6 +83,11 @@ class Entry:
         # Chat streams are bounded by the sse stage's own write deadline instead
         # of a cancel scope around every write.
         chat = endpoint.auth is Auth.CHAT
+        route = rt.routes.get(path) if chat else None
+        if route is None or route.config.kind == "embeddings":
+            # Only a chat route's request keeps a turn the server took before reading it
+            # (server/preread.py): everything else is not what the queue is for.
+            _give_back_turn(scope)
         write_timeout = None if chat else rt.config.limits.write_timeout_ms / 1000.0
         hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         cors = rt.cors
@@ -208,6 +213,7 @@ class Entry:
                     "before the gateway could start it",
                 )
         except GatewayError as err:
+            _give_back_turn(request.scope)  # refused before it started: not its turn's use
             await request.responder.error(err, [(b"x-request-id", request_id.encode())])
             now = trio.current_time()
             refused = Outcome(
@@ -237,9 +243,15 @@ class Entry:
             key_max_streams=request.principal.max_streams if request.principal else 0,
         )
         # Its place in the worker's queue of requests starting (http/turns.py): the parse
-        # stage takes its turn once the body is in, the inference stage gives it back.
-        self.turns.limit = d.max_starting
-        place = Place(self.turns)
+        # stage takes its turn once the body is in (or has the one the server took before
+        # reading it: server/preread.py), the inference stage gives it back.
+        extensions = request.scope.get("extensions") or {}
+        turns = extensions.get(TURNS)
+        if not isinstance(turns, Turns):
+            turns = self.turns
+        turns.limit = d.max_starting
+        turn = extensions.pop(TURN, None)
+        place = Place(turns, turn if isinstance(turn, Turn) else None)
         held = CURRENT_PLACE.set(place)
         try:
             outcome = await rt.pipeline.run(
@@ -265,6 +277,14 @@ def arrived(scope: Scope, now: float) -> float:
     if type(at) is float and at <= now:
         return at
     return now
+
+
+def _give_back_turn(scope: Scope) -> None:
+    """Give back the turn the server took for this request before reading it, if any."""
+    extensions = scope.get("extensions")
+    turn = extensions.pop(TURN, None) if extensions else None
+    if isinstance(turn, Turn):
+        turn.release()
 
 
 def _tenant_of(rt: Runtime, path: str, principal: Principal | None) -> str:

@@ -42,6 +42,8 @@ from typing import Any
 
 import trio
 
+from .preread import TurnFirst, take_turn_first, waits_for_turn
+
 #: hypercorn's read size (``hypercorn.trio.tcp_server.MAX_RECV``).
 MAX_RECV = 2**16
 #: The read loop yields after handing on this many bytes without waiting (the HTTP/2
@@ -85,10 +87,31 @@ class Arrivals:
 
 
 async def read_loop(
-    server: Any, sock: Any, closed: type, raw_data: type, arrivals: Arrivals | None = None
+    server: Any,
+    sock: Any,
+    closed: type,
+    raw_data: type,
+    arrivals: Arrivals | None = None,
+    first: TurnFirst | None = None,
 ) -> None:
     """hypercorn's read loop, reading the socket directly (see the module docstring);
-    each read's time noted in ``arrivals``."""
+    each read's time noted in ``arrivals``; with ``first``, a request that would wait for
+    its turn waits before it is read (``preread.py``)."""
+    try:
+        await _read_loop(server, sock, closed, raw_data, arrivals, first)
+    finally:
+        if first is not None:
+            first.drop()
+
+
+async def _read_loop(
+    server: Any,
+    sock: Any,
+    closed: type,
+    raw_data: type,
+    arrivals: Arrivals | None,
+    first: TurnFirst | None,
+) -> None:
     timeout = server.config.read_timeout or math.inf
     protocol = server.protocol
     unyielded = reads = 0
@@ -114,6 +137,9 @@ async def read_loop(
             fresh = False  # the accept's time stands
         elif arrivals is not None:
             arrivals.read_at = trio.current_time()
+        if waits_for_turn(first, data, protocol):
+            assert first is not None
+            await take_turn_first(first, server.idle_task)
         await protocol.handle(raw_data(data=data))
         if not data:
             break

@@ -40,13 +40,15 @@ from hypercorn.trio.task_group import TaskGroup, _handle
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.utils import parse_socket_addr
 
-from ..http.types import ARRIVED, STRIKE
+from ..http.turns import Turn
+from ..http.types import ARRIVED, STRIKE, TURN, TURNS
 from ..security.edge import PenaltyBox, peer_key
 from . import directio
 from .coalesce import HeldWrites, send_coalesced
 from .disconnect import EXTENSION, ServerCall
 from .h2 import GatewayH2
 from .idle import IdleTimer
+from .preread import TurnFirst
 from .worker import Worker
 
 log = logging.getLogger("aiserve_trio.seam")
@@ -69,6 +71,8 @@ class GatewayTCPServer(TCPServer):
         self.worker = worker
         # Built in the step its connection is accepted (serve_listeners' start_soon).
         self.arrivals = directio.Arrivals(trio.current_time())
+        #: The turn taken for the next request before it is read (``preread.py``).
+        self.first = TurnFirst(worker.turns)
         self.idle_task = IdleTimer()  # type: ignore[assignment]
 
     async def run(self) -> None:
@@ -105,7 +109,7 @@ class GatewayTCPServer(TCPServer):
         try:
             client = parse_socket_addr(sock.family, sock.getpeername())
             server = parse_socket_addr(sock.family, sock.getsockname())
-            async with GatewayTaskGroup(self.worker, self.arrivals) as task_group:
+            async with GatewayTaskGroup(self.worker, self.arrivals, self.first) as task_group:
                 self._task_group = task_group
                 self.protocol = GatewayProtocols(
                     self.app,
@@ -152,7 +156,9 @@ class GatewayTCPServer(TCPServer):
             if type(stream) is not trio.SocketStream:  # TLS: hypercorn's loop (it yields per read)
                 await super()._read_data()
                 return
-            await directio.read_loop(self, stream.socket, Closed, RawData, self.arrivals)
+            await directio.read_loop(
+                self, stream.socket, Closed, RawData, self.arrivals, self.first
+            )
         finally:
             timer: Any = self.idle_task
             timer.reading_ended()
@@ -188,9 +194,13 @@ class GatewayTaskGroup(TaskGroup):
     """Starts each app with the disconnect call, the worker's strike count and when its
     request arrived in its scope, HTTP/1.1 writes coalesced."""
 
-    def __init__(self, worker: Worker, arrivals: directio.Arrivals) -> None:
+    def __init__(
+        self, worker: Worker, arrivals: directio.Arrivals, first: TurnFirst | None = None
+    ) -> None:
         super().__init__()
         self._strike = worker.strike
+        self._turns = worker.turns
+        self._first = first
         #: The connection's read times (``directio.Arrivals``); TLS: stamped in
         #: ``GatewayProtocols.handle``, hypercorn's own read loop knowing nothing of them.
         self.arrivals = arrivals
@@ -213,6 +223,11 @@ class GatewayTaskGroup(TaskGroup):
             extensions[STRIKE] = self._strike
             # The read that completed this request's head: its deadline counts from there.
             extensions[ARRIVED] = self.arrivals.read_at
+            extensions[TURNS] = self._turns
+            turn = self._first.handed() if self._first is not None else None
+            if turn is not None:  # taken before the request was read (preread.py)
+                extensions[TURN] = turn
+                app = partial(_giving_back, turn, app)
             put = partial(_put, call, put)
             # send is the HTTPStream's app_send; its send, the protocol's stream_send.
             protocol = getattr(
@@ -232,6 +247,14 @@ class GatewayTaskGroup(TaskGroup):
             trio.from_thread.run,
         )
         return put
+
+
+async def _giving_back(turn: Turn, app: Any, *args: Any) -> None:
+    """``app`` called; the request's turn given back when it ends, if the app has not."""
+    try:
+        await app(*args)
+    finally:
+        turn.release()
 
 
 async def _put(call: ServerCall, put: Callable[[Any], Awaitable[None]], message: Any) -> None:

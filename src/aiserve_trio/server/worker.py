@@ -20,6 +20,7 @@ from wsgiref.handlers import format_date_time
 import trio
 from hypercorn.config import Config
 
+from ..http.turns import Turns
 from ..security.edge import EdgeSettings, PenaltyBox, edge_settings, peer_key
 from . import datecache
 
@@ -49,8 +50,8 @@ class DatedConfig(Config):
 
 
 class Worker:
-    """One worker's seam state: the edge guard's settings and penalty box, and the config
-    view with the ``Date`` header formatted once a second.
+    """One worker's seam state: the edge guard's settings and penalty box, the queue of
+    requests starting, and the config view with the ``Date`` header formatted once a second.
 
     Args:
         config: hypercorn's config, whose ``aiserve_*`` keys are the guard's settings
@@ -58,7 +59,7 @@ class Worker:
             ERROR and left at its default); None: the defaults.
     """
 
-    __slots__ = ("_view", "box", "date", "settings")
+    __slots__ = ("_view", "box", "date", "settings", "turns")
 
     def __init__(self, config: object | None = None) -> None:
         settings, problems = edge_settings(config)
@@ -73,6 +74,10 @@ class Worker:
             if settings.penalty_first_s > 0
             else None
         )
+        #: The worker's queue of requests starting, which the app uses through the scope
+        #: (``http.types.TURNS``; its limit is the app's ``[deadline] max_starting``) and
+        #: the read loop consults before reading a request (``preread.py``).
+        self.turns = Turns()
         #: ``format_date_time``, formatting each whole second once.
         self.date = datecache.cached(format_date_time)
         self._view: tuple[Config, DatedConfig] | None = None
@@ -94,4 +99,3 @@ class Worker:
         refused (0: not refused, or no penalty box)."""
         box = self.box
         return box.strike(peer_key(host), trio.current_time()) if box is not None else 0.0
-

@@ -1,0 +1,90 @@
+"""A request is read when its turn comes, not before: the worker's queue of requests
+starting (``http/turns.py``) reaches back to the socket while it is full.
+
+Under overload most requests in a worker wait for their turn. Read, each of them is
+objects -- hypercorn's scope and stream, the app's task and its frames, the parsed
+headers -- that CPython's cycle collector walks again at every collection of its
+younger generations while they wait (``docs/performance.md``: at 1,024 clients on one
+worker the collector took a quarter of its CPU and held the loop ~50 ms a time).
+Unread, a request is bytes in the kernel's socket buffer.
+
+So when the read loop has read the first bytes of the next request on an HTTP/1.1
+connection, on plain TCP, while the worker's queue is full
+(:attr:`~..http.turns.Turns.full`), and they begin a ``POST`` -- a model call, what the
+queue is for -- it waits for the request's turn (:func:`take_turn_first`) before it
+hands them to hypercorn's parser, in arrival order with the requests already read; the
+bytes of that one read are all the request holds meanwhile (the rest of it stays in
+the kernel), the read's time stands as its arrival (its deadline counts from there),
+and the keep-alive timer is stopped (the connection is not idle). Once it has its turn,
+the task group hands the turn to the app (``http.types.TURN``), which uses it instead of
+queueing again. Anything else (a health check, metrics, an HTTP/2 preface) is handed
+on at once, as before.
+
+A turn taken for a request that then never reached the app (the client closed, a
+malformed head) is given back at the connection's next request or the read loop's
+end. HTTP/2 streams share their connection, and TLS connections are read by
+hypercorn's own loop: both are read at once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import h11
+
+from ..http.turns import Turn, Turns
+
+#: What a request the queue is for starts with.
+_POST: bytes = b"POST "
+
+
+class TurnFirst:
+    """One connection's link to its worker's queue: the turn taken for the request about
+    to be read (``turn``), until the task group hands it to the app."""
+
+    __slots__ = ("turn", "turns")
+
+    def __init__(self, turns: Turns) -> None:
+        self.turns = turns
+        self.turn: Turn | None = None
+
+    def handed(self) -> Turn | None:
+        """The turn taken for the request just read, now the app's."""
+        turn, self.turn = self.turn, None
+        return turn
+
+    def drop(self) -> None:
+        """Give back a turn no request took (the connection ended, or its request was
+        never handed to an app)."""
+        turn, self.turn = self.turn, None
+        if turn is not None:
+            turn.release()
+
+
+def between_requests(protocol: Any) -> bool:
+    """Whether ``protocol`` (the seam's protocol wrapper) is an HTTP/1.1 connection that
+    has answered its last request and read nothing of the next."""
+    h11_protocol: Any = getattr(protocol, "protocol", None)
+    connection = getattr(h11_protocol, "connection", None)
+    return (
+        type(connection) is h11.Connection
+        and connection.their_state is h11.IDLE
+        and h11_protocol.stream is None
+    )
+
+
+def waits_for_turn(first: TurnFirst | None, data: bytes, protocol: Any) -> bool:
+    """Whether ``data``, just read, begins a request that must wait for its turn before
+    it is handed on (module docstring)."""
+    return (
+        first is not None and data[:5] == _POST and first.turns.full and between_requests(protocol)
+    )
+
+
+async def take_turn_first(first: TurnFirst, idle: Any) -> None:
+    """Wait for the turn of the request whose first bytes were just read; the connection
+    is not idle meanwhile (``idle``: its keep-alive timer, stopped)."""
+    first.drop()
+    await idle.stop()
+    first.turn = await first.turns.take(math.inf)
