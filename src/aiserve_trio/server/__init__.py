@@ -34,7 +34,9 @@ The subclasses (hypercorn's class in brackets)
     ``H2Connection`` and ``Settings``); ``worker.py``: ``DatedConfig`` (``config.Config``).
     What they are made of: ``accept.py`` (the listener), ``directio.py`` (socket reads
     and writes), ``idle.py`` (the keep-alive timer), ``coalesce.py`` (HTTP/1.1 writes
-    held per ASGI message), ``datecache.py`` (the ``Date`` header once a second), ``disconnect.py``.
+    held per ASGI message), ``datecache.py`` (the ``Date`` header once a second), ``disconnect.py``,
+    ``preread.py`` (an HTTP/1.1 request left unread while the worker's queue of requests
+    starting is full; it reads ``H11Protocol.connection`` and ``.stream``, public).
 
 hypercorn's private names the seam touches (and h2's)
     ``TCPServer._read_data`` (overridden), ``._close``, ``._idle_timeout``,
@@ -57,7 +59,9 @@ What the app sees
     elsewhere a :class:`ReceiveWatcher` behind the same :class:`Disconnect`) and the
     worker's count of failed authentications (``http.types.STRIKE``, which the gate
     calls), and when the server read the request's head (``http.types.ARRIVED``,
-    ``directio.Arrivals``: the request's deadline counts from it); and it reads the
+    ``directio.Arrivals``: the request's deadline counts from it), the worker's queue of
+    requests starting (``http.types.TURNS``) and the turn taken before the request was
+    read (``http.types.TURN``, ``preread.py``); and it reads the
     app's promise that a body follows a response head at once (``http.types.DEFER``).
     On hypercorn as shipped the scope carries none of these, and
     ``DEFER`` is a key hypercorn ignores. The keys the app and the seam share are
@@ -66,7 +70,8 @@ What the app sees
 
 State
     None in a module: what a worker keeps across its connections (the edge guard's
-    settings and penalty box, the ``Date`` header's cache, the config view) is its
+    settings and penalty box, the queue of requests starting, the ``Date`` header's
+    cache, the config view) is its
     :class:`~.worker.Worker`, made by :func:`install` and passed to each server, task
     group and HTTP/2 protocol it builds. A test holds the seam's modules to that.
 """
