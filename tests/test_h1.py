@@ -1010,3 +1010,19 @@ async def _expect_connect_timeout(p: h1.H1Pool, connect_s: float) -> None:
 def test_max_connecting_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_connecting"):
         h1.H1Pool("up.test", 80, max_connections=4, max_connecting=0)
+
+
+async def test_by_default_a_storms_connects_are_not_held_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Off by default (docs/performance.md): every connect goes out at once.
+    async with slow_connects(connect_s=0.05, reply_s=5.0) as b:
+        p = h1.H1Pool("up.test", 80, max_connections=300, connect=b.connect)
+        got: list[tuple[int, bytes]] = []
+        t0 = trio.current_time()
+        async with trio.open_nursery() as n:
+            for _ in range(300):
+                n.start_soon(_append, got, fetch(p, h1.Timeouts(io=10.0, connect=2.0)))
+        assert got == [(200, b"answer")] * 300
+        assert b.most_at_once == 300
+        assert trio.current_time() - t0 == pytest.approx(0.05 + 5.0)

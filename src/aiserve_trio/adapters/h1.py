@@ -9,12 +9,14 @@ httpx2's layers (send, redirects, auth, transport, pool, connection, h11):
   connection idle past ``keepalive_expiry`` or that the server closed (it is
   readable while idle) is dropped first, and at most ``max_connections`` are busy
   at once (more requests wait, until their time runs out: :class:`PoolTimeout`);
-- at most ``max_connecting`` connections are being opened at once (connect and TLS
-  handshake): a request that needs a new one waits for a connect slot, within its
-  connect timeout, and when one comes takes an idle connection given back meanwhile
-  if there is one. A storm of new streams would otherwise send the backend thousands
-  of SYNs at once, overflow its listen backlog and wait out SYN retransmits (1, 2, 4,
-  8, 16 s);
+- with ``max_connecting``, at most that many connections are being opened at once
+  (connect and TLS handshake): a request that needs a new one waits for a connect slot,
+  within its connect timeout, and when one comes takes an idle connection given back
+  meanwhile if there is one. Off by default: on a backend whose listen backlog a storm
+  of new streams overflows, the kernel completes a connect before the backend accepts
+  it, so the bound does not keep the accept queue from filling; it cut the dropped SYNs
+  tenfold but made the storm's requests wait out their connect timeout in its queue
+  (docs/performance.md, "Ten thousand held streams");
 - the request head is built by the caller from a prefix made once
   (:class:`RequestHead`) and goes out with the body in one write;
 - the response is parsed by llhttp (``httptools``, C), sans-IO: each network read
@@ -361,12 +363,6 @@ def _detached(stream: trio.SocketStream) -> socket.socket:
     return sock
 
 
-#: Connections an :class:`H1Pool` opens at once by default: a connect storm (thousands of
-#: requests that each need a new connection) no longer overflows the backend's listen
-#: backlog and waits out SYN retransmits (docs/performance.md, "Ten thousand held streams").
-MAX_CONNECTING: Final = 64
-
-
 class H1Pool:
     """Keep-alive connections to one backend, and the way to make a request on them."""
 
@@ -379,7 +375,7 @@ class H1Pool:
         keepalive_expiry: float = 30.0,
         connect: Connector | None = None,
         tls: TLSSettings | None = None,
-        max_connecting: int = MAX_CONNECTING,
+        max_connecting: int | None = None,
     ) -> None:
         """Args:
         host, port: where the backend listens.
@@ -389,12 +385,15 @@ class H1Pool:
         tls: speak TLS on each TCP connection (its context, name and session store).
         max_connecting: connections being opened (connect and TLS handshake) at once;
             a request that needs a new one past these waits its turn, within its
-            connect timeout (see the module docstring).
+            connect timeout (see the module docstring). None (the default): no bound --
+            measured, a bound did not keep a connect storm off a small listen backlog
+            and its waits became connect timeouts (docs/performance.md, "Ten thousand
+            held streams").
 
         Raises:
             ValueError: ``max_connecting`` is below 1.
         """
-        if max_connecting < 1:
+        if max_connecting is not None and max_connecting < 1:
             raise ValueError(f"max_connecting must be at least 1, not {max_connecting}")
         self.host = host
         self.port = port
@@ -402,7 +401,7 @@ class H1Pool:
         self.tls = tls
         self._connect = connect
         self._slots = trio.Semaphore(max_connections)
-        self._connecting = trio.Semaphore(max_connecting)
+        self._connecting = None if max_connecting is None else trio.Semaphore(max_connecting)
         self._idle: list[_Conn] = []
         self.busy = 0
         self._closed = False
@@ -471,6 +470,8 @@ class H1Pool:
             ConnectError, TLSError: the connect or the handshake failed.
         """
         with trio.move_on_after(timeouts.connect):
+            if self._connecting is None:  # nothing waited for: no idle one came meanwhile
+                return await self._new(), False
             async with self._connecting:
                 if reuse:
                     conn = self._reuse()
