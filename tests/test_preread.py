@@ -65,7 +65,7 @@ async def test_a_post_is_not_read_while_the_queue_is_full_and_keeps_its_arrival(
         await send({**HEAD, "headers": [(b"content-length", b"2")]})
         await send(body(b"ok"))
 
-    async with server(app) as port:  # type: ignore[arg-type]
+    async with server(app) as port:
         first = await trio.open_tcp_stream("127.0.0.1", port)
         await first.send_all(post(b"hold"))
         await held.wait()
@@ -111,7 +111,7 @@ async def test_a_turn_taken_for_a_request_that_never_came_is_given_back() -> Non
         await send({**HEAD, "headers": [(b"content-length", b"2")]})
         await send(body(b"ok"))
 
-    async with server(app) as port:  # type: ignore[arg-type]
+    async with server(app) as port:
         first = await trio.open_tcp_stream("127.0.0.1", port)
         await first.send_all(post(b"hold"))
         await held.wait()
