@@ -131,6 +131,52 @@ async def test_a_turn_taken_for_a_request_that_never_came_is_given_back() -> Non
         await later.aclose()
 
 
+@pytest.mark.parametrize(
+    "dribble",
+    [b"POST /slow HT", b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n{"],
+    ids=["head cut short", "body still to come"],
+)
+async def test_a_client_that_dribbles_holds_no_turn(dribble: bytes) -> None:
+    """While the queue is full, a request that comes in pieces gets the turn when its
+    first bytes' turn comes, but gives it back at once: the next whole request is served
+    while the dribbler still owes bytes (a turn held by it would starve the worker)."""
+    release = trio.Event()
+    held = trio.Event()
+    turns_seen: list[Turns] = []
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        ext = scope["extensions"]
+        turns: Turns = ext[TURNS]
+        turns_seen.append(turns)
+        turns.limit = 1
+        place = Place(turns, ext.pop(TURN, None))
+        await place.take(math.inf, math.inf)
+        if scope["path"] == "/hold":
+            held.set()
+            await release.wait()
+        place.release()
+        await send({**HEAD, "headers": [(b"content-length", b"2")]})
+        await send(body(b"ok"))
+
+    async with server(app) as port:
+        first = await trio.open_tcp_stream("127.0.0.1", port)
+        await first.send_all(post(b"hold"))
+        await held.wait()
+        slow = await trio.open_tcp_stream("127.0.0.1", port)
+        await slow.send_all(dribble)
+        await trio.sleep(0.2)
+        release.set()
+        await answer(first)
+        await trio.sleep(0.2)  # the dribbler has had its turn, and given it back
+        with trio.fail_after(5):
+            later = await trio.open_tcp_stream("127.0.0.1", port)
+            await later.send_all(post(b"later"))
+            await answer(later)
+        assert turns_seen[0].active == 0
+        for stream in (first, slow, later):
+            await stream.aclose()
+
+
 async def test_a_handed_turn_that_waited_past_the_queue_budget_is_shed(
     autojump_clock: Any,
 ) -> None:

@@ -68,6 +68,11 @@ class Turn:
     def __init__(self, turns: Turns) -> None:
         self._turns: Turns | None = turns
 
+    @property
+    def held(self) -> bool:
+        """Not given back yet."""
+        return self._turns is not None
+
     def release(self) -> None:
         if self._turns is not None:
             turns, self._turns = self._turns, None
@@ -94,6 +99,8 @@ class Place:
         """
         # Just before the context cut: the parse stage's own cut would name the body.
         until = min(queue_end, context_end - 0.001)
+        if self._turn is not None and not self._turn.held:
+            self._turn = None  # the server gave it back: the request did not come whole
         if self._turn is not None:  # taken before the request was read
             turn: Turn | None = self._turn
             if trio.current_time() >= until:  # ... and that wait was too long

@@ -140,7 +140,10 @@ async def _read_loop(
         if waits_for_turn(first, data, protocol):
             assert first is not None
             await take_turn_first(first, server.idle_task)
-        await protocol.handle(raw_data(data=data))
+            await protocol.handle(raw_data(data=data))
+            first.settle(protocol)
+        else:
+            await protocol.handle(raw_data(data=data))
         if not data:
             break
         unyielded += len(data)

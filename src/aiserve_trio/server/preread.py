@@ -17,7 +17,9 @@ bytes of that one read are all the request holds meanwhile (the rest of it stays
 the kernel), the read's time stands as its arrival (its deadline counts from there),
 and the keep-alive timer is stopped (the connection is not idle). Once it has its turn,
 the task group hands the turn to the app (``http.types.TURN``), which uses it instead of
-queueing again. Anything else (a health check, metrics, an HTTP/2 preface) is handed
+queueing again -- if the request came whole in that read: a head cut short or a body still
+to come gives the turn back at once (:meth:`TurnFirst.settle`), so a client that dribbles
+holds no turn, as before. Anything else (a health check, metrics, an HTTP/2 preface) is handed
 on at once, as before.
 
 A turn taken for a request that then never reached the app (the client closed, a
@@ -41,18 +43,31 @@ _POST: bytes = b"POST "
 
 class TurnFirst:
     """One connection's link to its worker's queue: the turn taken for the request about
-    to be read (``turn``), until the task group hands it to the app."""
+    to be read (``turn``), until the task group hands it to the app (``given``, until the
+    read that brought it is handled: :meth:`settle`)."""
 
-    __slots__ = ("turn", "turns")
+    __slots__ = ("given", "turn", "turns")
 
     def __init__(self, turns: Turns) -> None:
         self.turns = turns
         self.turn: Turn | None = None
+        self.given: Turn | None = None
 
     def handed(self) -> Turn | None:
         """The turn taken for the request just read, now the app's."""
         turn, self.turn = self.turn, None
+        self.given = turn
         return turn
+
+    def settle(self, protocol: Any) -> None:
+        """After the read that waited for a turn was handled: the turn goes back unless
+        its request came whole in it -- a head cut short, or a body still to come, would
+        hold a turn for as long as its client dribbles. Such a request takes its turn the
+        usual way once its body is in (``http/turns.py``)."""
+        self.drop()  # no request was handed it: the head is not all in
+        given, self.given = self.given, None
+        if given is not None and _body_to_come(protocol):
+            given.release()
 
     def drop(self) -> None:
         """Give back a turn no request took (the connection ended, or its request was
@@ -72,6 +87,11 @@ def between_requests(protocol: Any) -> bool:
         and connection.their_state is h11.IDLE
         and h11_protocol.stream is None
     )
+
+
+def _body_to_come(protocol: Any) -> bool:
+    connection = getattr(getattr(protocol, "protocol", None), "connection", None)
+    return type(connection) is h11.Connection and connection.their_state is h11.SEND_BODY
 
 
 def waits_for_turn(first: TurnFirst | None, data: bytes, protocol: Any) -> bool:
