@@ -38,54 +38,66 @@ async def answer(stream: trio.SocketStream) -> bytes:
     return got
 
 
+class TurnApp:
+    """An ASGI app on the worker's queue, limited to one turn: a POST takes its turn (or
+    uses the one handed to it); ``/hold`` keeps it until ``release`` is set. ``seen``: per
+    path, (arrival stamp, app start, whether a turn was handed); ``turns``: the worker's."""
+
+    def __init__(self) -> None:
+        self.held = trio.Event()
+        self.release = trio.Event()
+        self.seen: dict[str, tuple[float, float, bool]] = {}
+        self.turns: Turns | None = None
+
+    def taken(self) -> int:
+        """Turns the worker's queue has out now."""
+        assert self.turns is not None
+        return self.turns.active
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        ext = scope["extensions"]
+        turns = self.turns = ext[TURNS]
+        turns.limit = 1
+        pre = ext.pop(TURN, None)
+        self.seen[scope["path"]] = (ext[ARRIVED], trio.current_time(), pre is not None)
+        if scope["method"] == "POST":
+            place = Place(turns, pre)
+            await place.take(math.inf, math.inf)
+            if scope["path"] == "/hold":
+                self.held.set()
+                await self.release.wait()
+            place.release()
+        await send({**HEAD, "headers": [(b"content-length", b"2")]})
+        await send(body(b"ok"))
+
+
 async def test_a_post_is_not_read_while_the_queue_is_full_and_keeps_its_arrival() -> None:
     """One turn (limit 1) held by a first request: a second POST is not read (its app
     does not start) until the turn is given back, then it runs with that turn handed to
     it and its arrival stamped when it came; a GET is read and answered meanwhile; at
     the end no turn is left taken."""
-    held = trio.Event()
-    release = trio.Event()
-    seen: dict[str, tuple[float, float, bool]] = {}  # path -> (arrived, app start, turn)
-    worker_turns: list[Turns] = []
-
-    async def app(scope: Scope, receive: Any, send: Any) -> None:
-        ext = scope["extensions"]
-        turns: Turns = ext[TURNS]
-        worker_turns.append(turns)
-        turns.limit = 1
-        pre = ext.pop(TURN, None)
-        seen[scope["path"]] = (ext[ARRIVED], trio.current_time(), pre is not None)
-        if scope["method"] == "POST":
-            place = Place(turns, pre)
-            await place.take(math.inf, math.inf)
-            if scope["path"] == "/hold":
-                held.set()
-                await release.wait()
-            place.release()
-        await send({**HEAD, "headers": [(b"content-length", b"2")]})
-        await send(body(b"ok"))
-
+    app = TurnApp()
     async with server(app) as port:
         first = await trio.open_tcp_stream("127.0.0.1", port)
         await first.send_all(post(b"hold"))
-        await held.wait()
+        await app.held.wait()
         second = await trio.open_tcp_stream("127.0.0.1", port)
         sent = trio.current_time()
         await second.send_all(post(b"next"))
         await trio.sleep(0.3)
-        assert "/next" not in seen  # unread: no scope, no app task
+        assert "/next" not in app.seen  # unread: no scope, no app task
 
         health = await trio.open_tcp_stream("127.0.0.1", port)
         assert await exchange(health, h11.Connection(h11.CLIENT)) == (200, b"ok")
 
-        release.set()
+        app.release.set()
         await answer(first)
         await answer(second)
-        arrived, started, handed = seen["/next"]
+        arrived, started, handed = app.seen["/next"]
         assert handed  # the turn taken before its read, not queued for again
         assert arrived - sent < 0.1  # stamped when it came ...
         assert started - arrived >= 0.25  # ... not when its turn came
-        assert worker_turns[0].active == 0
+        assert app.taken() == 0
         for stream in (first, second, health):
             await stream.aclose()
 
@@ -93,40 +105,23 @@ async def test_a_post_is_not_read_while_the_queue_is_full_and_keeps_its_arrival(
 async def test_a_turn_taken_for_a_request_that_never_came_is_given_back() -> None:
     """A client that sends a POST's first bytes and closes while it waits for its turn:
     the turn handed to its connection goes back, and the next request gets it."""
-    release = trio.Event()
-    held = trio.Event()
-    turns_seen: list[Turns] = []
-
-    async def app(scope: Scope, receive: Any, send: Any) -> None:
-        ext = scope["extensions"]
-        turns: Turns = ext[TURNS]
-        turns_seen.append(turns)
-        turns.limit = 1
-        place = Place(turns, ext.pop(TURN, None))
-        await place.take(math.inf, math.inf)
-        if scope["path"] == "/hold":
-            held.set()
-            await release.wait()
-        place.release()
-        await send({**HEAD, "headers": [(b"content-length", b"2")]})
-        await send(body(b"ok"))
-
+    app = TurnApp()
     async with server(app) as port:
         first = await trio.open_tcp_stream("127.0.0.1", port)
         await first.send_all(post(b"hold"))
-        await held.wait()
+        await app.held.wait()
         quitter = await trio.open_tcp_stream("127.0.0.1", port)
         await quitter.send_all(b"POST /gone HT")
         await trio.sleep(0.2)
         await quitter.aclose()
         await trio.sleep(0.1)
-        release.set()
+        app.release.set()
         await answer(first)
         with trio.fail_after(5):  # not waiting forever behind a turn nobody gives back
             later = await trio.open_tcp_stream("127.0.0.1", port)
             await later.send_all(post(b"later"))
             await answer(later)
-        assert turns_seen[0].active == 0
+        assert app.taken() == 0
         await first.aclose()
         await later.aclose()
 
@@ -140,39 +135,22 @@ async def test_a_client_that_dribbles_holds_no_turn(dribble: bytes) -> None:
     """While the queue is full, a request that comes in pieces gets the turn when its
     first bytes' turn comes, but gives it back at once: the next whole request is served
     while the dribbler still owes bytes (a turn held by it would starve the worker)."""
-    release = trio.Event()
-    held = trio.Event()
-    turns_seen: list[Turns] = []
-
-    async def app(scope: Scope, receive: Any, send: Any) -> None:
-        ext = scope["extensions"]
-        turns: Turns = ext[TURNS]
-        turns_seen.append(turns)
-        turns.limit = 1
-        place = Place(turns, ext.pop(TURN, None))
-        await place.take(math.inf, math.inf)
-        if scope["path"] == "/hold":
-            held.set()
-            await release.wait()
-        place.release()
-        await send({**HEAD, "headers": [(b"content-length", b"2")]})
-        await send(body(b"ok"))
-
+    app = TurnApp()
     async with server(app) as port:
         first = await trio.open_tcp_stream("127.0.0.1", port)
         await first.send_all(post(b"hold"))
-        await held.wait()
+        await app.held.wait()
         slow = await trio.open_tcp_stream("127.0.0.1", port)
         await slow.send_all(dribble)
         await trio.sleep(0.2)
-        release.set()
+        app.release.set()
         await answer(first)
         await trio.sleep(0.2)  # the dribbler has had its turn, and given it back
         with trio.fail_after(5):
             later = await trio.open_tcp_stream("127.0.0.1", port)
             await later.send_all(post(b"later"))
             await answer(later)
-        assert turns_seen[0].active == 0
+        assert app.taken() == 0
         for stream in (first, slow, later):
             await stream.aclose()
 
