@@ -98,7 +98,10 @@ def waits_for_turn(first: TurnFirst | None, data: bytes, protocol: Any) -> bool:
     """Whether ``data``, just read, begins a request that must wait for its turn before
     it is handed on (module docstring)."""
     return (
-        first is not None and data[:5] == _POST and first.turns.full and between_requests(protocol)
+        first is not None
+        and data.startswith(_POST)
+        and first.turns.full
+        and between_requests(protocol)
     )
 
 
