@@ -27,7 +27,7 @@ import trio.testing
 from aiserve_trio.adapters import h1
 from aiserve_trio.adapters.base import Delta, EmbeddingRequest, InferenceRequest, Message
 from aiserve_trio.adapters.openai import OpenAIAdapter
-from aiserve_trio.adapters.transport import H1Transport, Httpx2Transport
+from aiserve_trio.adapters.transport import H1Transport, H2Transport, Httpx2Transport
 from aiserve_trio.config import ConfigError, OpenAIAdapterConfig
 from aiserve_trio.core.errors import UpstreamConnectError, UpstreamStatusError
 
@@ -695,16 +695,23 @@ async def test_probe_and_embeddings_on_the_lean_client() -> None:
     assert up.requests[1].endswith(b'{"model":"m","input":"hi"}')
 
 
-async def test_http2_and_the_httpx2_setting_keep_httpx2_https_is_lean() -> None:
+async def test_the_httpx2_setting_keeps_httpx2_http2_and_https_are_lean() -> None:
     async with trio.open_nursery() as nursery:
         for kw in (
-            {"base_url": "https://up.test/v1", "http2": True},
-            {"base_url": "http://up.test/v1", "http2": True},
+            {"base_url": "https://up.test/v1", "http2": True, "client": "httpx2"},
+            {"base_url": "http://up.test/v1", "http2": True, "client": "httpx2"},
             {"base_url": "http://up.test/v1", "client": "httpx2"},
         ):
             adapter = OpenAIAdapter("up", OpenAIAdapterConfig(models=["m"], **kw))
             await adapter.aopen(nursery)
             assert isinstance(adapter.transport, Httpx2Transport), kw
+            await adapter.aclose()
+        for base in ("http://up.test/v1", "https://up.test/v1"):
+            cfg = OpenAIAdapterConfig(base_url=base, models=["m"], http2=True)
+            adapter = OpenAIAdapter("up", cfg)
+            await adapter.aopen(nursery)
+            assert isinstance(adapter.transport, H2Transport), base
+            assert (adapter.transport.pool.tls is not None) == base.startswith("https")
             await adapter.aclose()
         for base in ("http://up.test/v1", "https://up.test/v1"):
             adapter = OpenAIAdapter("up", OpenAIAdapterConfig(base_url=base, models=["m"]))

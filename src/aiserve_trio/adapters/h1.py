@@ -1,9 +1,11 @@
 """A lean HTTP/1.1 client for one job: a request to a model backend, its reply streamed.
 
 Every HTTP adapter uses it, through ``transport.py``, for ``http://`` and ``https://``
-backends over HTTP/1.1 (httpx2 stays for HTTP/2). It does only what that needs, and measured
-(docs/benchmarks.md, h1 client) one request with it costs a fraction of one through
-httpx2's layers (send, redirects, auth, transport, pool, connection, h11):
+backends over HTTP/1.1; the HTTP/2 client (``h2client.py``) reuses its connection's socket
+I/O (``_Conn``, ``_send_raw``, ``_fill``, ``_wait``, ``_fair``), its TLS (``_handshake``,
+``_Secure``), :class:`Timeouts`, :func:`check_header` and its exceptions. It does only
+what that needs, and measured (docs/benchmarks.md, h1 client) one request with it costs a
+fraction of one through httpx2's layers (send, redirects, auth, transport, pool, connection, h11):
 
 - a keep-alive pool per backend: idle connections are reused newest first, a
   connection idle past ``keepalive_expiry`` or that the server closed (it is
@@ -84,6 +86,7 @@ __all__ = [
     "Timeouts",
     "WriteError",
     "WriteTimeout",
+    "check_header",
 ]
 
 #: Bytes asked of the socket per read: what one stream holds while its client does not
@@ -171,7 +174,13 @@ class Timeouts:
         self.connect = connect
 
 
-def _check(part: bytes, what: str) -> bytes:
+def check_header(part: bytes, what: str) -> bytes:
+    """``part`` (a header's ``name`` or ``value``, as ``what`` says) if it cannot break a
+    request: no CR, LF or NUL (HTTP/2's encoding would carry them; servers refuse them).
+
+    Raises:
+        HeaderError: it has one.
+    """
     if b"\r" in part or b"\n" in part or b"\0" in part:
         raise HeaderError(f"a header {what} may not contain CR, LF or NUL: {part[:40]!r}")
     return part
@@ -199,7 +208,9 @@ class RequestHead:
             HeaderError: a name or value would break the head.
         """
         lines = [f"{method} {target} HTTP/1.1\r\nhost: {host}\r\n".encode("ascii")]
-        lines += [_check(k, "name") + b": " + _check(v, "value") + b"\r\n" for k, v in headers]
+        lines += [
+            check_header(k, "name") + b": " + check_header(v, "value") + b"\r\n" for k, v in headers
+        ]
         self._prefix = b"".join(lines)
 
     def build(self, headers: list[tuple[bytes, bytes]], body: bytes | None) -> bytes:
@@ -210,7 +221,7 @@ class RequestHead:
         """
         out = [self._prefix]
         for k, v in headers:
-            out.append(_check(k, "name") + b": " + _check(v, "value") + b"\r\n")
+            out.append(check_header(k, "name") + b": " + check_header(v, "value") + b"\r\n")
         if body is not None:
             out.append(b"content-length: %d\r\n" % len(body))
         out.append(b"\r\n")

@@ -9,12 +9,14 @@ the adapter already translated into the gateway's
 status is not a failure here, the adapter decides what a 4xx or 5xx means
 (:func:`status_error` is the usual answer).
 
-Two implementations:
+Three implementations:
 
 - :class:`H1Transport`, the lean HTTP/1.1 client (``h1.py``) over TCP or TLS:
   what every backend gets unless it asks for HTTP/2;
-- :class:`Httpx2Transport`, httpx2: HTTP/2 (``http2 = true``), ``client =
-  "httpx2"``, and a test's own httpx2 transport.
+- :class:`H2Transport`, the lean HTTP/2 client (``h2client.py``): ``http2 = true``,
+  h2c with prior knowledge on ``http://``, ALPN ``h2`` on ``https://``;
+- :class:`Httpx2Transport`, httpx2: ``client = "httpx2"`` (HTTP/1.1, or HTTP/2 with
+  ``http2 = true``), and a test's own httpx2 transport.
 
 :func:`open_transport` picks one from an adapter's settings. Why the gateway
 keeps a client of its own is in ``docs/architecture.md`` (the transport section).
@@ -53,7 +55,7 @@ from ..core.errors import (
     UpstreamTimeout,
     UpstreamTLSError,
 )
-from . import h1
+from . import h1, h2client
 from .compat import pool_connections
 from .settings import UpstreamTLS
 from .sse_parser import SSEDecodeError
@@ -67,6 +69,7 @@ __all__ = [
     "PER_CLIENT_HTTP2",
     "ClientPool",
     "H1Transport",
+    "H2Transport",
     "Httpx2Transport",
     "Reply",
     "Transport",
@@ -360,7 +363,7 @@ class H1Transport:
 
     def stream(
         self, method: str, path: str, headers: Headers, body: bytes, deadline: float
-    ) -> _H1Exchange:
+    ) -> _LeanExchange:
         fixed = self._fixed
         replaced = frozenset(k for k, _ in headers if k in fixed) if fixed else frozenset()
         io, connect = _timeouts(deadline, self._connect_s)
@@ -368,7 +371,7 @@ class H1Transport:
             head = self._head(method, path, replaced).build(
                 list(headers), body if body or method != "GET" else None
             )
-        return _H1Exchange(self.name, self.pool.request(head, body, h1.Timeouts(io, connect)))
+        return _LeanExchange(self.name, self.pool.request(head, body, h1.Timeouts(io, connect)))
 
     def connections(self) -> tuple[int, int]:
         return self.pool.connections()
@@ -378,12 +381,125 @@ class H1Transport:
 
 
 @final
-class _H1Exchange:
-    """An h1 exchange with its errors translated (the :class:`Reply` of :class:`H1Transport`)."""
+class H2Transport:
+    """The lean HTTP/2 client (``h2client.py``): h2c for ``http://``, ALPN h2 for ``https://``."""
+
+    __slots__ = (
+        "_authority",
+        "_connect_s",
+        "_fixed",
+        "_heads",
+        "_prefix",
+        "_scheme",
+        "name",
+        "pool",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        headers: Headers,
+        *,
+        max_connections: int,
+        connect_timeout: float,
+        tls: TLSSettings | None = None,
+        per_connection: int = PER_CLIENT_HTTP2,
+    ) -> None:
+        """Args as :class:`H1Transport`'s; ``per_connection``: streams one connection
+        carries at most (the server may allow fewer). The connection-specific headers
+        HTTP/2 forbids (``connection``, ``host``, ``transfer-encoding``...) are not sent.
+
+        Raises:
+            h1.HeaderError: a fixed header would break the request (CR, LF or NUL).
+        """
+        scheme, hostname, port, host, prefix = _split(base_url)
+        if scheme == "https" and tls is None:
+            raise ValueError(f"{base_url}: https needs TLS settings")
+        self.name = name
+        self._scheme = scheme.encode("ascii")
+        self._authority = host.encode("ascii")
+        self._prefix = prefix
+        self._fixed = {k: v for k, v in headers if k not in h2client.FORBIDDEN}
+        for k, v in self._fixed.items():  # checked once: a bad one fails at start-up
+            h1.RequestHead("GET", "/", host, [(k, v)])
+        self._connect_s = connect_timeout
+        self._heads: dict[tuple[str, str, frozenset[bytes]], list[tuple[bytes, bytes]]] = {}
+        self.pool = h2client.H2Pool(
+            hostname,
+            port,
+            max_connections=max_connections,
+            per_connection=per_connection,
+            tls=tls if scheme == "https" else None,
+        )
+
+    def _head(
+        self, method: str, path: str, replaced: frozenset[bytes]
+    ) -> list[tuple[bytes, bytes]]:
+        key = (method, path, replaced)
+        head = self._heads.get(key)
+        if head is None:
+            head = self._heads[key] = [
+                (b":method", method.encode("ascii")),
+                (b":scheme", self._scheme),
+                (b":authority", self._authority),
+                (b":path", (self._prefix + path).encode("ascii")),
+                *((k, v) for k, v in self._fixed.items() if k not in replaced),
+            ]
+        return head
+
+    def stream(
+        self, method: str, path: str, headers: Headers, body: bytes, deadline: float
+    ) -> _LeanExchange:
+        fixed = self._fixed
+        replaced = frozenset(k for k, _ in headers if k in fixed) if fixed else frozenset()
+        io, connect = _timeouts(deadline, self._connect_s)
+        with translate_errors(self.name):
+            sent = self._head(method, path, replaced).copy()
+            for k, v in headers:
+                if k not in h2client.FORBIDDEN:
+                    sent.append((h1.check_header(k, "name"), h1.check_header(v, "value")))
+            if body or method != "GET":
+                sent.append((b"content-length", b"%d" % len(body)))
+        return _LeanExchange(self.name, self.pool.request(sent, body, h1.Timeouts(io, connect)))
+
+    def connections(self) -> tuple[int, int]:
+        return self.pool.connections()
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+
+class _Lean(Protocol):
+    """What :class:`_LeanExchange` wraps: ``h1.Response`` or ``h2client.Response``."""
+
+    @property
+    def status(self) -> int: ...
+
+    def header(self, name: bytes) -> bytes | None: ...
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    async def __anext__(self) -> bytes: ...
+
+    async def read(self, limit: int) -> bytes: ...
+
+
+@final
+class _LeanExchange:
+    """A lean client's exchange with its errors translated (the :class:`Reply` of
+    :class:`H1Transport` and :class:`H2Transport`)."""
 
     __slots__ = ("_response", "_where")
 
-    def __init__(self, where: str, response: h1.Response) -> None:
+    def __init__(self, where: str, response: _Lean) -> None:
         self._where = where
         self._response = response
 
@@ -394,7 +510,7 @@ class _H1Exchange:
     def header(self, name: bytes) -> bytes | None:
         return self._response.header(name)
 
-    async def __aenter__(self) -> _H1Exchange:
+    async def __aenter__(self) -> _LeanExchange:
         with translate_errors(self._where):
             await self._response.__aenter__()
         return self
@@ -407,7 +523,7 @@ class _H1Exchange:
     ) -> None:
         await self._response.__aexit__(exc_type, exc, tb)
 
-    def __aiter__(self) -> _H1Exchange:
+    def __aiter__(self) -> _LeanExchange:
         return self
 
     async def __anext__(self) -> bytes:
@@ -607,13 +723,22 @@ def open_transport(
     tls: TLSSettings | None = None,
     transport: httpx2.AsyncBaseTransport | None = None,
 ) -> Transport:
-    """The transport for an adapter's settings: the lean one unless HTTP/2, ``client =
-    "httpx2"`` or a test's httpx2 ``transport`` asks for httpx2.
+    """The transport for an adapter's settings: a lean one (HTTP/1.1, or HTTP/2 with
+    ``http2``) unless ``client = "httpx2"`` or a test's httpx2 ``transport`` asks for httpx2.
 
     Raises:
         h1.HeaderError: a fixed header would break the request head.
     """
-    if client == "auto" and not http2 and transport is None:
+    if client == "auto" and transport is None and http2:
+        return H2Transport(
+            name,
+            base_url,
+            headers,
+            max_connections=max_connections,
+            connect_timeout=connect_timeout,
+            tls=tls,
+        )
+    if client == "auto" and transport is None:
         return H1Transport(
             name,
             base_url,
