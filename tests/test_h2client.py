@@ -591,3 +591,25 @@ async def test_over_tls_alpn_h2_streams_and_a_backend_without_h2_is_told_clearly
         with pytest.raises(UpstreamTLSError, match=r"did not agree to HTTP/2.*http2 = false"):
             await fetch(t)
         await t.aclose()
+
+
+async def test_streams_whose_readers_do_not_read_never_stop_the_others_on_the_connection() -> None:
+    async def big(conn: Conn, sid: int, head: Headers, body: bytes) -> None:
+        await conn.respond(sid)
+        with contextlib.suppress(h2.exceptions.StreamClosedError):
+            for _ in range(32):
+                await conn.data(sid, b"y" * 16384)
+            await conn.data(sid, b"", end=True)
+
+    async with serving(big) as server:
+        t = transport(server, per_connection=3)
+        deadline = trio.current_time() + 5
+        async with (
+            t.stream("POST", "/chat", [], b"{}", deadline),
+            t.stream("POST", "/chat", [], b"{}", deadline),
+        ):
+            # Two streams hold their whole windows unread; the third still gets all of it.
+            with trio.fail_after(2):
+                assert await fetch(t) == (200, b"y" * (32 * 16384))
+        assert server.connections == 1
+        await t.aclose()

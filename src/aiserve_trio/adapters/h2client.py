@@ -29,8 +29,9 @@ memory goes").
   ``MAX_CONCURRENT_STREAMS`` is then known, so a stream is never refused for it. The
   server sends its SETTINGS first thing; on loopback the wait is not measurable.
 - **Flow control.** Our initial stream window is :data:`STREAM_WINDOW` and the connection's
-  :data:`CONNECTION_WINDOW`, so a normal answer never waits for a WINDOW_UPDATE round
-  trip. Received DATA is acknowledged as the consumer takes it, not as it arrives: a
+  room for all its streams' windows at once, so a normal answer never waits for a
+  WINDOW_UPDATE round trip and streams whose clients do not read never stop the others.
+  Received DATA is acknowledged as the consumer takes it, not as it arrives: a
   client that does not read stops its stream's window, so the backend is held back and a
   stream buffers at most its window. A request body larger than the send window waits for
   the server's WINDOW_UPDATE (within ``io``: :class:`~.h1.WriteTimeout`).
@@ -92,7 +93,6 @@ from .h1 import (
 from .tls import TLSSettings
 
 __all__ = [
-    "CONNECTION_WINDOW",
     "FORBIDDEN",
     "NO_H2",
     "PER_CONNECTION",
@@ -105,8 +105,6 @@ __all__ = [
 PER_CONNECTION: Final = 100
 #: Our initial window of a stream: what the backend may send ahead of the consumer.
 STREAM_WINDOW: Final = 1 << 18
-#: Our connection window: room for many streams' windows at once.
-CONNECTION_WINDOW: Final = 1 << 24
 #: Request headers HTTP/2 forbids (connection-specific) or carries as a pseudo-header.
 FORBIDDEN: Final = frozenset(
     {b"connection", b"host", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
@@ -533,7 +531,14 @@ class Response:
                     raise type(conn.error)(str(conn.error))
                 continue
             n = min(room, len(body) - sent)
-            state.send_data(sid, view[sent : sent + n].tobytes(), end_stream=sent + n == len(body))
+            try:
+                state.send_data(
+                    sid, view[sent : sent + n].tobytes(), end_stream=sent + n == len(body)
+                )
+            except h2.exceptions.StreamClosedError:
+                break  # reset meanwhile: the reader has told the stream why
+            except h2.exceptions.ProtocolError as exc:
+                raise RemoteProtocolError(f"the request could not be sent: {exc}") from exc
             sent += n
         await conn.flush(io)
 
@@ -788,7 +793,10 @@ class H2Pool:
             conn.sock = sock
             conn.tls13 = conn.tls is not None and conn.tls.obj.version() == "TLSv1.3"
             conn.h2.initiate_connection()
-            conn.h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+            # Room for every stream's whole window: streams whose consumers do not read
+            # cannot stop the others on the connection.
+            window = min(self.per_connection * STREAM_WINDOW, (1 << 31) - 1)
+            conn.h2.increment_flow_control_window(window - 65535)
             await conn.flush(timeouts.io)
             trio.lowlevel.spawn_system_task(conn.read_loop, name=f"h2 reader {where}")
             await conn.ready.wait()
