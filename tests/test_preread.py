@@ -40,12 +40,14 @@ async def answer(stream: trio.SocketStream) -> bytes:
 
 class TurnApp:
     """An ASGI app on the worker's queue, limited to one turn: a POST takes its turn (or
-    uses the one handed to it); ``/hold`` keeps it until ``release`` is set. ``seen``: per
+    uses the one handed to it); ``/hold`` keeps it until ``release`` is set; ``/linger``
+    sends its whole answer but ends the exchange only once ``lingered`` is set. ``seen``: per
     path, (arrival stamp, app start, whether a turn was handed); ``turns``: the worker's."""
 
     def __init__(self) -> None:
         self.held = trio.Event()
         self.release = trio.Event()
+        self.lingered = trio.Event()
         self.seen: dict[str, tuple[float, float, bool]] = {}
         self.turns: Turns | None = None
 
@@ -68,6 +70,11 @@ class TurnApp:
                 await self.release.wait()
             place.release()
         await send({**HEAD, "headers": [(b"content-length", b"2")]})
+        if scope["path"] == "/linger":  # the whole body, and the exchange's end later
+            await send(body(b"ok", more=True))
+            await self.lingered.wait()
+            await send(body(b""))
+            return
         await send(body(b"ok"))
 
 
@@ -99,6 +106,36 @@ async def test_a_post_is_not_read_while_the_queue_is_full_and_keeps_its_arrival(
         assert started - arrived >= 0.25  # ... not when its turn came
         assert app.taken() == 0
         for stream in (first, second, health):
+            await stream.aclose()
+
+
+async def test_a_post_sent_before_the_exchange_ahead_ended_waits_unread_too() -> None:
+    """A client sends its next POST as soon as it has its answer, before the exchange
+    that answered has ended on the server (under load the end comes a scheduler pass
+    later): the POST is not read when that exchange ends either, while the queue is
+    full -- it waits for its turn unread, and runs with the turn handed to it. (Read at
+    once, it was parsed and its app started, to wait in the queue: at 1,024 clients a
+    third of the requests were.)"""
+    app = TurnApp()
+    async with server(app) as port:
+        first = await trio.open_tcp_stream("127.0.0.1", port)
+        await first.send_all(post(b"hold"))
+        await app.held.wait()
+        eager = await trio.open_tcp_stream("127.0.0.1", port)
+        await eager.send_all(b"GET /linger HTTP/1.1\r\nhost: x\r\n\r\n")
+        await answer(eager)
+        await eager.send_all(post(b"next"))
+        await trio.sleep(0.2)
+        app.lingered.set()  # the exchange ahead ends; the queue is still full
+        await trio.sleep(0.3)
+        assert "/next" not in app.seen  # still unread
+
+        app.release.set()
+        await answer(first)
+        await answer(eager)
+        assert app.seen["/next"][2]  # the turn taken before its read
+        assert app.taken() == 0
+        for stream in (first, eager):
             await stream.aclose()
 
 

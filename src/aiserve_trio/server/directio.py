@@ -42,7 +42,7 @@ from typing import Any
 
 import trio
 
-from .preread import TurnFirst, take_turn_first, waits_for_turn
+from .preread import TurnFirst, take_turn_first, waits_for_cycle, waits_for_turn
 
 #: hypercorn's read size (``hypercorn.trio.tcp_server.MAX_RECV``).
 MAX_RECV = 2**16
@@ -137,6 +137,9 @@ async def _read_loop(
             fresh = False  # the accept's time stands
         elif arrivals is not None:
             arrivals.read_at = trio.current_time()
+        if waits_for_cycle(first, data, protocol):
+            assert first is not None
+            await first.next_cycle()
         if waits_for_turn(first, data, protocol):
             assert first is not None
             await take_turn_first(first, server.idle_task)

@@ -148,6 +148,10 @@ class GatewayTCPServer(TCPServer):
                 return
             if sent:
                 event = RawData(data=data[sent:])
+        elif type(event) is not RawData:
+            # Updated(idle=True): the exchange ended; Closed: the connection did. A read
+            # that waits for either (preread.py) goes on.
+            self.first.cycled()
         await super().protocol_send(event)
 
     async def _read_data(self) -> None:
