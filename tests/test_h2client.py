@@ -613,3 +613,12 @@ async def test_streams_whose_readers_do_not_read_never_stop_the_others_on_the_co
                 assert await fetch(t) == (200, b"y" * (32 * 16384))
         assert server.connections == 1
         await t.aclose()
+
+
+async def test_a_backend_that_allows_no_stream_is_a_connect_error_not_a_connect_loop() -> None:
+    async with serving(in_frames, max_streams=0) as server:
+        t = transport(server)
+        with pytest.raises(UpstreamConnectError):
+            await fetch(t)
+        assert server.connections == 1
+        await t.aclose()

@@ -203,6 +203,8 @@ class _Conn(h1._Conn):
             WriteError, WriteTimeout: the connection broke, or no room came in ``io``:
                 the connection is failed (a frame may be cut).
         """
+        if self.sock is None:
+            return  # failed or closed: its streams were told; what h2 queued has nowhere to go
         lock = self.lock
         if not lock.locked():
             data = self.h2.data_to_send()
@@ -214,7 +216,7 @@ class _Conn(h1._Conn):
             data = self.h2.data_to_send()
         try:
             with trio.CancelScope(shield=True):
-                while data:
+                while data and self.sock is not None:
                     await self._send(data, io)
                     data = self.h2.data_to_send()
         except BaseException as exc:
@@ -562,9 +564,9 @@ class Response:
         """The body bytes received since the last call (never empty); the end stops it."""
         while True:
             if self._chunks:
-                unacked, self._unacked = self._unacked, 0
                 conn = self._conn
                 data = self._take()
+                unacked, self._unacked = self._unacked, 0
                 if conn is not None and unacked:
                     conn.h2.acknowledge_received_data(unacked, self._sid)
                     await conn.flush(self._timeouts.io)
@@ -722,6 +724,7 @@ class H2Pool:
         """
         while True:
             conn = self._pick()
+            made = conn is None
             if conn is None:
                 conn = _Conn(self)
                 conn.reserved = 1
@@ -754,6 +757,8 @@ class H2Pool:
                 return conn
             # The server allows fewer streams than were waiting for it: another one.
             self._release(conn)
+            if made and conn.h2.remote_settings.max_concurrent_streams == 0:
+                raise ConnectError(f"{self.host}:{self.port} allows no HTTP/2 stream")
 
     def _pick(self) -> _Conn | None:
         now = trio.current_time()
