@@ -164,12 +164,16 @@ class DeadlineConfig(Section):
     #: upstream call); the others wait their turn in arrival order, until their queue
     #: budget or context cut (0: no queue; ``http/turns.py``).
     max_starting: int = 128
+    #: The fewest the worker lets start at once when its CPU is the bottleneck: between
+    #: the two, the bound follows the worker's CPU (``http/turns.py``, ``Pace``); equal
+    #: to ``max_starting`` (or above it): a fixed bound.
+    min_starting: int = 16
 
     def __post_init__(self) -> None:
         positive(self, "default_ms", "max_ms")
         if not 0.0 <= self.queue_share <= 1.0:
             raise field_error("queue_share", f"must be in [0, 1], got {self.queue_share}")
-        for key in ("reserve_ms", "min_inference_ms", "ttft_ms", "max_starting"):
+        for key in ("reserve_ms", "min_inference_ms", "ttft_ms", "max_starting", "min_starting"):
             if getattr(self, key) < 0:
                 raise field_error(key, "must not be negative")
         not_above(self, "default_ms", "max_ms")

@@ -249,7 +249,7 @@ class Entry:
         turns = extensions.get(TURNS)
         if not isinstance(turns, Turns):
             turns = self.turns
-        turns.limit = d.max_starting
+        turns.bound(d.min_starting, d.max_starting)
         turn = extensions.pop(TURN, None)
         place = Place(turns, turn if isinstance(turn, Turn) else None)
         held = CURRENT_PLACE.set(place)
