@@ -97,12 +97,10 @@ class OpenAIAdapterConfig(UpstreamTLS, tag="openai", tag_field="kind", kw_only=T
     upstream_model: str | None = None
     #: Name of the environment variable holding the upstream API key.
     api_key_env: str | None = None
-    #: HTTP/2 to the backend: ALPN over https, prior knowledge (h2c) over http.
-    #: One socket per 100 streams instead of one per stream, but httpcore2 hands
-    #: a stream an event it has already read only once that stream's task gets
-    #: the connection's read lock: with many slow streams a token can wait up to
-    #: one inter-token interval (docs/benchmarks.md, scenario (c)). HTTP/1.1 unless
-    #: descriptors run out.
+    #: HTTP/2 to the backend: ALPN ``h2`` over https, prior knowledge (h2c) over http,
+    #: through the lean HTTP/2 client (``adapters/h2client.py``; httpx2 with ``client =
+    #: "httpx2"``). One socket per 100 streams (fewer if the backend allows fewer)
+    #: instead of one per stream: what 10,000 held streams need.
     http2: bool = False
     #: Concurrent upstream streams before requests queue (HTTP/1.1: one
     #: connection each; HTTP/2: up to 100 per connection).
@@ -117,9 +115,9 @@ class OpenAIAdapterConfig(UpstreamTLS, tag="openai", tag_field="kind", kw_only=T
     tokenizer: str | None = None
     #: Extra headers sent upstream on every request.
     headers: dict[str, str] = msgspec.field(default_factory=dict)
-    #: The HTTP client. ``auto``: the gateway's own lean HTTP/1.1 client
-    #: (``adapters/h1.py``) for an ``http://`` or ``https://`` backend without
-    #: ``http2``, httpx2 for HTTP/2; ``httpx2``: httpx2 always.
+    #: The HTTP client. ``auto``: the gateway's own lean clients, HTTP/1.1
+    #: (``adapters/h1.py``) or with ``http2`` HTTP/2 (``adapters/h2client.py``);
+    #: ``httpx2``: httpx2 always (HTTP/2 with ``http2``).
     client: Literal["auto", "httpx2"] = "auto"
     #: The backend's API: ``chat`` (``POST {base_url}/chat/completions``) or
     #: ``responses`` (``POST {base_url}/responses``: it serves ``responses`` routes,

@@ -116,7 +116,8 @@ class Transport(Protocol):
         """One exchange, as an async context manager around its :class:`Reply`.
 
         Entering sends the request and reads the response head; leaving closes the
-        response (a connection is kept only when its response was read to the end).
+        response (over HTTP/1.1 a connection is kept only when its response was read to
+        the end; over HTTP/2 a stream left before its end is reset, its connection kept).
 
         Args:
             method: ``GET`` or ``POST``.
