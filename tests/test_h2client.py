@@ -622,3 +622,56 @@ async def test_a_backend_that_allows_no_stream_is_a_connect_error_not_a_connect_
             await fetch(t)
         assert server.connections == 1
         await t.aclose()
+
+
+def sse(*texts: str) -> bytes:
+    out = b""
+    for text in texts:
+        out += b'data: {"choices":[{"delta":{"content":"%s"}}]}\n\n' % text.encode()
+    out += b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n'
+    return out + b"data: [DONE]\n\n"
+
+
+async def test_the_adapter_over_h2_sends_its_headers_and_a_reset_is_its_protocol_error() -> None:
+    async def answer(conn: Conn, sid: int, head: Headers, body: bytes) -> None:
+        await conn.respond(sid, headers=[(b"content-type", b"text/event-stream")])
+        if len(conn.server.requests) == 1:
+            for part in (b"data: {", sse("Hel", "lo")[7:]):  # an event cut across frames
+                await conn.data(sid, part)
+            await conn.data(sid, b"", end=True)
+        else:
+            await conn.data(sid, sse("x")[:20])
+            await conn.reset(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
+
+    async with serving(answer) as server, trio.open_nursery() as nursery:
+        config = OpenAIAdapterConfig(
+            base_url=f"http://127.0.0.1:{server.port}/v1",
+            models=["m"],
+            http2=True,
+            max_retries=0,
+            headers={"X-Team": "a"},
+        )
+        adapter = OpenAIAdapter("up", config)
+        await adapter.aopen(nursery)
+
+        async def stream() -> str:
+            request = InferenceRequest(
+                request_id="req-7",
+                model="m",
+                messages=[Message(role="user", content="hi")],
+                deadline=trio.current_time() + 5,
+            )
+            send, recv = trio.open_memory_channel[Delta](100)
+            async with send:
+                await adapter.stream(request, send)
+            return "".join([d.text async for d in recv])
+
+        assert await stream() == "Hello"
+        with pytest.raises(UpstreamProtocolError, match="INTERNAL_ERROR"):
+            await stream()
+        await adapter.aclose()
+    sent = dict(server.requests[0])
+    assert sent[b":path"] == b"/v1/chat/completions"
+    assert sent[b"x-team"] == b"a"
+    assert sent[b"x-request-id"] == b"req-7"
+    assert b"accept-encoding" not in sent  # nothing asked to decompress, as over HTTP/1.1

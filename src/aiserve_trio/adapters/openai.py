@@ -137,10 +137,10 @@ class OpenAIAdapter(TransportOwner, Adapter):
             "user-agent": _USER_AGENT,
             **{k.lower(): v for k, v in headers.items()},  # the config's win
         }
-        lean = cfg.client == "auto" and not cfg.http2 and self._httpx2_transport is None
+        lean = cfg.client == "auto" and self._httpx2_transport is None  # h1 or h2client
         if not lean:
-            # httpx2 decodes what it asks for; the lean client asks for nothing (a
-            # backend compresses nothing then; h1 still decodes gzip and deflate).
+            # httpx2 decodes what it asks for; the lean clients ask for nothing (a
+            # backend compresses nothing then; they still decode gzip and deflate).
             fixed.setdefault("accept-encoding", "gzip, deflate")
         tls = self.backend_tls(cfg.base_url, cfg)
         try:
