@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import h2.config
 import h2.connection
@@ -26,7 +28,7 @@ import pytest
 import trio
 import trustme
 
-from aiserve_trio.adapters import h2client
+from aiserve_trio.adapters import h1, h2client
 from aiserve_trio.adapters.base import Delta, InferenceRequest, Message
 from aiserve_trio.adapters.openai import OpenAIAdapter
 from aiserve_trio.adapters.settings import OpenAIAdapterConfig
@@ -675,3 +677,84 @@ async def test_the_adapter_over_h2_sends_its_headers_and_a_reset_is_its_protocol
     assert sent[b"x-team"] == b"a"
     assert sent[b"x-request-id"] == b"req-7"
     assert b"accept-encoding" not in sent  # nothing asked to decompress, as over HTTP/1.1
+
+
+class Flood(socket.socket):
+    """A connected-looking socket whose peer never lets it run dry: its SETTINGS, then
+    ``left`` bytes of frames of a kind HTTP/2 says to ignore, a full read at every ``recv``."""
+
+    def __init__(self, left: int) -> None:
+        super().__init__(socket.AF_INET, socket.SOCK_STREAM)
+        server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        server.initiate_connection()
+        self.pending = server.data_to_send()
+        # A frame of an unknown type (0xEE): 24-bit length, type, flags, stream 0, payload.
+        self.frame = (16000).to_bytes(3, "big") + b"\xee\x00" + bytes(4) + b"z" * 16000
+        self.left = left
+        self.given = 0
+
+    def send(self, data: Any, flags: int = 0, /) -> int:
+        return len(data)
+
+    def recv(self, size: int, flags: int = 0, /) -> bytes:
+        while len(self.pending) < size and self.left > 0:
+            self.pending += self.frame
+            self.left -= len(self.frame)
+        data, self.pending = self.pending[:size], self.pending[size:]
+        self.given += len(data)
+        return bytes(data)
+
+
+async def test_a_backend_that_never_lets_the_socket_run_dry_cannot_hold_the_loop() -> None:
+    # Without a checkpoint every CHECKPOINT_BYTES the reader would take all 8 MiB in one
+    # step of its task: no other task would run meanwhile.
+    flood = Flood(8 << 20)
+    pool = h2client.H2Pool("up.test", 80, max_connections=1)
+    conn = h2client._Conn(pool)
+    conn.sock = flood
+    conn.h2.initiate_connection()
+    gaps: list[int] = []
+    done = False
+
+    async def other_task() -> None:
+        last = flood.given
+        while not done:
+            await trio.lowlevel.checkpoint()
+            gaps.append(flood.given - last)
+            last = flood.given
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        await conn.read_loop()  # to the flood's end: "closed before the end"
+        done = True
+    assert isinstance(conn.error, h1.RemoteProtocolError), conn.error
+    assert flood.given >= 8 << 20, conn.error
+    assert len(gaps) > (8 << 20) // h1.CHECKPOINT_BYTES // 2
+    assert max(gaps) <= 2 * (h1.CHECKPOINT_BYTES + h1.READ_SIZE)
+
+
+async def test_a_backend_that_never_sends_its_settings_is_a_connect_timeout() -> None:
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        t = H2Transport(
+            "up", f"http://127.0.0.1:{port}", [], max_connections=4, connect_timeout=0.2
+        )
+        with pytest.raises(UpstreamTimeout, match="ConnectTimeout"):
+            await fetch(t)
+        assert t.connections() == (0, 0)  # the failed connection is not kept
+        await t.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_refused_connect_is_a_connect_error() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = H2Transport("up", f"http://127.0.0.1:{port}", [], max_connections=4, connect_timeout=1.0)
+    with pytest.raises(UpstreamConnectError):
+        await fetch(t)
+    await t.aclose()
