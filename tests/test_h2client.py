@@ -758,3 +758,27 @@ async def test_a_refused_connect_is_a_connect_error() -> None:
     with pytest.raises(UpstreamConnectError):
         await fetch(t)
     await t.aclose()
+
+
+async def test_over_tls_a_new_connection_resumes_the_session_an_earlier_one_got(
+    ca: trustme.CA,
+) -> None:
+    async with tls_server(ca, ["h2"]) as port:
+        kinds: list[str] = []
+        ctx = ssl.create_default_context()
+        ca.configure_trust(ctx)
+        t = H2Transport(
+            "up",
+            f"https://127.0.0.1:{port}/v1",
+            [],
+            max_connections=10,
+            connect_timeout=1.0,
+            tls=TLSSettings(ctx, "127.0.0.1", kinds.append),
+            per_connection=1,
+        )
+        assert await fetch(t) == (200, b"".join(frames(500)))  # its tickets came meanwhile
+        deadline = trio.current_time() + 5
+        async with t.stream("POST", "/chat", [], b"{}", deadline):  # the first connection
+            assert await fetch(t) == (200, b"".join(frames(500)))  # so a second one
+        assert kinds == ["full", "resumed"]
+        await t.aclose()
