@@ -782,3 +782,17 @@ async def test_over_tls_a_new_connection_resumes_the_session_an_earlier_one_got(
             assert await fetch(t) == (200, b"".join(frames(500)))  # so a second one
         assert kinds == ["full", "resumed"]
         await t.aclose()
+
+
+async def test_a_connection_without_a_stream_past_keepalive_expiry_is_closed_not_reused() -> None:
+    async with serving(in_20_frames) as server:
+        t = transport(server)
+        t.pool.keepalive_expiry = 0.1
+        assert await fetch(t) == (200, b"".join(frames(20)))
+        assert await fetch(t) == (200, b"".join(frames(20)))  # at once: the same connection
+        assert server.connections == 1
+        await trio.sleep(0.15)
+        assert await fetch(t) == (200, b"".join(frames(20)))
+        assert server.connections == 2
+        assert t.connections() == (1, 0)
+        await t.aclose()
