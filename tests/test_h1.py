@@ -11,7 +11,9 @@ import contextlib
 import gc
 import gzip
 import json
+import os
 import random
+import resource
 import socket
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -422,6 +424,37 @@ async def tcp_backend(
         listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
         yield int(listeners[0].socket.getsockname()[1])
         nursery.cancel_scope.cancel()
+
+
+def test_an_idle_connection_numbered_above_1023_is_kept_until_its_server_closes_it() -> None:
+    """A worker with a thousand clients has upstream sockets numbered above 1023, which
+    select() cannot take: each idle one was taken for closed, and every request opened a
+    new upstream connection. Open and quiet, it is fit for reuse; closed by the server, or
+    with bytes it should not have sent, it is not."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard > 1600, "the test needs descriptors above 1023"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1600), hard))
+    pairs = []
+    try:
+        for n, spoil in enumerate((None, b"x")):
+            ours, theirs = socket.socketpair()
+            high = os.dup2(ours.fileno(), 1500 + n)
+            ours.close()
+            sock = socket.socket(fileno=high)
+            sock.setblocking(False)
+            pairs.append((sock, theirs))
+            conn = h1._Conn(sock=sock)
+            assert not conn.closed_by_peer()
+            if spoil is None:
+                theirs.close()
+            else:
+                theirs.send(spoil)
+            assert conn.closed_by_peer()
+    finally:
+        for sock, theirs in pairs:
+            sock.close()
+            theirs.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.slow
@@ -862,8 +895,7 @@ async def test_a_held_stream_through_the_adapter_keeps_no_copy_of_its_prompt() -
     async def held(stream: trio.abc.Stream) -> None:
         part = sse("Hel")[: -len(b"data: [DONE]\n\n")].split(b"\n\n")[0] + b"\n\n"
         await stream.send_all(
-            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n"
-            % (len(part), part)
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(part), part)
         )
         await release.wait()
         rest = sse()

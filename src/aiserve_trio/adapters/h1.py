@@ -55,7 +55,6 @@ rules' call (they retry it as a connect error, and count it).
 from __future__ import annotations
 
 import contextlib
-import select
 import socket
 import ssl
 import zlib
@@ -342,11 +341,15 @@ class _Conn:
         try:
             if tls is not None and tls.incoming.pending and tls.decrypt() is not None:
                 return True  # left over from the last read: data, or the end
-            readable, _, _ = select.select([sock.fileno()], [], [], 0)
-            if not readable:
-                return False
+            # A peek, not select(): select() cannot take a descriptor above 1023 (it
+            # raised, and every idle connection of a worker with a thousand clients
+            # was taken for closed: a new upstream connection for each request).
+            try:
+                sock.recv(1, socket.MSG_PEEK)  # the socket is non-blocking
+            except BlockingIOError:
+                return False  # nothing to read: open and clean
             if tls is None:
-                return True
+                return True  # b"": the end; bytes: what it should not have sent
             tls.take(sock.recv_into(tls.buf))
             return tls.decrypt() is not None  # None: tickets only, nothing left over
         except (OSError, ValueError, TLSError):
