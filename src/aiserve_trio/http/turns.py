@@ -4,6 +4,7 @@ bound adapted to the worker's CPU (:class:`Pace`, ``[deadline] min_starting``)."
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -188,6 +189,9 @@ class Turns:
                     if self.active < limit and not self._lot:  # room now, and nobody ahead
                         self.active += 1
                         return Turn(self)
+        if until == math.inf:  # the server's wait before a read: no cancel scope to make
+            await self._lot.park()
+            return Turn(self)
         with trio.move_on_at(until):
             await self._lot.park()  # a finished turn is handed on: ``active`` is kept
             return Turn(self)
