@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--gc", action="store_true", help="time each worker's collections")
     ap.add_argument("--max-starting", default="",
-                    help="[deadline] max_starting values: a worker of each revision for each")
+                    help="fixed bounds ([deadline] max_starting = min_starting): a worker of "
+                         "each revision for each")
     args = ap.parse_args(argv)
     probe: Path | None = None
     if args.gc:
@@ -120,8 +121,12 @@ def main(argv: list[str] | None = None) -> int:
                 (own / "sitecustomize.py").write_text(GC_PROBE % {"dir": str(probe)})
                 src = own
             systems.SNAPSHOT = src
+            # A fixed bound: the floor where the ceiling is (else it follows the load),
+            # on a revision that has the floor.
+            paced = "min_starting" in (src / "aiserve_trio" / "core" / "budgets.py").read_text()
             for ms in [m for m in args.max_starting.split(",") if m] or [""]:
-                extra = f"\n[deadline]\nmax_starting = {ms}\n" if ms else ""
+                floor = f"min_starting = {ms}\n" if paced else ""
+                extra = f"\n[deadline]\nmax_starting = {ms}\n{floor}" if ms else ""
                 name = f"aiserve-{sha}" + (f"-ms{ms}" if ms else "")
                 targets.append(stack.enter_context(aiserve(up, name=name, extra=extra)))
         for _ in range(args.rounds):
