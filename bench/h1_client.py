@@ -1,7 +1,7 @@
 """The upstream HTTP client alone: the ``openai`` adapter over each transport.
 
     .venv/bin/python -m bench.h1_client [--duration 4] [--rounds 3] [--conc 1,16,64]
-                                        [--tls] [--clients httpx2,httpcore,auto,h2]
+                                        [--tls] [--clients httpx2,httpcore,auto,h2,h2lean]
 
 One Trio process (pinned to CPU 0) runs N tasks, each calling the adapter's
 ``stream`` in a loop (a streamed chat completion of 16 deltas from
@@ -13,7 +13,8 @@ client, alternating in each round, each in a fresh process:
   :class:`~aiserve_trio.adapters.transport.Transport` (the question: is a hand-written
   client still worth keeping next to the plain library under httpx?);
 - ``auto``: the lean client (``adapters/h1.py``);
-- ``h2``: httpx2 with ``http2 = true`` (HTTP/2 over ALPN with ``--tls``, h2c without).
+- ``h2``: httpx2 with ``http2 = true`` (HTTP/2 over ALPN with ``--tls``, h2c without);
+- ``h2lean``: the lean HTTP/2 client (``adapters/h2client.py``), ``http2 = true``.
 
 ``--tls`` serves the upstream over HTTPS (a private CA, ``ca_file``), offering HTTP/2
 over ALPN. Reported per point: requests per second and the process's CPU time per
@@ -102,10 +103,10 @@ def _child(base: str, client: str, conc: int, duration: float, ca: str) -> dict[
     from aiserve_trio.adapters.openai import OpenAIAdapter
     from aiserve_trio.config import OpenAIAdapterConfig
 
-    kind = {"h2": "httpx2", "httpcore": "auto"}.get(client, client)
+    kind = {"h2": "httpx2", "h2lean": "auto", "httpcore": "auto"}.get(client, client)
     cfg = OpenAIAdapterConfig(
         base_url=base + "/v1", models=["sim-model"], client=kind, max_connections=4096,
-        http2=client == "h2", ca_file=ca or None,
+        http2=client in ("h2", "h2lean"), ca_file=ca or None,
     )
     adapter = OpenAIAdapter("up", cfg)
     done = 0
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conc", default="1,16,64")
     ap.add_argument("--out", default=None)
     ap.add_argument("--tls", action="store_true", help="the upstream over HTTPS (HTTP/2 offered)")
-    ap.add_argument("--clients", default=",".join(CLIENTS), help="of httpx2, httpcore, auto, h2")
+    ap.add_argument("--clients", default=",".join(CLIENTS), help="of httpx2, httpcore, auto, h2, h2lean")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     if ns.child:
