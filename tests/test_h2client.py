@@ -102,6 +102,7 @@ class Conn:
 
     async def run(self) -> None:
         server = self.server
+        await trio.sleep(server.settings_delay)
         self.h2.initiate_connection()
         await self.flush()
         heads: dict[int, Headers] = {}
@@ -145,8 +146,16 @@ Answer = Callable[[Conn, int, Headers, bytes], Awaitable[None]]
 
 
 class Server:
-    def __init__(self, answer: Answer, *, max_streams: int = 1000, read_bodies: bool = True):
+    def __init__(
+        self,
+        answer: Answer,
+        *,
+        max_streams: int = 1000,
+        read_bodies: bool = True,
+        settings_delay: float = 0.0,
+    ):
         self.answer = answer
+        self.settings_delay = settings_delay
         self.max_streams = max_streams
         self.read_bodies = read_bodies
         self.connections = 0
@@ -156,11 +165,14 @@ class Server:
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         self.connections += 1
-        await Conn(self, stream).run()
+        try:
+            await Conn(self, stream).run()
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # a client that went away ends only its connection
 
 
 @asynccontextmanager
-async def serving(answer: Answer, **kw: int | bool) -> AsyncIterator[Server]:
+async def serving(answer: Answer, **kw: float | bool) -> AsyncIterator[Server]:
     server = Server(answer, **kw)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1"))
@@ -795,4 +807,24 @@ async def test_a_connection_without_a_stream_past_keepalive_expiry_is_closed_not
         assert await fetch(t) == (200, b"".join(frames(20)))
         assert server.connections == 2
         assert t.connections() == (1, 0)
+        await t.aclose()
+
+
+async def test_a_stream_that_joined_a_connection_being_opened_outlives_its_opener() -> None:
+    async with serving(in_20_frames, settings_delay=0.2) as server:
+        t = transport(server)
+        results: list[tuple[int, bytes]] = []
+
+        async def opener() -> None:
+            with trio.move_on_after(0.05):  # its client went away while it connected
+                await fetch(t)
+
+        async def joiner() -> None:
+            results.append(await fetch(t))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(opener)
+            await trio.sleep(0.01)
+            nursery.start_soon(joiner)
+        assert results == [(200, b"".join(frames(20)))]
         await t.aclose()

@@ -14,7 +14,8 @@ memory goes").
   the first connection with room: fewer streams than our cap (``per_connection``, 100 by
   default) and than the server's ``SETTINGS_MAX_CONCURRENT_STREAMS``. When all are full a
   new connection is opened, and streams that come while it is being opened join it
-  rather than open their own (a storm of 10,000 streams makes ~100 connects, not 10,000).
+  rather than open their own (a storm of 10,000 streams makes ~100 connects, not 10,000);
+  should the stream that opens it be cancelled meanwhile, they try again, not fail.
   At most ``max_connections`` exchanges at once, as for ``h1.py``: more wait, within
   their ``io`` time, then :class:`~.h1.PoolTimeout`. A connection with no stream for
   ``keepalive_expiry`` is closed when the pool next looks at it.
@@ -142,6 +143,10 @@ def _reset_error(code: int) -> H1Error:
     if code == h2.errors.ErrorCodes.REFUSED_STREAM:
         return ConnectError(f"the backend refused the stream ({name}): it was not processed")
     return RemoteProtocolError(f"the backend reset the stream ({name})")
+
+
+class _Left(ConnectError):
+    """The stream opening a connection left (was cancelled) before it was ready."""
 
 
 class _Conn(h1._Conn):
@@ -732,10 +737,7 @@ class H2Pool:
                 try:
                     await self._connect(conn, timeouts)
                 except BaseException as exc:
-                    error = (
-                        exc if isinstance(exc, H1Error) else ConnectError("the connect was left")
-                    )
-                    conn.fail(error)
+                    conn.fail(exc if isinstance(exc, H1Error) else _Left("the connect was left"))
                     conn.reserved -= 1
                     raise
             else:
@@ -749,6 +751,9 @@ class H2Pool:
                     except BaseException:
                         conn.reserved -= 1
                         raise
+                if isinstance(conn.error, _Left):
+                    conn.reserved -= 1
+                    continue  # the stream that opened it was cancelled: not this one's failure
                 if conn.error is not None:
                     conn.reserved -= 1
                     raise type(conn.error)(str(conn.error))
