@@ -143,3 +143,23 @@ async def test_the_loop_is_idle_while_it_waits_with_nothing_to_run_not_while_it_
         assert idle.running() - ran > worked * 0.9
     finally:
         trio.lowlevel.remove_instrument(idle)
+
+
+async def test_the_bound_and_the_queue_are_gauges() -> None:
+    app = turns_app("max_starting = 64\nmin_starting = 4")
+    assert (await Client(app).chat(chat_body("hi"))).status == 200
+    turns = app.gateway.entry.turns
+    blocker = [await turns.take(math.inf) for _ in range(3)]
+    seen = {}
+    for line in app.metrics.render().decode().splitlines():
+        if line.startswith("aiserve_starting"):
+            name, value = line.split()
+            seen[name] = float(value)
+    assert seen == {
+        "aiserve_starting_limit": 64.0,
+        "aiserve_starting": 3.0,
+        "aiserve_starting_waiting": 0.0,
+    }
+    for turn in blocker:
+        assert turn is not None
+        turn.release()

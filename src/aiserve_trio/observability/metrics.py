@@ -9,6 +9,7 @@ unknown channels are ``other``).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from http import HTTPStatus
@@ -314,6 +315,29 @@ class Metrics:
         self.cache_redis_hits.set_function(lambda: server().get("keyspace_hits", 0.0))
         self.cache_redis_misses.set_function(lambda: server().get("keyspace_misses", 0.0))
 
+    def watch_turns(self, now: Callable[[], tuple[int, int, int]]) -> None:
+        """Read the worker's queue of chat requests starting at scrape time: (bound now,
+        starting, waiting)."""
+        r = self.registry
+        for i, (name, text) in enumerate(
+            (
+                (
+                    "aiserve_starting_limit",
+                    "Chat requests the worker lets start at once now: between [deadline] "
+                    "min_starting and max_starting, moved by the run loop's load.",
+                ),
+                (
+                    "aiserve_starting",
+                    "Chat requests starting now (between their turn and their upstream call).",
+                ),
+                (
+                    "aiserve_starting_waiting",
+                    "Chat requests waiting for their turn (read, or left unread by the server).",
+                ),
+            )
+        ):
+            Gauge(name, text, registry=r).set_function(functools.partial(_nth, now, i))
+
     def watch_sessions(self, held: Callable[[], tuple[int, int]]) -> None:
         """Read the memory session bus's (bytes, sessions) at scrape time."""
         self.session_bytes.set_function(lambda: float(held()[0]))
@@ -404,6 +428,10 @@ class Metrics:
         for family in self.registry.collect():
             for sample in family.samples:
                 yield sample.name
+
+
+def _nth(now: Callable[[], tuple[int, ...]], i: int) -> float:
+    return float(now()[i])
 
 
 class _DeploymentStates(Collector):

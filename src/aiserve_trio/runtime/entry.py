@@ -52,8 +52,16 @@ class Entry:
 
     observer: RequestObserver
     tracing: Tracing
-    #: The worker's queue of chat requests starting (``[deadline] max_starting``).
+    #: The worker's queue of chat requests starting (``[deadline] max_starting``), when
+    #: the server hands none (hypercorn as shipped, tests).
     turns: Turns = field(default_factory=Turns)
+    #: The queue the last chat request used (the server's, with the seam): the gauges'.
+    _used: list[Turns] = field(default_factory=list)
+
+    def turns_now(self) -> tuple[int, int, int]:
+        """(bound now, starting, waiting) of the worker's queue, for the gauges."""
+        turns = self._used[0] if self._used else self.turns
+        return turns.limit, turns.active, turns.waiting
 
     async def serve(
         self, generations: Generations, scope: Scope, receive: Receive, send: Send
@@ -250,6 +258,9 @@ class Entry:
         if not isinstance(turns, Turns):
             turns = self.turns
         turns.bound(d.min_starting, d.max_starting)
+        used = self._used
+        if not used or used[0] is not turns:
+            used[:] = [turns]
         turn = extensions.pop(TURN, None)
         place = Place(turns, turn if isinstance(turn, Turn) else None)
         held = CURRENT_PLACE.set(place)

@@ -344,6 +344,7 @@ def build_gateway(
     console = Console(_Current(t, generations), static_files(), sla.Window(WINDOW_S), usage=usage)
     admin = Admin(metrics, observer, bus, usage, lambda: running.ready)
     entry = Entry(observer, t.tracing)
+    metrics.watch_turns(entry.turns_now)
     builder = RuntimeBuilder(
         bus=bus,
         writeback=writeback,
