@@ -66,7 +66,7 @@ import ssl
 import zlib
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Final, final
+from typing import Any, Final, final
 
 import h2.config
 import h2.connection
@@ -110,6 +110,32 @@ STREAM_WINDOW: Final = 1 << 18
 FORBIDDEN: Final = frozenset(
     {b"connection", b"host", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
 )
+
+
+class _H2Connection(h2.connection.H2Connection):
+    """h2's client connection, which goes on carrying the streams a server's graceful
+    GOAWAY (NO_ERROR) left running.
+
+    h2 takes any GOAWAY it receives as the end of the connection: its state machine goes
+    to CLOSED and every later frame -- the rest of the streams the server said it
+    processed, their WINDOW_UPDATEs -- is refused. A GOAWAY with NO_ERROR becomes h2's
+    ``ConnectionTerminated`` event and leaves the state as it was (this connection opens
+    no stream after it: :attr:`_Conn.goaway`); one with an error code is h2's own.
+    The server's seam does the same on its side (``server/h2.py``); the h2 method both
+    override is pinned by its fingerprint in ``server/fingerprints.py`` and ``pyproject.toml``
+    pins h2's minor version.
+    """
+
+    def _receive_goaway_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
+        if frame.error_code != h2.errors.ErrorCodes.NO_ERROR:
+            return super()._receive_goaway_frame(frame)
+        event = h2.events.ConnectionTerminated()
+        event.error_code = h2.errors.ErrorCodes.NO_ERROR
+        event.last_stream_id = frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        return [], [event]
+
+
 #: Why a stream above a GOAWAY's last stream id failed.
 _GONE: Final = "the backend went away (GOAWAY) before it processed the request"
 #: The connect error of a TLS backend that did not select ``h2``.
@@ -168,7 +194,7 @@ class _Conn(h1._Conn):
     def __init__(self, pool: H2Pool) -> None:
         super().__init__()
         self.pool = pool
-        self.h2 = h2.connection.H2Connection(config=_CONFIG)
+        self.h2 = _H2Connection(config=_CONFIG)
         self.h2.local_settings = _settings()
         #: The open streams by id (the reader hands them their events).
         self.streams: dict[int, Response] = {}
@@ -334,19 +360,12 @@ class _Conn(h1._Conn):
             self.goaway = True
             last = event.last_stream_id or 0
             code = event.error_code or 0
-            going_on = False
             for sid, stream in list(self.streams.items()):
                 if sid > last:
                     stream._fail(ConnectError(_GONE))
                 elif code:  # an error: the connection ends now
                     stream._fail(_reset_error(code))
-                else:
-                    going_on = True
-            if going_on:
-                # A graceful GOAWAY: the streams it processed go on to their end. h2 closes
-                # its connection state on any GOAWAY and would refuse their frames; it is
-                # opened again for them (this connection opens no stream after it).
-                self.h2.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+                # else a graceful GOAWAY: the streams it processed go on to their end
             self.windows.unpark_all()
             self.pool._drop(self)
 

@@ -8,8 +8,9 @@ seam's subclass would override or rely on, and the seam refuses to install
 (:func:`problems`) rather than silently replace what hypercorn fixed. Outside
 :data:`SUPPORTED` it refuses too. The seam also subclasses h2's server connection (the
 HTTP/2 library under hypercorn's protocol): the h2 methods it overrides or relies on
-are pinned the same way. Nothing here imports or changes hypercorn at
-import time.
+are pinned the same way; the gateway's upstream HTTP/2 client
+(``adapters/h2client.py``) overrides one of them, ``_receive_goaway_frame``, as the
+seam does. Nothing here imports or changes hypercorn at import time.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ PINNED: dict[str, str] = {
     # h2 (hypercorn's HTTP/2 library), whose connection the seam subclasses
     # (GatewayConnection, AdvertisedLimits): h2 4.4.1
     "h2.connection:H2Connection.__init__": "e5c93da64d0e6476",
+    # ... and so does the upstream HTTP/2 client (adapters/h2client.py, _H2Connection)
     "h2.connection:H2Connection._receive_goaway_frame": "adb9adfae94088c4",
     "h2.connection:H2Connection._receive_headers_frame": "4a014e7d795a15a5",
     # the Date header
