@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 
+import pytest
 import trio
 import trio.testing
 
@@ -161,5 +162,24 @@ async def test_the_bound_and_the_queue_are_gauges() -> None:
         "aiserve_starting_waiting": 0.0,
     }
     for turn in blocker:
+        assert turn is not None
+        turn.release()
+
+
+async def test_the_loop_clock_is_installed_when_a_request_first_waits_not_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    added: list[trio.abc.Instrument] = []
+    monkeypatch.setattr(trio.lowlevel, "add_instrument", added.append)
+    turns = Turns()
+    turns.bound(2, 8)
+    held = [await turns.take(math.inf) for _ in range(8)]
+    assert added == []  # nobody waited: no cost a pass
+    assert await turns.take(0.0) is None  # waits (and gives up at once)
+    assert len(added) == 1
+    assert isinstance(added[0], LoopIdle)
+    assert await turns.take(0.0) is None
+    assert len(added) == 1  # once
+    for turn in held:
         assert turn is not None
         turn.release()

@@ -50,6 +50,10 @@ class Pace:
         #: A request waited for its turn in this window.
         self.waited = False
 
+    def restart(self, wall: float, cpu: float) -> None:
+        """Start a window now (its clocks changed), with nothing decided."""
+        self._wall, self._cpu, self.waited = wall, cpu, False
+
     def due(self, wall: float) -> bool:
         """Whether the window has passed (check before reading the CPU time: cheaper)."""
         return wall - self._wall >= self.window
@@ -116,7 +120,7 @@ class Turns:
     With :meth:`bound` (the worker's config: ``min_starting`` below ``max_starting``),
     ``limit`` moves between them with the worker's load (:class:`Pace`): ``wall`` is
     seconds, ``cpu`` the seconds of it the run loop ran (:class:`LoopIdle`, installed
-    then, unless a test gives its own clocks).
+    when a request first waits, unless a test gives its own clocks).
     """
 
     __slots__ = ("_bounds", "_cpu", "_lot", "_wall", "active", "limit", "pace")
@@ -146,13 +150,20 @@ class Turns:
         self._bounds = (floor, ceiling)
         self._set(ceiling)
         if 0 < floor < ceiling:
-            if self._cpu is None:  # the run loop's own clock, from now on
-                running = LoopIdle()
-                trio.lowlevel.add_instrument(running)
-                self._wall, self._cpu = time.perf_counter, running.running
-            self.pace = Pace(floor, ceiling, self._wall(), self._cpu())
+            cpu = self._cpu
+            self.pace = Pace(floor, ceiling, self._wall(), cpu() if cpu is not None else 0.0)
         else:
             self.pace = None
+
+    def _watch_loop(self, pace: Pace) -> Callable[[], float]:
+        """The run loop's own clock (:class:`LoopIdle`), installed the first time a request
+        waits -- a worker that never queues pays nothing a pass -- and ``pace``'s window
+        started on it."""
+        running = LoopIdle()
+        trio.lowlevel.add_instrument(running)
+        self._wall, self._cpu = time.perf_counter, running.running
+        pace.restart(self._wall(), running.running())
+        return running.running
 
     def _set(self, limit: int) -> None:
         """A new ``limit``; requests it now lets start get their turns."""
@@ -179,11 +190,11 @@ class Turns:
             return Turn(self)
         pace = self.pace
         if pace is not None:
+            cpu = self._cpu or self._watch_loop(pace)
             pace.waited = True
             wall = self._wall()
             if pace.due(wall):
-                assert self._cpu is not None  # set with the pace
-                limit = pace.next_limit(self.limit, wall, self._cpu())
+                limit = pace.next_limit(self.limit, wall, cpu())
                 if limit != self.limit:
                     self._set(limit)
                     if self.active < limit and not self._lot:  # room now, and nobody ahead
