@@ -319,24 +319,22 @@ class Metrics:
         """Read the worker's queue of chat requests starting at scrape time: (bound now,
         starting, waiting)."""
         r = self.registry
-        for i, (name, text) in enumerate(
-            (
-                (
-                    "aiserve_starting_limit",
-                    "Chat requests the worker lets start at once now: between [deadline] "
-                    "min_starting and max_starting, moved by the run loop's load.",
-                ),
-                (
-                    "aiserve_starting",
-                    "Chat requests starting now (between their turn and their upstream call).",
-                ),
-                (
-                    "aiserve_starting_waiting",
-                    "Chat requests waiting for their turn (read, or left unread by the server).",
-                ),
-            )
-        ):
-            Gauge(name, text, registry=r).set_function(functools.partial(_nth, now, i))
+        Gauge(
+            "aiserve_starting_limit",
+            "Chat requests the worker lets start at once now: between [deadline] "
+            "min_starting and max_starting, moved by the run loop's load.",
+            registry=r,
+        ).set_function(functools.partial(_nth, now, 0))
+        Gauge(
+            "aiserve_starting",
+            "Chat requests starting now (between their turn and their upstream call).",
+            registry=r,
+        ).set_function(functools.partial(_nth, now, 1))
+        Gauge(
+            "aiserve_starting_waiting",
+            "Chat requests waiting for their turn (read, or left unread by the server).",
+            registry=r,
+        ).set_function(functools.partial(_nth, now, 2))
 
     def watch_sessions(self, held: Callable[[], tuple[int, int]]) -> None:
         """Read the memory session bus's (bytes, sessions) at scrape time."""
