@@ -776,6 +776,41 @@ async def _read_tls(conn: _Conn, sock: socket.socket, tls: _Secure, io: float) -
         await _fill(conn, sock, tls, io)
 
 
+def content_decoder(coding: bytes) -> zlib._Decompress | None:
+    """The decoder of a ``content-encoding`` header's value (None: ``identity``).
+
+    Raises:
+        RemoteProtocolError: an encoding the gateway does not decode.
+    """
+    coding = coding.strip().lower()
+    if coding == b"gzip":
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if coding == b"deflate":
+        return zlib.decompressobj()
+    if coding != b"identity":
+        raise RemoteProtocolError(f"unsupported content-encoding {coding!r}")
+    return None
+
+
+def take_body(parts: list[bytes], decoder: zlib._Decompress | None, ended: bool) -> bytes:
+    """The body bytes received in ``parts`` (emptied), decoded; ``ended``: the body's end
+    came, so the decoder gives up what it still holds.
+
+    Raises:
+        RemoteProtocolError: the body does not decode.
+    """
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    parts.clear()
+    if decoder is not None:
+        try:
+            data = decoder.decompress(data)
+            if ended:
+                data += decoder.flush()
+        except zlib.error as exc:
+            raise RemoteProtocolError(f"the response body does not decode: {exc}") from exc
+    return data
+
+
 async def read_up_to(body: AsyncIterable[bytes], limit: int) -> bytes:
     """The pieces of ``body`` until there are at least ``limit`` bytes, or its end."""
     out = b""
@@ -853,13 +888,7 @@ class Response:
             if name == b"content-length" or name == b"transfer-encoding":
                 self._framed = True
             elif name == b"content-encoding":
-                coding = value.strip().lower()
-                if coding == b"gzip":
-                    self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                elif coding == b"deflate":
-                    self._decoder = zlib.decompressobj()
-                elif coding != b"identity":
-                    raise RemoteProtocolError(f"unsupported content-encoding {coding!r}")
+                self._decoder = content_decoder(value)
 
     def on_body(self, data: bytes) -> None:
         self._body.append(data)
@@ -986,17 +1015,7 @@ class Response:
             raise RemoteProtocolError("the server switched protocols") from exc
 
     def _take_body(self) -> bytes:
-        parts = self._body
-        data = parts[0] if len(parts) == 1 else b"".join(parts)
-        parts.clear()
-        if self._decoder is not None:
-            try:
-                data = self._decoder.decompress(data)
-                if self._complete:
-                    data += self._decoder.flush()
-            except zlib.error as exc:
-                raise RemoteProtocolError(f"the response body does not decode: {exc}") from exc
-        return data
+        return take_body(self._body, self._decoder, self._complete)
 
     def __aiter__(self) -> Response:
         return self

@@ -457,13 +457,10 @@ class Response:
             if name == b":status":
                 status = int(value)
             elif name == b"content-encoding":
-                coding = value.strip().lower()
-                if coding == b"gzip":
-                    self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                elif coding == b"deflate":
-                    self._decoder = zlib.decompressobj()
-                elif coding != b"identity":
-                    self._fail(RemoteProtocolError(f"unsupported content-encoding {coding!r}"))
+                try:
+                    self._decoder = h1.content_decoder(value)
+                except RemoteProtocolError as exc:
+                    self._fail(exc)
                     return
         self.status = status
         self.headers = [(k, v) for k, v in headers if not k.startswith(b":")]
@@ -568,19 +565,6 @@ class Response:
             sent += n
         await conn.flush(io)
 
-    def _take(self) -> bytes:
-        chunks = self._chunks
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        if self._decoder is not None:
-            try:
-                data = self._decoder.decompress(data)
-                if self._ended:
-                    data += self._decoder.flush()
-            except zlib.error as exc:
-                raise RemoteProtocolError(f"the response body does not decode: {exc}") from exc
-        return data
-
     def __aiter__(self) -> Response:
         return self
 
@@ -589,7 +573,7 @@ class Response:
         while True:
             if self._chunks:
                 conn = self._conn
-                data = self._take()
+                data = h1.take_body(self._chunks, self._decoder, self._ended)
                 unacked, self._unacked = self._unacked, 0
                 if conn is not None and unacked:
                     conn.h2.acknowledge_received_data(unacked, self._sid)
